@@ -1,0 +1,162 @@
+package hotkey
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/shard"
+)
+
+// stream drives one evenly paced request stream through a reference engine
+// (every key whole) and a split engine, interleaved, so both see the same
+// instants. at(i) makes instant i current: the memory store's clock jumps
+// there, real time is slept to.
+type stream struct {
+	ref, split *Engine
+	at         func(i int)
+}
+
+// run sends count requests and returns what each engine admitted.
+func (s stream) run(t *testing.T, key string, lim Limit, count int) (ref, split int) {
+	t.Helper()
+	ctx := context.Background()
+	for i := range count {
+		s.at(i)
+		r1, err1 := s.ref.Allow(ctx, key+":ref", lim)
+		r2, err2 := s.split.Allow(ctx, key+":split", lim)
+		if err1 != nil || err2 != nil {
+			t.Fatalf("request %d: %v, %v", i, err1, err2)
+		}
+		if r2.Shards != shard.Level16 {
+			t.Fatalf("split engine used %d shards", r2.Shards)
+		}
+		if r1.Allowed {
+			ref++
+		}
+		if r2.Allowed {
+			split++
+		}
+	}
+	return ref, split
+}
+
+type accuracyCase struct {
+	alg   Algorithm
+	load  float64 // of the limit
+	probe bool
+	sel   shard.Selection
+}
+
+func (c accuracyCase) String() string {
+	sel := "round-robin"
+	if c.sel == shard.Random {
+		sel = "random"
+	}
+	return fmt.Sprintf("%v/load=%.0f%%/probe=%v/%s", c.alg, 100*c.load, c.probe, sel)
+}
+
+// accuracyCases are the measured combinations: the bounds apply to the
+// engine's defaults (round robin with the second-chance probe); the others
+// are logged for comparison.
+func accuracyCases() []accuracyCase {
+	var cs []accuracyCase
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow} {
+		for _, load := range []float64{3, 0.9} {
+			for _, sel := range []shard.Selection{shard.RoundRobin, shard.Random} {
+				for _, probe := range []bool{true, false} {
+					cs = append(cs, accuracyCase{alg, load, probe, sel})
+				}
+			}
+		}
+	}
+	return cs
+}
+
+// checkAccuracy asserts the bounds for a default-configured case.
+func checkAccuracy(t *testing.T, c accuracyCase, count, ref, split int) {
+	t.Helper()
+	switch c.load {
+	case 3:
+		dev := float64(split-ref) / float64(ref)
+		t.Logf("%v: reference admitted %d, split %d (%+.2f%%)", c, ref, split, 100*dev)
+		if c.sel == shard.RoundRobin && c.probe && (dev > 0.02 || dev < -0.02) {
+			t.Errorf("%v: split admitted %d, reference %d: %+.2f%%, want within ±2%%", c, split, ref, 100*dev)
+		}
+	default:
+		rejected := float64(count-split) / float64(count)
+		t.Logf("%v: reference rejected %d of %d, split rejected %d (%.2f%%)", c, count-ref, count, count-split, 100*rejected)
+		if ref != count {
+			t.Errorf("%v: reference rejected %d at %.0f%% of the limit", c, count-ref, 100*c.load)
+		}
+		if c.sel == shard.RoundRobin && c.probe && rejected > 0.01 {
+			t.Errorf("%v: split rejected %.2f%%, want ≤ 1%%", c, 100*rejected)
+		}
+	}
+}
+
+func TestAccuracyMemory(t *testing.T) {
+	const limit, periods = 1000, 5
+	for _, c := range accuracyCases() {
+		t.Run(c.String(), func(t *testing.T) {
+			clock := newFakeClock()
+			start := clock.Now()
+			store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
+			ref, err := New(store, WithClock(clock.Now))
+			if err != nil {
+				t.Fatal(err)
+			}
+			split, err := New(store, WithClock(clock.Now), WithSplitAll(16), WithSecondChance(c.probe), WithSelection(c.sel))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lim := Limit{Algorithm: c.alg, Rate: limit, Period: time.Second}
+			count := int(c.load * limit * periods)
+			gap := time.Duration(float64(periods*time.Second) / float64(count))
+			s := stream{ref, split, func(i int) { clock.ns.Store(start.Add(time.Duration(i) * gap).UnixNano()) }}
+			r, sp := s.run(t, fmt.Sprintf("acc%x", rand.Uint64()), lim, count)
+			checkAccuracy(t, c, count, r, sp)
+		})
+	}
+}
+
+func TestAccuracyRedis(t *testing.T) {
+	// Real time: 5 periods of 500 ms, limit 200 per period (12 or 13 per
+	// subcounter at level 16). Cases run in parallel; each paces itself.
+	const limit, periods, period = 200, 5, 500 * time.Millisecond
+	client := redis.NewClient(&redis.Options{Addr: env.Server.Addr})
+	store, err := counter.NewRedisStore(context.Background(), client, counter.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close(); client.Close() })
+	for _, c := range accuracyCases() {
+		t.Run(c.String(), func(t *testing.T) {
+			t.Parallel()
+			ref, err := New(store)
+			if err != nil {
+				t.Fatal(err)
+			}
+			split, err := New(store, WithSplitAll(16), WithSecondChance(c.probe), WithSelection(c.sel))
+			if err != nil {
+				t.Fatal(err)
+			}
+			lim := Limit{Algorithm: c.alg, Rate: limit, Period: period}
+			count := int(c.load * limit * periods)
+			gap := time.Duration(float64(periods*period) / float64(count))
+			start := time.Now()
+			s := stream{ref, split, func(i int) {
+				if d := time.Until(start.Add(time.Duration(i) * gap)); d > 0 {
+					time.Sleep(d)
+				}
+			}}
+			r, sp := s.run(t, fmt.Sprintf("acc%x", rand.Uint64()), lim, count)
+			checkAccuracy(t, c, count, r, sp)
+		})
+	}
+}

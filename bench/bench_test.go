@@ -1,0 +1,105 @@
+package bench
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"runtime"
+	"sync"
+	"testing"
+
+	"golang.org/x/time/rate"
+
+	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/redistest"
+)
+
+var env *redistest.Env
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m, 3, &env)) }
+
+const memoryKeys = 1 << 20
+
+var (
+	keysOnce sync.Once
+	keys     []string
+)
+
+// benchKeys returns 1M distinct keys, made once per binary.
+func benchKeys() []string {
+	keysOnce.Do(func() {
+		keys = make([]string, memoryKeys)
+		for i := range keys {
+			keys[i] = fmt.Sprintf("user:%d:api", i)
+		}
+	})
+	return keys
+}
+
+// keyPicker returns a per-goroutine source of random key indexes below n.
+func keyPicker(n int) func() int {
+	r := rand.New(rand.NewPCG(rand.Uint64(), rand.Uint64()))
+	return func() int { return r.IntN(n) }
+}
+
+// BenchmarkAllowMemory is the engine on the memory store, every key already
+// present, all decisions admitted.
+func BenchmarkAllowMemory(b *testing.B) {
+	ks := benchKeys()
+	store := counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: 2 * memoryKeys})
+	e, err := hotkey.New(store)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer e.Close()
+	lim := hotkey.PerSecond(1000)
+	ctx := context.Background()
+	for _, k := range ks {
+		e.Allow(ctx, k, lim)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		next := keyPicker(len(ks))
+		for pb.Next() {
+			if r, err := e.Allow(ctx, ks[next()], lim); err != nil || !r.Allowed {
+				b.Fatalf("denied: %+v %v", r, err)
+			}
+		}
+	})
+}
+
+// BenchmarkAllowXTimeRate is the common hand-rolled limiter: a map of
+// x/time/rate limiters under one mutex.
+func BenchmarkAllowXTimeRate(b *testing.B) {
+	ks := benchKeys()
+	var mu sync.Mutex // guards limiters
+	limiters := make(map[string]*rate.Limiter, len(ks))
+	allow := func(key string) bool {
+		mu.Lock()
+		l := limiters[key]
+		if l == nil {
+			l = rate.NewLimiter(1000, 1000)
+			limiters[key] = l
+		}
+		mu.Unlock()
+		return l.Allow()
+	}
+	for _, k := range ks {
+		allow(k)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		next := keyPicker(len(ks))
+		for pb.Next() {
+			if !allow(ks[next()]) {
+				b.Fatal("denied")
+			}
+		}
+	})
+}
+
+func runtimeProcs() int { return runtime.GOMAXPROCS(0) }

@@ -1,0 +1,43 @@
+package main
+
+import (
+	"bytes"
+	"strings"
+	"testing"
+)
+
+const sample = `goos: linux
+cpu: AMD EPYC
+BenchmarkAllowMemory-2      	 3336436	       700.0 ns/op	       0 B/op	       0 allocs/op
+BenchmarkAllowXTimeRate-2   	 1870364	      1400 ns/op	       0 B/op	       0 allocs/op
+BenchmarkAllowRedis-2   	 100	      10000 ns/op	 150000 decisions/s
+BenchmarkAllowRedisRate-2   	 100	      30000 ns/op	 40000 decisions/s
+BenchmarkHotKeyCluster/level=1-2 	1	4000 ns/op	3.000 max/mean-node-ops
+BenchmarkHotKeyCluster/level=16-2 	1	4000 ns/op	1.126 max/mean-node-ops
+PASS
+`
+
+func TestReport(t *testing.T) {
+	var out bytes.Buffer
+	if err := run(strings.NewReader(sample), &out); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	for _, want := range []string{
+		"| engine+memory ns/op ÷ map+mutex of x/time/rate | 0.500 | ≤ 1.000 | yes |",
+		"| engine+Redis decisions/s ÷ redis_rate | 3.750 | ≥ 3.000 | yes |",
+		"| hot key at level 16: busiest master ÷ mean | 1.126 | ≤ 1.150 | yes |",
+		"| engine+memory allocs/op (existing key) | 0 | ≤ 0 | yes |",
+		"- cpu: AMD EPYC",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("report lacks %q:\n%s", want, got)
+		}
+	}
+}
+
+func TestReportRejectsEmptyInput(t *testing.T) {
+	if err := run(strings.NewReader("PASS\n"), &bytes.Buffer{}); err == nil {
+		t.Error("no error for input without benchmarks")
+	}
+}

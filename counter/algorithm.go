@@ -1,0 +1,164 @@
+package counter
+
+import (
+	"math"
+	"math/bits"
+	"time"
+)
+
+// state is one counter's state in the memory store. Field use depends on the
+// algorithm; all instants are Unix nanoseconds.
+type state struct {
+	// TokenBucket: a is the TAT.
+	// SlidingWindow, FixedWindow: a is the window index, b the current
+	// window's count, c the previous window's count.
+	a, b, c int64
+	// log holds SlidingLog's admitted instants, oldest first.
+	log []int64
+	// expires is when the state no longer matters (a fresh counter would
+	// decide the same).
+	expires int64
+}
+
+// take runs lim's algorithm on s at now. n is positive and at most
+// lim.Capacity(). The Lua scripts in redis_scripts.go mirror these functions.
+func (s *state) take(now int64, lim Limit, n int64) Result {
+	switch lim.Algorithm {
+	case SlidingWindow:
+		return s.takeSlidingWindow(now, lim, n)
+	case FixedWindow:
+		return s.takeFixedWindow(now, lim, n)
+	case SlidingLog:
+		return s.takeSlidingLog(now, lim, n)
+	}
+	return s.takeGCRA(now, lim, n)
+}
+
+func (s *state) takeGCRA(now int64, lim Limit, n int64) Result {
+	capacity := lim.Capacity()
+	interval := float64(lim.Period) / float64(lim.Rate) // ns per unit
+	// Instants stay int64: a float64 near 1.8e18 ns is only exact to 256 ns.
+	tolerance := int64(math.Round(interval * float64(capacity)))
+	tat := max(s.a, now)
+	newTAT := tat + int64(math.Round(float64(n)*interval))
+	if allowAt := newTAT - tolerance; now < allowAt {
+		return Result{
+			Limit:      capacity,
+			Remaining:  max(0, int64(float64(tolerance-(tat-now))/interval)),
+			RetryAfter: time.Duration(allowAt - now),
+			ResetAfter: time.Duration(tat - now),
+		}
+	}
+	s.a = newTAT
+	s.expires = newTAT
+	return Result{
+		Allowed:    true,
+		Limit:      capacity,
+		Remaining:  max(0, int64(float64(tolerance-(newTAT-now))/interval)),
+		ResetAfter: time.Duration(newTAT - now),
+	}
+}
+
+func (s *state) takeSlidingWindow(now int64, lim Limit, n int64) Result {
+	p := int64(lim.Period)
+	w := now / p
+	switch w {
+	case s.a:
+	case s.a + 1:
+		s.a, s.b, s.c = w, 0, s.b
+	default:
+		s.a, s.b, s.c = w, 0, 0
+	}
+	elapsed := now - w*p
+	left := p - elapsed
+	// The previous window counts for the part of it still inside the sliding
+	// window, rounded down: a counter admits its full Rate per window under
+	// steady load, which keeps split keys (N small counters) as generous as
+	// one large one.
+	est := weighted(s.c, left, p) + s.b
+	res := Result{Limit: lim.Rate}
+	if est+n > lim.Rate {
+		res.RetryAfter = slidingRetry(lim.Rate, s.b, s.c, n, p, elapsed)
+		res.Remaining = max(0, lim.Rate-est)
+	} else {
+		s.b += n
+		s.expires = (w + 2) * p
+		res.Allowed = true
+		res.Remaining = lim.Rate - est - n
+	}
+	switch {
+	case s.b > 0:
+		res.ResetAfter = time.Duration(left + p)
+	case s.c > 0:
+		res.ResetAfter = time.Duration(left)
+	}
+	return res
+}
+
+// weighted is floor(count·left/p), exact in 128 bits.
+func weighted(count, left, p int64) int64 {
+	hi, lo := bits.Mul64(uint64(count), uint64(left))
+	q, _ := bits.Div64(hi, lo, uint64(p)) // left ≤ p, so q ≤ count: no overflow
+	return int64(q)
+}
+
+// slidingRetry is how long until floor(prev·(p-e)/p) + cur + n ≤ limit,
+// where e is the time into the current window (elapsed now). It may lie in
+// the next window, where cur becomes the previous count.
+func slidingRetry(limit, cur, prev, n, p, elapsed int64) time.Duration {
+	if cur+n <= limit {
+		return time.Duration(max(1, firstAfter(prev, limit-cur-n, p)-elapsed))
+	}
+	return time.Duration(p - elapsed + firstAfter(cur, limit-n, p))
+}
+
+// firstAfter is the first instant e into a window at which
+// floor(count·(p-e)/p) ≤ k: count·(p-e)/p < k+1.
+func firstAfter(count, k, p int64) int64 {
+	if count <= k {
+		return 0
+	}
+	return int64(math.Floor(float64(p)-float64(k+1)*float64(p)/float64(count))) + 1
+}
+
+func (s *state) takeFixedWindow(now int64, lim Limit, n int64) Result {
+	p := int64(lim.Period)
+	w := now / p
+	if w != s.a {
+		s.a, s.b = w, 0
+	}
+	reset := time.Duration((w+1)*p - now)
+	if s.b+n > lim.Rate {
+		return Result{Limit: lim.Rate, Remaining: lim.Rate - s.b, RetryAfter: reset, ResetAfter: reset}
+	}
+	s.b += n
+	s.expires = (w + 1) * p
+	return Result{Allowed: true, Limit: lim.Rate, Remaining: lim.Rate - s.b, ResetAfter: reset}
+}
+
+func (s *state) takeSlidingLog(now int64, lim Limit, n int64) Result {
+	p := int64(lim.Period)
+	drop := 0
+	for drop < len(s.log) && s.log[drop] <= now-p {
+		drop++
+	}
+	if drop > 0 {
+		s.log = s.log[:copy(s.log, s.log[drop:])]
+	}
+	used := int64(len(s.log))
+	if used+n > lim.Rate {
+		// The (used+n-Rate)-th oldest entry must leave the window first.
+		oldest := s.log[used+n-lim.Rate-1]
+		return Result{
+			Limit:      lim.Rate,
+			Remaining:  lim.Rate - used,
+			RetryAfter: time.Duration(oldest + p - now),
+			ResetAfter: time.Duration(s.log[used-1] + p - now),
+		}
+	}
+	for range n {
+		s.log = append(s.log, now)
+	}
+	s.expires = now + p
+	return Result{Allowed: true, Limit: lim.Rate, Remaining: lim.Rate - used - n, ResetAfter: time.Duration(p)}
+}

@@ -1,0 +1,163 @@
+// Package counter holds the rate-limiting algorithms and the stores that run
+// them. A store makes one atomic decision per call (Take) on one counter; it
+// knows nothing of hot keys or of how a key was split.
+//
+// Four algorithms are offered, each a trade-off between memory, exactness and
+// burst behaviour:
+//
+//   - TokenBucket, implemented as GCRA (generic cell rate algorithm). State is
+//     one timestamp per key, the theoretical arrival time (TAT). A request of
+//     cost n advances the TAT by n emission intervals (Period/Rate) and is
+//     admitted when the new TAT is no further than Burst intervals ahead of
+//     now. It allows bursts of up to Burst and a sustained Rate per Period, at
+//     the cost of one integer of state. The default choice.
+//   - SlidingWindow, the sliding-window counter: two fixed windows (current and
+//     previous), with the previous one weighted by how much of it still lies
+//     inside the sliding window. Two integers of state; the estimate assumes the
+//     previous window's requests were evenly spread, so it can be off by a few
+//     percent under bursty traffic, never by 2×.
+//   - FixedWindow: one counter per aligned window. The cheapest, but a client
+//     can send Rate requests at the end of one window and Rate more at the start
+//     of the next, so up to 2× Rate can pass within one Period across a
+//     boundary.
+//   - SlidingLog: one timestamp per admitted request over the last Period.
+//     Exact, and memory grows with Rate, so it is meant for low limits such as
+//     logins; Rate is capped at MaxLogRate.
+//
+// Time: the memory store reads an injected clock; the Redis store takes time
+// from redis.call('TIME'), so client clocks never decide.
+package counter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Algorithm names a rate-limiting algorithm. The zero value is TokenBucket.
+type Algorithm uint8
+
+// The algorithms every store supports.
+const (
+	TokenBucket Algorithm = iota
+	SlidingWindow
+	FixedWindow
+	SlidingLog
+	numAlgorithms
+)
+
+var algorithmNames = [numAlgorithms]string{"token_bucket", "sliding_window", "fixed_window", "sliding_log"}
+
+// String returns the algorithm's name as used in configuration files.
+func (a Algorithm) String() string {
+	if a < numAlgorithms {
+		return algorithmNames[a]
+	}
+	return fmt.Sprintf("Algorithm(%d)", uint8(a))
+}
+
+// ParseAlgorithm returns the algorithm named s (see Algorithm.String).
+func ParseAlgorithm(s string) (Algorithm, error) {
+	for i, n := range algorithmNames {
+		if n == s {
+			return Algorithm(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: %q", ErrUnknownAlgorithm, s)
+}
+
+// MaxLogRate caps Rate for SlidingLog, whose state holds one entry per
+// admitted request.
+const MaxLogRate = 100_000
+
+// Errors returned for invalid limits. Store errors are wrapped separately.
+var (
+	ErrInvalidLimit     = errors.New("limit rate must be positive")
+	ErrInvalidPeriod    = errors.New("limit period must be positive")
+	ErrInvalidBurst     = errors.New("limit burst must not be negative")
+	ErrUnknownAlgorithm = errors.New("unknown algorithm")
+	ErrLimitTooLarge    = errors.New("limit too large for algorithm")
+	ErrInvalidCost      = errors.New("cost must be positive")
+	ErrCostExceedsBurst = errors.New("cost exceeds burst")
+)
+
+// Limit is a rate limit: Rate requests per Period, enforced by Algorithm.
+// Burst applies to TokenBucket only (0 means Rate); the window algorithms
+// admit at most Rate per window.
+type Limit struct {
+	Algorithm Algorithm
+	Rate      int64
+	Period    time.Duration
+	Burst     int64
+}
+
+// PerSecond returns a token-bucket limit of rate per second with a burst of rate.
+func PerSecond(rate int64) Limit { return Limit{Rate: rate, Period: time.Second} }
+
+// PerMinute returns a token-bucket limit of rate per minute with a burst of rate.
+func PerMinute(rate int64) Limit { return Limit{Rate: rate, Period: time.Minute} }
+
+// Capacity is the largest cost a single request can have: Burst (or Rate when
+// Burst is 0) for TokenBucket, Rate for the window algorithms.
+func (l Limit) Capacity() int64 {
+	if l.Algorithm == TokenBucket && l.Burst > 0 {
+		return l.Burst
+	}
+	return l.Rate
+}
+
+// Validate reports whether l can be enforced.
+func (l Limit) Validate() error {
+	switch {
+	case l.Algorithm >= numAlgorithms:
+		return fmt.Errorf("%w: %d", ErrUnknownAlgorithm, l.Algorithm)
+	case l.Rate <= 0:
+		return fmt.Errorf("%w: %d", ErrInvalidLimit, l.Rate)
+	case l.Period <= 0:
+		return fmt.Errorf("%w: %v", ErrInvalidPeriod, l.Period)
+	case l.Burst < 0:
+		return fmt.Errorf("%w: %d", ErrInvalidBurst, l.Burst)
+	case l.Algorithm == SlidingLog && l.Rate > MaxLogRate:
+		return fmt.Errorf("%w: sliding_log rate %d > %d", ErrLimitTooLarge, l.Rate, MaxLogRate)
+	}
+	return nil
+}
+
+// ttl is how long a counter's state matters after its last update: the
+// period, or for a token bucket the time to refill the whole burst.
+func (l Limit) ttl() time.Duration {
+	switch l.Algorithm {
+	case TokenBucket:
+		return time.Duration(float64(l.Period) * float64(l.Capacity()) / float64(l.Rate))
+	case SlidingWindow:
+		return 2 * l.Period
+	}
+	return l.Period
+}
+
+// Result is the outcome of one Take.
+type Result struct {
+	Allowed bool
+	// Limit is the counter's capacity (Burst or Rate).
+	Limit int64
+	// Remaining is how many more units the counter would admit now.
+	Remaining int64
+	// RetryAfter is how long until a denied request of the same cost could
+	// pass; 0 when allowed.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the counter is back to full capacity.
+	ResetAfter time.Duration
+}
+
+// Store runs the algorithms on named counters. Implementations are safe for
+// concurrent use.
+type Store interface {
+	// Take charges n units to the counter key under lim and reports whether
+	// they were admitted. hash is xxhash.Sum64String(key), computed once by
+	// the caller; stores may use it for striping. Take validates neither lim
+	// nor n: callers (the engine) do. Take may block on I/O.
+	Take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error)
+	// Close releases the store's resources and stops its goroutines.
+	Close() error
+}

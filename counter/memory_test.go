@@ -1,0 +1,131 @@
+package counter
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func TestMemoryBounded(t *testing.T) {
+	s := NewMemoryStore(MemoryConfig{MaxKeys: 1000, Stripes: 8})
+	lim := Limit{Rate: 10, Period: time.Hour}
+	for i := range 20_000 {
+		k := fmt.Sprintf("k%d", i)
+		s.TakeAt(t0, k, xxhash.Sum64String(k), lim, 1)
+	}
+	if n := s.Len(); n > 1000 {
+		t.Errorf("store holds %d counters, max 1000", n)
+	}
+}
+
+func TestMemoryEvictsExpiredFirst(t *testing.T) {
+	s := NewMemoryStore(MemoryConfig{MaxKeys: 64, Stripes: 1})
+	short := Limit{Rate: 1, Period: time.Second}
+	long := Limit{Rate: 1, Period: time.Hour}
+	// 32 counters that stay live for an hour, 32 that expire in a second.
+	for i := range 32 {
+		k := fmt.Sprintf("live%d", i)
+		s.TakeAt(t0, k, 0, long, 1)
+		k = fmt.Sprintf("short%d", i)
+		s.TakeAt(t0, k, 0, short, 1)
+	}
+	// A minute later, 32 new counters fill the room the expired ones left.
+	later := t0.Add(time.Minute)
+	for i := range 32 {
+		s.TakeAt(later, fmt.Sprintf("new%d", i), 0, long, 1)
+	}
+	for i := range 32 {
+		k := fmt.Sprintf("live%d", i)
+		if s.TakeAt(later, k, 0, long, 1).Allowed {
+			t.Fatalf("%s forgot its state: a live counter was evicted while expired ones remained", k)
+		}
+	}
+}
+
+func TestMemoryExpiredCounterStartsFresh(t *testing.T) {
+	s := NewMemoryStore(MemoryConfig{})
+	lim := Limit{Algorithm: SlidingLog, Rate: 3, Period: time.Second}
+	for range 3 {
+		s.TakeAt(t0, "k", 1, lim, 1)
+	}
+	if s.TakeAt(t0, "k", 1, lim, 1).Allowed {
+		t.Fatal("4th of 3 admitted")
+	}
+	r := s.TakeAt(t0.Add(time.Second), "k", 1, lim, 1)
+	if !r.Allowed || r.Remaining != 2 {
+		t.Errorf("after expiry: %+v, want allowed with 2 remaining", r)
+	}
+}
+
+func TestMemoryConcurrentExact(t *testing.T) {
+	s := NewMemoryStore(MemoryConfig{})
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+		lim := Limit{Algorithm: alg, Rate: 1000, Period: time.Hour}
+		var mu sync.Mutex
+		admitted := 0
+		var wg sync.WaitGroup
+		for range 8 {
+			wg.Go(func() {
+				n := 0
+				for range 300 {
+					if r, _ := s.Take(context.Background(), alg.String(), 7, lim, 1); r.Allowed {
+						n++
+					}
+				}
+				mu.Lock()
+				admitted += n
+				mu.Unlock()
+			})
+		}
+		wg.Wait()
+		if admitted != 1000 {
+			t.Errorf("%v: admitted %d of 2400, want 1000", alg, admitted)
+		}
+	}
+}
+
+func TestMemoryTakeDoesNotAllocate(t *testing.T) {
+	s := NewMemoryStore(MemoryConfig{})
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow} {
+		lim := Limit{Algorithm: alg, Rate: 1 << 40, Period: time.Second}
+		s.TakeAt(t0, "k", 1, lim, 1)
+		if n := testing.AllocsPerRun(100, func() { s.TakeAt(t0, "k", 1, lim, 1) }); n != 0 {
+			t.Errorf("%v: %v allocs per Take on an existing key", alg, n)
+		}
+	}
+}
+
+func TestLimitValidate(t *testing.T) {
+	tests := []struct {
+		give Limit
+		ok   bool
+	}{
+		{PerSecond(1), true},
+		{PerMinute(100), true},
+		{Limit{Rate: 1, Period: time.Second, Burst: 5}, true},
+		{Limit{Rate: 0, Period: time.Second}, false},
+		{Limit{Rate: 1}, false},
+		{Limit{Rate: 1, Period: time.Second, Burst: -1}, false},
+		{Limit{Algorithm: numAlgorithms, Rate: 1, Period: time.Second}, false},
+		{Limit{Algorithm: SlidingLog, Rate: MaxLogRate + 1, Period: time.Second}, false},
+	}
+	for _, tt := range tests {
+		if err := tt.give.Validate(); (err == nil) != tt.ok {
+			t.Errorf("%+v: Validate() = %v", tt.give, err)
+		}
+	}
+	for a := range numAlgorithms {
+		if got, err := ParseAlgorithm(a.String()); err != nil || got != a {
+			t.Errorf("ParseAlgorithm(%q) = %v, %v", a.String(), got, err)
+		}
+	}
+	if _, err := ParseAlgorithm("leaky"); err == nil {
+		t.Error("ParseAlgorithm accepted an unknown name")
+	}
+}

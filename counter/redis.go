@@ -1,0 +1,452 @@
+package counter
+
+import (
+	"context"
+	"crypto/sha1"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisConfig configures a RedisStore; zero fields take the defaults.
+type RedisConfig struct {
+	// Prefix is prepended to every counter name (default "hk:"). It must not
+	// contain '{' or '}', so that a counter's own hash tag, if any, decides
+	// its Cluster slot.
+	Prefix string
+	// Timeout is the deadline of one pipeline round trip (default 500ms).
+	// Socket reads and writes honour it only when the client was built with
+	// ContextTimeoutEnabled; otherwise the client's ReadTimeout and
+	// WriteTimeout bound them.
+	Timeout time.Duration
+	// MaxBatch is the most Takes sent in one pipeline (default 256).
+	MaxBatch int
+	// Workers is the number of pipelines in flight at once (default 2).
+	// More workers mean smaller batches: on a small server that costs more
+	// server CPU per decision than it gains in overlap.
+	Workers int
+	// RefreshInterval is how often the node map of a Cluster or Ring is
+	// re-read (default 10s).
+	RefreshInterval time.Duration
+}
+
+// DefaultRedisConfig returns the defaults documented on RedisConfig.
+func DefaultRedisConfig() RedisConfig {
+	return RedisConfig{
+		Prefix:          "hk:",
+		Timeout:         500 * time.Millisecond,
+		MaxBatch:        256,
+		Workers:         2,
+		RefreshInterval: 10 * time.Second,
+	}
+}
+
+// Errors of the Redis store.
+var (
+	ErrStoreClosed   = errors.New("store closed")
+	ErrInvalidPrefix = errors.New("redis prefix must not contain '{' or '}'")
+	errBadReply      = errors.New("unexpected script reply")
+)
+
+// RedisStore runs the algorithms as Lua scripts on Redis: standalone, Ring
+// or Cluster, through a redis.UniversalClient. It is safe for concurrent use.
+//
+// Concurrent Takes are coalesced by natural batching: each of Workers
+// goroutines takes one queued call, adds whatever else is queued without
+// waiting (up to MaxBatch), and sends them all in one round trip. Under low
+// load a call pays no delay; under high load batches grow while a round trip
+// is in flight. On a standalone server a batch costs one EVALSHA per
+// algorithm (the scripts take many keys); on a Cluster or Ring, where a
+// script's keys must live together, one EVALSHA per Take, pipelined.
+type RedisStore struct {
+	client   redis.UniversalClient
+	cfg      RedisConfig
+	shas     [numAlgorithms]any // SHA1 hex of each script, boxed once for command args
+	multiKey bool               // one script call may carry many keys (one server)
+
+	queue  chan *call
+	done   chan struct{}   // closed by Close
+	ctx    context.Context // parent of every round trip; cancelled by Close
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // workers and refresher
+	once   sync.Once      // guards Close
+
+	placement atomic.Pointer[Placement]
+	loadMu    sync.Mutex // serializes script reloads
+
+	// pipelines and calls count round trips and the Takes they carried, so
+	// tests and benchmarks can see batching happen.
+	pipelines, calls atomic.Uint64
+}
+
+var _ Store = (*RedisStore)(nil)
+
+// NewRedisStore loads the scripts (on every shard or master), reads the node
+// map and starts the workers and, for a Ring or Cluster, the refresher. It
+// does not own client: Close does not close it. ctx bounds the setup only.
+// The server must be Redis 5 or later (scripts replicated by effects).
+func NewRedisStore(ctx context.Context, client redis.UniversalClient, cfg RedisConfig) (*RedisStore, error) {
+	def := DefaultRedisConfig()
+	if cfg.Prefix == "" {
+		cfg.Prefix = def.Prefix
+	}
+	if strings.ContainsAny(cfg.Prefix, "{}") {
+		return nil, fmt.Errorf("redis store: %w: %q", ErrInvalidPrefix, cfg.Prefix)
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = def.Timeout
+	}
+	if cfg.MaxBatch <= 0 {
+		cfg.MaxBatch = def.MaxBatch
+	}
+	if cfg.Workers <= 0 {
+		cfg.Workers = def.Workers
+	}
+	if cfg.RefreshInterval <= 0 {
+		cfg.RefreshInterval = def.RefreshInterval
+	}
+	s := &RedisStore{
+		client: client,
+		cfg:    cfg,
+		queue:  make(chan *call, cfg.Workers*cfg.MaxBatch),
+		done:   make(chan struct{}),
+	}
+	switch client.(type) {
+	case *redis.ClusterClient, *redis.Ring:
+	default:
+		s.multiKey = true
+	}
+	for i, src := range scripts {
+		sum := sha1.Sum([]byte(src))
+		s.shas[i] = hex.EncodeToString(sum[:])
+	}
+	if err := s.loadScripts(ctx); err != nil {
+		return nil, err
+	}
+	p, err := readPlacement(ctx, client, cfg.Prefix, 1)
+	if err != nil {
+		return nil, fmt.Errorf("redis store: %w", err)
+	}
+	s.placement.Store(&p)
+	s.ctx, s.cancel = context.WithCancel(context.Background())
+	for range cfg.Workers {
+		s.wg.Add(1)
+		go s.newWorker().loop()
+	}
+	if _, single := p.(singleNode); !single {
+		s.wg.Add(1)
+		go s.refresh()
+	}
+	return s, nil
+}
+
+// loadScripts loads every script on every node that may receive it.
+func (s *RedisStore) loadScripts(ctx context.Context) error {
+	s.loadMu.Lock()
+	defer s.loadMu.Unlock()
+	for i, src := range scripts {
+		var err error
+		switch c := s.client.(type) {
+		case *redis.Ring:
+			err = c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
+				return checkLoad(shard.ScriptLoad(ctx, src), s.shas[i])
+			})
+		default: // a ClusterClient loads on every master itself
+			err = checkLoad(c.ScriptLoad(ctx, src), s.shas[i])
+		}
+		if err != nil {
+			return fmt.Errorf("redis store: load %v script: %w", Algorithm(i), err)
+		}
+	}
+	return nil
+}
+
+func checkLoad(cmd *redis.StringCmd, sha any) error {
+	if got, err := cmd.Result(); err != nil {
+		return err
+	} else if got != sha {
+		return fmt.Errorf("server hashed script to %s, want %s", got, sha)
+	}
+	return nil
+}
+
+// call is one queued Take. Calls are pooled; a call whose Take gave up
+// (ctx done, store closed) is left to the garbage collector, because a worker
+// may still write to it.
+type call struct {
+	ctx      context.Context
+	key      string // prefixed counter name
+	alg      Algorithm
+	capacity int64
+
+	// Script arguments (see redis_scripts.go), passed to go-redis by pointer
+	// so that building a command allocates nothing per call.
+	inc, tol, rate, period, n int64   // µs for inc, tol and period
+	interval                  float64 // token bucket: µs per unit, to decode the reply
+
+	res  Result
+	err  error
+	done chan struct{} // 1-buffered: the worker never blocks delivering
+}
+
+var callPool = sync.Pool{New: func() any { return &call{done: make(chan struct{}, 1)} }}
+
+// finish delivers res or err (wrapped) to c's Take.
+func (c *call) finish(res Result, err error) {
+	if err != nil {
+		c.err = fmt.Errorf("redis take: %w", err)
+	} else {
+		c.res = res
+	}
+	c.done <- struct{}{}
+}
+
+// release clears c and returns it to the pool. Only the Take that owns c and
+// knows no worker holds it may call it.
+func (c *call) release() {
+	c.ctx, c.key, c.res, c.err = nil, "", Result{}, nil
+	callPool.Put(c)
+}
+
+// Take implements Store: it queues the call for a worker and waits for its
+// result, ctx or Close, whichever comes first. It blocks for about one round
+// trip. An unknown algorithm is an error, never a panic.
+func (s *RedisStore) Take(ctx context.Context, key string, _ uint64, lim Limit, n int64) (Result, error) {
+	if lim.Algorithm >= numAlgorithms {
+		return Result{}, fmt.Errorf("redis take: %w: %d", ErrUnknownAlgorithm, lim.Algorithm)
+	}
+	c := callPool.Get().(*call)
+	c.ctx, c.key = ctx, s.cfg.Prefix+key
+	c.setArgs(lim, n)
+	select {
+	case s.queue <- c:
+	case <-ctx.Done():
+		c.release()
+		return Result{}, fmt.Errorf("redis take: %w", ctx.Err())
+	case <-s.done:
+		c.release()
+		return Result{}, fmt.Errorf("redis take: %w", ErrStoreClosed)
+	}
+	select {
+	case <-c.done:
+	case <-ctx.Done():
+		return Result{}, fmt.Errorf("redis take: %w", ctx.Err())
+	case <-s.done:
+		select {
+		case <-c.done: // prefer a result that raced with Close
+		default:
+			return Result{}, fmt.Errorf("redis take: %w", ErrStoreClosed)
+		}
+	}
+	res, err := c.res, c.err
+	c.release()
+	return res, err
+}
+
+// Placement returns the current node map snapshot. It never blocks.
+func (s *RedisStore) Placement() Placement { return *s.placement.Load() }
+
+// Close stops the workers and the refresher and waits for them. Takes still
+// waiting return ErrStoreClosed (wrapped); so do later ones. Close does not
+// close the client. Calling Close again does nothing.
+func (s *RedisStore) Close() error {
+	s.once.Do(func() {
+		close(s.done)
+		s.cancel()
+		s.wg.Wait()
+	})
+	return nil
+}
+
+// refresh re-reads the node map every RefreshInterval until Close and
+// publishes a new snapshot when the mapping changed. A failed read keeps
+// the current snapshot.
+func (s *RedisStore) refresh() {
+	defer s.wg.Done()
+	t := time.NewTicker(s.cfg.RefreshInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			return
+		case <-t.C:
+		}
+		old := s.Placement()
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Timeout)
+		p, err := readPlacement(ctx, s.client, s.cfg.Prefix, old.Version()+1)
+		cancel()
+		if err == nil && !samePlacement(old, p) {
+			s.placement.Store(&p)
+		}
+	}
+}
+
+// worker sends batches of calls; its slices are reused from batch to batch.
+type worker struct {
+	s      *RedisStore
+	batch  []*call
+	byAlg  [numAlgorithms][]*call
+	groups []group
+	args   []any // arguments of every command of a round trip
+}
+
+// group is the calls that share one EVALSHA.
+type group struct {
+	alg   Algorithm
+	calls []*call
+	cmd   *redis.IntSliceCmd
+}
+
+func (s *RedisStore) newWorker() *worker {
+	return &worker{
+		s:     s,
+		batch: make([]*call, 0, s.cfg.MaxBatch),
+		args:  make([]any, 0, 8*s.cfg.MaxBatch),
+	}
+}
+
+// loop runs round trips until Close: it blocks for one call, drains what
+// else is queued without waiting and sends the batch.
+func (w *worker) loop() {
+	defer w.s.wg.Done()
+	for {
+		w.batch = w.batch[:0]
+		select {
+		case <-w.s.done:
+			return
+		case c := <-w.s.queue:
+			w.batch = append(w.batch, c)
+		}
+	drain:
+		for len(w.batch) < w.s.cfg.MaxBatch {
+			select {
+			case c := <-w.s.queue:
+				w.batch = append(w.batch, c)
+			default:
+				break drain
+			}
+		}
+		w.run()
+	}
+}
+
+// run sends w.batch in one round trip and delivers every call's result.
+func (w *worker) run() {
+	live := w.batch[:0]
+	for _, c := range w.batch {
+		if err := c.ctx.Err(); err != nil { // its Take has given up
+			c.finish(Result{}, err)
+			continue
+		}
+		live = append(live, c)
+	}
+	if len(live) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.s.ctx, w.s.cfg.Timeout)
+	defer cancel()
+	groups := w.group(live)
+	w.exec(ctx, groups)
+	// A NOSCRIPT reply means the server lost its scripts (restart, SCRIPT
+	// FLUSH, new master): reload them and retry those calls once.
+	retry := groups[:0]
+	for _, g := range groups {
+		if redis.HasErrorPrefix(g.cmd.Err(), "NOSCRIPT") {
+			retry = append(retry, g)
+			continue
+		}
+		g.finish()
+	}
+	if len(retry) == 0 {
+		return
+	}
+	if err := w.s.loadScripts(ctx); err != nil {
+		for _, g := range retry {
+			for _, c := range g.calls {
+				c.finish(Result{}, err)
+			}
+		}
+		return
+	}
+	w.exec(ctx, retry)
+	for _, g := range retry {
+		g.finish()
+	}
+}
+
+// group splits calls into script calls: by algorithm when one script call
+// may carry many keys, else one per call.
+func (w *worker) group(calls []*call) []group {
+	w.groups = w.groups[:0]
+	if !w.s.multiKey {
+		for i, c := range calls {
+			w.groups = append(w.groups, group{alg: c.alg, calls: calls[i : i+1]})
+		}
+		return w.groups
+	}
+	for a := range w.byAlg {
+		w.byAlg[a] = w.byAlg[a][:0]
+	}
+	for _, c := range calls {
+		w.byAlg[c.alg] = append(w.byAlg[c.alg], c)
+	}
+	for a, cs := range w.byAlg {
+		if len(cs) > 0 {
+			w.groups = append(w.groups, group{alg: Algorithm(a), calls: cs})
+		}
+	}
+	return w.groups
+}
+
+// exec sends one EVALSHA per group, pipelined when there are several.
+func (w *worker) exec(ctx context.Context, groups []group) {
+	w.args = w.args[:0]
+	calls := 0
+	for i := range groups {
+		g := &groups[i]
+		start := len(w.args)
+		w.args = append(w.args, "evalsha", w.s.shas[g.alg], len(g.calls))
+		for _, c := range g.calls {
+			w.args = append(w.args, &c.key)
+		}
+		for _, c := range g.calls {
+			w.args = c.appendArgs(w.args)
+		}
+		g.cmd = redis.NewIntSliceCmd(ctx, w.args[start:len(w.args):len(w.args)]...)
+		g.cmd.SetFirstKeyPos(3)
+		calls += len(g.calls)
+	}
+	w.s.pipelines.Add(1)
+	w.s.calls.Add(uint64(calls))
+	if len(groups) == 1 {
+		_ = w.s.client.Process(ctx, groups[0].cmd)
+		return
+	}
+	pipe := w.s.client.Pipeline()
+	for _, g := range groups {
+		_ = pipe.Process(ctx, g.cmd)
+	}
+	_, _ = pipe.Exec(ctx) // every command carries its own error
+}
+
+// finish delivers the results of g's calls.
+func (g *group) finish() {
+	v, err := g.cmd.Val(), g.cmd.Err()
+	width := replyWidth[g.alg]
+	if err == nil && len(v) != width*len(g.calls) {
+		err = errBadReply
+	}
+	for i, c := range g.calls {
+		if err != nil {
+			c.finish(Result{}, err)
+		} else {
+			c.finish(c.decode(v[i*width:(i+1)*width]), nil)
+		}
+	}
+}

@@ -1,0 +1,241 @@
+package counter
+
+import (
+	"math"
+	"time"
+)
+
+// The Lua scripts of the Redis store, one per algorithm, indexed by
+// Algorithm. Each mirrors its Go function in algorithm.go, in integer
+// microseconds, with time from redis.call('TIME'): client clocks never decide.
+//
+// A script decides for any number of counters, KEYS[1..K], one after the
+// other at the same instant, so a batch of Takes on one standalone server
+// costs one EVALSHA, one TIME and one reply (on a Cluster or Ring K is 1: a
+// script's keys must live on one node, in one slot). ARGV holds, per key
+// (see appendArgs):
+//
+//   - token bucket: inc, tol: the TAT increment of this cost and the burst
+//     tolerance, in whole µs (computed in Go, as takeGCRA does);
+//   - window algorithms: rate, period in µs, cost n.
+//
+// The reply holds replyWidth integers per key: for the token bucket d =
+// max(TAT, now) - now when allowed and -1-d when denied, from which
+// gcraResult derives the Result; for the others {allowed (0/1), remaining,
+// retry_after_us, reset_after_us}.
+//
+// Instants are near 1.7e15 µs: exact in a Lua double. Redis formats number
+// arguments of redis.call with %.17g, so they pass exactly; tostring and
+// string concatenation print only 14 significant digits, so instants that
+// go into strings are formatted with string.format('%.0f', x).
+//
+// A key holding another algorithm's state (the limit changed algorithm) is
+// read as absent and overwritten: the counter starts afresh, and one such key
+// cannot fail the other decisions of its batch.
+//
+// Server CPU per decision bounds the store's throughput, so the scripts do
+// as little as they can: few redis.call's (a denied take writes nothing;
+// the window algorithms keep their state in one string "window count
+// [previous]" set with its expiry in one SET), no per-key reply tables, and
+// arithmetic that does not depend on the state done in Go.
+var scripts = [numAlgorithms]string{
+	TokenBucket:   gcraScript,
+	SlidingWindow: slidingWindowScript,
+	FixedWindow:   fixedWindowScript,
+	SlidingLog:    slidingLogScript,
+}
+
+// replyWidth is the number of reply integers per key of each script.
+var replyWidth = [numAlgorithms]int{TokenBucket: 1, SlidingWindow: 4, FixedWindow: 4, SlidingLog: 4}
+
+// gcraScript mirrors takeGCRA's decision. State: the TAT, expiring when it
+// is reached.
+const gcraScript = `
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local out = {}
+for i = 1, #KEYS do
+	local k, inc, tol = KEYS[i], tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
+	local v = redis.pcall('GET', k)
+	local tat = type(v) == 'string' and tonumber(v) or now
+	if tat < now then tat = now end
+	local new = tat + inc
+	if now < new - tol then
+		out[i] = -1 - (tat - now)
+	else
+		redis.call('SET', k, new, 'PX', math.max(1, math.ceil((new - now) / 1000)))
+		out[i] = tat - now
+	end
+end
+return out
+`
+
+// slidingWindowScript mirrors takeSlidingWindow, slidingRetry and
+// firstAfter. State: "w cur prev", expiring two periods after window w
+// starts. floor(prev·left/p) is exact while rate × period in µs < 2^53.
+const slidingWindowScript = `
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local floor, ceil = math.floor, math.ceil
+local function firstAfter(count, k, p)
+	if count <= k then return 0 end
+	return floor(p - (k + 1) * p / count) + 1
+end
+local out = {}
+for i = 1, #KEYS do
+	local k, j = KEYS[i], 3 * i - 3
+	local rate, p, n = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])
+	local w = floor(now / p)
+	local cur, prev = 0, 0
+	local v = redis.pcall('GET', k)
+	if type(v) == 'string' then
+		local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+		a = tonumber(a)
+		if a == w then
+			cur, prev = tonumber(b), tonumber(c)
+		elseif a == w - 1 then
+			prev = tonumber(b)
+		end
+	end
+	local elapsed = now - w * p
+	local left = p - elapsed
+	local est = floor(prev * left / p) + cur
+	local ok, rem, retry = 1, 0, 0
+	if est + n > rate then
+		ok, rem = 0, math.max(0, rate - est)
+		if cur + n <= rate then
+			retry = math.max(1, firstAfter(prev, rate - cur - n, p) - elapsed)
+		else
+			retry = left + firstAfter(cur, rate - n, p)
+		end
+	else
+		cur = cur + n
+		rem = rate - est - n
+		redis.call('SET', k, string.format('%.0f %.0f %.0f', w, cur, prev), 'PX', ceil((left + p) / 1000))
+	end
+	local reset = 0
+	if cur > 0 then reset = left + p elseif prev > 0 then reset = left end
+	j = 4 * i - 4
+	out[j + 1], out[j + 2], out[j + 3], out[j + 4] = ok, rem, retry, reset
+end
+return out
+`
+
+// fixedWindowScript mirrors takeFixedWindow. State: "w count", expiring at
+// the end of window w.
+const fixedWindowScript = `
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local out = {}
+for i = 1, #KEYS do
+	local k, j = KEYS[i], 3 * i - 3
+	local rate, p, n = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])
+	local w = math.floor(now / p)
+	local cur = 0
+	local v = redis.pcall('GET', k)
+	if type(v) == 'string' then
+		local a, b = string.match(v, '^(%d+) (%d+)$')
+		if tonumber(a) == w then cur = tonumber(b) end
+	end
+	local reset = (w + 1) * p - now
+	local ok, retry = 0, reset
+	if cur + n <= rate then
+		ok, retry, cur = 1, 0, cur + n
+		redis.call('SET', k, string.format('%.0f %.0f', w, cur), 'PX', math.ceil(reset / 1000))
+	end
+	j = 4 * i - 4
+	out[j + 1], out[j + 2], out[j + 3], out[j + 4] = ok, rate - cur, retry, reset
+end
+return out
+`
+
+// slidingLogScript mirrors takeSlidingLog. State: a sorted set of admitted
+// instants (members made unique with a sequence number), expiring one
+// period after the newest.
+const slidingLogScript = `
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local ts = string.format('%.0f', now)
+local out = {}
+for i = 1, #KEYS do
+	local k, j = KEYS[i], 3 * i - 3
+	local rate, p, n = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])
+	if type(redis.pcall('ZREMRANGEBYSCORE', k, '-inf', now - p)) == 'table' then
+		redis.call('DEL', k) -- another algorithm's state
+	end
+	local used = redis.call('ZCARD', k)
+	j = 4 * i - 4
+	if used + n > rate then
+		local x = used + n - rate - 1
+		local oldest = redis.call('ZRANGE', k, x, x, 'WITHSCORES')
+		local newest = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
+		out[j + 1], out[j + 2], out[j + 3], out[j + 4] = 0, rate - used, oldest[2] + p - now, newest[2] + p - now
+	else
+		local added = 0
+		while added < n do
+			local args = {}
+			for m = 1, math.min(n - added, 512) do
+				added = added + 1
+				args[2 * m - 1] = now
+				args[2 * m] = ts .. ':' .. (used + added)
+			end
+			redis.call('ZADD', k, unpack(args))
+		end
+		redis.call('PEXPIRE', k, math.ceil(p / 1000))
+		out[j + 1], out[j + 2], out[j + 3], out[j + 4] = 1, rate - used - n, 0, p
+	end
+end
+return out
+`
+
+// setArgs sets c's algorithm and script arguments for a Take of n units
+// under lim. The store resolves time to whole µs: a period is rounded down to
+// µs (at least 1), and a token bucket faster than one unit per µs is not
+// enforced exactly.
+func (c *call) setArgs(lim Limit, n int64) {
+	c.alg, c.capacity = lim.Algorithm, lim.Capacity()
+	c.rate, c.period, c.n = lim.Rate, max(1, lim.Period.Microseconds()), n
+	if c.alg == TokenBucket { // takeGCRA's arithmetic, in µs
+		c.interval = float64(c.period) / float64(c.rate)
+		c.tol = int64(math.Round(c.interval * float64(c.capacity)))
+		c.inc = int64(math.Round(float64(n) * c.interval))
+	}
+}
+
+// appendArgs appends c's script arguments to args.
+func (c *call) appendArgs(args []any) []any {
+	if c.alg == TokenBucket {
+		return append(args, &c.inc, &c.tol)
+	}
+	return append(args, &c.rate, &c.period, &c.n)
+}
+
+// decode turns c's part of a script reply (replyWidth[c.alg] integers) into
+// a Result.
+func (c *call) decode(v []int64) Result {
+	if c.alg == TokenBucket {
+		return gcraResult(c.interval, c.tol, c.inc, c.capacity, v[0])
+	}
+	return Result{
+		Allowed:    v[0] == 1,
+		Limit:      c.capacity,
+		Remaining:  v[1],
+		RetryAfter: time.Duration(v[2]) * time.Microsecond,
+		ResetAfter: time.Duration(v[3]) * time.Microsecond,
+	}
+}
+
+// gcraResult completes gcraScript's decision d (see there) with takeGCRA's
+// arithmetic, in µs.
+func gcraResult(interval float64, tolerance, inc, capacity, d int64) Result {
+	res := Result{Allowed: d >= 0, Limit: capacity}
+	if res.Allowed {
+		d += inc // the new TAT, from now
+	} else {
+		d = -1 - d
+		res.RetryAfter = time.Duration(d+inc-tolerance) * time.Microsecond
+	}
+	res.Remaining = max(0, int64(float64(tolerance-d)/interval))
+	res.ResetAfter = time.Duration(d) * time.Microsecond
+	return res
+}

@@ -1,0 +1,550 @@
+package counter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+	"go.uber.org/goleak"
+
+	"github.com/hotkeyd/hotkey/internal/redistest"
+)
+
+// checkLeaks fails t if goroutines started during t outlive it. Call it
+// first: cleanups run last-registered first, so it runs after the stores
+// and clients registered later are closed.
+func checkLeaks(t *testing.T) {
+	t.Helper()
+	opt := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, opt) })
+}
+
+// newTestClient returns a client of addr, closed when t ends.
+func newTestClient(t *testing.T, addr string) *redis.Client {
+	t.Helper()
+	c := redis.NewClient(&redis.Options{Addr: addr})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// newTestStore returns a store over client, closed when t ends.
+func newTestStore(t *testing.T, client redis.UniversalClient, cfg RedisConfig) *RedisStore {
+	t.Helper()
+	s, err := NewRedisStore(context.Background(), client, cfg)
+	if err != nil {
+		t.Fatalf("NewRedisStore: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// startOwnServer starts a standalone server of t's own, for tests that kill or
+// pause it.
+func startOwnServer(t *testing.T) *redistest.Server {
+	t.Helper()
+	srv, err := redistest.Start(testDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+// testKey returns a counter name no other test uses.
+func testKey(t *testing.T) string {
+	return fmt.Sprintf("%s:%x", t.Name(), rand.Uint64())
+}
+
+func mustTake(t *testing.T, s Store, key string, lim Limit, n int64) Result {
+	t.Helper()
+	r, err := s.Take(context.Background(), key, xxhash.Sum64String(key), lim, n)
+	if err != nil {
+		t.Fatalf("Take(%q, %+v, %d): %v", key, lim, n, err)
+	}
+	return r
+}
+
+// longPeriod is a period no test outlives, so window boundaries (aligned to the
+// Unix epoch) practically never fall inside a test.
+const longPeriod = 1000 * time.Hour
+
+func TestRedisTakeBasic(t *testing.T) {
+	checkLeaks(t)
+	s := newTestStore(t, newTestClient(t, testRedisAddr), RedisConfig{})
+	for _, tt := range []struct {
+		give Limit
+		want int64 // admitted before the first denial
+	}{
+		{Limit{Algorithm: TokenBucket, Rate: 3, Period: longPeriod}, 3},
+		{Limit{Algorithm: TokenBucket, Rate: 1, Period: longPeriod, Burst: 5}, 5},
+		{Limit{Algorithm: SlidingWindow, Rate: 3, Period: longPeriod}, 3},
+		{Limit{Algorithm: FixedWindow, Rate: 3, Period: longPeriod}, 3},
+		{Limit{Algorithm: SlidingLog, Rate: 3, Period: longPeriod}, 3},
+	} {
+		t.Run(fmt.Sprintf("%v/burst%d", tt.give.Algorithm, tt.give.Burst), func(t *testing.T) {
+			key := testKey(t)
+			for i := range tt.want {
+				r := mustTake(t, s, key, tt.give, 1)
+				if !r.Allowed || r.Remaining != tt.want-i-1 || r.Limit != tt.want || r.RetryAfter != 0 {
+					t.Fatalf("take %d = %+v, want allowed with %d remaining of %d", i, r, tt.want-i-1, tt.want)
+				}
+				if maxReset := time.Duration(tt.want) * longPeriod; r.ResetAfter <= 0 || r.ResetAfter > maxReset {
+					t.Errorf("take %d: ResetAfter = %v, want in (0, %v]", i, r.ResetAfter, maxReset)
+				}
+			}
+			r := mustTake(t, s, key, tt.give, 1)
+			if r.Allowed || r.Remaining != 0 {
+				t.Fatalf("take %d = %+v, want denied with 0 remaining", tt.want, r)
+			}
+			if r.RetryAfter <= 0 || r.RetryAfter > longPeriod {
+				t.Errorf("RetryAfter = %v, want in (0, %v]", r.RetryAfter, longPeriod)
+			}
+
+			// A cost: 2 of 3 on a fresh counter leaves 1; 2 more is denied.
+			key = testKey(t)
+			if r := mustTake(t, s, key, tt.give, 2); !r.Allowed || r.Remaining != tt.want-2 {
+				t.Fatalf("cost 2 = %+v, want allowed with %d remaining", r, tt.want-2)
+			}
+			if tt.want == 3 {
+				if r := mustTake(t, s, key, tt.give, 2); r.Allowed || r.Remaining != 1 {
+					t.Fatalf("cost 2 again = %+v, want denied with 1 remaining", r)
+				}
+			}
+		})
+	}
+}
+
+// TestRedisForeignState checks that a key holding another algorithm's state
+// starts afresh and does not fail the other decisions of its batch.
+func TestRedisForeignState(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	s := newTestStore(t, client, RedisConfig{})
+	ctx := context.Background()
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+		lim := Limit{Algorithm: alg, Rate: 5, Period: longPeriod}
+		for _, foreign := range []func(key string) error{
+			func(key string) error { return client.ZAdd(ctx, key, redis.Z{Score: 1, Member: "x"}).Err() },
+			func(key string) error { return client.Set(ctx, key, "not a counter", 0).Err() },
+			func(key string) error { return client.HSet(ctx, key, "f", "v").Err() },
+		} {
+			key := testKey(t)
+			if err := foreign("hk:" + key); err != nil {
+				t.Fatal(err)
+			}
+			var wg sync.WaitGroup
+			for i := range 20 { // batched with the foreign key
+				wg.Go(func() { mustTake(t, s, fmt.Sprintf("%s:%d", key, i), lim, 1) })
+			}
+			if r := mustTake(t, s, key, lim, 1); !r.Allowed || r.Remaining != 4 {
+				t.Errorf("%v over foreign state: %+v, want a fresh counter", alg, r)
+			}
+			wg.Wait()
+		}
+	}
+}
+
+func TestRedisUnknownAlgorithm(t *testing.T) {
+	checkLeaks(t)
+	s := newTestStore(t, newTestClient(t, testRedisAddr), RedisConfig{})
+	_, err := s.Take(context.Background(), testKey(t), 0, Limit{Algorithm: numAlgorithms, Rate: 1, Period: time.Second}, 1)
+	if !errors.Is(err, ErrUnknownAlgorithm) {
+		t.Fatalf("err = %v, want ErrUnknownAlgorithm", err)
+	}
+}
+
+func TestRedisInvalidPrefix(t *testing.T) {
+	checkLeaks(t)
+	_, err := NewRedisStore(context.Background(), newTestClient(t, testRedisAddr), RedisConfig{Prefix: "a{b}:"})
+	if !errors.Is(err, ErrInvalidPrefix) {
+		t.Fatalf("err = %v, want ErrInvalidPrefix", err)
+	}
+}
+
+// TestRedisScriptsMatchMemory runs every script on fixed instants (TIME
+// replaced by arguments) and checks each decision against the memory store's
+// at the same instant: the scripts mirror algorithm.go. Each script call
+// carries 1 to 3 Takes on two counters, as a batch does. Token intervals are
+// whole µs, so that rounding to µs loses nothing.
+func TestRedisScriptsMatchMemory(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	ctx := context.Background()
+	for _, lim := range []Limit{
+		{Algorithm: TokenBucket, Rate: 10, Period: time.Hour},
+		{Algorithm: TokenBucket, Rate: 6, Period: time.Minute, Burst: 3},
+		{Algorithm: TokenBucket, Rate: 1000, Period: time.Second, Burst: 50},
+		{Algorithm: TokenBucket, Rate: 4, Period: 10 * time.Second, Burst: 20},
+		{Algorithm: SlidingWindow, Rate: 10, Period: time.Hour},
+		{Algorithm: SlidingWindow, Rate: 7, Period: 3 * time.Hour},
+		{Algorithm: SlidingWindow, Rate: 1000, Period: time.Second},
+		{Algorithm: FixedWindow, Rate: 10, Period: time.Hour},
+		{Algorithm: FixedWindow, Rate: 7, Period: 3 * time.Hour},
+		{Algorithm: FixedWindow, Rate: 1000, Period: time.Second},
+		{Algorithm: SlidingLog, Rate: 10, Period: time.Hour},
+		{Algorithm: SlidingLog, Rate: 7, Period: 3 * time.Hour},
+		{Algorithm: SlidingLog, Rate: 600, Period: time.Minute},
+	} {
+		t.Run(fmt.Sprintf("%v/%d/%v/%d", lim.Algorithm, lim.Rate, lim.Period, lim.Burst), func(t *testing.T) {
+			src := strings.Replace(scripts[lim.Algorithm], "redis.call('TIME')", "{ARGV[#ARGV - 1], ARGV[#ARGV]}", 1)
+			script := redis.NewScript(src)
+			mem := NewMemoryStore(MemoryConfig{})
+			counters := []string{testKey(t), testKey(t)}
+			rng := rand.New(rand.NewPCG(1, uint64(lim.Algorithm)))
+			now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixMicro()
+			span := lim.Period.Microseconds() / 4 // most steps refill part of the limit
+			if lim.Algorithm == TokenBucket {
+				span = lim.Period.Microseconds() * lim.Capacity() / lim.Rate / 4
+			}
+			allowed, takes := 0, 0
+			for i := range 200 {
+				now += rng.Int64N(span)
+				batch := make([]call, 1+rng.IntN(3))
+				var keys []string
+				var args []any
+				for j := range batch {
+					n := int64(1)
+					if rng.IntN(2) == 0 {
+						n = 1 + rng.Int64N(lim.Capacity())
+					}
+					batch[j].setArgs(lim, n)
+					keys = append(keys, counters[rng.IntN(len(counters))])
+					args = batch[j].appendArgs(args)
+				}
+				v, err := script.Run(ctx, client, keys, append(args, now/1e6, now%1e6)...).Int64Slice()
+				if err != nil {
+					t.Fatalf("script: %v", err)
+				}
+				width := replyWidth[lim.Algorithm]
+				if len(v) != width*len(batch) {
+					t.Fatalf("reply %v: want %d integers", v, width*len(batch))
+				}
+				for j := range batch {
+					got := batch[j].decode(v[j*width : (j+1)*width])
+					want := mem.TakeAt(time.UnixMicro(now), keys[j], 0, lim, batch[j].n)
+					if got.Allowed != want.Allowed || got.Remaining != want.Remaining ||
+						!nearMicro(got.RetryAfter, want.RetryAfter) || !nearMicro(got.ResetAfter, want.ResetAfter) {
+						t.Fatalf("step %d, take %d of %d (n=%d): redis %+v, memory %+v", i, j, len(batch), batch[j].n, got, want)
+					}
+					if takes++; got.Allowed {
+						allowed++
+					}
+				}
+			}
+			if allowed < takes/10 || allowed > takes*9/10 {
+				t.Errorf("%d of %d allowed: want a mix of decisions", allowed, takes)
+			}
+		})
+	}
+}
+
+// nearMicro reports whether a script's µs duration matches the memory store's
+// ns one: they differ by rounding to µs.
+func nearMicro(us, ns time.Duration) bool {
+	return us-ns < time.Microsecond && ns-us < time.Microsecond
+}
+
+// TestRedisConcurrentTakes proves the scripts atomic under batching: 64
+// goroutines race for 1000 units and exactly 1000 pass.
+func TestRedisConcurrentTakes(t *testing.T) {
+	checkLeaks(t)
+	for _, tt := range []struct {
+		name   string
+		client func(t *testing.T) redis.UniversalClient
+	}{
+		{"standalone", func(t *testing.T) redis.UniversalClient { return newTestClient(t, testRedisAddr) }},
+		{"cluster", func(t *testing.T) redis.UniversalClient {
+			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testClusterAddrs})
+			t.Cleanup(func() { c.Close() })
+			return c
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			s := newTestStore(t, tt.client(t), RedisConfig{})
+			for alg := range numAlgorithms {
+				lim := Limit{Algorithm: alg, Rate: 1000, Period: longPeriod}
+				key := testKey(t)
+				var admitted atomic.Int64
+				var wg sync.WaitGroup
+				for range 64 {
+					wg.Go(func() {
+						for range 200 {
+							r, err := s.Take(context.Background(), key, 0, lim, 1)
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if r.Allowed {
+								admitted.Add(1)
+							}
+						}
+					})
+				}
+				wg.Wait()
+				if got := admitted.Load(); got != 1000 {
+					t.Errorf("%v: admitted %d, want 1000", alg, got)
+				}
+			}
+			calls, pipes := s.calls.Load(), s.pipelines.Load()
+			t.Logf("%d calls in %d round trips", calls, pipes)
+			if calls < 2*pipes {
+				t.Errorf("%d calls in %d round trips: want batches of 2 or more on average", calls, pipes)
+			}
+		})
+	}
+}
+
+// TestRedisNoScript checks that lost scripts (SCRIPT FLUSH, or a restart)
+// are reloaded and the calls retried.
+func TestRedisNoScript(t *testing.T) {
+	checkLeaks(t)
+	ctx := context.Background()
+	t.Run("standalone", func(t *testing.T) {
+		client := newTestClient(t, testRedisAddr)
+		s := newTestStore(t, client, RedisConfig{})
+		lim := Limit{Rate: 1000, Period: longPeriod}
+		mustTake(t, s, testKey(t), lim, 1)
+		if err := client.ScriptFlush(ctx).Err(); err != nil {
+			t.Fatal(err)
+		}
+		key := testKey(t)
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Go(func() { mustTake(t, s, key, lim, 1) })
+		}
+		wg.Wait()
+		if r := mustTake(t, s, key, lim, 1); r.Remaining != 1000-51 {
+			t.Errorf("remaining %d, want %d", r.Remaining, 1000-51)
+		}
+	})
+	t.Run("cluster", func(t *testing.T) {
+		client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testClusterAddrs})
+		t.Cleanup(func() { client.Close() })
+		s := newTestStore(t, client, RedisConfig{})
+		for _, addr := range testClusterAddrs {
+			if err := newTestClient(t, addr).ScriptFlush(ctx).Err(); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var wg sync.WaitGroup
+		for i := range 100 {
+			key := testKey(t) + strconv.Itoa(i)
+			wg.Go(func() {
+				mustTake(t, s, key, Limit{Algorithm: Algorithm(i) % numAlgorithms, Rate: 10, Period: longPeriod}, 1)
+			})
+		}
+		wg.Wait()
+	})
+}
+
+func TestRedisContextDone(t *testing.T) {
+	checkLeaks(t)
+	srv := startOwnServer(t)
+	admin := newTestClient(t, srv.Addr)
+	s := newTestStore(t, newTestClient(t, srv.Addr), RedisConfig{})
+	lim := Limit{Rate: 10, Period: longPeriod}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := s.Take(ctx, testKey(t), 0, lim, 1); !errors.Is(err, context.Canceled) {
+		t.Errorf("cancelled ctx: err = %v, want context.Canceled", err)
+	}
+
+	// While the server is paused the call is in flight; its ctx ends first.
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", 300, "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel = context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := s.Take(ctx, testKey(t), 0, lim, 1)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.HasPrefix(err.Error(), "redis take: ") {
+		t.Errorf("paused server: err = %v, want wrapped context.DeadlineExceeded", err)
+	}
+	if d := time.Since(start); d > 200*time.Millisecond {
+		t.Errorf("Take returned after %v, want soon after its ctx ended", d)
+	}
+	mustTake(t, s, testKey(t), lim, 1) // waits out the pause
+}
+
+func TestRedisServerKilled(t *testing.T) {
+	checkLeaks(t)
+	srv := startOwnServer(t)
+	const timeout = 200 * time.Millisecond
+	s := newTestStore(t, newTestClient(t, srv.Addr), RedisConfig{Timeout: timeout})
+	lim := Limit{Rate: 10, Period: longPeriod}
+	mustTake(t, s, testKey(t), lim, 1)
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		start := time.Now()
+		_, err := s.Take(context.Background(), testKey(t), 0, lim, 1)
+		if err == nil || !strings.HasPrefix(err.Error(), "redis take: ") {
+			t.Fatalf("err = %v, want a redis take error", err)
+		}
+		// Within Timeout, not the client's 3s ReadTimeout or 5s DialTimeout;
+		// the slack absorbs scheduling on a loaded machine.
+		if d := time.Since(start); d > 2*timeout {
+			t.Errorf("Take failed after %v, want within about %v", d, timeout)
+		}
+	}
+	// Back up with no scripts: the store reloads them.
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	var err error
+	for range 50 {
+		if _, err = s.Take(context.Background(), testKey(t), 0, lim, 1); err == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatalf("after restart: %v", err)
+}
+
+func TestRedisClosePending(t *testing.T) {
+	checkLeaks(t)
+	srv := startOwnServer(t)
+	admin := newTestClient(t, srv.Addr)
+	s, err := NewRedisStore(context.Background(), newTestClient(t, srv.Addr), RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := admin.Do(context.Background(), "CLIENT", "PAUSE", 1000, "ALL").Err(); err != nil {
+		t.Fatal(err)
+	}
+	const pending = 20
+	errs := make(chan error, pending)
+	for range pending {
+		go func() {
+			_, err := s.Take(context.Background(), testKey(t), 0, Limit{Rate: 10, Period: longPeriod}, 1)
+			errs <- err
+		}()
+	}
+	for s.calls.Load()+uint64(len(s.queue)) < pending { // all queued or in flight
+		time.Sleep(time.Millisecond)
+	}
+	closed := make(chan struct{})
+	go func() { s.Close(); close(closed) }()
+	for range pending {
+		select {
+		case err := <-errs:
+			if !errors.Is(err, ErrStoreClosed) {
+				t.Errorf("pending Take: err = %v, want ErrStoreClosed", err)
+			}
+		case <-time.After(500 * time.Millisecond):
+			t.Fatal("pending Take did not return on Close")
+		}
+	}
+	<-closed
+	if _, err := s.Take(context.Background(), testKey(t), 0, Limit{Rate: 10, Period: longPeriod}, 1); !errors.Is(err, ErrStoreClosed) {
+		t.Errorf("Take after Close: err = %v, want ErrStoreClosed", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Errorf("second Close: %v", err)
+	}
+}
+
+// serverCPU returns the CPU time the server at client has used so far.
+func serverCPU(b *testing.B, client *redis.Client) time.Duration {
+	info, err := client.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if name, v, ok := strings.Cut(line, ":"); ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// reportRate reports decisions/s and the server's CPU time per decision
+// since cpu0, the figure batching and script design try to cut.
+func reportRate(b *testing.B, client *redis.Client, cpu0 time.Duration) {
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	b.ReportMetric(float64(serverCPU(b, client)-cpu0)/float64(time.Microsecond)/float64(b.N), "server-µs/op")
+}
+
+// benchLimit admits everything the benchmarks send.
+var benchLimit = Limit{Rate: 1_000_000, Period: time.Second, Burst: 1 << 30}
+
+// benchKeys are distinct counter names, so the benchmarks measure the store
+// rather than one hot key.
+var benchKeys = func() []string {
+	keys := make([]string, 1<<14)
+	for i := range keys {
+		keys[i] = "bench:" + strconv.Itoa(i)
+	}
+	return keys
+}()
+
+// BenchmarkRedisTake measures the store's decisions/s with 32×GOMAXPROCS
+// goroutines on one local server. BenchmarkRedisRateBaseline is the same
+// load through go-redis/redis_rate (one EVALSHA per call).
+func BenchmarkRedisTake(b *testing.B) {
+	client := redis.NewClient(&redis.Options{Addr: testRedisAddr})
+	defer client.Close()
+	s, err := NewRedisStore(context.Background(), client, RedisConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	var seq atomic.Uint64
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	cpu0 := serverCPU(b, client)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := seq.Add(1) * 7919
+		for pb.Next() {
+			i++
+			key := benchKeys[i%uint64(len(benchKeys))]
+			if r, err := s.Take(context.Background(), key, 0, benchLimit, 1); err != nil || !r.Allowed {
+				b.Errorf("Take = %+v, %v", r, err)
+				return
+			}
+		}
+	})
+	reportRate(b, client, cpu0)
+	if p := s.pipelines.Load(); p > 0 {
+		b.ReportMetric(float64(s.calls.Load())/float64(p), "calls/batch")
+	}
+}
+
+func BenchmarkRedisRateBaseline(b *testing.B) {
+	client := redis.NewClient(&redis.Options{Addr: testRedisAddr})
+	defer client.Close()
+	limiter := redis_rate.NewLimiter(client)
+	limit := redis_rate.PerSecond(1 << 30)
+	var seq atomic.Uint64
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	cpu0 := serverCPU(b, client)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := seq.Add(1) * 7919
+		for pb.Next() {
+			i++
+			key := benchKeys[i%uint64(len(benchKeys))]
+			if r, err := limiter.Allow(context.Background(), key, limit); err != nil || r.Allowed == 0 {
+				b.Errorf("Allow = %+v, %v", r, err)
+				return
+			}
+		}
+	})
+	reportRate(b, client, cpu0)
+}

@@ -1,0 +1,276 @@
+// Package hotkey is a rate-limiting engine that survives hot keys.
+//
+// Cold keys cost one counter in the store. A split key is spread over 4, 16
+// or 64 subcounters, each enforcing its share of the limit, so one key at
+// tens of thousands of requests per second no longer lands on one Redis
+// counter. A decision hashes the key once; that hash feeds the split-table
+// lookup, the choice of subcounter and the store's striping.
+//
+// For now keys are split statically (WithSplitAll, WithSplitKeys).
+package hotkey
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/shard"
+)
+
+// Limit is a rate limit; see counter.Limit.
+type Limit = counter.Limit
+
+// Algorithm names a rate-limiting algorithm; see counter.Algorithm.
+type Algorithm = counter.Algorithm
+
+// Store is where counters live; see counter.Store.
+type Store = counter.Store
+
+// The algorithms.
+const (
+	TokenBucket   = counter.TokenBucket
+	SlidingWindow = counter.SlidingWindow
+	FixedWindow   = counter.FixedWindow
+	SlidingLog    = counter.SlidingLog
+)
+
+// PerSecond returns a token-bucket limit of rate per second with a burst of rate.
+func PerSecond(rate int64) Limit { return counter.PerSecond(rate) }
+
+// PerMinute returns a token-bucket limit of rate per minute with a burst of rate.
+func PerMinute(rate int64) Limit { return counter.PerMinute(rate) }
+
+// Errors for bad input. Limit errors (counter.ErrInvalidLimit and the like)
+// are re-exported here; store errors come back wrapped as the store made them.
+var (
+	ErrEmptyKey         = errors.New("empty key")
+	ErrKeyTooLong       = errors.New("key too long")
+	ErrClosed           = errors.New("engine closed")
+	ErrInvalidCost      = counter.ErrInvalidCost
+	ErrCostExceedsBurst = counter.ErrCostExceedsBurst
+	ErrInvalidLimit     = counter.ErrInvalidLimit
+	ErrInvalidPeriod    = counter.ErrInvalidPeriod
+	ErrInvalidBurst     = counter.ErrInvalidBurst
+	ErrUnknownAlgorithm = counter.ErrUnknownAlgorithm
+	ErrLimitTooLarge    = counter.ErrLimitTooLarge
+)
+
+// Result is the outcome of one decision.
+type Result struct {
+	Allowed bool
+	// Limit is the key's capacity: its burst (token bucket) or rate.
+	Limit int64
+	// Remaining estimates how much more the key would admit now. For a split
+	// key it is N × the remaining of the subcounter that decided.
+	Remaining int64
+	// RetryAfter is how long until a denied request could pass; 0 if allowed.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the counter is back to full.
+	ResetAfter time.Duration
+	// Shards is the number of subcounters the key was split into (1 if not).
+	Shards int
+}
+
+// placer is implemented by stores that know how counter names map to nodes.
+type placer interface{ Placement() counter.Placement }
+
+// Engine makes rate-limit decisions on a Store. It is safe for concurrent
+// use. The zero value is not usable; call New.
+type Engine struct {
+	store  Store
+	placer placer // nil: one node
+	opt    options
+	seed   uint64 // per instance: offsets subcounter choice
+	table  *shard.Table
+	splits []atomic.Pointer[shard.Entry] // per-key state under WithSplitAll, direct-mapped
+	deny   *denyCache                    // nil: disabled
+	closed atomic.Bool
+}
+
+// New returns an engine deciding on store. The engine does not own store:
+// Close leaves it open.
+func New(store Store, opts ...Option) (*Engine, error) {
+	if store == nil {
+		return nil, errors.New("hotkey: nil store")
+	}
+	o := defaultOptions()
+	for _, opt := range opts {
+		if err := opt(&o); err != nil {
+			return nil, fmt.Errorf("hotkey: %w", err)
+		}
+	}
+	e := &Engine{store: store, opt: o, seed: rand.Uint64(), table: shard.NewTable(o.maxHotKeys)}
+	e.placer, _ = store.(placer)
+	if o.denyCache > 0 {
+		e.deny = newDenyCache(o.denyCache)
+	}
+	if o.splitAll > shard.Level1 {
+		e.splits = make([]atomic.Pointer[shard.Entry], splitCacheSize)
+	}
+	for k, level := range o.splitKeys {
+		if err := e.checkKey(k); err != nil {
+			return nil, fmt.Errorf("hotkey: split key: %w", err)
+		}
+		if !e.table.Set(k, hashKey(k), level) {
+			return nil, fmt.Errorf("hotkey: more split keys than max hot keys (%d)", o.maxHotKeys)
+		}
+	}
+	return e, nil
+}
+
+// Allow is AllowN(ctx, key, lim, 1).
+func (e *Engine) Allow(ctx context.Context, key string, lim Limit) (Result, error) {
+	return e.AllowN(ctx, key, lim, 1)
+}
+
+// AllowN decides whether n units for key fit in lim, and charges them if so.
+// Bad input returns a typed error (ErrEmptyKey, ErrKeyTooLong,
+// ErrInvalidCost, ErrCostExceedsBurst, or a limit error); a store error comes
+// back wrapped, and the caller decides what to do. AllowN blocks only on the
+// store.
+func (e *Engine) AllowN(ctx context.Context, key string, lim Limit, n int64) (Result, error) {
+	if err := e.check(key, lim, n); err != nil {
+		return Result{}, err
+	}
+	hash := hashKey(key)
+	ent := e.entry(key, hash)
+	if ent == nil {
+		return e.decide(ctx, key, hash, lim, n)
+	}
+	level := shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, n)
+	if level == shard.Level1 {
+		return e.decide(ctx, key, hash, lim, n)
+	}
+	return e.decideSplit(ctx, ent, level, lim, n)
+}
+
+// entry returns the split state of key, or nil if the key is not split.
+func (e *Engine) entry(key string, hash uint64) *shard.Entry {
+	if e.splits == nil {
+		return e.table.Lookup(key, hash)
+	}
+	if ent := e.table.Lookup(key, hash); ent != nil {
+		return ent
+	}
+	slot := &e.splits[hash&(splitCacheSize-1)]
+	if ent := slot.Load(); ent != nil && ent.Hash == hash && ent.Key == key {
+		return ent
+	}
+	ent := shard.NewEntry(key, hash, e.opt.splitAll)
+	slot.Store(ent)
+	return ent
+}
+
+// decide takes n from the unsplit counter key.
+func (e *Engine) decide(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
+	r, err := e.take(ctx, key, hash, lim, n)
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{r.Allowed, r.Limit, r.Remaining, r.RetryAfter, r.ResetAfter, 1}, nil
+}
+
+// decideSplit takes n from one of the level subcounters of ent, and on a deny
+// probes a second one.
+func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level int, lim Limit, n int64) (Result, error) {
+	var p shard.Placement
+	if e.placer != nil {
+		p = e.placer.Placement()
+	}
+	names := ent.Names(level, p)
+	i := ent.Pick(level, e.opt.selection, e.seed)
+	r, err := e.take(ctx, names[i], shard.SubHash(ent.Hash, level, i), subLimit(lim, level, i), n)
+	if err != nil {
+		return Result{}, err
+	}
+	if !r.Allowed && e.opt.secondChance {
+		j := shard.SecondChance(i, level, rand.Uint64())
+		// A failed probe leaves the first answer standing.
+		if r2, err := e.take(ctx, names[j], shard.SubHash(ent.Hash, level, j), subLimit(lim, level, j), n); err == nil &&
+			(r2.Allowed || r2.RetryAfter < r.RetryAfter) {
+			r = r2
+		}
+	}
+	capacity := lim.Capacity()
+	return Result{
+		Allowed:    r.Allowed,
+		Limit:      capacity,
+		Remaining:  min(capacity, r.Remaining*int64(level)),
+		RetryAfter: r.RetryAfter,
+		ResetAfter: r.ResetAfter,
+		Shards:     level,
+	}, nil
+}
+
+// take asks the store for n from counter name, unless the deny cache knows
+// it denies.
+func (e *Engine) take(ctx context.Context, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
+	if e.deny == nil {
+		return e.store.Take(ctx, name, hash, lim, n)
+	}
+	id := denyID(hash, lim)
+	if r, ok := e.deny.lookup(id, n, e.opt.clock); ok {
+		return r, nil
+	}
+	r, err := e.store.Take(ctx, name, hash, lim, n)
+	if err == nil && !r.Allowed {
+		e.deny.add(id, n, e.opt.clock(), r)
+	}
+	return r, err
+}
+
+// subLimit is subcounter i's share of lim split n ways: rate and burst are
+// each split with remainders to the first subcounters.
+func subLimit(lim Limit, n, i int) Limit {
+	capacity := lim.Capacity()
+	lim.Rate = shard.Share(lim.Rate, n, i)
+	if lim.Algorithm == counter.TokenBucket {
+		lim.Burst = shard.Share(capacity, n, i)
+	}
+	return lim
+}
+
+func (e *Engine) check(key string, lim Limit, n int64) error {
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	if err := e.checkKey(key); err != nil {
+		return err
+	}
+	if err := lim.Validate(); err != nil {
+		return err
+	}
+	if n <= 0 {
+		return fmt.Errorf("%w: %d", ErrInvalidCost, n)
+	}
+	if c := lim.Capacity(); n > c {
+		return fmt.Errorf("%w: %d > %d", ErrCostExceedsBurst, n, c)
+	}
+	return nil
+}
+
+func (e *Engine) checkKey(key string) error {
+	switch {
+	case key == "":
+		return ErrEmptyKey
+	case len(key) > e.opt.maxKeyLen:
+		return fmt.Errorf("%w: %d bytes > %d", ErrKeyTooLong, len(key), e.opt.maxKeyLen)
+	}
+	return nil
+}
+
+// Close stops the engine: later decisions return ErrClosed. It does not close
+// the store.
+func (e *Engine) Close() error {
+	e.closed.Store(true)
+	return nil
+}
+
+// hashKey is the one hash of a key: xxhash64.
+func hashKey(key string) uint64 { return xxhash.Sum64String(key) }

@@ -1,0 +1,219 @@
+package hotkey
+
+import (
+	"context"
+	"errors"
+	"os"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/redistest"
+	"github.com/hotkeyd/hotkey/shard"
+)
+
+var env *redistest.Env
+
+func TestMain(m *testing.M) { os.Exit(redistest.Main(m, 3, &env)) }
+
+// fakeClock is a settable clock shared by an engine and a memory store.
+type fakeClock struct{ ns atomic.Int64 }
+
+func newFakeClock() *fakeClock {
+	c := &fakeClock{}
+	c.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// countingStore counts the Takes that reach the store.
+type countingStore struct {
+	counter.Store
+	takes atomic.Int64
+}
+
+func (s *countingStore) Take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (counter.Result, error) {
+	s.takes.Add(1)
+	return s.Store.Take(ctx, key, hash, lim, n)
+}
+
+func newMemoryEngine(t testing.TB, clock *fakeClock, opts ...Option) (*Engine, *countingStore) {
+	t.Helper()
+	store := &countingStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+	e, err := New(store, append([]Option{WithClock(clock.Now)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e, store
+}
+
+func TestBadInput(t *testing.T) {
+	e, _ := newMemoryEngine(t, newFakeClock())
+	ok := PerSecond(10)
+	tests := []struct {
+		name string
+		key  string
+		lim  Limit
+		n    int64
+		want error
+	}{
+		{"empty key", "", ok, 1, ErrEmptyKey},
+		{"key too long", strings.Repeat("k", 513), ok, 1, ErrKeyTooLong},
+		{"zero cost", "k", ok, 0, ErrInvalidCost},
+		{"negative cost", "k", ok, -5, ErrInvalidCost},
+		{"cost over burst", "k", Limit{Rate: 10, Period: time.Second, Burst: 3}, 4, ErrCostExceedsBurst},
+		{"cost over window limit", "k", Limit{Algorithm: FixedWindow, Rate: 10, Period: time.Second}, 11, ErrCostExceedsBurst},
+		{"zero limit", "k", Limit{Period: time.Second}, 1, ErrInvalidLimit},
+		{"negative limit", "k", Limit{Rate: -1, Period: time.Second}, 1, ErrInvalidLimit},
+		{"zero period", "k", Limit{Rate: 1}, 1, ErrInvalidPeriod},
+		{"negative period", "k", Limit{Rate: 1, Period: -time.Second}, 1, ErrInvalidPeriod},
+		{"negative burst", "k", Limit{Rate: 1, Period: time.Second, Burst: -1}, 1, ErrInvalidBurst},
+		{"unknown algorithm", "k", Limit{Algorithm: 9, Rate: 1, Period: time.Second}, 1, ErrUnknownAlgorithm},
+		{"sliding log too large", "k", Limit{Algorithm: SlidingLog, Rate: counter.MaxLogRate + 1, Period: time.Second}, 1, ErrLimitTooLarge},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := e.AllowN(context.Background(), tt.key, tt.lim, tt.n)
+			if !errors.Is(err, tt.want) {
+				t.Errorf("err = %v, want %v", err, tt.want)
+			}
+		})
+	}
+	if _, err := e.Allow(context.Background(), strings.Repeat("k", 512), ok); err != nil {
+		t.Errorf("key of exactly the max length: %v", err)
+	}
+	if _, err := New(nil); err == nil {
+		t.Error("New(nil store) succeeded")
+	}
+	for _, opt := range []Option{WithSplitAll(3), WithSplitKeys(1, "a"), WithMaxKeyLen(0), WithMinShare(0), WithDenyCache(-1), WithClock(nil), WithMaxHotKeys(0), WithSelection(9)} {
+		if _, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), opt); err == nil {
+			t.Error("New accepted an invalid option")
+		}
+	}
+}
+
+func TestClosed(t *testing.T) {
+	e, _ := newMemoryEngine(t, newFakeClock())
+	e.Close()
+	if _, err := e.Allow(context.Background(), "k", PerSecond(1)); !errors.Is(err, ErrClosed) {
+		t.Errorf("after Close: %v", err)
+	}
+}
+
+func TestUnsplitResult(t *testing.T) {
+	e, _ := newMemoryEngine(t, newFakeClock())
+	lim := Limit{Rate: 10, Period: time.Second, Burst: 4}
+	for i := range 4 {
+		r, err := e.Allow(context.Background(), "k", lim)
+		if err != nil || !r.Allowed || r.Remaining != int64(3-i) || r.Shards != 1 || r.Limit != 4 {
+			t.Fatalf("request %d: %+v, %v", i, r, err)
+		}
+	}
+	r, _ := e.Allow(context.Background(), "k", lim)
+	if r.Allowed || r.RetryAfter != 100*time.Millisecond {
+		t.Errorf("over burst: %+v", r)
+	}
+}
+
+func TestSplitAllAdmitsTheLimit(t *testing.T) {
+	clock := newFakeClock()
+	e, store := newMemoryEngine(t, clock, WithSplitAll(16))
+	lim := PerSecond(1600) // 100 per subcounter
+	admitted := 0
+	for range 2000 {
+		r, err := e.Allow(context.Background(), "k", lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Shards != 16 {
+			t.Fatalf("shards = %d, want 16", r.Shards)
+		}
+		if r.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 1600 {
+		t.Errorf("admitted %d, want the burst of 1600", admitted)
+	}
+	if n := store.Store.(*counter.MemoryStore).Len(); n != 16 {
+		t.Errorf("store holds %d counters, want 16", n)
+	}
+}
+
+func TestSplitKeysOnlyThoseKeys(t *testing.T) {
+	e, _ := newMemoryEngine(t, newFakeClock(), WithSplitKeys(4, "hot"))
+	ctx := context.Background()
+	if r, _ := e.Allow(ctx, "hot", PerSecond(100)); r.Shards != 4 {
+		t.Errorf("hot key: %d shards", r.Shards)
+	}
+	if r, _ := e.Allow(ctx, "cold", PerSecond(100)); r.Shards != 1 {
+		t.Errorf("cold key: %d shards", r.Shards)
+	}
+	// A limit too small to split 4 ways at the min share stays whole.
+	if r, _ := e.Allow(ctx, "hot", PerSecond(39)); r.Shards != 1 {
+		t.Errorf("hot key, small limit: %d shards", r.Shards)
+	}
+}
+
+func TestDenyCacheSavesStoreCalls(t *testing.T) {
+	clock := newFakeClock()
+	e, store := newMemoryEngine(t, clock)
+	ctx := context.Background()
+	lim := Limit{Rate: 1, Period: time.Second}
+	if r, _ := e.Allow(ctx, "k", lim); !r.Allowed {
+		t.Fatal("first request denied")
+	}
+	r, _ := e.Allow(ctx, "k", lim)
+	if r.Allowed {
+		t.Fatal("second request admitted")
+	}
+	before := store.takes.Load()
+	for range 100 {
+		clock.Advance(time.Millisecond)
+		r2, _ := e.Allow(ctx, "k", lim)
+		if r2.Allowed || r2.RetryAfter <= 0 || r2.RetryAfter >= r.RetryAfter {
+			t.Fatalf("cached deny: %+v", r2)
+		}
+	}
+	if got := store.takes.Load() - before; got != 0 {
+		t.Errorf("%d store calls for known-denied requests", got)
+	}
+	// A raised limit is a different cache entry: it takes effect at once.
+	if r, _ := e.Allow(ctx, "k", Limit{Rate: 100, Period: time.Second}); !r.Allowed {
+		t.Error("raised limit still denied from the cache")
+	}
+	clock.Advance(time.Second)
+	if r, _ := e.Allow(ctx, "k", lim); !r.Allowed {
+		t.Error("denied after retry-after passed")
+	}
+}
+
+func TestSecondChance(t *testing.T) {
+	for _, tt := range []struct {
+		probe bool
+		want  int
+	}{{true, 4}, {false, 3}} {
+		clock := newFakeClock()
+		e, store := newMemoryEngine(t, clock, WithSplitKeys(4, "k"), WithSecondChance(tt.probe), WithMinShare(1))
+		lim := Limit{Rate: 8, Period: time.Hour}
+		// Drain one subcounter behind the engine's back; the others keep 2 each.
+		names := e.table.Lookup("k", hashKey("k")).Names(4, nil)
+		sub := subLimit(lim, 4, 0)
+		for range 2 {
+			store.Take(context.Background(), names[0], shard.SubHash(hashKey("k"), 4, 0), sub, 1)
+		}
+		admitted := 0
+		for range 4 { // round robin visits every subcounter once
+			if r, _ := e.Allow(context.Background(), "k", lim); r.Allowed {
+				admitted++
+			}
+		}
+		if admitted != tt.want {
+			t.Errorf("probe=%v: admitted %d of 4, want %d", tt.probe, admitted, tt.want)
+		}
+	}
+}

@@ -1,0 +1,58 @@
+package hotkey_test
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/counter"
+)
+
+func Example() {
+	store := counter.NewMemoryStore(counter.MemoryConfig{})
+	engine, err := hotkey.New(store)
+	if err != nil {
+		panic(err)
+	}
+	defer engine.Close()
+
+	lim := hotkey.Limit{Rate: 10, Period: time.Minute, Burst: 3}
+	for range 4 {
+		res, err := engine.Allow(context.Background(), "client:42", lim)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(res.Allowed, res.Remaining)
+	}
+	// Output:
+	// true 2
+	// true 1
+	// true 0
+	// false 0
+}
+
+func ExampleWithSplitKeys() {
+	store := counter.NewMemoryStore(counter.MemoryConfig{})
+	engine, err := hotkey.New(store, hotkey.WithSplitKeys(16, "tenant:acme"))
+	if err != nil {
+		panic(err)
+	}
+	defer engine.Close()
+
+	res, _ := engine.Allow(context.Background(), "tenant:acme", hotkey.PerSecond(1600))
+	fmt.Println(res.Allowed, res.Shards, res.Limit)
+	res, _ = engine.Allow(context.Background(), "tenant:other", hotkey.PerSecond(1600))
+	fmt.Println(res.Allowed, res.Shards)
+	// Output:
+	// true 16 1600
+	// true 1
+}
+
+func ExampleEngine_AllowN_badInput() {
+	engine, _ := hotkey.New(counter.NewMemoryStore(counter.MemoryConfig{}))
+	_, err := engine.AllowN(context.Background(), "k", hotkey.PerSecond(5), 6)
+	fmt.Println(err)
+	// Output:
+	// cost exceeds burst: 6 > 5
+}

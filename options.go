@@ -1,0 +1,154 @@
+package hotkey
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/hotkeyd/hotkey/shard"
+)
+
+// Option configures an Engine.
+type Option func(*options) error
+
+type options struct {
+	maxKeyLen    int
+	splitAll     int
+	splitKeys    map[string]int
+	minShare     int64
+	denyCache    int
+	secondChance bool
+	selection    shard.Selection
+	clock        func() time.Time
+	maxHotKeys   int
+}
+
+// Defaults of the options.
+const (
+	DefaultMaxKeyLen  = 512
+	DefaultMinShare   = 10
+	DefaultDenyCache  = 1 << 16
+	DefaultMaxHotKeys = 10_000
+	// splitCacheSize bounds the per-key state kept by WithSplitAll.
+	splitCacheSize = 1 << 16
+)
+
+func defaultOptions() options {
+	return options{
+		maxKeyLen:    DefaultMaxKeyLen,
+		minShare:     DefaultMinShare,
+		denyCache:    DefaultDenyCache,
+		secondChance: true,
+		clock:        time.Now,
+		maxHotKeys:   DefaultMaxHotKeys,
+	}
+}
+
+// WithMaxKeyLen sets the longest key accepted, in bytes (default 512).
+func WithMaxKeyLen(n int) Option {
+	return func(o *options) error {
+		if n <= 0 {
+			return fmt.Errorf("max key length %d: must be positive", n)
+		}
+		o.maxKeyLen = n
+		return nil
+	}
+}
+
+// WithSplitAll splits every key at level (4, 16 or 64): static
+// probabilistic splitting, the baseline adaptive splitting improves on.
+func WithSplitAll(level int) Option {
+	return func(o *options) error {
+		if !shard.ValidLevel(level) {
+			return fmt.Errorf("split level %d: must be 1, 4, 16 or 64", level)
+		}
+		o.splitAll = level
+		return nil
+	}
+}
+
+// WithSplitKeys splits the given keys at level (4, 16 or 64), always.
+func WithSplitKeys(level int, keys ...string) Option {
+	return func(o *options) error {
+		if !shard.ValidLevel(level) || level == shard.Level1 {
+			return fmt.Errorf("split level %d: must be 4, 16 or 64", level)
+		}
+		if o.splitKeys == nil {
+			o.splitKeys = make(map[string]int)
+		}
+		for _, k := range keys {
+			o.splitKeys[k] = level
+		}
+		return nil
+	}
+}
+
+// WithMinShare sets the smallest rate a subcounter may enforce (default 10):
+// a key with limit L is split at most L/minShare ways, rounded down to a
+// level, so that no subcounter gets a uselessly small share.
+func WithMinShare(n int64) Option {
+	return func(o *options) error {
+		if n <= 0 {
+			return fmt.Errorf("min share %d: must be positive", n)
+		}
+		o.minShare = n
+		return nil
+	}
+}
+
+// WithDenyCache sets how many denying subcounters are remembered locally
+// (default 65536, rounded up to a power of two); 0 disables the cache. A
+// remembered subcounter denies without a store call until its retry-after.
+func WithDenyCache(size int) Option {
+	return func(o *options) error {
+		if size < 0 {
+			return fmt.Errorf("deny cache size %d: must not be negative", size)
+		}
+		o.denyCache = size
+		return nil
+	}
+}
+
+// WithSecondChance turns the second-chance probe on or off (default on): when
+// the chosen subcounter of a split key denies, one other is tried before the
+// request is denied.
+func WithSecondChance(on bool) Option {
+	return func(o *options) error {
+		o.secondChance = on
+		return nil
+	}
+}
+
+// WithSelection sets how a decision picks a split key's subcounter (default
+// shard.RoundRobin).
+func WithSelection(s shard.Selection) Option {
+	return func(o *options) error {
+		if s != shard.RoundRobin && s != shard.Random {
+			return fmt.Errorf("selection %d: unknown", s)
+		}
+		o.selection = s
+		return nil
+	}
+}
+
+// WithClock sets the engine's clock (default time.Now). The engine reads it
+// for the deny cache; stores keep their own time.
+func WithClock(clock func() time.Time) Option {
+	return func(o *options) error {
+		if clock == nil {
+			return fmt.Errorf("clock: must not be nil")
+		}
+		o.clock = clock
+		return nil
+	}
+}
+
+// WithMaxHotKeys caps the number of split keys tracked (default 10000).
+func WithMaxHotKeys(n int) Option {
+	return func(o *options) error {
+		if n <= 0 {
+			return fmt.Errorf("max hot keys %d: must be positive", n)
+		}
+		o.maxHotKeys = n
+		return nil
+	}
+}

@@ -1,0 +1,270 @@
+package shard
+
+import (
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+func TestShareSumsExactly(t *testing.T) {
+	for _, total := range []int64{1, 3, 10, 63, 64, 65, 100, 1000, 1001, 123457} {
+		for _, n := range []int{1, 4, 16, 64} {
+			var sum, lo, hi int64 = 0, total, 0
+			for i := range n {
+				s := Share(total, n, i)
+				sum += s
+				lo, hi = min(lo, s), max(hi, s)
+			}
+			if sum != total {
+				t.Errorf("Share(%d, %d): sum %d", total, n, sum)
+			}
+			if hi-lo > 1 {
+				t.Errorf("Share(%d, %d): shares differ by %d", total, n, hi-lo)
+			}
+		}
+	}
+	tests := []struct {
+		total int64
+		n, i  int
+		want  int64
+	}{
+		{10, 4, 0, 3}, {10, 4, 1, 3}, {10, 4, 2, 2}, {10, 4, 3, 2}, {16, 16, 15, 1},
+	}
+	for _, tt := range tests {
+		if got := Share(tt.total, tt.n, tt.i); got != tt.want {
+			t.Errorf("Share(%d, %d, %d) = %d, want %d", tt.total, tt.n, tt.i, got, tt.want)
+		}
+	}
+}
+
+func TestFit(t *testing.T) {
+	tests := []struct {
+		level                          int
+		rate, capacity, minShare, cost int64
+		want                           int
+	}{
+		{64, 1000, 1000, 10, 1, 64},
+		{64, 639, 639, 10, 1, 16},
+		{64, 159, 159, 10, 1, 4},
+		{64, 39, 39, 10, 1, 1},
+		{16, 100000, 100000, 10, 1, 16},
+		{16, 1000, 32, 10, 3, 4}, // burst 32 split 16 ways gives 2 < cost 3
+		{4, 1000, 1000, 0, 1, 4}, // minShare ≤ 0 counts as 1
+		{1, 1000, 1000, 10, 1, 1},
+	}
+	for _, tt := range tests {
+		if got := Fit(tt.level, tt.rate, tt.capacity, tt.minShare, tt.cost); got != tt.want {
+			t.Errorf("Fit(%d, %d, %d, %d, %d) = %d, want %d", tt.level, tt.rate, tt.capacity, tt.minShare, tt.cost, got, tt.want)
+		}
+	}
+}
+
+func TestLevels(t *testing.T) {
+	tests := []struct{ give, up, down int }{{1, 4, 1}, {4, 16, 1}, {16, 64, 4}, {64, 64, 16}}
+	for _, tt := range tests {
+		if Up(tt.give) != tt.up || Down(tt.give) != tt.down {
+			t.Errorf("level %d: up %d down %d, want %d %d", tt.give, Up(tt.give), Down(tt.give), tt.up, tt.down)
+		}
+	}
+	for l := -1; l < 100; l++ {
+		if got, want := ValidLevel(l), l == 1 || l == 4 || l == 16 || l == 64; got != want {
+			t.Errorf("ValidLevel(%d) = %v", l, got)
+		}
+	}
+}
+
+// modPlacement puts a name on node xxhash(name) % nodes.
+type modPlacement struct{ nodes int }
+
+func (p modPlacement) Nodes() int           { return p.nodes }
+func (p modPlacement) Node(name string) int { return int(xxhash.Sum64String(name) % uint64(p.nodes)) }
+func (p modPlacement) Version() uint64      { return uint64(p.nodes) }
+
+func TestNamesSpreadOverNodes(t *testing.T) {
+	for _, nodes := range []int{1, 2, 3, 5, 7} {
+		p := modPlacement{nodes}
+		for k := range 50 {
+			key := fmt.Sprintf("user:%d", k)
+			h := xxhash.Sum64String(key)
+			for _, n := range []int{4, 16, 64} {
+				names := Names(key, h, n, p)
+				if len(names) != n {
+					t.Fatalf("%d names, want %d", len(names), n)
+				}
+				per := make([]int, nodes)
+				seen := map[string]bool{}
+				for _, name := range names {
+					if seen[name] {
+						t.Fatalf("duplicate name %q", name)
+					}
+					seen[name] = true
+					if !strings.HasPrefix(name, key+"|") {
+						t.Fatalf("name %q does not start with the key", name)
+					}
+					per[p.Node(name)]++
+				}
+				limit := (n + nodes - 1) / nodes
+				for node, c := range per {
+					if c > limit {
+						t.Errorf("nodes=%d n=%d key %s: node %d holds %d > %d", nodes, n, key, node, c, limit)
+					}
+				}
+				again := Names(key, h, n, p)
+				for i := range names {
+					if names[i] != again[i] {
+						t.Fatalf("names not deterministic: %q vs %q", names[i], again[i])
+					}
+				}
+			}
+		}
+	}
+}
+
+func TestNamesBreakHashTags(t *testing.T) {
+	tests := []struct {
+		give    string
+		wantTag bool
+	}{
+		{"plain", false}, {"a{b}c", true}, {"a{}b", false}, {"{x}", true}, {"a{b", false}, {"}{a}", true}, {"{}{a}", false},
+	}
+	for _, tt := range tests {
+		if got := hasHashTag(tt.give); got != tt.wantTag {
+			t.Errorf("hasHashTag(%q) = %v", tt.give, got)
+		}
+		for _, name := range Names(tt.give, 1, 4, nil) {
+			if hasHashTag(name) {
+				t.Errorf("Names(%q) gave %q, which has a hash tag", tt.give, name)
+			}
+		}
+	}
+	if got := Names("k", 1, 1, nil); len(got) != 1 || got[0] != "k" {
+		t.Errorf("level 1 names = %q, want the key", got)
+	}
+}
+
+func TestPickRoundRobinIsEven(t *testing.T) {
+	e := NewEntry("k", 42, Level16)
+	counts := make([]int, 16)
+	for range 16 * 100 {
+		counts[e.Pick(16, RoundRobin, 7)]++
+	}
+	for i, c := range counts {
+		if c != 100 {
+			t.Errorf("subcounter %d picked %d times, want 100", i, c)
+		}
+	}
+	counts = make([]int, 16)
+	for range 16 * 1000 {
+		counts[e.Pick(16, Random, 7)]++
+	}
+	for i, c := range counts {
+		if c < 800 || c > 1200 {
+			t.Errorf("random: subcounter %d picked %d times of 16000", i, c)
+		}
+	}
+}
+
+func TestSecondChanceDiffers(t *testing.T) {
+	for _, n := range []int{4, 16, 64} {
+		hit := make([]bool, n)
+		for i := range n {
+			for r := range uint64(3 * n) {
+				j := SecondChance(i, n, r)
+				if j == i || j < 0 || j >= n {
+					t.Fatalf("SecondChance(%d, %d, %d) = %d", i, n, r, j)
+				}
+				hit[j] = true
+			}
+		}
+		for j, ok := range hit {
+			if !ok {
+				t.Errorf("n=%d: subcounter %d never chosen", n, j)
+			}
+		}
+	}
+}
+
+func TestTable(t *testing.T) {
+	tb := NewTable(2)
+	h := func(k string) uint64 { return xxhash.Sum64String(k) }
+	if tb.Lookup("a", h("a")) != nil {
+		t.Fatal("empty table found a key")
+	}
+	if !tb.Set("a", h("a"), Level4) || !tb.Set("b", h("b"), Level16) {
+		t.Fatal("Set failed below the cap")
+	}
+	if tb.Set("c", h("c"), Level4) {
+		t.Error("Set beyond the cap succeeded")
+	}
+	if tb.Set("a", h("a"), 3) || tb.Set("a", h("a"), Level1) {
+		t.Error("Set accepted an invalid level")
+	}
+	e := tb.Lookup("a", h("a"))
+	if e == nil || e.Level() != Level4 {
+		t.Fatalf("Lookup(a) = %v", e)
+	}
+	if !tb.Set("a", h("a"), Level64) || e.Level() != Level64 {
+		t.Error("level change did not reach the existing entry")
+	}
+	if tb.Lookup("a", h("b")) != nil {
+		t.Error("Lookup matched on hash alone")
+	}
+	tb.Delete("a", h("a"))
+	if tb.Lookup("a", h("a")) != nil || tb.Len() != 1 {
+		t.Errorf("after Delete: len %d", tb.Len())
+	}
+}
+
+func TestTableConcurrent(t *testing.T) {
+	tb := NewTable(0)
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 200 {
+				k := fmt.Sprintf("k%d-%d", g, i)
+				tb.Set(k, xxhash.Sum64String(k), Level4)
+				if tb.Lookup(k, xxhash.Sum64String(k)) == nil {
+					t.Errorf("lost %s", k)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if tb.Len() != 800 {
+		t.Errorf("len %d, want 800", tb.Len())
+	}
+}
+
+func TestEntryNamesCachedPerVersion(t *testing.T) {
+	e := NewEntry("k", 9, Level16)
+	a := e.Names(16, modPlacement{3})
+	b := e.Names(16, modPlacement{3})
+	if &a[0] != &b[0] {
+		t.Error("names recomputed for the same placement version")
+	}
+	c := e.Names(16, modPlacement{5})
+	if &a[0] == &c[0] {
+		t.Error("names not recomputed after the placement changed")
+	}
+}
+
+func BenchmarkTableLookup(b *testing.B) {
+	tb := NewTable(0)
+	for i := range 1000 {
+		k := fmt.Sprintf("hot%d", i)
+		tb.Set(k, xxhash.Sum64String(k), Level16)
+	}
+	key := "hot500"
+	h := xxhash.Sum64String(key)
+	b.ReportAllocs()
+	b.RunParallel(func(pb *testing.PB) {
+		for pb.Next() {
+			if tb.Lookup(key, h) == nil {
+				b.Fatal("miss")
+			}
+		}
+	})
+}
