@@ -353,6 +353,12 @@ func (w *worker) run() {
 	defer cancel()
 	groups := w.group(live)
 	w.exec(ctx, groups)
+	if w.s.ctx.Err() != nil { // Close cut the round trip short
+		for _, c := range live {
+			c.finish(Result{}, ErrStoreClosed)
+		}
+		return
+	}
 	// A NOSCRIPT reply means the server lost its scripts (restart, SCRIPT
 	// FLUSH, new master): reload them and retry those calls once.
 	retry := groups[:0]

@@ -548,3 +548,36 @@ func BenchmarkRedisRateBaseline(b *testing.B) {
 	})
 	reportRate(b, client, cpu0)
 }
+
+// TestRedisTokenBucketExpiry checks the token bucket's lazy expiry: however
+// the writes fall, the key outlives its TAT, and by at most two bursts.
+func TestRedisTokenBucketExpiry(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	s, err := NewRedisStore(context.Background(), client, RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ctx := context.Background()
+	lim := Limit{Rate: 100, Period: 10 * time.Second, Burst: 20} // 100 ms interval, 2 s burst
+	tol := 2 * time.Second
+	key := testKey(t)
+	for i := range 60 {
+		n := int64(1 + i%5)
+		r, err := s.Take(ctx, key, 0, lim, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ttl, err := client.PTTL(ctx, s.cfg.Prefix+key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Allowed && (ttl < r.ResetAfter-time.Millisecond || ttl > r.ResetAfter+2*tol+time.Millisecond) {
+			t.Fatalf("take %d: ttl %v, TAT %v from now: want TAT ≤ ttl ≤ TAT+%v", i, ttl, r.ResetAfter, 2*tol)
+		}
+		if i%10 == 9 {
+			time.Sleep(150 * time.Millisecond)
+		}
+	}
+}
