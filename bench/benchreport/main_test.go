@@ -41,3 +41,24 @@ func TestReportRejectsEmptyInput(t *testing.T) {
 		t.Error("no error for input without benchmarks")
 	}
 }
+
+func TestReportTakesMedians(t *testing.T) {
+	in := `BenchmarkAllowRedis-2 1 1 ns/op 100 decisions/s
+BenchmarkAllowRedisRate-2 1 1 ns/op 10 decisions/s
+BenchmarkAllowRedis-2 1 1 ns/op 400 decisions/s
+BenchmarkAllowRedisRate-2 1 1 ns/op 50 decisions/s
+BenchmarkAllowRedis-2 1 1 ns/op 300 decisions/s
+BenchmarkAllowRedisRate-2 1 1 ns/op 100 decisions/s
+`
+	var out bytes.Buffer
+	if err := run(strings.NewReader(in), &out); err != nil {
+		t.Fatal(err)
+	}
+	// medians 300 and 50
+	if want := "| engine+Redis decisions/s ÷ redis_rate | 6.000 | ≥ 3.000 | yes |"; !strings.Contains(out.String(), want) {
+		t.Errorf("report lacks %q:\n%s", want, out.String())
+	}
+	if !strings.Contains(out.String(), "median of 3 round(s)") {
+		t.Errorf("report does not say how many rounds:\n%s", out.String())
+	}
+}
