@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/internal/redistest"
 	"github.com/hotkeyd/hotkey/shard"
@@ -216,4 +218,49 @@ func TestSecondChance(t *testing.T) {
 			t.Errorf("probe=%v: admitted %d of 4, want %d", tt.probe, admitted, tt.want)
 		}
 	}
+}
+
+func TestRedisErrorComesBackWrapped(t *testing.T) {
+	srv, err := redistest.Start(env.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
+	defer client.Close()
+	store, err := counter.NewRedisStore(context.Background(), client, counter.RedisConfig{Timeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer store.Close()
+	e, err := New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	if _, err := e.Allow(ctx, "k", PerSecond(10)); err != nil {
+		t.Fatalf("with the server up: %v", err)
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := e.Allow(ctx, "k", PerSecond(10))
+	if err == nil || r.Allowed {
+		t.Fatalf("with the server down: %+v, %v; want an error", r, err)
+	}
+	if !strings.Contains(err.Error(), "redis take") {
+		t.Errorf("error %q does not say where it came from", err)
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	var lastErr error
+	for range 50 { // the pool redials; scripts are reloaded on NOSCRIPT
+		if _, lastErr = e.Allow(ctx, "k", PerSecond(10)); lastErr == nil {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Errorf("after the server came back: %v", lastErr)
 }
