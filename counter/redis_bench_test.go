@@ -1,0 +1,106 @@
+package counter
+
+import (
+	"context"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-redis/redis_rate/v10"
+	"github.com/redis/go-redis/v9"
+)
+
+// serverCPU returns the CPU time the server at client has used so far.
+func serverCPU(b *testing.B, client *redis.Client) time.Duration {
+	info, err := client.Info(context.Background(), "cpu").Result()
+	if err != nil {
+		b.Fatal(err)
+	}
+	var total float64
+	for line := range strings.SplitSeq(info, "\r\n") {
+		if name, v, ok := strings.Cut(line, ":"); ok && (name == "used_cpu_sys" || name == "used_cpu_user") {
+			f, _ := strconv.ParseFloat(v, 64)
+			total += f
+		}
+	}
+	return time.Duration(total * float64(time.Second))
+}
+
+// reportRate reports decisions/s and the server's CPU time per decision
+// since cpu0, the figure batching and script design try to cut.
+func reportRate(b *testing.B, client *redis.Client, cpu0 time.Duration) {
+	b.ReportMetric(float64(b.N)/b.Elapsed().Seconds(), "decisions/s")
+	b.ReportMetric(float64(serverCPU(b, client)-cpu0)/float64(time.Microsecond)/float64(b.N), "server-µs/op")
+}
+
+// benchLimit admits everything the benchmarks send.
+var benchLimit = Limit{Rate: 1_000_000, Period: time.Second, Burst: 1 << 30}
+
+// benchKeys are distinct counter names, so the benchmarks measure the store
+// rather than one hot key.
+var benchKeys = func() []string {
+	keys := make([]string, 1<<14)
+	for i := range keys {
+		keys[i] = "bench:" + strconv.Itoa(i)
+	}
+	return keys
+}()
+
+// BenchmarkRedisTake measures the store's decisions/s with 32×GOMAXPROCS
+// goroutines on one local server. BenchmarkRedisRateBaseline is the same
+// load through go-redis/redis_rate (one EVALSHA per call).
+func BenchmarkRedisTake(b *testing.B) {
+	client := redis.NewClient(&redis.Options{Addr: testRedisAddr})
+	defer client.Close()
+	s, err := NewRedisStore(context.Background(), client, RedisConfig{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	var seq atomic.Uint64
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	cpu0 := serverCPU(b, client)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := seq.Add(1) * 7919
+		for pb.Next() {
+			i++
+			key := benchKeys[i%uint64(len(benchKeys))]
+			if r, err := s.Take(context.Background(), key, 0, benchLimit, 1); err != nil || !r.Allowed {
+				b.Errorf("Take = %+v, %v", r, err)
+				return
+			}
+		}
+	})
+	reportRate(b, client, cpu0)
+	if p := s.pipelines.Load(); p > 0 {
+		b.ReportMetric(float64(s.calls.Load())/float64(p), "calls/batch")
+	}
+}
+
+func BenchmarkRedisRateBaseline(b *testing.B) {
+	client := redis.NewClient(&redis.Options{Addr: testRedisAddr})
+	defer client.Close()
+	limiter := redis_rate.NewLimiter(client)
+	limit := redis_rate.PerSecond(1 << 30)
+	var seq atomic.Uint64
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	cpu0 := serverCPU(b, client)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := seq.Add(1) * 7919
+		for pb.Next() {
+			i++
+			key := benchKeys[i%uint64(len(benchKeys))]
+			if r, err := limiter.Allow(context.Background(), key, limit); err != nil || r.Allowed == 0 {
+				b.Errorf("Allow = %+v, %v", r, err)
+				return
+			}
+		}
+	})
+	reportRate(b, client, cpu0)
+}
