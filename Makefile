@@ -31,7 +31,7 @@ redis:
 bench: redis
 	set -o pipefail; for round in $$(seq $(BENCHROUNDS)); do \
 		$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -timeout 60m \
-			./bench/ ./counter/ ./shard/ || exit 1; \
+			./bench/ ./counter/ ./shard/ ./detector/ || exit 1; \
 	done | tee $(BENCHOUT)
 
 # make bench-report: make bench, then docs/benchmarks.md from its output.

@@ -107,11 +107,11 @@ func TestAccuracyMemory(t *testing.T) {
 			clock := newFakeClock()
 			start := clock.Now()
 			store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
-			ref, err := New(store, WithClock(clock.Now))
+			ref, err := New(store, WithClock(clock.Now), WithoutDetector())
 			if err != nil {
 				t.Fatal(err)
 			}
-			split, err := New(store, WithClock(clock.Now), WithSplitAll(16), WithSecondChance(c.probe), WithSelection(c.sel))
+			split, err := New(store, WithClock(clock.Now), WithoutDetector(), WithSplitAll(16), WithSecondChance(c.probe), WithSelection(c.sel))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -138,11 +138,11 @@ func TestAccuracyRedis(t *testing.T) {
 	for _, c := range accuracyCases() {
 		t.Run(c.String(), func(t *testing.T) {
 			t.Parallel()
-			ref, err := New(store)
+			ref, err := New(store, WithoutDetector())
 			if err != nil {
 				t.Fatal(err)
 			}
-			split, err := New(store, WithSplitAll(16), WithSecondChance(c.probe), WithSelection(c.sel))
+			split, err := New(store, WithoutDetector(), WithSplitAll(16), WithSecondChance(c.probe), WithSelection(c.sel))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -6,7 +6,9 @@
 // counter. A decision hashes the key once; that hash feeds the split-table
 // lookup, the choice of subcounter and the store's striping.
 //
-// For now keys are split statically (WithSplitAll, WithSplitKeys).
+// Keys are split when the hot-key detector (package detector) finds them hot
+// on this instance, and merged back when they cool; WithSplitAll and
+// WithSplitKeys split keys statically as well.
 package hotkey
 
 import (
@@ -20,6 +22,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -90,6 +93,8 @@ type Engine struct {
 	table  *shard.Table
 	splits []atomic.Pointer[shard.Entry] // per-key state under WithSplitAll, direct-mapped
 	deny   *denyCache                    // nil: disabled
+	detect *detector.Detector            // nil: disabled
+	done   chan struct{}                 // closed when the event loop has stopped
 	closed atomic.Bool
 }
 
@@ -121,7 +126,35 @@ func New(store Store, opts ...Option) (*Engine, error) {
 			return nil, fmt.Errorf("hotkey: more split keys than max hot keys (%d)", o.maxHotKeys)
 		}
 	}
+	if o.detect {
+		d, err := detector.New(o.detector, time.Now())
+		if err != nil {
+			return nil, fmt.Errorf("hotkey: %w", err)
+		}
+		e.detect, e.done = d, make(chan struct{})
+		d.Start()
+		go e.applyEvents()
+	}
 	return e, nil
+}
+
+// applyEvents applies the detector's level changes to the split table, on
+// this instance only, until the detector is closed. A key split statically
+// (WithSplitKeys, WithSplitAll) never goes below its static level. A full
+// table (WithMaxHotKeys) leaves further keys unsplit.
+func (e *Engine) applyEvents() {
+	defer close(e.done)
+	for ev := range e.detect.Events() {
+		static := e.opt.splitKeys[ev.Key]
+		switch {
+		case ev.Level > max(static, e.opt.splitAll, shard.Level1):
+			e.table.Set(ev.Key, ev.Hash, ev.Level)
+		case static > shard.Level1:
+			e.table.Set(ev.Key, ev.Hash, static)
+		default:
+			e.table.Delete(ev.Key, ev.Hash)
+		}
+	}
 }
 
 // Allow is AllowN(ctx, key, lim, 1).
@@ -139,6 +172,9 @@ func (e *Engine) AllowN(ctx context.Context, key string, lim Limit, n int64) (Re
 		return Result{}, err
 	}
 	hash := hashKey(key)
+	if e.detect != nil {
+		e.detect.Observe(hash, key)
+	}
 	ent := e.entry(key, hash)
 	if ent == nil {
 		return e.decide(ctx, key, hash, lim, n)
@@ -265,10 +301,16 @@ func (e *Engine) checkKey(key string) error {
 	return nil
 }
 
-// Close stops the engine: later decisions return ErrClosed. It does not close
-// the store.
+// Close stops the engine and waits for its goroutines: later decisions
+// return ErrClosed. It does not close the store. Safe to call twice.
 func (e *Engine) Close() error {
-	e.closed.Store(true)
+	if e.closed.Swap(true) {
+		return nil
+	}
+	if e.detect != nil {
+		e.detect.Close()
+		<-e.done
+	}
 	return nil
 }
 

@@ -45,7 +45,7 @@ func (s *countingStore) Take(ctx context.Context, key string, hash uint64, lim L
 func newMemoryEngine(t testing.TB, clock *fakeClock, opts ...Option) (*Engine, *countingStore) {
 	t.Helper()
 	store := &countingStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-	e, err := New(store, append([]Option{WithClock(clock.Now)}, opts...)...)
+	e, err := New(store, append([]Option{WithClock(clock.Now), WithoutDetector()}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -51,6 +51,7 @@ func ExampleWithSplitKeys() {
 
 func ExampleEngine_AllowN_badInput() {
 	engine, _ := hotkey.New(counter.NewMemoryStore(counter.MemoryConfig{}))
+	defer engine.Close()
 	_, err := engine.AllowN(context.Background(), "k", hotkey.PerSecond(5), 6)
 	fmt.Println(err)
 	// Output:

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -20,6 +21,8 @@ type options struct {
 	selection    shard.Selection
 	clock        func() time.Time
 	maxHotKeys   int
+	detect       bool
+	detector     detector.Config
 }
 
 // Defaults of the options.
@@ -40,6 +43,8 @@ func defaultOptions() options {
 		secondChance: true,
 		clock:        time.Now,
 		maxHotKeys:   DefaultMaxHotKeys,
+		detect:       true,
+		detector:     detector.DefaultConfig(),
 	}
 }
 
@@ -149,6 +154,26 @@ func WithMaxHotKeys(n int) Option {
 			return fmt.Errorf("max hot keys %d: must be positive", n)
 		}
 		o.maxHotKeys = n
+		return nil
+	}
+}
+
+// WithDetector configures the hot-key detector (default
+// detector.DefaultConfig(): a key is split to level 4 at 1000 requests/s, 16
+// at 4000/s, 64 at 16000/s, and merged back a level after 60 s below half of
+// its level's threshold). Zero fields take the defaults.
+func WithDetector(cfg detector.Config) Option {
+	return func(o *options) error {
+		o.detect, o.detector = true, cfg
+		return nil
+	}
+}
+
+// WithoutDetector turns hot-key detection off: keys are split only as
+// WithSplitAll and WithSplitKeys say.
+func WithoutDetector() Option {
+	return func(o *options) error {
+		o.detect = false
 		return nil
 	}
 }

@@ -45,11 +45,22 @@ func keyPicker(n int) func() int {
 }
 
 // BenchmarkAllowMemory is the engine on the memory store, every key already
-// present, all decisions admitted.
+// present, all decisions admitted: with the hot-key detector in the path
+// (the default) and without it.
 func BenchmarkAllowMemory(b *testing.B) {
+	for _, detect := range []bool{true, false} {
+		b.Run(fmt.Sprintf("detector=%v", detect), func(b *testing.B) { benchAllowMemory(b, detect) })
+	}
+}
+
+func benchAllowMemory(b *testing.B, detect bool) {
 	ks := benchKeys()
 	store := counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: 2 * memoryKeys})
-	e, err := hotkey.New(store)
+	var opts []hotkey.Option
+	if !detect {
+		opts = append(opts, hotkey.WithoutDetector())
+	}
+	e, err := hotkey.New(store, opts...)
 	if err != nil {
 		b.Fatal(err)
 	}

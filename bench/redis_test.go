@@ -112,7 +112,7 @@ func benchHotKeyCluster(b *testing.B, level int) {
 	for b.Loop() {
 		for k := range keys {
 			key := fmt.Sprintf("hot:%d:%x", k, rand.Uint64())
-			var opts []hotkey.Option
+			opts := []hotkey.Option{hotkey.WithoutDetector()} // the level is the variable here
 			if level > 1 {
 				opts = append(opts, hotkey.WithSplitKeys(level, key))
 			}

@@ -97,10 +97,16 @@ type target struct {
 }
 
 var targets = []target{
-	{"engine+memory ns/op ÷ map+mutex of x/time/rate", "BenchmarkAllowMemory", "BenchmarkAllowXTimeRate", "ns/op", true, 1.0,
+	{"engine+memory ns/op ÷ map+mutex of x/time/rate", "BenchmarkAllowMemory/detector=true", "BenchmarkAllowXTimeRate", "ns/op", true, 1.0,
 		"make bench BENCH='AllowMemory|AllowXTimeRate'"},
-	{"engine+memory allocs/op (existing key)", "BenchmarkAllowMemory", "", "allocs/op", true, 0,
+	{"engine+memory allocs/op (existing key)", "BenchmarkAllowMemory/detector=true", "", "allocs/op", true, 0,
 		"make bench BENCH=AllowMemory"},
+	{"engine+memory with the detector ÷ without", "BenchmarkAllowMemory/detector=true", "BenchmarkAllowMemory/detector=false", "ns/op", true, 1.15,
+		"make bench BENCH=AllowMemory"},
+	{"detector Observe ÷ xxhash alone", "BenchmarkObserve", "BenchmarkObserveHashOnly", "ns/op", true, 6,
+		"make bench BENCH=Observe"},
+	{"detector Observe ÷ map+mutex count", "BenchmarkObserve", "BenchmarkObserveMapMutex", "ns/op", true, 0.5,
+		"make bench BENCH=Observe"},
 	{"engine+Redis decisions/s ÷ redis_rate", "BenchmarkAllowRedis", "BenchmarkAllowRedisRate", "decisions/s", false, 3.0,
 		"make bench BENCH='AllowRedis'"},
 	{"hot key at level 16: busiest master ÷ mean", "BenchmarkHotKeyCluster/level=16", "", "max/mean-node-ops", true, 1.15,

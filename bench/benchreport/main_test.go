@@ -8,7 +8,8 @@ import (
 
 const sample = `goos: linux
 cpu: AMD EPYC
-BenchmarkAllowMemory-2      	 3336436	       700.0 ns/op	       0 B/op	       0 allocs/op
+BenchmarkAllowMemory/detector=true-2      	 3336436	       700.0 ns/op	       0 B/op	       0 allocs/op
+BenchmarkAllowMemory/detector=false-2      	 3336436	       650.0 ns/op	       0 B/op	       0 allocs/op
 BenchmarkAllowXTimeRate-2   	 1870364	      1400 ns/op	       0 B/op	       0 allocs/op
 BenchmarkAllowRedis-2   	 100	      10000 ns/op	 150000 decisions/s
 BenchmarkAllowRedisRate-2   	 100	      30000 ns/op	 40000 decisions/s
@@ -29,6 +30,7 @@ func TestReport(t *testing.T) {
 		"| hot key at level 16: busiest master ÷ mean | 1.126 | ≤ 1.150 | yes |",
 		"| engine+memory allocs/op (existing key) | 0 | ≤ 0 | yes |",
 		"- cpu: AMD EPYC",
+		"| engine+memory with the detector ÷ without | 1.077 | ≤ 1.150 | yes |",
 	} {
 		if !strings.Contains(got, want) {
 			t.Errorf("report lacks %q:\n%s", want, got)
