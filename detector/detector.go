@@ -11,10 +11,10 @@
 // flood of distinct keys loads it. On entry a key is credited with its
 // sketch estimates for the sub-window so far, in the current step, and for
 // the previous sub-window, in its last step: upper bounds placed no earlier
-// than the counts they stand for. So the detector never counts a key lower
-// than an exact counter would (but for races between concurrent Observes,
-// a count or two), and higher by at most 2P plus the sketch's error, for one
-// sub-window after entry.
+// than the counts they stand for. So, while the table has room, the detector
+// never counts a key lower than an exact counter would (but for races
+// between concurrent Observes, a count or two), and higher by at most 2P
+// plus the sketch's error, for one sub-window after entry.
 //
 // A key steps up on the first step at which its count over the last
 // sub-window reaches a threshold, to the level that rate calls for: 4 at T,
