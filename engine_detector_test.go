@@ -24,28 +24,10 @@ func hotEngine(t *testing.T, coolDown time.Duration, opts ...Option) *Engine {
 	return e
 }
 
-// drive sends decisions for key as fast as it can until cond holds for a
-// result or the (generous) deadline passes, and returns the last result.
-func drive(t *testing.T, e *Engine, key string, cond func(Result) bool) Result {
-	t.Helper()
-	lim := PerSecond(1_000_000)
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
-		r, err := e.Allow(context.Background(), key, lim)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if cond(r) {
-			return r
-		}
-	}
-	t.Fatalf("%s: condition not met before the deadline", key)
-	return Result{}
-}
-
-// poll sends one decision every 10 ms (far below the threshold) until cond
-// holds or the deadline passes.
-func poll(t *testing.T, e *Engine, key string, cond func(Result) bool) Result {
+// drive sends decisions for key, pause apart, until cond holds for a result
+// or the (generous) deadline passes, and returns the last result. With no
+// pause the key runs far over the threshold; 10 ms apart, far under it.
+func drive(t *testing.T, e *Engine, key string, pause time.Duration, cond func(Result) bool) Result {
 	t.Helper()
 	lim := PerSecond(1_000_000)
 	deadline := time.Now().Add(20 * time.Second)
@@ -57,7 +39,7 @@ func poll(t *testing.T, e *Engine, key string, cond func(Result) bool) Result {
 		if cond(r) {
 			return r
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(pause)
 	}
 	t.Fatalf("%s: condition not met before the deadline", key)
 	return Result{}
@@ -67,7 +49,7 @@ func TestDetectorSplitsAndMergesHotKey(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	e := hotEngine(t, 200*time.Millisecond)
 	defer e.Close()
-	r := drive(t, e, "hot", func(r Result) bool { return r.Shards > 1 })
+	r := drive(t, e, "hot", 0, func(r Result) bool { return r.Shards > 1 })
 	if r.Shards != 4 && r.Shards != 16 && r.Shards != 64 {
 		t.Fatalf("hot key split into %d", r.Shards)
 	}
@@ -75,16 +57,16 @@ func TestDetectorSplitsAndMergesHotKey(t *testing.T) {
 		t.Errorf("cold key split into %d", r.Shards)
 	}
 	// Quiet, the key steps down one level per cool-down until it is whole.
-	poll(t, e, "hot", func(r Result) bool { return r.Shards == 1 })
+	drive(t, e, "hot", 10*time.Millisecond, func(r Result) bool { return r.Shards == 1 })
 }
 
 func TestDetectorKeepsStaticLevel(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	e := hotEngine(t, 100*time.Millisecond, WithSplitKeys(16, "pinned"))
 	defer e.Close()
-	drive(t, e, "pinned", func(r Result) bool { return r.Shards == 64 })
+	drive(t, e, "pinned", 0, func(r Result) bool { return r.Shards == 64 })
 	// It cools back to its static level and stays there.
-	poll(t, e, "pinned", func(r Result) bool { return r.Shards == 16 })
+	drive(t, e, "pinned", 10*time.Millisecond, func(r Result) bool { return r.Shards == 16 })
 	time.Sleep(500 * time.Millisecond) // several more cool-downs
 	if r, _ := e.Allow(context.Background(), "pinned", PerSecond(1_000_000)); r.Shards != 16 {
 		t.Errorf("static key at %d shards, want 16", r.Shards)
