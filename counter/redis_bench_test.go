@@ -2,6 +2,7 @@ package counter
 
 import (
 	"context"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -48,6 +49,27 @@ var benchKeys = func() []string {
 	return keys
 }()
 
+// runDecisions runs decide over benchKeys from 32×GOMAXPROCS goroutines and
+// reports decisions/s and the server's CPU time per decision.
+func runDecisions(b *testing.B, client *redis.Client, decide func(key string) error) {
+	var seq atomic.Uint64
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	cpu0 := serverCPU(b, client)
+	b.ResetTimer()
+	b.RunParallel(func(pb *testing.PB) {
+		i := seq.Add(1) * 7919
+		for pb.Next() {
+			i++
+			if err := decide(benchKeys[i%uint64(len(benchKeys))]); err != nil {
+				b.Error(err)
+				return
+			}
+		}
+	})
+	reportRate(b, client, cpu0)
+}
+
 // BenchmarkRedisTake measures the store's decisions/s with 32×GOMAXPROCS
 // goroutines on one local server. BenchmarkRedisRateBaseline is the same
 // load through go-redis/redis_rate (one EVALSHA per call).
@@ -59,23 +81,12 @@ func BenchmarkRedisTake(b *testing.B) {
 		b.Fatal(err)
 	}
 	defer s.Close()
-	var seq atomic.Uint64
-	b.ReportAllocs()
-	b.SetParallelism(32)
-	cpu0 := serverCPU(b, client)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		i := seq.Add(1) * 7919
-		for pb.Next() {
-			i++
-			key := benchKeys[i%uint64(len(benchKeys))]
-			if r, err := s.Take(context.Background(), key, 0, benchLimit, 1); err != nil || !r.Allowed {
-				b.Errorf("Take = %+v, %v", r, err)
-				return
-			}
+	runDecisions(b, client, func(key string) error {
+		if r, err := s.Take(context.Background(), key, 0, benchLimit, 1); err != nil || !r.Allowed {
+			return fmt.Errorf("Take = %+v, %v", r, err)
 		}
+		return nil
 	})
-	reportRate(b, client, cpu0)
 	if p := s.pipelines.Load(); p > 0 {
 		b.ReportMetric(float64(s.calls.Load())/float64(p), "calls/batch")
 	}
@@ -86,21 +97,10 @@ func BenchmarkRedisRateBaseline(b *testing.B) {
 	defer client.Close()
 	limiter := redis_rate.NewLimiter(client)
 	limit := redis_rate.PerSecond(1 << 30)
-	var seq atomic.Uint64
-	b.ReportAllocs()
-	b.SetParallelism(32)
-	cpu0 := serverCPU(b, client)
-	b.ResetTimer()
-	b.RunParallel(func(pb *testing.PB) {
-		i := seq.Add(1) * 7919
-		for pb.Next() {
-			i++
-			key := benchKeys[i%uint64(len(benchKeys))]
-			if r, err := limiter.Allow(context.Background(), key, limit); err != nil || r.Allowed == 0 {
-				b.Errorf("Allow = %+v, %v", r, err)
-				return
-			}
+	runDecisions(b, client, func(key string) error {
+		if r, err := limiter.Allow(context.Background(), key, limit); err != nil || r.Allowed == 0 {
+			return fmt.Errorf("Allow = %+v, %v", r, err)
 		}
+		return nil
 	})
-	reportRate(b, client, cpu0)
 }
