@@ -294,6 +294,17 @@ type worker struct {
 	byAlg  [numAlgorithms][]*call
 	groups []group
 	args   []any // arguments of every command of a round trip
+
+	// Token-bucket grouping (see group): the calls of each script call, the
+	// script calls of each (inc, tol), and how often a key was seen.
+	tb      [][]*call
+	classes map[[2]int64][]int
+	seen    map[tbKey]int
+}
+
+type tbKey struct {
+	key      string
+	inc, tol int64
 }
 
 // group is the calls that share one EVALSHA.
@@ -387,7 +398,10 @@ func (w *worker) run() {
 }
 
 // group splits calls into script calls: by algorithm when one script call
-// may carry many keys, else one per call.
+// may carry many keys, else one per call. Token-bucket calls are grouped
+// further by their arguments (inc, tol), which a script call then carries
+// once, and a key repeated in the batch goes to another script call, so
+// that a script never sees a key twice.
 func (w *worker) group(calls []*call) []group {
 	w.groups = w.groups[:0]
 	if !w.s.multiKey {
@@ -403,11 +417,45 @@ func (w *worker) group(calls []*call) []group {
 		w.byAlg[c.alg] = append(w.byAlg[c.alg], c)
 	}
 	for a, cs := range w.byAlg {
-		if len(cs) > 0 {
+		if a == int(TokenBucket) {
+			w.groupTokenBucket(cs)
+		} else if len(cs) > 0 {
 			w.groups = append(w.groups, group{alg: Algorithm(a), calls: cs})
 		}
 	}
 	return w.groups
+}
+
+func (w *worker) groupTokenBucket(calls []*call) {
+	if len(calls) == 0 {
+		return
+	}
+	if w.classes == nil {
+		w.classes, w.seen = make(map[[2]int64][]int), make(map[tbKey]int)
+	}
+	clear(w.classes)
+	clear(w.seen)
+	used := 0
+	for _, c := range calls {
+		cls := [2]int64{c.inc, c.tol}
+		k := tbKey{c.key, c.inc, c.tol}
+		nth := w.seen[k] // the key's nth appearance goes to the class's nth call
+		w.seen[k] = nth + 1
+		list := w.classes[cls]
+		if nth == len(list) {
+			if used == len(w.tb) {
+				w.tb = append(w.tb, nil)
+			}
+			w.tb[used] = w.tb[used][:0]
+			list = append(list, used)
+			w.classes[cls] = list
+			used++
+		}
+		w.tb[list[nth]] = append(w.tb[list[nth]], c)
+	}
+	for _, cs := range w.tb[:used] {
+		w.groups = append(w.groups, group{alg: TokenBucket, calls: cs})
+	}
 }
 
 // exec sends one EVALSHA per group, pipelined when there are several.
@@ -421,8 +469,12 @@ func (w *worker) exec(ctx context.Context, groups []group) {
 		for _, c := range g.calls {
 			w.args = append(w.args, &c.key)
 		}
-		for _, c := range g.calls {
-			w.args = c.appendArgs(w.args)
+		if g.alg == TokenBucket { // shared by the group's calls
+			w.args = g.calls[0].appendArgs(w.args)
+		} else {
+			for _, c := range g.calls {
+				w.args = c.appendArgs(w.args)
+			}
 		}
 		g.cmd = redis.NewIntSliceCmd(ctx, w.args[start:len(w.args):len(w.args)]...)
 		g.cmd.SetFirstKeyPos(3)

@@ -12,12 +12,14 @@ import (
 // A script decides for any number of counters, KEYS[1..K], one after the
 // other at the same instant, so a batch of Takes on one standalone server
 // costs one EVALSHA, one TIME and one reply (on a Cluster or Ring K is 1: a
-// script's keys must live on one node, in one slot). ARGV holds, per key
-// (see appendArgs):
+// script's keys must live on one node, in one slot). ARGV holds (see
+// appendArgs):
 //
-//   - token bucket: inc, tol: the TAT increment of this cost and the burst
-//     tolerance, in whole µs (computed in Go, as takeGCRA does);
-//   - window algorithms: rate, period in µs, cost n.
+//   - token bucket: inc, tol, once for all its keys: the TAT increment of
+//     the cost and the burst tolerance, in whole µs (computed in Go, as
+//     takeGCRA does). The store groups Takes by these two and never sends a
+//     key twice in one script call (worker.group);
+//   - window algorithms, per key: rate, period in µs, cost n.
 //
 // The reply holds replyWidth integers per key: for the token bucket d =
 // max(TAT, now) - now when allowed and -1-d when denied, from which
@@ -56,16 +58,18 @@ var replyWidth = [numAlgorithms]int{TokenBucket: 1, SlidingWindow: 4, FixedWindo
 // the span after next (as PX from now, so that tests can fake TIME), and writes within the span keep that expiry
 // (KEEPTTL). Since a TAT stays in its span until it leaves it, the key
 // outlives its TAT, and it expires at most 2·tol after it. A burst of writes
-// thus moves the expiry once, not once per write. All reads are one MGET.
+// thus moves the expiry once, not once per write. All reads are one MGET;
+// the keys are distinct, so no write is read back.
 const gcraScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local floor = math.floor
 local vals = redis.call('MGET', unpack(KEYS))
-local out, latest = {}, {}
+local out = {}
+local inc, tol = tonumber(ARGV[1]), tonumber(ARGV[2])
 for i = 1, #KEYS do
-	local k, inc, tol = KEYS[i], tonumber(ARGV[2 * i - 1]), tonumber(ARGV[2 * i])
-	local old = latest[k] or tonumber(vals[i])
+	local k = KEYS[i]
+	local old = tonumber(vals[i])
 	local tat = old or now
 	if tat < now then tat = now end
 	local new = tat + inc
@@ -80,7 +84,6 @@ for i = 1, #KEYS do
 		else
 			redis.call('SET', k, new, 'PX', floor(((b + 2) * span - now) / 1000) + 1)
 		end
-		latest[k] = new -- a key repeated in the batch sees this write
 		out[i] = tat - now
 	end
 end

@@ -211,14 +211,28 @@ func TestRedisScriptsMatchMemory(t *testing.T) {
 				batch := make([]call, 1+rng.IntN(3))
 				var keys []string
 				var args []any
+				tb := lim.Algorithm == TokenBucket
+				if tb { // one cost and distinct keys per call, as worker.group sends them
+					batch = batch[:min(len(batch), len(counters))]
+				}
+				n := int64(1)
 				for j := range batch {
-					n := int64(1)
-					if rng.IntN(2) == 0 {
-						n = 1 + rng.Int64N(lim.Capacity())
+					if !tb || j == 0 {
+						n = 1
+						if rng.IntN(2) == 0 {
+							n = 1 + rng.Int64N(lim.Capacity())
+						}
 					}
 					batch[j].setArgs(lim, n)
-					keys = append(keys, counters[rng.IntN(len(counters))])
-					args = batch[j].appendArgs(args)
+					if tb {
+						keys = append(keys, counters[(i+j)%len(counters)])
+						if j == 0 {
+							args = batch[j].appendArgs(args)
+						}
+					} else {
+						keys = append(keys, counters[rng.IntN(len(counters))])
+						args = batch[j].appendArgs(args)
+					}
 				}
 				v, err := script.Run(ctx, client, keys, append(args, now/1e6, now%1e6)...).Int64Slice()
 				if err != nil {
@@ -484,6 +498,49 @@ func TestRedisTokenBucketExpiry(t *testing.T) {
 		}
 		if i%10 == 9 {
 			time.Sleep(150 * time.Millisecond)
+		}
+	}
+}
+
+// TestGroupTokenBucket checks how a batch is cut into script calls: each
+// token-bucket call carries one (inc, tol) and distinct keys, and every Take
+// is sent exactly once.
+func TestGroupTokenBucket(t *testing.T) {
+	w := (&RedisStore{cfg: DefaultRedisConfig(), multiKey: true}).newWorker()
+	var calls []*call
+	add := func(key string, lim Limit, n int64) {
+		c := &call{key: key}
+		c.setArgs(lim, n)
+		calls = append(calls, c)
+	}
+	a, b := PerSecond(100), PerMinute(100)
+	for _, k := range []string{"x", "y", "x", "x", "z"} {
+		add(k, a, 1)
+	}
+	add("x", a, 2) // another cost: another class
+	add("x", b, 1)
+	add("w", Limit{Algorithm: SlidingWindow, Rate: 5, Period: time.Second}, 1)
+	add("w", Limit{Algorithm: SlidingWindow, Rate: 5, Period: time.Second}, 1)
+	sent := map[*call]int{}
+	for _, g := range w.group(calls) {
+		keys := map[string]bool{}
+		for _, c := range g.calls {
+			sent[c]++
+			if g.alg != TokenBucket {
+				continue
+			}
+			if c.inc != g.calls[0].inc || c.tol != g.calls[0].tol {
+				t.Errorf("script call mixes token-bucket arguments")
+			}
+			if keys[c.key] {
+				t.Errorf("key %q twice in one script call", c.key)
+			}
+			keys[c.key] = true
+		}
+	}
+	for _, c := range calls {
+		if sent[c] != 1 {
+			t.Errorf("call on %q sent %d times", c.key, sent[c])
 		}
 	}
 }
