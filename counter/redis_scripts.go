@@ -55,11 +55,13 @@ var replyWidth = [numAlgorithms]int{TokenBucket: 1, SlidingWindow: 4, FixedWindo
 // Setting an expiry is the dearest part of a write (the expires table is
 // updated twice), so the TAT's expiry is moved only when the TAT enters a
 // new span of tol µs (a burst's worth): the key then expires at the end of
-// the span after next (as PX from now, so that tests can fake TIME), and writes within the span keep that expiry
-// (KEEPTTL). Since a TAT stays in its span until it leaves it, the key
-// outlives its TAT, and it expires at most 2·tol after it. A burst of writes
-// thus moves the expiry once, not once per write. All reads are one MGET;
-// the keys are distinct, so no write is read back.
+// the span after next (set as PX from now, so that tests can fake TIME),
+// and writes within the span keep that expiry (KEEPTTL). Since a TAT stays
+// in its span until it leaves it, the key outlives its TAT, and it expires
+// at most 2·tol after it. A burst of writes thus moves the expiry once, not
+// once per write. All reads are one MGET, which answers nil for a key
+// holding another algorithm's state, so such a key starts afresh; the keys
+// of one call are distinct, so no write needs reading back.
 const gcraScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]

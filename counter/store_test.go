@@ -270,6 +270,7 @@ func testRetryAfter(t *testing.T, h *harness) {
 		key := uniqueKey(t) + alg.String()
 		lim := Limit{Algorithm: alg, Rate: 8, Period: h.period}
 		interval := lim.Period / 8
+		h.alignTo(lim.Period, lim.Period/20) // the 9 takes below share a window
 		h.takeAll(t, key, lim, 8)
 		r := h.take(t, key, lim, 1)
 		if r.Allowed || r.RetryAfter <= 0 {
@@ -296,7 +297,12 @@ func testRetryAfter(t *testing.T, h *harness) {
 func testCost(t *testing.T, h *harness) {
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 		key := uniqueKey(t) + alg.String()
-		lim := Limit{Algorithm: alg, Rate: 10, Period: h.period * 10}
+		lim := Limit{Algorithm: alg, Rate: 10, Period: h.period}
+		if alg == TokenBucket {
+			lim.Period *= 10 // no refill between the takes
+		} else {
+			h.alignTo(lim.Period, lim.Period/20) // the takes share a window
+		}
 		if r := h.take(t, key, lim, 7); !r.Allowed || r.Remaining != 3 {
 			t.Errorf("%v: cost 7 of 10 gave %+v, want allowed with 3 remaining", alg, r)
 		}
