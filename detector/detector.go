@@ -28,12 +28,15 @@
 // its level's up-threshold for CoolDown, and one more after each further
 // CoolDown, so a key swinging around T does not flap.
 //
-// Memory is fixed at construction, 4.3 MiB by default: three sketches (the
-// previous sub-window, the current one, and a spare being cleared ahead of
-// use) and a table of Capacity keys, however many distinct keys arrive.
-// Only the previous and current sketches are read, so the memory one sketch
-// per sub-window of the window would take goes into width instead, which
-// keeps the noise, and so P, low.
+// Memory is fixed at construction, 4.3 MiB by default on two cores: three
+// sketches per stripe (the previous sub-window, the current one, and a
+// spare being cleared ahead of use), 1.5 MiB a stripe, and a table of
+// Capacity keys, however many distinct keys arrive. Only the previous and
+// current sketches are read, so the memory one sketch per sub-window of the
+// window would take goes into width instead, which keeps the noise, and so
+// P, low. Observe counts into the stripe of the processor it runs on (see
+// Config.Stripes), so that cores do not pass counters' cache lines back and
+// forth; a key's count is the sum over the stripes.
 package detector
 
 import (
@@ -41,6 +44,7 @@ import (
 	"fmt"
 	"math"
 	"math/bits"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -60,7 +64,15 @@ const (
 	minPromote = 4
 	// maxDepth bounds Config.Depth.
 	maxDepth = 8
+	// maxStripes bounds Config.Stripes.
+	maxStripes = 64
 )
+
+// defaultStripes returns the default Config.Stripes: GOMAXPROCS rounded up
+// to a power of two, at most 4.
+func defaultStripes() int {
+	return min(4, 1<<bits.Len(uint(runtime.GOMAXPROCS(0)-1)))
+}
 
 // ErrInvalidConfig is returned by New for a Config it cannot use.
 var ErrInvalidConfig = errors.New("detector: invalid config")
@@ -92,8 +104,16 @@ type Config struct {
 	Width int
 	// Depth is the number of rows of a sketch: 1, 2, 4 or 8, with
 	// Width·Depth at least 16. Default 4. With the default Width and Depth
-	// the three sketches take 3 MiB.
+	// the three sketches of a stripe take 1.5 MiB.
 	Depth int
+	// Stripes is the number of sets of sketches, a power of two up to 64.
+	// An Observe counts into the set of the processor (the runtime's P) it
+	// runs on, so that two cores rarely raise counters on one cache line:
+	// on a shared set, moving the line between cores costs more than all
+	// else Observe does. Each set takes the memory Width and Depth give.
+	// Default: GOMAXPROCS at the time, rounded up to a power of two, at
+	// most 4.
+	Stripes int
 	// Capacity is the number of keys the exact table holds, at most 65535,
 	// about 350 bytes each. It should hold every key over the promotion
 	// threshold, T/32 per instance or more: at an instance serving R
@@ -117,6 +137,7 @@ func DefaultConfig() Config {
 		CoolDown:  60 * time.Second,
 		Width:     1 << 16,
 		Depth:     4,
+		Stripes:   defaultStripes(),
 		Capacity:  4096,
 		QueueSize: 1024,
 	}
@@ -146,6 +167,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Depth == 0 {
 		c.Depth = def.Depth
 	}
+	if c.Stripes == 0 {
+		c.Stripes = def.Stripes
+	}
 	if c.Capacity == 0 {
 		c.Capacity = def.Capacity
 	}
@@ -163,6 +187,8 @@ func (c Config) withDefaults() (Config, error) {
 		return c, fmt.Errorf("%w: CoolDown %v", ErrInvalidConfig, c.CoolDown)
 	case c.Width < 1 || c.Width > 1<<30:
 		return c, fmt.Errorf("%w: Width %d", ErrInvalidConfig, c.Width)
+	case c.Stripes < 1 || c.Stripes > maxStripes || c.Stripes&(c.Stripes-1) != 0:
+		return c, fmt.Errorf("%w: Stripes %d", ErrInvalidConfig, c.Stripes)
 	case c.Capacity < 1 || c.Capacity > maxCapacity:
 		return c, fmt.Errorf("%w: Capacity %d", ErrInvalidConfig, c.Capacity)
 	case c.QueueSize < 0:
@@ -215,23 +241,26 @@ type entry struct {
 // holds for its pass over the table. The zero value is not usable; call New.
 type Detector struct {
 	// Read on every Observe, written at most once per step.
-	cur       atomic.Int32          // sketch counted into: 0, 1 or 2
-	promoteAt atomic.Uint32         // P, the promotion threshold in counts per sub-window
-	full      atomic.Bool           // no free entry
-	table     atomic.Pointer[index] // idx[act]
-	sk        sketches
-	hits      []hit           // per entry
-	hashes    []atomic.Uint64 // per entry: its key's hash, 0 when free
-	_         [64]byte
+	cur      atomic.Int32          // sketch counted into: 0, 1 or 2
+	stripeAt atomic.Uint32         // Q, the promotion threshold of a stripe's sketch
+	smask    int                   // Stripes-1
+	full     atomic.Bool           // no free entry
+	table    atomic.Pointer[index] // idx[act]
+	sk       sketches
+	hits     []hit           // per entry
+	hashes   []atomic.Uint64 // per entry: its key's hash, 0 when free
+	_        [64]byte
 
-	rejected atomic.Uint64
-	dropped  atomic.Uint64
+	rejected  atomic.Uint64
+	dropped   atomic.Uint64
+	promoteAt atomic.Uint32 // P, the promotion threshold in counts per sub-window
 
 	mu        sync.Mutex // guards the fields below, and entries joining the table
 	cfg       Config
 	events    chan Event
 	instances int
-	noise     float64 // mean counter of the last closed sketch, or of the current one if higher
+	noise     float64 // mean counter of the last closed sketches, or of the current ones if higher, summed over the stripes
+	noiseMax  float64 // the same for the stripe with the highest
 	pressure  uint32  // lowest promotion threshold after an eviction for room, or 0
 	idx       [2]index
 	act       int // idx[act] is the index in use
@@ -259,7 +288,8 @@ func New(cfg Config, now time.Time) (*Detector, error) {
 		return nil, err
 	}
 	d := &Detector{
-		sk:        newSketches(3, cfg.Depth, cfg.Width),
+		sk:        newSketches(3*cfg.Stripes, cfg.Depth, cfg.Width),
+		smask:     cfg.Stripes - 1,
 		hits:      make([]hit, cfg.Capacity),
 		hashes:    make([]atomic.Uint64, cfg.Capacity),
 		cfg:       cfg,
@@ -296,20 +326,36 @@ func New(cfg Config, now time.Time) (*Detector, error) {
 // key itself, and keys with the same hash count as one. Observe does not keep
 // key; a key entering the exact table is copied.
 func (d *Detector) Observe(hash uint64, key string) {
+	d.observe(procID(), hash, key)
+}
+
+// observe is Observe on the processor numbered p.
+func (d *Detector) observe(p int, hash uint64, key string) {
 	if n := d.table.Load().find(hash, d.hashes); n >= 0 {
 		d.hits[n].n.Add(1)
 		return
 	}
-	if est := d.sk.add(int(d.cur.Load()), hash); est >= d.promoteAt.Load() {
+	s := 3*(p&d.smask) + int(d.cur.Load())
+	if est := d.sk.add(s, hash); est >= d.stripeAt.Load() {
 		d.promote(hash, key, est)
 	}
+}
+
+// estimate returns the count of hash in slot (0, 1 or 2) summed over the
+// stripes.
+func (d *Detector) estimate(slot int, hash uint64) uint32 {
+	var sum uint64
+	for st := range d.smask + 1 {
+		sum += uint64(d.sk.estimate(3*st+slot, hash))
+	}
+	return uint32(min(sum, math.MaxUint32))
 }
 
 // promote enters key into the exact table, crediting it with its sketch
 // estimates for the current and previous sub-windows.
 func (d *Detector) promote(hash uint64, key string, est uint32) {
 	if d.full.Load() {
-		if est == d.promoteAt.Load() { // once per key and sub-window, about
+		if est == d.stripeAt.Load() { // once per key, stripe and sub-window, about
 			d.rejected.Add(1)
 		}
 		return
@@ -336,13 +382,13 @@ func (d *Detector) promote(hash uint64, key string, est uint32) {
 	clear(steps)
 	clear(d.subCount[n*d.cfg.Slots : (n+1)*d.cfg.Slots])
 	if sub > 0 { // the previous sub-window's count, as if all in its last step
-		prev := d.sk.estimate((cur+2)%3, hash)
+		prev := d.estimate((cur+2)%3, hash)
 		steps[K-1] = prev
 		e.stepSum = uint64(prev)
 	}
 	// The count so far in this sub-window, read again now that concurrent
 	// adds of the key have landed, goes into the current step.
-	d.hits[n].n.Store(d.sk.estimate(cur, hash))
+	d.hits[n].n.Store(d.estimate(cur, hash))
 	d.hashes[n].Store(hash)
 	ix.insert(hash, n)
 	d.live = append(d.live, n)
@@ -368,13 +414,21 @@ func (d *Detector) localLocked() float64 {
 // setPromoteLocked sets the promotion threshold P: a share of the local
 // threshold's count per sub-window, or above the sketch's noise or the
 // table's pressure if higher, but never above the threshold's count itself,
-// so that every key at T still enters the table.
+// so that every key at T still enters the table. It also sets Q, the
+// threshold a stripe's sketch checks: P over the stripes, or the lowest
+// threshold or above the noisiest stripe's noise if higher, but never above
+// the threshold's count over the stripes. A key at T has that count in one stripe at least, so it
+// still enters the table however its decisions spread over the processors.
 func (d *Detector) setPromoteLocked() {
 	full := d.localLocked() * d.cfg.SubWindow.Seconds()
 	p := max(minPromote, math.Ceil(full/promoteShare), math.Ceil(2*d.noise)+2, float64(d.pressure))
-	p = min(p, max(1, math.Ceil(full)), math.MaxUint32)
-	if uint32(p) != d.promoteAt.Load() { // every Observe reads this cache line
-		d.promoteAt.Store(uint32(p))
+	p = min(p, max(1, math.Ceil(full)), maxCount)
+	n := float64(d.smask + 1)
+	q := max(minPromote, math.Ceil(p/n), math.Ceil(2*d.noiseMax)+2)
+	q = min(q, max(1, math.Ceil(full/n)), maxCount)
+	d.promoteAt.Store(uint32(p))
+	if uint32(q) != d.stripeAt.Load() { // every Observe reads this cache line
+		d.stripeAt.Store(uint32(q))
 	}
 }
 

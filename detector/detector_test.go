@@ -38,6 +38,9 @@ func TestConfig(t *testing.T) {
 		{name: "depth not a power of two", give: Config{Depth: 3}, err: true},
 		{name: "depth over 8", give: Config{Depth: 16}, err: true},
 		{name: "sketch smaller than a block", give: Config{Width: 2, Depth: 4}, err: true},
+		{name: "stripes not a power of two", give: Config{Stripes: 3}, err: true},
+		{name: "stripes over 64", give: Config{Stripes: 128}, err: true},
+		{name: "negative stripes", give: Config{Stripes: -2}, err: true},
 		{name: "capacity over the index", give: Config{Capacity: 1 << 16}, err: true},
 		{name: "negative queue", give: Config{QueueSize: -1}, err: true},
 	} {
@@ -409,5 +412,53 @@ func TestConcurrentTick(t *testing.T) {
 	wg.Wait()
 	if evs := s.eventsOf("hot"); len(evs) == 0 {
 		t.Error("hot key never stepped up")
+	}
+}
+
+// TestStripes: a key's decisions may spread over the processors, and so
+// over the stripes' sketches, however they like; a key over the local
+// threshold still enters the table and steps up, one under it does not.
+// With 10 instances and 8 stripes the local threshold is 10 counts per
+// sub-window, under 2 per stripe: the stripe threshold must go that low.
+func TestStripes(t *testing.T) {
+	for _, spread := range []struct {
+		name   string
+		stripe func(i int) int
+	}{
+		{"round robin", func(i int) int { return i }},
+		{"one stripe", func(int) int { return 5 }},
+		{"two stripes", func(i int) int { return i % 2 * 3 }},
+	} {
+		t.Run(spread.name, func(t *testing.T) {
+			s := newSim(t, Config{Threshold: 1000, Width: 1024, Stripes: 8})
+			s.d.SetInstances(10) // local threshold 100/s
+			hot, cold := newSource("hot"), newSource("cold")
+			hot.rate, cold.rate = 120, 50
+			noise := uint64(0)
+			i := 0
+			for range 3 * s.cfg.Steps {
+				for _, src := range []*source{hot, cold} {
+					src.acc += src.rate * s.step.Seconds()
+					for ; src.acc >= 1; src.acc-- {
+						s.d.observe(spread.stripe(i), src.hash, src.key)
+						i++
+					}
+				}
+				for range 200 { // distinct keys, so that the sketches are not empty
+					noise++
+					s.d.observe(int(noise), noise*0x9e3779b97f4a7c15, "noise")
+				}
+				s.tick()
+			}
+			if evs := s.eventsOf("hot"); len(evs) != 1 || evs[0].Level != 4 {
+				t.Errorf("hot key at 1.2 times the local threshold: events %+v, want one step up to 4", evs)
+			}
+			if evs := s.eventsOf("cold"); len(evs) != 0 {
+				t.Errorf("key at half the local threshold: events %+v, want none", evs)
+			}
+			if q, full := s.d.stripeAt.Load(), 10.0; float64(q) > math.Ceil(full/8) {
+				t.Errorf("stripe threshold %d, want at most %v", q, math.Ceil(full/8))
+			}
+		})
 	}
 }

@@ -30,7 +30,9 @@ func (d *Detector) Tick(now time.Time) {
 	span := max(now.Sub(d.stepStart[(i+1)%K]), d.cfg.SubWindow)
 	tl := d.localLocked()
 	cur := int(d.cur.Load())
-	d.sk.clear((cur+1)%3, i, K) // a share of the spare, clean by the time it is current
+	for st := range d.smask + 1 { // a share of the spares, clean by the time they are current
+		d.sk.clear(3*st+(cur+1)%3, i, K)
+	}
 
 	var winStart time.Time
 	var promote uint64
@@ -78,13 +80,14 @@ func (d *Detector) Tick(now time.Time) {
 		if len(victims) > 0 {
 			d.rebuildLocked()
 		}
-		d.noise = d.sk.load(cur)
+		d.noise, d.noiseMax = d.loadLocked(cur)
 		d.cur.Store(int32((cur + 1) % 3))
 		d.subStart[(sub+1)%int64(d.cfg.Slots)] = now
 	} else {
 		// A flood that starts loads the sketch within the sub-window:
 		// follow it step by step rather than from the next one.
-		d.noise = max(d.noise, d.sk.load(cur))
+		noise, noiseMax := d.loadLocked(cur)
+		d.noise, d.noiseMax = max(d.noise, noise), max(d.noiseMax, noiseMax)
 	}
 	d.setPromoteLocked()
 	d.victims = victims[:0]
@@ -92,6 +95,17 @@ func (d *Detector) Tick(now time.Time) {
 	d.stepStart[(i+1)%K] = now
 	stepLen := d.cfg.SubWindow / time.Duration(K)
 	d.next = d.origin.Add((now.Sub(d.origin)/stepLen + 1) * stepLen)
+}
+
+// loadLocked returns the mean counter of the sketches of slot summed over
+// the stripes, and the highest of them.
+func (d *Detector) loadLocked(slot int) (sum, highest float64) {
+	for st := range d.smask + 1 {
+		l := d.sk.load(3*st + slot)
+		sum += l
+		highest = max(highest, l)
+	}
+	return sum, highest
 }
 
 // coolLocked steps e down a level once its window rate has stayed under
