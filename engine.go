@@ -21,6 +21,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/shard"
@@ -86,16 +87,20 @@ type placer interface{ Placement() counter.Placement }
 // Engine makes rate-limit decisions on a Store. It is safe for concurrent
 // use. The zero value is not usable; call New.
 type Engine struct {
-	store  Store
-	placer placer // nil: one node
-	opt    options
-	seed   uint64 // per instance: offsets subcounter choice
-	table  *shard.Table
-	splits []atomic.Pointer[shard.Entry] // per-key state under WithSplitAll, direct-mapped
-	deny   *denyCache                    // nil: disabled
-	detect *detector.Detector            // nil: disabled
-	done   chan struct{}                 // closed when the event loop has stopped
-	closed atomic.Bool
+	store     Store
+	placer    placer // nil: one node
+	opt       options
+	seed      uint64 // per instance: offsets subcounter choice
+	table     *shard.Table
+	splits    []atomic.Pointer[shard.Entry] // per-key state under WithSplitAll, direct-mapped
+	deny      *denyCache                    // nil: disabled
+	detect    *detector.Detector            // nil: disabled
+	coord     coordinator.Coordinator
+	reshard   counter.Resharder // nil: no state transfer
+	instances atomic.Int32      // live instances, as the coordinator last said
+	stop      chan struct{}     // closed by Close
+	done      chan struct{}     // closed when the event loop has stopped
+	closed    atomic.Bool
 }
 
 // New returns an engine deciding on store. The engine does not own store:
@@ -126,35 +131,129 @@ func New(store Store, opts ...Option) (*Engine, error) {
 			return nil, fmt.Errorf("hotkey: more split keys than max hot keys (%d)", o.maxHotKeys)
 		}
 	}
+	if rs, ok := store.(counter.Resharder); ok && o.transfer {
+		e.reshard = rs
+	}
+	e.instances.Store(1)
 	if o.detect {
 		d, err := detector.New(o.detector, time.Now())
 		if err != nil {
 			return nil, fmt.Errorf("hotkey: %w", err)
 		}
-		e.detect, e.done = d, make(chan struct{})
-		d.Start()
-		go e.applyEvents()
+		e.detect = d
 	}
+	e.coord = o.coord
+	if e.coord == nil {
+		e.coord = &coordinator.Local{}
+	}
+	if err := e.coord.Start(handler{e}); err != nil {
+		return nil, fmt.Errorf("hotkey: coordinator: %w", err)
+	}
+	e.stop, e.done = make(chan struct{}), make(chan struct{})
+	if e.detect != nil {
+		e.detect.Start()
+	}
+	go e.loop()
 	return e, nil
 }
 
-// applyEvents applies the detector's level changes to the split table, on
-// this instance only, until the detector is closed. A key split statically
-// (WithSplitKeys, WithSplitAll) never goes below its static level. A full
-// table (WithMaxHotKeys) leaves further keys unsplit.
-func (e *Engine) applyEvents() {
+// mergeLinger is how often the engine looks for merged keys that no
+// decision has come for: one still waiting at the next look is dropped from
+// the table without moving its usage back, which by then matters only for
+// limits with periods longer than this.
+const mergeLinger = 30 * time.Second
+
+// loop hands the detector's level changes to the coordinator until Close,
+// and drops merged keys that no decision came for.
+func (e *Engine) loop() {
 	defer close(e.done)
-	for ev := range e.detect.Events() {
-		static := e.opt.splitKeys[ev.Key]
-		switch {
-		case ev.Level > max(static, e.opt.splitAll, shard.Level1):
-			e.table.Set(ev.Key, ev.Hash, ev.Level)
-		case static > shard.Level1:
-			e.table.Set(ev.Key, ev.Hash, static)
-		default:
-			e.table.Delete(ev.Key, ev.Hash)
+	var events <-chan detector.Event
+	if e.detect != nil {
+		events = e.detect.Events()
+	}
+	t := time.NewTicker(mergeLinger)
+	defer t.Stop()
+	waiting := map[*shard.Entry]bool{}
+	for {
+		select {
+		case ev, ok := <-events:
+			if !ok {
+				events = nil // closed by Close
+				continue
+			}
+			e.coord.Announce(ev.Key, ev.Hash, ev.Level)
+		case <-t.C:
+			next := map[*shard.Entry]bool{}
+			e.table.Range(func(ent *shard.Entry) bool {
+				if ent.Level() == shard.Level1 {
+					if waiting[ent] {
+						e.table.Remove(ent)
+					} else {
+						next[ent] = true
+					}
+				}
+				return true
+			})
+			waiting = next
+		case <-e.stop:
+			return
 		}
 	}
+}
+
+// handler applies the coordinator's decisions to the engine.
+type handler struct{ e *Engine }
+
+// SetLevel implements coordinator.Handler. A key split statically
+// (WithSplitKeys, WithSplitAll) never goes below its static level. A full
+// table (WithMaxHotKeys) leaves further keys unsplit. A key merged back
+// stays in the table, at level 1, until a decision has moved its usage back
+// to the unsplit counter.
+func (h handler) SetLevel(key string, hash uint64, level int) {
+	e := h.e
+	static := max(e.opt.splitKeys[key], e.opt.splitAll, shard.Level1)
+	switch {
+	case level > static:
+		if !e.table.Set(key, hash, level) {
+			return
+		}
+	case static > shard.Level1:
+		if e.table.Lookup(key, hash) == nil && e.opt.splitKeys[key] == 0 {
+			return // under WithSplitAll, and never split above it
+		}
+		e.table.Set(key, hash, static)
+		level = static
+	default:
+		if !e.table.Merge(key, hash) {
+			return
+		}
+	}
+	if e.opt.levelHook != nil {
+		e.opt.levelHook(key, level)
+	}
+}
+
+// SetInstances implements coordinator.Handler: the detector compares local
+// rates with its threshold over the live instances.
+func (h handler) SetInstances(n int) {
+	h.e.instances.Store(int32(n))
+	if h.e.detect != nil {
+		h.e.detect.SetInstances(n)
+	}
+}
+
+// Instances returns the number of live instances, as the coordinator last
+// reported it (1 with the Local coordinator).
+func (e *Engine) Instances() int { return int(e.instances.Load()) }
+
+// Level returns the level key is split to on this engine: 1 if it is not
+// split.
+func (e *Engine) Level(key string) int {
+	hash := hashKey(key)
+	if ent := e.table.Lookup(key, hash); ent != nil {
+		return ent.Level()
+	}
+	return max(e.opt.splitKeys[key], e.opt.splitAll, shard.Level1)
 }
 
 // Allow is AllowN(ctx, key, lim, 1).
@@ -179,11 +278,49 @@ func (e *Engine) AllowN(ctx context.Context, key string, lim Limit, n int64) (Re
 	if ent == nil {
 		return e.decide(ctx, key, hash, lim, n)
 	}
-	level := shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, n)
+	// The counters of the level a cost of 1 fits hold the key's usage; a
+	// larger cost may need fewer, larger subcounters.
+	level := shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, 1)
+	if e.reshard != nil && ent.Held() != level {
+		if err := ent.Transfer(level, func(from, to int) error {
+			return e.transfer(ctx, ent, lim, from, to)
+		}); err != nil {
+			return Result{}, err
+		}
+	}
+	if ent.Level() == shard.Level1 {
+		e.table.Remove(ent) // merged back, its usage moved
+	}
+	if n > 1 {
+		level = shard.Fit(level, lim.Rate, lim.Capacity(), e.opt.minShare, n)
+	}
 	if level == shard.Level1 {
 		return e.decide(ctx, key, hash, lim, n)
 	}
 	return e.decideSplit(ctx, ent, level, lim, n)
+}
+
+// transfer moves the usage of ent's key under lim from its counters at
+// level from to those at level to (see counter.Resharder).
+func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, lim Limit, from, to int) error {
+	if err := e.reshard.Reshard(ctx, e.shards(ent, lim, from), e.shards(ent, lim, to)); err != nil {
+		return fmt.Errorf("hotkey: moving %q from %d to %d counters: %w", ent.Key, from, to, err)
+	}
+	return nil
+}
+
+// shards returns ent's counters at level, each with its share of lim.
+func (e *Engine) shards(ent *shard.Entry, lim Limit, level int) []counter.Shard {
+	var p shard.Placement
+	if e.placer != nil {
+		p = e.placer.Placement()
+	}
+	names := ent.Names(level, p)
+	out := make([]counter.Shard, level)
+	for i := range out {
+		out[i] = counter.Shard{Name: names[i], Hash: shard.SubHash(ent.Hash, level, i), Limit: subLimit(lim, level, i)}
+	}
+	return out
 }
 
 // entry returns the split state of key, or nil if the key is not split.
@@ -198,7 +335,7 @@ func (e *Engine) entry(key string, hash uint64) *shard.Entry {
 	if ent := slot.Load(); ent != nil && ent.Hash == hash && ent.Key == key {
 		return ent
 	}
-	ent := shard.NewEntry(key, hash, e.opt.splitAll)
+	ent := shard.NewEntry(key, hash, e.opt.splitAll, e.opt.splitAll)
 	slot.Store(ent)
 	return ent
 }
@@ -309,9 +446,10 @@ func (e *Engine) Close() error {
 	}
 	if e.detect != nil {
 		e.detect.Close()
-		<-e.done
 	}
-	return nil
+	close(e.stop)
+	<-e.done
+	return e.coord.Close()
 }
 
 // hashKey is the one hash of a key: xxhash64.

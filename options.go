@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/shard"
 )
@@ -23,6 +24,9 @@ type options struct {
 	maxHotKeys   int
 	detect       bool
 	detector     detector.Config
+	coord        coordinator.Coordinator
+	levelHook    func(key string, level int)
+	transfer     bool
 }
 
 // Defaults of the options.
@@ -45,6 +49,7 @@ func defaultOptions() options {
 		maxHotKeys:   DefaultMaxHotKeys,
 		detect:       true,
 		detector:     detector.DefaultConfig(),
+		transfer:     true,
 	}
 }
 
@@ -174,6 +179,41 @@ func WithDetector(cfg detector.Config) Option {
 func WithoutDetector() Option {
 	return func(o *options) error {
 		o.detect = false
+		return nil
+	}
+}
+
+// WithCoordinator sets how instances agree on hot keys (default: a
+// coordinator.Local, this instance alone). The engine starts c in New and
+// closes it in Close. With coordinator.NATS, a key the detector of any
+// instance finds hot is split on all of them.
+func WithCoordinator(c coordinator.Coordinator) Option {
+	return func(o *options) error {
+		if c == nil {
+			return fmt.Errorf("coordinator: must not be nil")
+		}
+		o.coord = c
+		return nil
+	}
+}
+
+// WithLevelHook sets a function called, on the coordinator's goroutine,
+// each time the level in force of a key changes on this engine: 4, 16 or 64,
+// or 1 when the key is merged back. It must return quickly.
+func WithLevelHook(f func(key string, level int)) Option {
+	return func(o *options) error {
+		o.levelHook = f
+		return nil
+	}
+}
+
+// WithStateTransfer says whether a key's usage moves with it when it is
+// split, re-split or merged (default true, for stores that implement
+// counter.Resharder, as both stores here do). Without it, the subcounters
+// of a newly split key start empty, and so hand out a fresh quota.
+func WithStateTransfer(on bool) Option {
+	return func(o *options) error {
+		o.transfer = on
 		return nil
 	}
 }

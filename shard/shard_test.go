@@ -1,10 +1,13 @@
 package shard
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
 )
@@ -146,7 +149,7 @@ func TestNamesBreakHashTags(t *testing.T) {
 }
 
 func TestPickRoundRobinIsEven(t *testing.T) {
-	e := NewEntry("k", 42, Level16)
+	e := NewEntry("k", 42, Level16, Level16)
 	counts := make([]int, 16)
 	for range 16 * 100 {
 		counts[e.Pick(16, RoundRobin, 7)]++
@@ -239,7 +242,7 @@ func TestTableConcurrent(t *testing.T) {
 }
 
 func TestEntryNamesCachedPerVersion(t *testing.T) {
-	e := NewEntry("k", 9, Level16)
+	e := NewEntry("k", 9, Level16, Level16)
 	a := e.Names(16, modPlacement{3})
 	b := e.Names(16, modPlacement{3})
 	if &a[0] != &b[0] {
@@ -267,4 +270,74 @@ func BenchmarkTableLookup(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestTransferOnce: concurrent decisions on a key whose level changed move
+// its usage once, and none decides before the move is done.
+func TestTransferOnce(t *testing.T) {
+	e := NewEntry("k", 1, Level16, Level1)
+	var moves, after atomic.Int32
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			err := e.Transfer(Level16, func(from, to int) error {
+				if from != Level1 || to != Level16 {
+					t.Errorf("move from %d to %d, want 1 to 16", from, to)
+				}
+				time.Sleep(10 * time.Millisecond)
+				moves.Add(1)
+				return nil
+			})
+			if err != nil || moves.Load() != 1 {
+				t.Errorf("Transfer returned %v with %d moves done, want nil after 1", err, moves.Load())
+			}
+			after.Add(1)
+		}()
+	}
+	wg.Wait()
+	if moves.Load() != 1 || e.Held() != Level16 {
+		t.Fatalf("%d moves, held %d; want 1 move, held 16", moves.Load(), e.Held())
+	}
+	// A failed move leaves the usage where it was, and is tried again.
+	fail := errors.New("store down")
+	if err := e.Transfer(Level4, func(int, int) error { return fail }); !errors.Is(err, fail) || e.Held() != Level16 {
+		t.Fatalf("failed move: %v, held %d; want the error, held 16", err, e.Held())
+	}
+	if err := e.Transfer(Level4, func(from, to int) error { return nil }); err != nil || e.Held() != Level4 {
+		t.Fatalf("retried move: %v, held %d; want held 4", err, e.Held())
+	}
+}
+
+// TestTableMerge: a merged key stays in the table at level 1 until Remove,
+// which leaves a key that was split again meanwhile alone.
+func TestTableMerge(t *testing.T) {
+	tb := NewTable(0)
+	tb.Set("k", 7, Level16)
+	e := tb.Lookup("k", 7)
+	if e == nil || e.Held() != Level1 {
+		t.Fatalf("new entry %+v, want its usage held unsplit", e)
+	}
+	if !tb.Merge("k", 7) || tb.Lookup("k", 7) != e || e.Level() != Level1 {
+		t.Fatalf("after Merge: entry %v at level %d, want the same entry at 1", tb.Lookup("k", 7), e.Level())
+	}
+	if tb.Merge("other", 8) {
+		t.Fatal("Merge of a key not in the table reported true")
+	}
+	tb.Set("k", 7, Level4) // split again before any decision
+	if tb.Remove(e) || tb.Lookup("k", 7) != e {
+		t.Fatal("Remove took out a key split again")
+	}
+	tb.Merge("k", 7)
+	if !tb.Remove(e) || tb.Len() != 0 {
+		t.Fatalf("Remove of a merged key: table has %d keys, want 0", tb.Len())
+	}
+	n := 0
+	tb.Set("a", 1, Level4)
+	tb.Set("b", 2, Level4)
+	tb.Range(func(*Entry) bool { n++; return false })
+	if n != 1 {
+		t.Fatalf("Range went on after false: %d calls", n)
+	}
 }

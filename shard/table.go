@@ -26,6 +26,10 @@ type Entry struct {
 	level atomic.Int32
 	seq   atomic.Uint64
 	names [4]atomic.Pointer[nameSet] // by levelIndex
+	// held is the level whose counters hold the key's usage: the level the
+	// last state transfer moved it to. Written under mu.
+	held atomic.Int32
+	mu   sync.Mutex // serialises state transfers
 }
 
 type nameSet struct {
@@ -33,11 +37,39 @@ type nameSet struct {
 	names   []string
 }
 
-// NewEntry returns an entry for key (with hash) at level.
-func NewEntry(key string, hash uint64, level int) *Entry {
+// NewEntry returns an entry for key (with hash) at level, whose usage is
+// held at level held: the unsplit counter (1) for a key that just got hot, or
+// level itself for a key split from the start.
+func NewEntry(key string, hash uint64, level, held int) *Entry {
 	e := &Entry{Key: key, Hash: hash}
 	e.level.Store(int32(level))
+	e.held.Store(int32(held))
 	return e
+}
+
+// Held returns the level whose counters hold the key's usage.
+func (e *Entry) Held() int { return int(e.held.Load()) }
+
+// Transfer moves the key's usage to the counters of level to, once: if they
+// do not hold it yet, it calls move(from, to) with from the level that holds
+// it, and on success records that to holds it. Concurrent callers wait for
+// the one that moves, so none decides on counters not yet seeded. A failed
+// move is returned and leaves the usage where it was, to be tried again.
+func (e *Entry) Transfer(to int, move func(from, to int) error) error {
+	if e.Held() == to {
+		return nil
+	}
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	from := e.Held()
+	if from == to {
+		return nil
+	}
+	if err := move(from, to); err != nil {
+		return err
+	}
+	e.held.Store(int32(to))
+	return nil
 }
 
 // Level returns the entry's level.
@@ -132,9 +164,50 @@ func (t *Table) Set(key string, hash uint64, level int) bool {
 	for h, e := range old {
 		m[h] = e
 	}
-	m[hash] = NewEntry(key, hash, level)
+	m[hash] = NewEntry(key, hash, level, Level1)
 	t.m.Store(&m)
 	return true
+}
+
+// Merge marks key to be merged back: its entry stays, at level 1, until the
+// usage its subcounters hold has been moved back to the unsplit counter and
+// Remove takes it out. It reports whether key was in the table.
+func (t *Table) Merge(key string, hash uint64) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if e := (*t.m.Load())[hash]; e != nil && e.Key == key {
+		e.SetLevel(Level1)
+		return true
+	}
+	return false
+}
+
+// Remove takes e out of the table if e is still the entry of its key and is
+// at level 1 (no split came back meanwhile). It reports whether it did.
+func (t *Table) Remove(e *Entry) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := *t.m.Load()
+	if old[e.Hash] != e || e.Level() != Level1 {
+		return false
+	}
+	m := make(map[uint64]*Entry, len(old))
+	for h, x := range old {
+		if h != e.Hash {
+			m[h] = x
+		}
+	}
+	t.m.Store(&m)
+	return true
+}
+
+// Range calls f for each entry until f returns false.
+func (t *Table) Range(f func(*Entry) bool) {
+	for _, e := range *t.m.Load() {
+		if !f(e) {
+			return
+		}
+	}
 }
 
 // Delete merges key back: it is no longer split.

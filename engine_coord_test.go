@@ -1,0 +1,97 @@
+package hotkey
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"go.uber.org/goleak"
+
+	"github.com/hotkeyd/hotkey/coordinator"
+)
+
+// checkLeaks fails t if goroutines started during the test outlive its
+// cleanups; call it first, so that its check runs after theirs.
+func checkLeaks(t *testing.T) {
+	opt := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, opt) })
+}
+
+// levelLog records the level changes an engine reports.
+type levelLog struct {
+	mu     sync.Mutex
+	levels map[string][]int
+}
+
+func (l *levelLog) hook(key string, level int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.levels == nil {
+		l.levels = map[string][]int{}
+	}
+	l.levels[key] = append(l.levels[key], level)
+}
+
+func (l *levelLog) of(key string) []int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]int(nil), l.levels[key]...)
+}
+
+// TestCoordinatorLevels: the levels a coordinator says are in force are
+// the ones decisions use; a merged key stays in the table until a decision
+// has moved its usage back, then leaves it.
+func TestCoordinatorLevels(t *testing.T) {
+	checkLeaks(t)
+	var log levelLog
+	e, _ := newMemoryEngine(t, newFakeClock(), WithLevelHook(log.hook))
+	h := handler{e}
+	ctx := context.Background()
+	lim := PerSecond(1000)
+	for _, level := range []int{4, 16, 64, 16, 4} {
+		h.SetLevel("k", hashKey("k"), level)
+		if got := e.Level("k"); got != level {
+			t.Fatalf("Level = %d after SetLevel(%d)", got, level)
+		}
+		if r, err := e.Allow(ctx, "k", lim); err != nil || r.Shards != level {
+			t.Fatalf("at level %d: %+v, %v", level, r, err)
+		}
+	}
+	h.SetLevel("k", hashKey("k"), 1)
+	if e.Level("k") != 1 || e.table.Len() != 1 {
+		t.Fatalf("merged key at level %d with %d keys in the table, want 1 and 1 (until a decision)", e.Level("k"), e.table.Len())
+	}
+	if r, err := e.Allow(ctx, "k", lim); err != nil || r.Shards != 1 {
+		t.Fatalf("merged: %+v, %v", r, err)
+	}
+	if e.table.Len() != 0 {
+		t.Fatalf("%d keys in the table after the merge's first decision, want 0", e.table.Len())
+	}
+	if got := log.of("k"); len(got) != 6 || got[5] != 1 {
+		t.Fatalf("level hook saw %v, want 4 16 64 16 4 1", got)
+	}
+	h.SetLevel("never-split", hashKey("never-split"), 1) // nothing to merge
+	if got := log.of("never-split"); len(got) != 0 {
+		t.Fatalf("level hook saw %v for a key never split", got)
+	}
+	h.SetInstances(3)
+	if e.Instances() != 3 {
+		t.Fatalf("Instances = %d, want 3", e.Instances())
+	}
+}
+
+// TestCoordinatorStaticFloor: a coordinator cannot take a key below its
+// static level.
+func TestCoordinatorStaticFloor(t *testing.T) {
+	checkLeaks(t)
+	e, _ := newMemoryEngine(t, newFakeClock(), WithSplitKeys(16, "pinned"), WithCoordinator(&coordinator.Local{}))
+	h := handler{e}
+	h.SetLevel("pinned", hashKey("pinned"), 64)
+	if e.Level("pinned") != 64 {
+		t.Fatalf("pinned key at %d, want 64", e.Level("pinned"))
+	}
+	h.SetLevel("pinned", hashKey("pinned"), 1)
+	if r, _ := e.Allow(context.Background(), "pinned", PerSecond(1000)); r.Shards != 16 {
+		t.Fatalf("pinned key at %d shards after a merge, want its static 16", r.Shards)
+	}
+}
