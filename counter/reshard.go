@@ -19,7 +19,10 @@ type Resharder interface {
 	// counter's usage to its seed where it is below, never lowering it. So
 	// seeding twice (two instances making the same transition) or seeding
 	// a counter already in use counts nothing twice. from and to are not
-	// empty, and all their limits have the same algorithm and period. The
-	// counters of from are left as they are.
+	// empty, and all their limits have the same algorithm and period;
+	// otherwise Reshard returns an error wrapping ErrInvalidReshard. The
+	// counters of from are left as they are. Each counter is read as a Take
+	// on it would read it (absent or expired, it is unused), and usage is
+	// split in proportion to the rates of to.
 	Reshard(ctx context.Context, from, to []Shard) error
 }

@@ -1,0 +1,282 @@
+package counter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+)
+
+// This file holds what both stores' Reshard share (checking the shards,
+// splitting a sum into shares, handing out log entries) and the memory
+// store's Reshard.
+//
+// Usage is carried in units (requests admitted and not yet forgotten),
+// summed over from and split over to in proportion to each counter's rate:
+// counter j of to is seeded with usage·rate_j/R, where R is the sum of to's
+// rates (which, for a split or merge of one key, is also the sum of from's).
+// Per algorithm:
+//
+//   - TokenBucket: counter i of from has max(0, TAT_i-now)/T_i units in
+//     flight, T_i = Period/rate_i. Seeding counter j with its share U·rate_j/R
+//     of the sum U gives every counter of to the same TAT,
+//     now + Σ max(0, TAT_i-now)·rate_i/R.
+//   - SlidingWindow, FixedWindow: the current window's counts (and the
+//     previous window's, for SlidingWindow) are summed, a counter whose state
+//     is of an older window read as the take path reads it, and each sum is
+//     split into shares that add up to it exactly (see shares).
+//   - SlidingLog: the entries of from still inside the window are handed out
+//     in time order, interleaved so that each counter of to gets its share of
+//     them and of every stretch of time (see spread).
+//
+// A counter of to is raised to its seed, never lowered: a token-bucket TAT
+// becomes the later of the two, a window count the larger of the two (within
+// the current window; a counter of an older window is first aged as a take
+// would age it), and a log short of its seed gets the newest of its seeded
+// entries until it holds as many live entries as the seed. Seeding writes the
+// expiry a take would write. A counter with no usage to seed is not written.
+
+// ErrInvalidReshard is returned (wrapped) by Reshard when from or to is
+// empty, or their limits are invalid (the error then wraps Limit.Validate's
+// too), differ in algorithm or period, or add up to more than an int64.
+var ErrInvalidReshard = errors.New("invalid reshard")
+
+// reshardPlan is a checked Reshard's common figures.
+type reshardPlan struct {
+	alg    Algorithm
+	period time.Duration
+	total  int64 // Σ rate over to
+}
+
+// checkReshard checks from and to (see ErrInvalidReshard).
+func checkReshard(from, to []Shard) (reshardPlan, error) {
+	if len(from) == 0 || len(to) == 0 {
+		return reshardPlan{}, fmt.Errorf("%w: %d counters to read, %d to seed: both need at least one",
+			ErrInvalidReshard, len(from), len(to))
+	}
+	first := from[0].Limit
+	plan := reshardPlan{alg: first.Algorithm, period: first.Period}
+	for _, side := range []struct {
+		name   string
+		shards []Shard
+	}{{"from", from}, {"to", to}} {
+		var sum int64
+		for _, sh := range side.shards {
+			lim := sh.Limit
+			if err := lim.Validate(); err != nil {
+				return reshardPlan{}, fmt.Errorf("%w: %s %q: %w", ErrInvalidReshard, side.name, sh.Name, err)
+			}
+			if lim.Algorithm != first.Algorithm || lim.Period != first.Period {
+				return reshardPlan{}, fmt.Errorf("%w: %s %q is %v per %v, %q is %v per %v",
+					ErrInvalidReshard, side.name, sh.Name, lim.Algorithm, lim.Period, from[0].Name, first.Algorithm, first.Period)
+			}
+			if lim.Rate > math.MaxInt64-sum {
+				return reshardPlan{}, fmt.Errorf("%w: %w: the rates of %s add up to more than an int64",
+					ErrInvalidReshard, ErrLimitTooLarge, side.name)
+			}
+			sum += lim.Rate
+		}
+		plan.total = sum // to's, the side checked last
+	}
+	return plan, nil
+}
+
+// shares splits sum over to in proportion to the rates, total being their
+// sum: floor(sum·rate_j/total) each, then one more to the first counters
+// until the shares add up to sum.
+func shares(sum int64, to []Shard, total int64) []int64 {
+	out := make([]int64, len(to))
+	left := sum
+	for j, sh := range to {
+		out[j] = weighted(sum, sh.Limit.Rate, total) // rate ≤ total
+		left -= out[j]
+	}
+	for j := 0; left > 0; j++ { // left < len(to): each share lost less than 1
+		out[j]++
+		left--
+	}
+	return out
+}
+
+// spread hands out n entries, in time order, to counters that are to get
+// counts[j] of them (Σ counts = n): entry k goes to the counter furthest
+// behind its due share of the first k+1 entries (the first such counter on a
+// tie). So every counter holds its share of any stretch of the entries, give
+// or take one, and with equal counts the entries go round robin.
+func spread(n int, counts []int64) []int {
+	owner := make([]int, n)
+	given := make([]int64, len(counts))
+	for k := range owner {
+		best, lag := -1, int64(0)
+		for j, c := range counts {
+			// due·n - given·n, scaled by n to stay in integers
+			if d := c*int64(k+1) - int64(n)*given[j]; d > lag {
+				best, lag = j, d
+			}
+		}
+		// Σ lag over j is n > 0, so some counter lags, and one that lags
+		// has given < counts.
+		owner[k] = best
+		given[best]++
+	}
+	return owner
+}
+
+var _ Resharder = (*MemoryStore)(nil)
+
+// Reshard implements Resharder at the store's clock; ReshardAt takes the
+// time. It fails only on invalid from or to (ErrInvalidReshard).
+func (s *MemoryStore) Reshard(_ context.Context, from, to []Shard) error {
+	return s.ReshardAt(s.clock(), from, to)
+}
+
+// ReshardAt is Reshard at the instant now. Each counter is read or written
+// under its own stripe's lock, one at a time, so Takes on the counters
+// during the call are neither lost nor counted twice by it: a Take on a
+// counter of from after it was read is not carried over, and one on a
+// counter of to is kept by raise-never-lower.
+func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
+	plan, err := checkReshard(from, to)
+	if err != nil {
+		return err
+	}
+	t := now.UnixNano()
+	p := int64(plan.period)
+	switch plan.alg {
+	case TokenBucket:
+		// Σ max(0, TAT_i-now)·rate_i; float64, as takeGCRA's interval is.
+		var d float64
+		for _, sh := range from {
+			if c := s.peek(sh, t, false); c.a > t {
+				d += float64(c.a-t) * float64(sh.Limit.Rate)
+			}
+		}
+		tat := t + int64(math.Round(d/float64(plan.total)))
+		if tat <= t {
+			return nil
+		}
+		for _, sh := range to {
+			s.seed(sh, t, func(c *state) {
+				c.a = max(c.a, tat)
+				c.expires = max(c.expires, c.a) // takeGCRA's expiry: the TAT
+			})
+		}
+	case SlidingWindow, FixedWindow:
+		w := t / p
+		var cur, prev int64
+		for _, sh := range from {
+			c := s.peek(sh, t, false)
+			switch { // as takeSlidingWindow and takeFixedWindow age a state
+			case c.a == w:
+				cur += c.b
+				if plan.alg == SlidingWindow {
+					prev += c.c
+				}
+			case c.a == w-1 && plan.alg == SlidingWindow:
+				prev += c.b
+			}
+		}
+		curs, prevs := shares(cur, to, plan.total), shares(prev, to, plan.total)
+		for j, sh := range to {
+			if curs[j] == 0 && prevs[j] == 0 {
+				continue
+			}
+			s.seed(sh, t, func(c *state) {
+				if plan.alg == FixedWindow {
+					if c.a != w {
+						c.a, c.b = w, 0
+					}
+					c.b = max(c.b, curs[j])
+					c.expires = max(c.expires, (w+1)*p)
+					return
+				}
+				switch c.a {
+				case w:
+				case w - 1:
+					c.a, c.b, c.c = w, 0, c.b
+				default:
+					c.a, c.b, c.c = w, 0, 0
+				}
+				c.b, c.c = max(c.b, curs[j]), max(c.c, prevs[j])
+				c.expires = max(c.expires, (w+2)*p)
+			})
+		}
+	case SlidingLog:
+		var log []int64
+		for _, sh := range from {
+			log = append(log, s.peek(sh, t, true).log...)
+		}
+		slices.Sort(log)
+		counts := shares(int64(len(log)), to, plan.total)
+		seeds := make([][]int64, len(to))
+		for k, j := range spread(len(log), counts) {
+			seeds[j] = append(seeds[j], log[k])
+		}
+		for j, sh := range to {
+			if len(seeds[j]) == 0 {
+				continue
+			}
+			seed := seeds[j]
+			s.seed(sh, t, func(c *state) {
+				live := c.log[:0] // drop what takeSlidingLog would drop
+				for _, at := range c.log {
+					if at > t-p {
+						live = append(live, at)
+					}
+				}
+				c.log = live
+				if need := len(seed) - len(c.log); need > 0 {
+					c.log = append(c.log, seed[len(seed)-need:]...) // the newest
+					slices.Sort(c.log)
+				}
+				// takeSlidingLog's expiry: a period after the newest entry
+				c.expires = max(c.expires, c.log[len(c.log)-1]+p)
+			})
+		}
+	}
+	return nil
+}
+
+// peek returns a copy of sh's state at t: the zero state if the counter is
+// absent or expired, as TakeAt would read it. With log, it copies the
+// entries still inside the window of sh's limit; otherwise it leaves log out.
+func (s *MemoryStore) peek(sh Shard, t int64, log bool) state {
+	st := &s.stripes[(sh.Hash>>32)&s.mask]
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	c := st.m[sh.Name]
+	if c == nil || c.expires <= t {
+		return state{}
+	}
+	out := state{a: c.a, b: c.b, c: c.c, expires: c.expires}
+	if log {
+		cut := t - int64(sh.Limit.Period)
+		for _, at := range c.log {
+			if at > cut {
+				out.log = append(out.log, at)
+			}
+		}
+	}
+	return out
+}
+
+// seed runs f on sh's state at t under its stripe's lock, creating the
+// counter (or resetting an expired one) as TakeAt does.
+func (s *MemoryStore) seed(sh Shard, t int64, f func(c *state)) {
+	st := &s.stripes[(sh.Hash>>32)&s.mask]
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	c := st.m[sh.Name]
+	if c == nil {
+		if len(st.m) >= s.perStripe {
+			st.evictLocked(t, s.room)
+		}
+		c = &state{}
+		st.m[sh.Name] = c
+	} else if c.expires <= t {
+		*c = state{log: c.log[:0]}
+	}
+	f(c)
+}

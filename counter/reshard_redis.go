@@ -1,0 +1,411 @@
+package counter
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// The Redis store's Reshard (the semantics are described in
+// reshard_memory.go) works key by key, since on a Cluster or Ring the
+// counters of one Reshard live on different nodes and no script may span
+// them:
+//
+//  1. one pipeline reads every counter of from with its own command (GET, or
+//     ZRANGE for a log); a counter holding another algorithm's state reads
+//     as absent, as the take scripts read it;
+//  2. for the window algorithms and the log, one TIME (from any node) fixes
+//     the window or the log entries that count; the token bucket needs none;
+//  3. one pipeline runs a small seed script per counter of to, which takes
+//     its own TIME and raises the counter to its seed.
+//
+// Client clocks decide nothing. A seed script re-checks what time may have
+// changed since the read: the token-bucket script receives the raw TATs of
+// from and computes the seed at its own instant; the window scripts receive
+// the window the counts were read in and shift them if TIME is one window
+// later (and do nothing if later still); the log script drops the entries
+// that have left the window by its instant.
+//
+// The seed scripts are sent as EVALSHA, and again as EVAL where a node does
+// not hold them (NOSCRIPT): Reshard is rare, so they are not loaded up front.
+var reshardScripts = [numAlgorithms]*redis.Script{
+	TokenBucket:   redis.NewScript(gcraSeedScript),
+	SlidingWindow: redis.NewScript(slidingWindowSeedScript),
+	FixedWindow:   redis.NewScript(fixedWindowSeedScript),
+	SlidingLog:    redis.NewScript(slidingLogSeedScript),
+}
+
+// gcraSeedScript raises KEYS[1]'s TAT to its seed. ARGV: tol (µs, as
+// setArgs computes it, for the expiry), total (Σ rate over to), then one
+// (TAT, rate) pair per counter of from that holds a value: the value as GET
+// read it, parsed here with tonumber as gcraScript parses it. The seed is
+// now + Σ max(0, TAT_i - now)·rate_i / total; the expiry is set as
+// gcraScript sets it. Replies 1 if it wrote, else 0.
+const gcraSeedScript = `
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local floor = math.floor
+local k = KEYS[1]
+local tol, total = tonumber(ARGV[1]), tonumber(ARGV[2])
+local d = 0
+for i = 3, #ARGV - 1, 2 do
+	local tat = tonumber(ARGV[i])
+	if tat and tat > now then d = d + (tat - now) * tonumber(ARGV[i + 1]) end
+end
+local new = now + floor(d / total + 0.5)
+if new <= now then return 0 end
+local v = redis.pcall('GET', k)
+local old
+if type(v) == 'string' then old = tonumber(v) end
+if old and old >= new then return 0 end
+local span = tol
+if span < 1000 then span = 1000 end
+local b = floor(new / span)
+if old and floor(old / span) == b then
+	redis.call('SET', k, new, 'KEEPTTL')
+else
+	redis.call('SET', k, new, 'PX', floor(((b + 2) * span - now) / 1000) + 1)
+end
+return 1
+`
+
+// slidingWindowSeedScript raises KEYS[1]'s counts to their seeds. ARGV:
+// period (µs), the window W the seeds were read in, the seeded current and
+// previous counts. If TIME is in window W+1, the seeded current count is
+// the previous one; later, there is nothing to seed. The state is read and
+// written as slidingWindowScript does. Replies 1 if it wrote, else 0.
+const slidingWindowSeedScript = `
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local k = KEYS[1]
+local p, sw, scur, sprev = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local w = math.floor(now / p)
+if w == sw + 1 then
+	scur, sprev = 0, scur
+elseif w ~= sw then
+	return 0
+end
+local cur, prev = 0, 0
+local v = redis.pcall('GET', k)
+if type(v) == 'string' then
+	local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+	a = tonumber(a)
+	if a == w then
+		cur, prev = tonumber(b), tonumber(c)
+	elseif a == w - 1 then
+		prev = tonumber(b)
+	end
+end
+if scur <= cur and sprev <= prev then return 0 end
+cur, prev = math.max(cur, scur), math.max(prev, sprev)
+local left = p - (now - w * p)
+redis.call('SET', k, string.format('%.0f %.0f %.0f', w, cur, prev), 'PX', math.ceil((left + p) / 1000))
+return 1
+`
+
+// fixedWindowSeedScript raises KEYS[1]'s count to its seed. ARGV: period
+// (µs), the window W the seed was read in, the seeded count. If TIME is no
+// longer in window W, there is nothing to seed. The state is read and
+// written as fixedWindowScript does. Replies 1 if it wrote, else 0.
+const fixedWindowSeedScript = `
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local k = KEYS[1]
+local p, sw, seed = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local w = math.floor(now / p)
+if w ~= sw then return 0 end
+local cur = 0
+local v = redis.pcall('GET', k)
+if type(v) == 'string' then
+	local a, b = string.match(v, '^(%d+) (%d+)$')
+	if tonumber(a) == w then cur = tonumber(b) end
+end
+if seed <= cur then return 0 end
+redis.call('SET', k, string.format('%.0f %.0f', w, seed), 'PX', math.ceil(((w + 1) * p - now) / 1000))
+return 1
+`
+
+// slidingLogSeedScript raises KEYS[1]'s log to its seed. ARGV: period (µs),
+// then the seeded entries, oldest first, as (instant, member) pairs. Entries
+// no longer inside the window at TIME are dropped from both the log and the
+// seed; if the log then holds fewer entries than the seed, the newest seeded
+// entries not in it are added (ZADD NX: members are unique, so one entry is
+// never added twice) until it holds as many. A key holding another
+// algorithm's state is replaced, as slidingLogScript replaces it. The log
+// expires a period after its newest entry, as slidingLogScript has it.
+// Replies 1 if it wrote, else 0.
+const slidingLogSeedScript = `
+local t = redis.call('TIME')
+local now = t[1] * 1000000 + t[2]
+local k = KEYS[1]
+local p = tonumber(ARGV[1])
+local cut = now - p
+if type(redis.pcall('ZREMRANGEBYSCORE', k, '-inf', cut)) == 'table' then
+	redis.call('DEL', k) -- another algorithm's state
+end
+local live = {} -- ARGV indices of the seeded entries still inside the window
+for i = 2, #ARGV - 1, 2 do
+	if tonumber(ARGV[i]) > cut then live[#live + 1] = i end
+end
+local need = #live - redis.call('ZCARD', k)
+if need <= 0 then return 0 end
+local m = #live
+while need > 0 and m > 0 do
+	local args = {'NX'}
+	for _ = 1, math.min(need, m, 512) do
+		local i = live[m]
+		args[#args + 1] = ARGV[i]
+		args[#args + 1] = ARGV[i + 1]
+		m = m - 1
+	end
+	need = need - redis.call('ZADD', k, unpack(args))
+end
+local newest = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
+if newest[2] then
+	redis.call('PEXPIRE', k, math.ceil((newest[2] + p - now) / 1000))
+end
+return 1
+`
+
+var _ Resharder = (*RedisStore)(nil)
+
+// Reshard implements Resharder (see reshard_memory.go for the semantics).
+// It runs beside the Take workers, not through them: two pipelined round
+// trips (three for the window algorithms and the log), each bounded by
+// Timeout, and one more where a node lacks a seed script. Errors come back
+// wrapped, as Take's do; after Close it returns ErrStoreClosed (wrapped).
+// A Reshard that fails part way may have seeded some counters of to and not
+// others; calling it again is safe.
+func (s *RedisStore) Reshard(ctx context.Context, from, to []Shard) error {
+	plan, err := checkReshard(from, to)
+	if err != nil {
+		return fmt.Errorf("redis reshard: %w", err)
+	}
+	select {
+	case <-s.done:
+		return fmt.Errorf("redis reshard: %w", ErrStoreClosed)
+	default:
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.ctx, cancel)() // Close cuts it short
+	if err := s.reshard(ctx, plan, from, to); err != nil {
+		if s.ctx.Err() != nil {
+			err = ErrStoreClosed
+		}
+		return fmt.Errorf("redis reshard: %w", err)
+	}
+	return nil
+}
+
+// seedCall is one seed script call.
+type seedCall struct {
+	key  string
+	args []any
+}
+
+func (s *RedisStore) reshard(ctx context.Context, plan reshardPlan, from, to []Shard) error {
+	p := max(1, plan.period.Microseconds()) // as setArgs rounds it
+	vals, logs, err := s.readFrom(ctx, plan.alg, from)
+	if err != nil {
+		return err
+	}
+	var seeds []seedCall
+	switch plan.alg {
+	case TokenBucket:
+		var tats []any
+		for i, v := range vals {
+			if v != nil {
+				tats = append(tats, *v, from[i].Limit.Rate)
+			}
+		}
+		if len(tats) == 0 {
+			return nil // no usage: nothing to seed
+		}
+		for _, sh := range to {
+			var c call
+			c.setArgs(sh.Limit, 1)
+			args := append([]any{c.tol, plan.total}, tats...)
+			seeds = append(seeds, seedCall{s.cfg.Prefix + sh.Name, args})
+		}
+	case SlidingWindow, FixedWindow:
+		now, err := s.serverTime(ctx)
+		if err != nil {
+			return err
+		}
+		w := now / p
+		var cur, prev int64
+		for _, v := range vals {
+			if v == nil {
+				continue
+			}
+			if plan.alg == FixedWindow { // as fixedWindowScript reads a state
+				if f, ok := parseCounts(*v, 2); ok && f[0] == w {
+					cur += f[1]
+				}
+				continue
+			}
+			if f, ok := parseCounts(*v, 3); ok { // as slidingWindowScript does
+				switch f[0] {
+				case w:
+					cur, prev = cur+f[1], prev+f[2]
+				case w - 1:
+					prev += f[1]
+				}
+			}
+		}
+		curs, prevs := shares(cur, to, plan.total), shares(prev, to, plan.total)
+		for j, sh := range to {
+			if curs[j] == 0 && prevs[j] == 0 {
+				continue
+			}
+			args := []any{p, w, curs[j]}
+			if plan.alg == SlidingWindow {
+				args = append(args, prevs[j])
+			}
+			seeds = append(seeds, seedCall{s.cfg.Prefix + sh.Name, args})
+		}
+	case SlidingLog:
+		now, err := s.serverTime(ctx)
+		if err != nil {
+			return err
+		}
+		var log []int64
+		for _, l := range logs {
+			for _, z := range l {
+				if at := int64(z.Score); at > now-p {
+					log = append(log, at)
+				}
+			}
+		}
+		slices.Sort(log)
+		counts := shares(int64(len(log)), to, plan.total)
+		args := make([][]any, len(to))
+		for k, j := range spread(len(log), counts) {
+			if args[j] == nil {
+				args[j] = append(make([]any, 0, 1+2*counts[j]), p)
+			}
+			// Unique members, apart from the take path's "instant:seq".
+			args[j] = append(args[j], log[k], strconv.FormatInt(log[k], 10)+":r"+strconv.Itoa(k))
+		}
+		for j, sh := range to {
+			if args[j] != nil {
+				seeds = append(seeds, seedCall{s.cfg.Prefix + sh.Name, args[j]})
+			}
+		}
+	}
+	return s.runSeeds(ctx, reshardScripts[plan.alg], seeds)
+}
+
+// readFrom reads from's counters in one pipeline: their string values
+// (vals, nil where absent) or, for the log, their entries (logs). A key
+// holding another algorithm's state reads as absent (nil, or no entries).
+func (s *RedisStore) readFrom(ctx context.Context, alg Algorithm, from []Shard) (vals []*string, logs [][]redis.Z, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	pipe := s.client.Pipeline()
+	cmds := make([]redis.Cmder, len(from))
+	for i, sh := range from {
+		key := s.cfg.Prefix + sh.Name
+		if alg == SlidingLog {
+			cmds[i] = pipe.ZRangeWithScores(ctx, key, 0, -1)
+		} else {
+			cmds[i] = pipe.Get(ctx, key)
+		}
+	}
+	_, _ = pipe.Exec(ctx) // every command carries its own error
+	vals, logs = make([]*string, len(from)), make([][]redis.Z, len(from))
+	for i, cmd := range cmds {
+		err := cmd.Err()
+		switch {
+		case err == nil:
+		case errors.Is(err, redis.Nil), redis.HasErrorPrefix(err, "WRONGTYPE"):
+			continue
+		default:
+			return nil, nil, fmt.Errorf("read %q: %w", from[i].Name, err)
+		}
+		switch c := cmd.(type) {
+		case *redis.StringCmd:
+			v := c.Val()
+			vals[i] = &v
+		case *redis.ZSliceCmd:
+			logs[i] = c.Val()
+		}
+	}
+	return vals, logs, nil
+}
+
+// serverTime returns the time of one of the store's servers in µs.
+func (s *RedisStore) serverTime(ctx context.Context) (int64, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	t, err := s.client.Time(ctx).Result()
+	if err != nil {
+		return 0, fmt.Errorf("time: %w", err)
+	}
+	return t.UnixMicro(), nil
+}
+
+// runSeeds runs script once per seed call, pipelined (go-redis splits a
+// pipeline per node), and again with EVAL for the calls a node answered
+// NOSCRIPT.
+func (s *RedisStore) runSeeds(ctx context.Context, script *redis.Script, seeds []seedCall) error {
+	for eval := false; len(seeds) > 0; eval = true {
+		cmds := s.pipeSeeds(ctx, script, seeds, eval)
+		var retry []seedCall
+		for i, cmd := range cmds {
+			switch err := cmd.Err(); {
+			case err == nil:
+			case !eval && (errors.Is(err, redis.ErrNoScript) || redis.HasErrorPrefix(err, "NOSCRIPT")):
+				retry = append(retry, seeds[i])
+			default:
+				return fmt.Errorf("seed %q: %w", strings.TrimPrefix(seeds[i].key, s.cfg.Prefix), err)
+			}
+		}
+		seeds = retry
+	}
+	return nil
+}
+
+// pipeSeeds sends one pipeline of seed calls, EVAL or EVALSHA.
+func (s *RedisStore) pipeSeeds(ctx context.Context, script *redis.Script, seeds []seedCall, eval bool) []*redis.Cmd {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	pipe := s.client.Pipeline()
+	cmds := make([]*redis.Cmd, len(seeds))
+	for i, sd := range seeds {
+		if eval {
+			cmds[i] = script.Eval(ctx, pipe, []string{sd.key}, sd.args...)
+		} else {
+			cmds[i] = script.EvalSha(ctx, pipe, []string{sd.key}, sd.args...)
+		}
+	}
+	_, _ = pipe.Exec(ctx) // every command carries its own error
+	return cmds
+}
+
+// parseCounts parses a window state "w count [previous]" of n fields as
+// the window scripts' patterns do (^(%d+) (%d+)( (%d+))?$).
+func parseCounts(v string, n int) ([]int64, bool) {
+	f := strings.Split(v, " ")
+	if len(f) != n {
+		return nil, false
+	}
+	out := make([]int64, n)
+	for i, s := range f {
+		if s == "" || strings.TrimLeft(s, "0123456789") != "" {
+			return nil, false
+		}
+		x, err := strconv.ParseInt(s, 10, 64)
+		if err != nil {
+			return nil, false
+		}
+		out[i] = x
+	}
+	return out, true
+}
