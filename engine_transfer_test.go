@@ -1,0 +1,120 @@
+package hotkey
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/hotkeyd/hotkey/counter"
+)
+
+// phase is one stretch of a transition run: the key at level for a number
+// of periods.
+type phase struct {
+	level   int
+	periods float64
+}
+
+// transitions takes a key 1→4→16→4→1.
+var transitions = []phase{{1, 1.5}, {4, 2}, {16, 2}, {4, 2}, {1, 1.5}}
+
+// tally counts what a run admitted, in total and per period from its start.
+type tally struct {
+	total     int
+	perPeriod []int
+}
+
+func (c *tally) add(period int, allowed bool) {
+	for len(c.perPeriod) <= period {
+		c.perPeriod = append(c.perPeriod, 0)
+	}
+	if allowed {
+		c.total++
+		c.perPeriod[period]++
+	}
+}
+
+// checkTransitions asserts that a split key taken through transitions
+// admitted at most 2% more than the unsplit reference on the same stream,
+// and at most 5% over the limit in any period after the first (the first
+// holds the initial burst).
+func checkTransitions(t *testing.T, split, ref tally, limit int64) (ok bool) {
+	t.Helper()
+	ratio := float64(split.total) / float64(ref.total)
+	t.Logf("admitted %d, unsplit reference %d: ratio %.4f; per period %v (reference %v), limit %d",
+		split.total, ref.total, ratio, split.perPeriod, ref.perPeriod, limit)
+	ok = true
+	if ratio > 1.02 {
+		t.Logf("split admitted %.4f× the reference, want ≤ 1.02", ratio)
+		ok = false
+	}
+	for p, n := range split.perPeriod {
+		if p > 0 && float64(n) > 1.05*float64(limit) {
+			t.Logf("period %d admitted %d, want ≤ 1.05 × %d", p, n, limit)
+			ok = false
+		}
+	}
+	return ok
+}
+
+// TestTransferMemory drives a key at 3× its limit through levels 1→4→16→4→1
+// on the memory store, on a simulated clock, next to the same stream on an
+// unsplit key: moving the usage at each change of level hands out no free
+// quota. Without the move (WithStateTransfer(false)) the same run exceeds
+// the bounds, which shows the test can tell.
+func TestTransferMemory(t *testing.T) {
+	checkLeaks(t)
+	const limit = 320
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+		for _, transfer := range []bool{true, false} {
+			t.Run(fmt.Sprintf("%v/transfer=%v", alg, transfer), func(t *testing.T) {
+				clock := newFakeClock()
+				start := clock.Now().Truncate(time.Second)
+				store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
+				ref, err := New(store, WithClock(clock.Now), WithoutDetector())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer ref.Close()
+				split, err := New(store, WithClock(clock.Now), WithoutDetector(), WithStateTransfer(transfer))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer split.Close()
+				lim := Limit{Algorithm: alg, Rate: limit, Period: time.Second}
+				gap := time.Second / (3 * limit)
+				key := "transfer"
+				ctx := context.Background()
+				var sc, rc tally
+				i := 0
+				for _, ph := range transitions {
+					handler{split}.SetLevel(key, hashKey(key), ph.level)
+					for range int(ph.periods * 3 * limit) {
+						at := time.Duration(i) * gap
+						clock.ns.Store(start.Add(at).UnixNano())
+						r1, err1 := ref.Allow(ctx, key+":ref", lim)
+						r2, err2 := split.Allow(ctx, key, lim)
+						if err1 != nil || err2 != nil {
+							t.Fatal(err1, err2)
+						}
+						if ph.level > 1 && r2.Shards != ph.level {
+							t.Fatalf("at level %d the decision used %d shards", ph.level, r2.Shards)
+						}
+						p := int(at / time.Second)
+						rc.add(p, r1.Allowed)
+						sc.add(p, r2.Allowed)
+						i++
+					}
+				}
+				if ok := checkTransitions(t, sc, rc, limit); ok != transfer {
+					if transfer {
+						t.Error("split key handed out free quota across its transitions")
+					} else {
+						t.Error("without state transfer the run stayed within the bounds: the test cannot tell")
+					}
+				}
+			})
+		}
+	}
+}
