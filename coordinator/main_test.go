@@ -1,0 +1,198 @@
+package coordinator
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"go.uber.org/goleak"
+
+	"github.com/hotkeyd/hotkey/internal/natsserver"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// recorder is a Handler that keeps the levels and instance counts it is
+// told, and checks the Handler contract: the right hash, no concurrent
+// calls, no call after Close.
+type recorder struct {
+	name    string
+	inCall  atomic.Int32
+	closed  atomic.Bool
+	errs    atomic.Int32
+	mu      sync.Mutex
+	levels  map[string]int
+	changes int   // SetLevel calls
+	maxKeys int   // most keys held above level 1 at once
+	insts   []int // SetInstances calls, in order
+	lastErr string
+}
+
+func newRecorder(name string) *recorder {
+	return &recorder{name: name, levels: make(map[string]int)}
+}
+
+func (r *recorder) enter() {
+	if r.inCall.Add(1) != 1 {
+		r.fail("concurrent Handler calls")
+	}
+	if r.closed.Load() {
+		r.fail("Handler called after Close returned")
+	}
+}
+
+func (r *recorder) fail(msg string) {
+	r.errs.Add(1)
+	r.mu.Lock()
+	r.lastErr = msg
+	r.mu.Unlock()
+}
+
+func (r *recorder) SetLevel(key string, hash uint64, level int) {
+	r.enter()
+	defer r.inCall.Add(-1)
+	if hash != xxhash.Sum64String(key) {
+		r.fail(fmt.Sprintf("key %q: hash %x", key, hash))
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.changes++
+	if level == 1 {
+		delete(r.levels, key)
+	} else {
+		r.levels[key] = level
+	}
+	r.maxKeys = max(r.maxKeys, len(r.levels))
+}
+
+func (r *recorder) SetInstances(n int) {
+	r.enter()
+	defer r.inCall.Add(-1)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.insts = append(r.insts, n)
+}
+
+// level returns key's level as last told (1 if never).
+func (r *recorder) level(key string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l, ok := r.levels[key]; ok {
+		return l
+	}
+	return 1
+}
+
+// instances returns the last instance count told (0 if none).
+func (r *recorder) instances() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.insts) == 0 {
+		return 0
+	}
+	return r.insts[len(r.insts)-1]
+}
+
+// has reports whether every key of want is at its level (1: not split).
+func (r *recorder) has(want map[string]int) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for k, l := range want {
+		got, ok := r.levels[k]
+		if !ok {
+			got = 1
+		}
+		if got != l {
+			return false
+		}
+	}
+	return true
+}
+
+// check fails t if the Handler contract was broken.
+func (r *recorder) check(t *testing.T) {
+	t.Helper()
+	if r.errs.Load() > 0 {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		t.Errorf("%s: %d Handler contract violations, last: %s", r.name, r.errs.Load(), r.lastErr)
+	}
+}
+
+// testConfig returns a config with short intervals for tests.
+func testConfig(id string, urls ...string) Config {
+	return Config{
+		URLs:          urls,
+		ID:            id,
+		TTL:           300 * time.Millisecond,
+		Heartbeat:     50 * time.Millisecond,
+		ReconnectWait: 50 * time.Millisecond,
+	}
+}
+
+// startCoord starts a coordinator reporting to a new recorder; cleanup
+// closes it and checks the recorder.
+func startCoord(t *testing.T, cfg Config) (*NATS, *recorder) {
+	t.Helper()
+	c, err := NewNATS(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRecorder(cfg.ID)
+	if err := c.Start(r); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		closeCoord(t, c, r)
+	})
+	return c, r
+}
+
+// closeCoord closes c and marks r so later Handler calls are errors.
+func closeCoord(t *testing.T, c *NATS, r *recorder) {
+	t.Helper()
+	if err := c.Close(); err != nil {
+		t.Error(err)
+	}
+	r.closed.Store(true)
+	r.check(t)
+}
+
+// waitFor polls cond every few milliseconds until it holds, and fails t
+// (with what) if it does not within limit. It returns the time it took.
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > limit {
+			t.Fatalf("%s: not within %v", what, limit)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+// startServer starts a standalone server, shut down at cleanup.
+func startServer(t *testing.T, opts natsserver.Options) *natsserver.Server {
+	t.Helper()
+	s, err := natsserver.Start(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Shutdown)
+	return s
+}
+
+// startCluster starts a routed cluster, closed at cleanup.
+func startCluster(t *testing.T, n int) *natsserver.Cluster {
+	t.Helper()
+	c, err := natsserver.StartCluster(n, natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Close)
+	return c
+}

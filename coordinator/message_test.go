@@ -1,0 +1,329 @@
+package coordinator
+
+import (
+	"maps"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/shard"
+)
+
+var testLimits = limits{maxMessage: DefaultMaxMessage, maxKeyLen: DefaultMaxKeyLen, maxTTL: DefaultMaxTTL}
+
+// badMessages are invalid messages and the reason each must be dropped for.
+var badMessages = []struct {
+	data string
+	want reason
+}{
+	{`{"v":1,"t":"lease"`, reasonJSON},
+	{`not json`, reasonJSON},
+	{`null`, reasonJSON},
+	{`[]`, reasonJSON},
+	{``, reasonJSON},
+	{`{"v":1,"t":"lease","origin":"o","key":"k","level":"16","ttl_ms":1000}`, reasonJSON},
+	{`{"v":1,"t":"lease","origin":"o","key":"k","level":16.5,"ttl_ms":1000}`, reasonJSON},
+	{`{"v":1,"t":"lease","origin":"o","key":"k","level":16,"ttl_ms":1e30}`, reasonJSON},
+	{`{"v":2,"t":"lease","origin":"o","key":"k","level":16,"ttl_ms":1000}`, reasonVersion},
+	{`{"t":"lease","origin":"o","key":"k","level":16,"ttl_ms":1000}`, reasonVersion},
+	{`{"v":1,"t":"bogus","origin":"o"}`, reasonType},
+	{`{"v":1,"origin":"o"}`, reasonType},
+	{`{"v":1,"t":"hb"}`, reasonOrigin},
+	{`{"v":1,"t":"hb","origin":""}`, reasonOrigin},
+	{`{"v":1,"t":"hb","origin":"` + strings.Repeat("o", 65) + `"}`, reasonOrigin},
+	{`{"v":1,"t":"lease","origin":"o","level":16,"ttl_ms":1000}`, reasonKey},
+	{`{"v":1,"t":"lease","origin":"o","key":"` + strings.Repeat("k", 513) + `","level":16,"ttl_ms":1000}`, reasonKey},
+	{`{"v":1,"t":"lease","origin":"o","key":"k","level":3,"ttl_ms":1000}`, reasonLevel},
+	{`{"v":1,"t":"lease","origin":"o","key":"k","level":1,"ttl_ms":1000}`, reasonLevel},
+	{`{"v":1,"t":"lease","origin":"o","key":"k","ttl_ms":1000}`, reasonLevel},
+	{`{"v":1,"t":"lease","origin":"o","key":"k","level":-64,"ttl_ms":1000}`, reasonLevel},
+	{`{"v":1,"t":"lease","origin":"o","key":"k","level":16,"ttl_ms":31536000000}`, reasonTTL},
+	{`{"v":1,"t":"lease","origin":"o","key":"k","level":16,"ttl_ms":0}`, reasonTTL},
+	{`{"v":1,"t":"lease","origin":"o","key":"k","level":16,"ttl_ms":-5}`, reasonTTL},
+	{`{"v":1,"t":"lease","origin":"o","key":"k","level":16}`, reasonTTL},
+	{`{"v":1,"t":"sync","origin":"o","leases":[{"key":"k","level":16,"ttl_ms":1000},{"key":"k","level":5,"ttl_ms":1000}]}`, reasonLevel},
+	{`{"v":1,"t":"sync","origin":"o","leases":[{"key":"","level":16,"ttl_ms":1000}]}`, reasonKey},
+	{`{"v":1,"t":"sync","origin":"o","leases":{}}`, reasonJSON},
+	{`{"v":1,"t":"lease","origin":"o","key":"` + strings.Repeat("k", DefaultMaxMessage) + `","level":16,"ttl_ms":1000}`, reasonSize},
+}
+
+var goodMessages = []string{
+	`{"v":1,"t":"lease","origin":"o","key":"k","level":16,"ttl_ms":3000}`,
+	` {"v":1,"t":"lease","origin":"o","key":"k","level":4,"ttl_ms":60000,"extra":[1,2]}`,
+	`{"v":1,"t":"hb","origin":"a1b2c3d4e5f60718"}`,
+	`{"v":1,"t":"sync_req","origin":"o"}`,
+	`{"v":1,"t":"sync","origin":"o","leases":[]}`,
+	`{"v":1,"t":"sync","origin":"o","leases":[{"key":"k","level":64,"ttl_ms":1},{"key":"\u00e9\u2028","level":4,"ttl_ms":10}]}`,
+}
+
+func TestDecode(t *testing.T) {
+	for _, b := range badMessages {
+		if _, r := decode([]byte(b.data), testLimits); r != b.want {
+			t.Errorf("%.80s: reason %v, want %v", b.data, r, b.want)
+		}
+	}
+	for _, g := range goodMessages {
+		if _, r := decode([]byte(g), testLimits); r != reasonNone {
+			t.Errorf("%s: rejected (%v)", g, r)
+		}
+	}
+	m, r := decode(encodeLease("me", "k\x00<&>\u2028", 64, 1500*time.Microsecond), testLimits)
+	if r != reasonNone || m.Key != "k\x00<&>\u2028" || m.Level != 64 || m.TTLms != 2 || m.Origin != "me" {
+		t.Errorf("round trip: %+v, %v", m, r)
+	}
+}
+
+// FuzzDecode: the decoder never panics, and whatever it accepts is within
+// the limits and survives re-encoding.
+func FuzzDecode(f *testing.F) {
+	for _, b := range badMessages {
+		f.Add([]byte(b.data))
+	}
+	for _, g := range goodMessages {
+		f.Add([]byte(g))
+	}
+	f.Add(encodeLease("o", "\xff", 16, time.Second))
+	f.Add(encodeControl("o", typeHB))
+	lim := limits{maxMessage: 4096, maxKeyLen: 64, maxTTL: time.Minute}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		m, r := decode(data, lim)
+		if r != reasonNone {
+			return
+		}
+		if len(data) > lim.maxMessage || m.V != 1 || m.Origin == "" || len(m.Origin) > maxOriginLen {
+			t.Fatalf("accepted %q: %+v", data, m)
+		}
+		check := func(key string, level int, ttlMs int64) {
+			if key == "" || len(key) > lim.maxKeyLen || !shard.ValidLevel(level) || level == 1 ||
+				ttlMs <= 0 || ttlMs > lim.maxTTL.Milliseconds() {
+				t.Fatalf("accepted lease %q %d %d in %q", key, level, ttlMs, data)
+			}
+		}
+		switch m.T {
+		case typeLease:
+			check(m.Key, m.Level, m.TTLms)
+			m2, r := decode(encodeLease(m.Origin, m.Key, m.Level, time.Duration(m.TTLms)*time.Millisecond), lim)
+			if r != reasonNone || m2.Key != m.Key || m2.Level != m.Level || m2.TTLms != m.TTLms {
+				t.Fatalf("re-encoded %+v: %+v, %v", m, m2, r)
+			}
+		case typeSync:
+			for _, l := range m.Leases {
+				check(l.Key, l.Level, l.TTLms)
+			}
+		case typeHB, typeSyncReq:
+		default:
+			t.Fatalf("accepted type %q", m.T)
+		}
+	})
+}
+
+// TestSyncChunks: a sync reply too large for one message is split into
+// valid messages of at most the limit, carrying every lease.
+func TestSyncChunks(t *testing.T) {
+	const max = 1024
+	ch := newSyncChunker("origin", max)
+	want := make(map[string]int)
+	for i := range 300 {
+		k := "chunk-" + strconv.Itoa(i) + strings.Repeat("\u2028", i%7)
+		want[k] = levels[i%3]
+		ch.add(k, want[k], 2*time.Second)
+	}
+	chunks := ch.done()
+	if len(chunks) < 10 {
+		t.Fatalf("%d chunks", len(chunks))
+	}
+	got := make(map[string]int)
+	for _, c := range chunks {
+		m, r := decode(c, limits{maxMessage: max, maxKeyLen: 512, maxTTL: time.Minute})
+		if r != reasonNone || m.T != typeSync || m.Origin != "origin" {
+			t.Fatalf("chunk of %d bytes: %v %+v", len(c), r, m)
+		}
+		for _, l := range m.Leases {
+			got[l.Key] = l.Level
+			if l.TTLms != 2000 {
+				t.Fatalf("ttl %d", l.TTLms)
+			}
+		}
+	}
+	if !maps.Equal(got, want) {
+		t.Fatalf("%d leases back of %d", len(got), len(want))
+	}
+	if n := len(newSyncChunker("o", max).done()); n != 0 {
+		t.Fatalf("%d chunks of nothing", n)
+	}
+}
+
+// TestBadMessages publishes invalid and hostile messages on the
+// coordination subjects: each is counted by reason and none is applied,
+// and a flood of forged keys cannot grow the table past MaxHotKeys.
+func TestBadMessages(t *testing.T) {
+	s := startServer(t, natsserver.Options{MaxPayload: 2 << 20})
+	cfg := testConfig("victim", s.URL())
+	cfg.MaxHotKeys = 1000
+	c, r := startCoord(t, cfg)
+	nc, err := nats.Connect(s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+
+	const lease, hb, syncSubj = "hotkey.default.lease", "hotkey.default.hb", "hotkey.default.sync"
+	sent := 0
+	pub := func(subject, data string) {
+		t.Helper()
+		if err := nc.Publish(subject, []byte(data)); err != nil {
+			t.Fatal(err)
+		}
+		sent++
+	}
+	for _, b := range badMessages {
+		pub(lease, b.data)
+	}
+	big := `{"v":1,"t":"lease","origin":"o","key":"` + strings.Repeat("k", 1<<20) + `","level":16,"ttl_ms":1000}`
+	pub(lease, big)                                                                          // 1 MiB key: size
+	pub(hb, `{"v":1,"t":"lease","origin":"o","key":"k","level":16,"ttl_ms":1000}`)           // lease on hb: type
+	pub(syncSubj, `{"v":1,"t":"hb","origin":"o"}`)                                           // hb on sync: type
+	pub(syncSubj, `{"v":1,"t":"sync_req","origin":"o"}`)                                     // no reply subject: reply
+	pub("hotkey.default.other", `{"v":1,"t":"hb","origin":"o"}`)                             // unknown subject: type
+	pub(c.inbox, `{"v":1,"t":"lease","origin":"o","key":"k","level":16,"ttl_ms":1}`)         // lease to the inbox: type
+	pub(lease, `{"v":1,"t":"lease","origin":"victim","key":"own","level":64,"ttl_ms":1000}`) // own origin: ignored
+	wantInvalid := map[string]uint64{}
+	for _, b := range badMessages {
+		wantInvalid[b.want.String()]++
+	}
+	wantInvalid["size"]++
+	wantInvalid["type"] += 4
+	wantInvalid["reply"]++
+
+	// The flood: 100,000 well-formed leases for distinct keys.
+	var maxKeys atomic.Int64
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			maxKeys.Store(max(maxKeys.Load(), int64(c.Stats().Keys)))
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+		}
+	})
+	const flood = 100000
+	start := time.Now()
+	for i := range flood {
+		pub(lease, `{"v":1,"t":"lease","origin":"forger","key":"forged-`+strconv.Itoa(i)+`","level":64,"ttl_ms":60000}`)
+	}
+	// A sync reply long after the sync request's SyncWait: late.
+	time.Sleep(time.Until(start.Add(cfg.SyncWait)))
+	pub(c.inbox, `{"v":1,"t":"sync","origin":"o","leases":[{"key":"late","level":16,"ttl_ms":1000}]}`)
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	d := waitFor(t, 30*time.Second, "all received", func() bool {
+		st := c.Stats()
+		return st.Received+st.Dropped >= uint64(sent)
+	})
+	close(stop)
+	wg.Wait()
+	t.Logf("%d messages received and handled %v after the flood started (%v after the last was flushed)", sent, time.Since(start), d)
+
+	st := c.Stats()
+	if st.Received != uint64(sent) || st.Dropped != 0 {
+		t.Errorf("received %d, dropped %d, sent %d", st.Received, st.Dropped, sent)
+	}
+	if !maps.Equal(st.InvalidBy, wantInvalid) {
+		t.Errorf("invalid by reason %v, want %v", st.InvalidBy, wantInvalid)
+	}
+	if st.Own != 1 || st.LateReplies != 1 {
+		t.Errorf("own %d, late %d", st.Own, st.LateReplies)
+	}
+	if st.Keys != cfg.MaxHotKeys || st.Rejected != flood-uint64(cfg.MaxHotKeys) {
+		t.Errorf("keys %d, rejected %d", st.Keys, st.Rejected)
+	}
+	if m := maxKeys.Load(); m > int64(cfg.MaxHotKeys) {
+		t.Errorf("table grew to %d keys, cap %d", m, cfg.MaxHotKeys)
+	}
+	waitFor(t, 5*time.Second, "handler told of the accepted keys", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.levels) == cfg.MaxHotKeys
+	})
+	r.mu.Lock()
+	if r.maxKeys > cfg.MaxHotKeys {
+		t.Errorf("handler held %d keys at once, cap %d", r.maxKeys, cfg.MaxHotKeys)
+	}
+	for _, k := range []string{"k", "own", "late"} {
+		if _, ok := r.levels[k]; ok {
+			t.Errorf("invalid or ignored lease for %q applied", k)
+		}
+	}
+	r.mu.Unlock()
+	t.Logf("stats: %+v", st)
+}
+
+// TestConfig: defaults and validation.
+func TestConfig(t *testing.T) {
+	c, err := NewNATS(Config{URLs: []string{"nats://127.0.0.1:4222"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := c.cfg
+	if got.Prefix != "hotkey" || got.Namespace != "default" || len(got.ID) != 16 || got.TTL != 3*time.Second ||
+		got.MaxTTL != time.Minute || got.Heartbeat != time.Second || got.MaxHotKeys != 10000 || got.MaxKeyLen != 512 ||
+		got.MaxPeers != 1024 || got.MaxMessage != 64<<10 || got.SyncWait != 500*time.Millisecond || got.Logger == nil {
+		t.Errorf("defaults: %+v", got)
+	}
+	if c.subjLease != "hotkey.default.lease" || c.subjHB != "hotkey.default.hb" || c.subjSync != "hotkey.default.sync" {
+		t.Errorf("subjects %s %s %s", c.subjLease, c.subjHB, c.subjSync)
+	}
+	u := []string{"nats://127.0.0.1:4222"}
+	bad := []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{}, "needs Conn or at least one URL"},
+		{Config{URLs: []string{" "}}, "empty URL"},
+		{Config{Conn: &nats.Conn{}, URLs: u}, "Config.Conn is set"},
+		{Config{Conn: &nats.Conn{}, Token: "t"}, "Config.Conn is set"},
+		{Config{URLs: u, User: "u", Token: "t"}, "at most one of"},
+		{Config{URLs: u, Token: "t", CredsFile: "f"}, "at most one of"},
+		{Config{URLs: u, Password: "p"}, "Password needs"},
+		{Config{URLs: u, CertFile: "c"}, "go together"},
+		{Config{URLs: u, ReconnectWait: -1}, "negative"},
+		{Config{URLs: u, Prefix: "a.b"}, "Prefix"},
+		{Config{URLs: u, Prefix: "a*"}, "Prefix"},
+		{Config{URLs: u, Namespace: "x>"}, "Namespace"},
+		{Config{URLs: u, Namespace: "a b"}, "Namespace"},
+		{Config{URLs: u, Namespace: strings.Repeat("n", 65)}, "Namespace"},
+		{Config{URLs: u, ID: strings.Repeat("i", 65)}, "ID"},
+		{Config{URLs: u, ID: "\xff"}, "ID"},
+		{Config{URLs: u, TTL: -time.Second}, "TTL -1s is negative"},
+		{Config{URLs: u, TTL: time.Millisecond}, "at least"},
+		{Config{URLs: u, Heartbeat: time.Millisecond}, "at least"},
+		{Config{URLs: u, TTL: 2 * time.Minute}, "over MaxTTL"},
+		{Config{URLs: u, SyncWait: -1}, "SyncWait"},
+		{Config{URLs: u, MaxHotKeys: -1}, "MaxHotKeys"},
+		{Config{URLs: u, MaxMessage: 1000}, "MaxMessage 1000 is too small"},
+		{Config{URLs: u, MaxKeyLen: 20000}, "MaxMessage 65536 is too small"},
+	}
+	for _, b := range bad {
+		_, err := NewNATS(b.cfg)
+		if err == nil || !strings.Contains(err.Error(), b.want) {
+			t.Errorf("%+v: error %v, want %q", b.cfg, err, b.want)
+		}
+	}
+	if _, err := NewNATS(Config{URLs: u, Prefix: "acme-prod_1", Namespace: "eu", ID: "pod-7", MaxKeyLen: 100, MaxMessage: 1200}); err != nil {
+		t.Error(err)
+	}
+	// Validate defaults: the default lease message limit fits the default key.
+	if minMessage(DefaultMaxKeyLen) > DefaultMaxMessage {
+		t.Error("defaults inconsistent")
+	}
+}

@@ -1,0 +1,987 @@
+package coordinator
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unicode/utf8"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/nats-io/nats.go"
+
+	"github.com/hotkeyd/hotkey/shard"
+)
+
+// Defaults of Config.
+const (
+	DefaultPrefix         = "hotkey"
+	DefaultNamespace      = "default"
+	DefaultTTL            = 3 * time.Second
+	DefaultMaxTTL         = time.Minute
+	DefaultHeartbeat      = time.Second
+	DefaultMaxHotKeys     = 10000
+	DefaultMaxKeyLen      = 512
+	DefaultMaxPeers       = 1024
+	DefaultMaxMessage     = 64 << 10
+	DefaultSyncWait       = 500 * time.Millisecond
+	DefaultReconnectWait  = 500 * time.Millisecond
+	DefaultConnectTimeout = 2 * time.Second
+
+	// MinInterval is the shortest TTL and Heartbeat accepted.
+	MinInterval = 10 * time.Millisecond
+	// maxIDLen bounds Config.ID, which travels as a message's origin.
+	maxIDLen = maxOriginLen
+	// maxTokenLen bounds Prefix and Namespace.
+	maxTokenLen = 64
+	// maxSyncQueue bounds the sync requests waiting for an answer; more are
+	// dropped (and counted).
+	maxSyncQueue = 16
+	// peerTimeout is how many heartbeat intervals a peer stays live without
+	// a heartbeat.
+	peerTimeout = 3
+)
+
+// Config configures a NATS coordinator. Zero fields take the defaults
+// given; NewNATS rejects invalid values with an error saying which.
+type Config struct {
+	// Conn is an established connection to use. The coordinator does not
+	// own it: Close leaves it open, and connection events (reconnects) are
+	// noticed by polling, within a heartbeat. Set either Conn or URLs.
+	Conn *nats.Conn
+	// URLs are the servers to dial (nats:// or tls://, several for a
+	// cluster). The coordinator owns that connection: it reconnects
+	// forever (waiting ReconnectWait between rounds over the servers), and
+	// Close closes it.
+	URLs []string
+
+	// Credentials for dialing, at most one kind: User and Password, Token,
+	// an nkey seed file, or a credentials (JWT) file.
+	User, Password string
+	Token          string
+	NkeySeedFile   string
+	CredsFile      string
+	// TLS for dialing: CAFile verifies the server (PEM); CertFile and
+	// KeyFile (PEM) are a client certificate, for servers that verify
+	// clients. Either turns TLS on.
+	CAFile            string
+	CertFile, KeyFile string
+	// ConnectTimeout bounds dialing one server (default 2 s).
+	ConnectTimeout time.Duration
+	// ReconnectWait is the pause before a server is tried again after a
+	// failed attempt (default 500 ms; nats.go adds jitter).
+	ReconnectWait time.Duration
+	// NATSOptions are applied last when dialing, to set anything else.
+	NATSOptions []nats.Option
+
+	// Prefix and Namespace name the subjects: <Prefix>.<Namespace>.lease,
+	// .hb and .sync. Instances share leases only within one namespace.
+	// Each is 1 to 64 of A-Z a-z 0-9 - _ (defaults "hotkey", "default").
+	Prefix    string
+	Namespace string
+	// ID names this instance in messages; unique per instance, 1 to 64
+	// bytes of UTF-8 (default 16 random hex digits).
+	ID string
+
+	// TTL is the time to live of this instance's leases (default 3 s),
+	// renewed every TTL/3 while the key stays announced. At least
+	// MinInterval and at most MaxTTL.
+	TTL time.Duration
+	// MaxTTL is the longest ttl accepted from a message (default 1 min).
+	MaxTTL time.Duration
+	// Heartbeat is the interval between heartbeats (default 1 s). A peer is
+	// live until 3 intervals pass without its heartbeat. At least
+	// MinInterval.
+	Heartbeat time.Duration
+	// SyncWait is how long replies to a join sync are applied after the
+	// request (default 500 ms).
+	SyncWait time.Duration
+
+	// MaxHotKeys caps the distinct keys in the lease table, own and peers'
+	// (default 10000). A peer's lease for a new key is dropped while the
+	// table is full; an own lease for a new key evicts a key held only by
+	// peers.
+	MaxHotKeys int
+	// MaxKeyLen is the longest key accepted from a message, in bytes
+	// (default 512). Longer own keys are applied locally but not published.
+	MaxKeyLen int
+	// MaxPeers caps the peers tracked for membership (default 1024).
+	MaxPeers int
+	// MaxMessage is the largest message accepted or sent, in bytes (default
+	// 64 KiB); sync replies are split to fit. It must leave room for a
+	// lease of the longest key: at least 6×(MaxKeyLen+64)+128.
+	MaxMessage int
+
+	// Logger receives connection events at Info and Warn; invalid messages
+	// and rejections at Debug. Default: discard.
+	Logger *slog.Logger
+}
+
+// withDefaults returns c with zero fields set to their defaults, or an error
+// naming the first invalid field.
+func (c Config) withDefaults() (Config, error) {
+	if err := checkConnConfig(&c); err != nil {
+		return c, err
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.ReconnectWait == 0 {
+		c.ReconnectWait = DefaultReconnectWait
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.Namespace == "" {
+		c.Namespace = DefaultNamespace
+	}
+	if !validToken(c.Prefix) {
+		return c, fmt.Errorf("coordinator: Prefix %q: want 1 to %d of A-Z a-z 0-9 - _", c.Prefix, maxTokenLen)
+	}
+	if !validToken(c.Namespace) {
+		return c, fmt.Errorf("coordinator: Namespace %q: want 1 to %d of A-Z a-z 0-9 - _", c.Namespace, maxTokenLen)
+	}
+	if c.ID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		c.ID = hex.EncodeToString(b[:])
+	}
+	if len(c.ID) > maxIDLen || !utf8.ValidString(c.ID) {
+		return c, fmt.Errorf("coordinator: ID %q: want 1 to %d bytes of UTF-8", c.ID, maxIDLen)
+	}
+	durations := []struct {
+		name string
+		d    *time.Duration
+		def  time.Duration
+	}{
+		{"TTL", &c.TTL, DefaultTTL},
+		{"MaxTTL", &c.MaxTTL, DefaultMaxTTL},
+		{"Heartbeat", &c.Heartbeat, DefaultHeartbeat},
+		{"SyncWait", &c.SyncWait, DefaultSyncWait},
+	}
+	for _, f := range durations {
+		if *f.d < 0 {
+			return c, fmt.Errorf("coordinator: %s %v is negative", f.name, *f.d)
+		}
+		if *f.d == 0 {
+			*f.d = f.def
+		}
+	}
+	if c.TTL < MinInterval || c.Heartbeat < MinInterval {
+		return c, fmt.Errorf("coordinator: TTL %v and Heartbeat %v must be at least %v", c.TTL, c.Heartbeat, MinInterval)
+	}
+	if c.TTL > c.MaxTTL {
+		return c, fmt.Errorf("coordinator: TTL %v is over MaxTTL %v: peers would reject these leases", c.TTL, c.MaxTTL)
+	}
+	ints := []struct {
+		name string
+		n    *int
+		def  int
+	}{
+		{"MaxHotKeys", &c.MaxHotKeys, DefaultMaxHotKeys},
+		{"MaxKeyLen", &c.MaxKeyLen, DefaultMaxKeyLen},
+		{"MaxPeers", &c.MaxPeers, DefaultMaxPeers},
+		{"MaxMessage", &c.MaxMessage, DefaultMaxMessage},
+	}
+	for _, f := range ints {
+		if *f.n < 0 {
+			return c, fmt.Errorf("coordinator: %s %d is negative", f.name, *f.n)
+		}
+		if *f.n == 0 {
+			*f.n = f.def
+		}
+	}
+	if min := minMessage(c.MaxKeyLen); c.MaxMessage < min {
+		return c, fmt.Errorf("coordinator: MaxMessage %d is too small for MaxKeyLen %d: want at least %d", c.MaxMessage, c.MaxKeyLen, min)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
+
+// minMessage is the smallest MaxMessage that holds a lease of a key of
+// maxKeyLen bytes, every byte escaped (6 bytes in JSON), and of the longest
+// origin.
+func minMessage(maxKeyLen int) int { return 6*(maxKeyLen+maxOriginLen) + 128 }
+
+// validToken reports whether s is a subject token of 1 to maxTokenLen
+// letters, digits, '-' or '_'.
+func validToken(s string) bool {
+	if s == "" || len(s) > maxTokenLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		if !('a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' || b == '-' || b == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// NATS is a Coordinator sharing leases over NATS.
+//
+// Each instance publishes a lease for every key its detector announces hot
+// and renews it every TTL/3; every instance keeps a table of the leases it
+// hears, the level in force of a key being the highest level with an
+// unexpired lease (expiry = local receipt time + ttl). Heartbeats count the
+// live instances. A joining or reconnected instance asks the others for
+// their tables (join sync); without that it still converges within one
+// renewal period.
+//
+// The table keeps, per key, this instance's own level and, for each level,
+// the latest expiry any peer's lease gave it; origins are not stored, so a
+// key costs the same however many peers lease it. A peer that lowers its
+// level leaves its higher lease to lapse (within its ttl).
+//
+// Handler calls come from one dispatcher goroutine, shortly after the
+// Announce or message that caused them. Changes are coalesced per key: the
+// level a key ends at is always delivered, but levels it passed through
+// while the Handler was busy may be skipped, and changes of different keys
+// may be delivered in any order. Pending changes are bounded by the table
+// (at most 2×MaxHotKeys), so a slow Handler cannot make them grow without
+// bound.
+//
+// While NATS is unreachable, own announcements still apply at once, peers'
+// leases lapse and the live count falls to 1: the coordinator degrades to
+// local coordination, and heals on reconnect.
+type NATS struct {
+	cfg       Config
+	lim       limits
+	log       *slog.Logger
+	subjLease string
+	subjHB    string
+	subjSync  string
+	sweep     time.Duration // interval of expiry checks
+	base      time.Time     // origin of the monotonic clock (now)
+
+	// Set by Start, then read-only.
+	h        Handler
+	nc       *nats.Conn
+	owned    bool
+	sub      *nats.Subscription // <prefix>.<ns>.*
+	inboxSub *nats.Subscription // sync replies
+	inbox    string
+
+	mu       sync.Mutex
+	started  bool
+	closed   bool
+	table    map[string]*entry
+	own      map[string]int      // own leases: key → level (each also in table)
+	announce map[string]struct{} // own keys to publish at once
+	syncQ    []string            // reply subjects of sync requests to answer
+	peers    map[string]int64    // live peer → time of last heartbeat
+	pending  map[string]change   // level changes not yet taken by the dispatcher
+	told     map[string]int      // levels handed to the dispatcher, 1s omitted
+	live     int                 // live instances: 1 + len(peers)
+	toldLive int                 // live count handed to the dispatcher
+
+	syncUntil atomic.Int64 // now() until which sync replies are applied
+	wakePub   chan struct{}
+	wakeDisp  chan struct{}
+	done      chan struct{}
+	wg        sync.WaitGroup
+	st        counters
+}
+
+// entry is one key of the lease table.
+type entry struct {
+	hash  uint64
+	own   int      // this instance's level, 0 if none
+	exp   [3]int64 // latest expiry (now()) of peers' leases at 4, 16, 64; 0 if none
+	level int      // level in force, as last computed
+}
+
+// change is a level change for the Handler.
+type change struct {
+	hash  uint64
+	level int
+}
+
+var slotLevels = [3]int{shard.Level4, shard.Level16, shard.Level64}
+
+func slot(level int) int {
+	switch level {
+	case shard.Level4:
+		return 0
+	case shard.Level16:
+		return 1
+	}
+	return 2
+}
+
+// force returns the level in force at now: the highest of the own level and
+// the levels with an unexpired lease, 1 if none.
+func (e *entry) force(now int64) int {
+	l := max(shard.Level1, e.own)
+	for i := len(e.exp) - 1; i >= 0; i-- {
+		if e.exp[i] > now {
+			return max(l, slotLevels[i])
+		}
+	}
+	return l
+}
+
+// expiry returns the latest expiry of any peer lease of e.
+func (e *entry) expiry() int64 { return max(e.exp[0], e.exp[1], e.exp[2]) }
+
+var _ Coordinator = (*NATS)(nil)
+
+// NewNATS returns a NATS coordinator for cfg, or an error if cfg is
+// invalid. It does not connect: Start does.
+func NewNATS(cfg Config) (*NATS, error) {
+	cfg, err := cfg.withDefaults()
+	if err != nil {
+		return nil, err
+	}
+	subj := cfg.Prefix + "." + cfg.Namespace + "."
+	c := &NATS{
+		cfg:       cfg,
+		lim:       limits{maxMessage: cfg.MaxMessage, maxKeyLen: cfg.MaxKeyLen, maxTTL: cfg.MaxTTL},
+		log:       cfg.Logger.With("coordinator", cfg.ID),
+		subjLease: subj + "lease",
+		subjHB:    subj + "hb",
+		subjSync:  subj + "sync",
+		sweep:     min(max(min(cfg.TTL, cfg.Heartbeat)/4, 5*time.Millisecond), 250*time.Millisecond),
+		table:     make(map[string]*entry),
+		own:       make(map[string]int),
+		announce:  make(map[string]struct{}),
+		peers:     make(map[string]int64),
+		pending:   make(map[string]change),
+		told:      make(map[string]int),
+		live:      1,
+		wakePub:   make(chan struct{}, 1),
+		wakeDisp:  make(chan struct{}, 1),
+		done:      make(chan struct{}),
+	}
+	return c, nil
+}
+
+// ID returns this instance's ID.
+func (c *NATS) ID() string { return c.cfg.ID }
+
+// now returns the monotonic time in nanoseconds since Start.
+func (c *NATS) now() int64 { return int64(time.Since(c.base)) }
+
+// Start implements Coordinator: it connects (unless given a Conn),
+// subscribes, tells h there is 1 instance, sends a heartbeat and a join sync
+// request, and starts the goroutines. It does not wait for sync replies:
+// they are applied as they arrive, for SyncWait. If the first connection
+// fails (no server reachable, bad credentials, TLS), Start returns the error
+// and the caller may fall back to Local; once connected, the coordinator
+// reconnects forever. Announce applies locally whatever the connection.
+func (c *NATS) Start(h Handler) error {
+	if h == nil {
+		return errors.New("coordinator: Start with a nil Handler")
+	}
+	lastReconnects, err := c.connect(h)
+	if err != nil {
+		return err
+	}
+	// Outside c.mu, so the Handler may call the coordinator; the dispatcher,
+	// the only other caller of h, starts after.
+	h.SetInstances(1)
+	go c.publisher(lastReconnects)
+	go c.sweeper()
+	go c.dispatcher()
+	return nil
+}
+
+// connect does the part of Start under c.mu: connect, subscribe, send a
+// heartbeat and a sync request. It returns the connection's reconnect count.
+func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	switch {
+	case c.closed:
+		return 0, errors.New("coordinator: Start after Close")
+	case c.started:
+		return 0, errors.New("coordinator: Start called twice")
+	}
+	c.base = time.Now()
+	c.nc = c.cfg.Conn
+	if c.nc == nil {
+		opts, err := c.dialOptions()
+		if err != nil {
+			return 0, err
+		}
+		if c.nc, err = nats.Connect(strings.Join(c.cfg.URLs, ","), opts...); err != nil {
+			return 0, fmt.Errorf("coordinator: connect to NATS at %s: %w", redactAll(c.cfg.URLs), err)
+		}
+		c.owned = true
+	}
+	defer func() {
+		if err != nil {
+			c.unsubscribe()
+			if c.owned {
+				c.nc.Close()
+			}
+		}
+	}()
+	if c.sub, err = c.nc.Subscribe(c.cfg.Prefix+"."+c.cfg.Namespace+".*", c.onMsg); err != nil {
+		return 0, fmt.Errorf("coordinator: subscribe: %w", err)
+	}
+	c.inbox = c.nc.NewInbox()
+	if c.inboxSub, err = c.nc.Subscribe(c.inbox, c.onSyncReply); err != nil {
+		return 0, fmt.Errorf("coordinator: subscribe: %w", err)
+	}
+	// The subscriptions are in place on the server before anything is
+	// asked of the peers.
+	if err = c.nc.FlushTimeout(c.cfg.ConnectTimeout); err != nil {
+		return 0, fmt.Errorf("coordinator: flush subscriptions to NATS: %w", err)
+	}
+	c.h = h
+	c.started = true
+	c.toldLive = 1
+	c.publish(c.subjHB, encodeControl(c.cfg.ID, typeHB))
+	c.requestSync()
+	c.wg.Add(3)
+	return c.nc.Stats().Reconnects, nil
+}
+
+// Announce implements Coordinator. A level of 4, 16 or 64 becomes this
+// instance's lease for key (replacing its previous one), in force here at
+// once and published without waiting on the network; level 1 drops it here,
+// and peers let it lapse. Other levels are ignored, as are calls before
+// Start or after Close.
+func (c *NATS) Announce(key string, _ uint64, level int) {
+	if !shard.ValidLevel(level) {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.started || c.closed {
+		return
+	}
+	now := c.now()
+	e := c.table[key]
+	if level == shard.Level1 {
+		if e == nil || e.own == 0 {
+			return
+		}
+		e.own = 0
+		delete(c.own, key)
+		delete(c.announce, key)
+		c.update(key, e, now)
+		return
+	}
+	if e == nil {
+		if len(c.table) >= c.cfg.MaxHotKeys && !c.evictPeerKey(now) {
+			c.st.rejected.Add(1)
+			c.log.Debug("coordinator: lease table full of own keys", "key", key)
+			return
+		}
+		e = &entry{hash: xxhash.Sum64String(key), level: shard.Level1}
+		c.table[key] = e
+	}
+	if e.own == level {
+		return
+	}
+	e.own = level
+	c.own[key] = level
+	if encodable(key, c.cfg.MaxKeyLen) {
+		c.announce[key] = struct{}{}
+		c.wake(c.wakePub)
+	} else {
+		c.st.unpublished.Add(1)
+	}
+	c.update(key, e, now)
+}
+
+// evictPeerKey removes the key held only by peers whose leases expire
+// first, making room for an own key. It reports whether it found one.
+// Called with c.mu held.
+func (c *NATS) evictPeerKey(now int64) bool {
+	var victim string
+	var ve *entry
+	for k, e := range c.table {
+		if e.own == 0 && (ve == nil || e.expiry() < ve.expiry()) {
+			victim, ve = k, e
+		}
+	}
+	if ve == nil {
+		return false
+	}
+	ve.exp = [3]int64{}
+	c.update(victim, ve, now)
+	return true
+}
+
+// update recomputes e's level in force, queues a change for the Handler if
+// it moved, and drops e from the table once nothing holds it. Called with
+// c.mu held.
+func (c *NATS) update(key string, e *entry, now int64) {
+	l := e.force(now)
+	if l == shard.Level1 {
+		delete(c.table, key)
+	}
+	if l == e.level {
+		return
+	}
+	e.level = l
+	if l == c.toldLevel(key) {
+		delete(c.pending, key) // back where the Handler is
+	} else {
+		c.pending[key] = change{hash: e.hash, level: l}
+	}
+	c.wake(c.wakeDisp)
+}
+
+func (c *NATS) toldLevel(key string) int {
+	if l, ok := c.told[key]; ok {
+		return l
+	}
+	return shard.Level1
+}
+
+// applyLease merges a peer's lease into the table. Called with c.mu held.
+func (c *NATS) applyLease(key string, level int, ttlMs int64, now int64) {
+	e := c.table[key]
+	if e == nil {
+		if len(c.table) >= c.cfg.MaxHotKeys {
+			c.st.rejected.Add(1)
+			return
+		}
+		e = &entry{hash: xxhash.Sum64String(key), level: shard.Level1}
+		c.table[key] = e
+	}
+	i := slot(level)
+	e.exp[i] = max(e.exp[i], now+ttlMs*int64(time.Millisecond))
+	c.update(key, e, now)
+}
+
+// heard records a heartbeat of peer origin. Called with c.mu held.
+func (c *NATS) heard(origin string, now int64) {
+	if _, ok := c.peers[origin]; !ok && len(c.peers) >= c.cfg.MaxPeers {
+		c.st.peersRejected.Add(1)
+		return
+	}
+	c.peers[origin] = now
+	c.setLive()
+}
+
+// setLive recomputes the live count. Called with c.mu held.
+func (c *NATS) setLive() {
+	if n := 1 + len(c.peers); n != c.live {
+		c.live = n
+		c.wake(c.wakeDisp)
+	}
+}
+
+// wake signals a goroutine without blocking.
+func (c *NATS) wake(ch chan struct{}) {
+	select {
+	case ch <- struct{}{}:
+	default:
+	}
+}
+
+// onMsg receives the messages of <prefix>.<ns>.*: leases, heartbeats and
+// sync requests. It runs on the subscription's goroutine.
+func (c *NATS) onMsg(m *nats.Msg) {
+	c.st.received.Add(1)
+	msg, r := decode(m.Data, c.lim)
+	if r == reasonNone {
+		switch {
+		case m.Subject == c.subjLease && msg.T == typeLease,
+			m.Subject == c.subjHB && msg.T == typeHB:
+		case m.Subject == c.subjSync && msg.T == typeSyncReq:
+			if m.Reply == "" {
+				r = reasonReply
+			}
+		default:
+			r = reasonType
+		}
+	}
+	if r != reasonNone {
+		c.invalid(r, m.Subject)
+		return
+	}
+	if msg.Origin == c.cfg.ID {
+		c.st.own.Add(1)
+		return
+	}
+	now := c.now()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	switch msg.T {
+	case typeLease:
+		c.applyLease(msg.Key, msg.Level, msg.TTLms, now)
+	case typeHB:
+		c.heard(msg.Origin, now)
+	case typeSyncReq:
+		if len(c.syncQ) >= maxSyncQueue {
+			c.st.dropped.Add(1)
+			return
+		}
+		c.syncQ = append(c.syncQ, m.Reply)
+		c.wake(c.wakePub)
+	}
+}
+
+// onSyncReply receives replies to this instance's sync requests.
+func (c *NATS) onSyncReply(m *nats.Msg) {
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		// The server's "no responders": nobody else is subscribed to the
+		// sync subject (yet).
+		c.st.noResponders.Add(1)
+		return
+	}
+	c.st.received.Add(1)
+	msg, r := decode(m.Data, c.lim)
+	if r == reasonNone && msg.T != typeSync {
+		r = reasonType
+	}
+	if r != reasonNone {
+		c.invalid(r, m.Subject)
+		return
+	}
+	if msg.Origin == c.cfg.ID {
+		c.st.own.Add(1)
+		return
+	}
+	now := c.now()
+	if now > c.syncUntil.Load() {
+		c.st.lateReplies.Add(1)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.st.syncReplies.Add(1)
+	for _, l := range msg.Leases {
+		c.applyLease(l.Key, l.Level, l.TTLms, now)
+	}
+}
+
+func (c *NATS) invalid(r reason, subject string) {
+	c.st.invalid[r].Add(1)
+	c.log.Debug("coordinator: invalid message dropped", "reason", r.String(), "subject", subject)
+}
+
+// publish sends one message; failures are counted, never returned: the
+// table heals by renewal and resync.
+func (c *NATS) publish(subject string, data []byte) {
+	if err := c.nc.Publish(subject, data); err != nil {
+		c.st.publishErrors.Add(1)
+		return
+	}
+	c.st.published.Add(1)
+}
+
+// requestSync asks the peers for their tables; replies are applied for
+// SyncWait.
+func (c *NATS) requestSync() {
+	c.syncUntil.Store(c.now() + int64(c.cfg.SyncWait))
+	if err := c.nc.PublishRequest(c.subjSync, c.inbox, encodeControl(c.cfg.ID, typeSyncReq)); err != nil {
+		c.st.publishErrors.Add(1)
+		return
+	}
+	c.st.published.Add(1)
+	c.st.syncRequests.Add(1)
+}
+
+// publisher sends everything this instance publishes: announced leases at
+// once, renewals every TTL/3, heartbeats, sync answers, and after a
+// reconnect every own lease and a sync request. Publishing may block on the
+// network (nats.go writes through when its buffer fills), so it never runs
+// under c.mu nor on an Announce caller.
+func (c *NATS) publisher(lastReconnects uint64) {
+	defer c.wg.Done()
+	renew := time.NewTicker(c.cfg.TTL / 3)
+	defer renew.Stop()
+	hb := time.NewTicker(c.cfg.Heartbeat)
+	defer hb.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-c.wakePub:
+			c.publishAnnounced()
+			c.answerSync()
+		case <-renew.C:
+			c.publishOwn()
+		case <-hb.C:
+			c.publish(c.subjHB, encodeControl(c.cfg.ID, typeHB))
+		}
+		if n := c.nc.Stats().Reconnects; n != lastReconnects {
+			lastReconnects = n
+			c.st.reconnects.Add(1)
+			c.publish(c.subjHB, encodeControl(c.cfg.ID, typeHB))
+			c.publishOwn()
+			c.requestSync()
+		}
+	}
+}
+
+// publishAnnounced publishes the own leases announced since the last call.
+func (c *NATS) publishAnnounced() {
+	c.mu.Lock()
+	if len(c.announce) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	leases := make(map[string]int, len(c.announce))
+	for k := range c.announce {
+		if l, ok := c.own[k]; ok {
+			leases[k] = l
+		}
+	}
+	clear(c.announce)
+	c.mu.Unlock()
+	c.publishLeases(leases)
+}
+
+// publishOwn publishes every own lease (renewal).
+func (c *NATS) publishOwn() {
+	c.mu.Lock()
+	leases := maps.Clone(c.own)
+	c.mu.Unlock()
+	c.publishLeases(leases)
+}
+
+func (c *NATS) publishLeases(leases map[string]int) {
+	for k, l := range leases {
+		if encodable(k, c.cfg.MaxKeyLen) {
+			c.publish(c.subjLease, encodeLease(c.cfg.ID, k, l, c.cfg.TTL))
+		}
+	}
+}
+
+// answerSync answers the queued sync requests with every unexpired lease
+// this instance knows: its own (with a full TTL, since it renews them) and
+// its peers' (with the time they have left).
+func (c *NATS) answerSync() {
+	type item struct {
+		key   string
+		level int
+		ttl   time.Duration
+	}
+	c.mu.Lock()
+	if len(c.syncQ) == 0 {
+		c.mu.Unlock()
+		return
+	}
+	replyTo := c.syncQ
+	c.syncQ = nil
+	now := c.now()
+	var items []item
+	for k, e := range c.table {
+		if e.own > 0 && encodable(k, c.cfg.MaxKeyLen) {
+			items = append(items, item{k, e.own, c.cfg.TTL})
+		}
+		for i, exp := range e.exp {
+			if exp > now {
+				items = append(items, item{k, slotLevels[i], time.Duration(exp - now)})
+			}
+		}
+	}
+	c.mu.Unlock()
+	limit := c.cfg.MaxMessage
+	if mp := c.nc.MaxPayload(); mp > 0 && int64(limit) > mp {
+		limit = int(mp)
+	}
+	ch := newSyncChunker(c.cfg.ID, limit)
+	for _, it := range items {
+		ch.add(it.key, it.level, it.ttl)
+	}
+	chunks := ch.done()
+	for _, reply := range replyTo {
+		for _, b := range chunks {
+			c.publish(reply, b)
+		}
+		c.st.syncAnswered.Add(1)
+	}
+}
+
+// sweeper expires leases and peers.
+func (c *NATS) sweeper() {
+	defer c.wg.Done()
+	t := time.NewTicker(c.sweep)
+	defer t.Stop()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-t.C:
+		}
+		now := c.now()
+		c.mu.Lock()
+		for k, e := range c.table {
+			for i, exp := range e.exp {
+				if exp != 0 && exp <= now {
+					e.exp[i] = 0
+				}
+			}
+			c.update(k, e, now)
+		}
+		dead := now - peerTimeout*int64(c.cfg.Heartbeat)
+		for p, last := range c.peers {
+			if last <= dead {
+				delete(c.peers, p)
+			}
+		}
+		c.setLive()
+		c.mu.Unlock()
+	}
+}
+
+// dispatcher calls the Handler, one change at a time.
+func (c *NATS) dispatcher() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.done:
+			return
+		case <-c.wakeDisp:
+		}
+		c.mu.Lock()
+		var batch map[string]change
+		if len(c.pending) > 0 {
+			batch, c.pending = c.pending, make(map[string]change)
+		}
+		for k, ch := range batch {
+			if ch.level == shard.Level1 {
+				delete(c.told, k)
+			} else {
+				c.told[k] = ch.level
+			}
+		}
+		live := 0
+		if c.live != c.toldLive {
+			live, c.toldLive = c.live, c.live
+		}
+		c.mu.Unlock()
+		if live > 0 {
+			c.h.SetInstances(live)
+		}
+		for k, ch := range batch {
+			select {
+			case <-c.done:
+				return
+			default:
+			}
+			c.h.SetLevel(k, ch.hash, ch.level)
+		}
+	}
+}
+
+// unsubscribe removes the subscriptions made so far.
+func (c *NATS) unsubscribe() {
+	for _, s := range []*nats.Subscription{c.sub, c.inboxSub} {
+		if s != nil {
+			_ = s.Unsubscribe()
+		}
+	}
+}
+
+// Close implements Coordinator: it stops the goroutines, unsubscribes,
+// closes the connection if the coordinator dialed it, and waits. The
+// Handler is not called once Close has returned. Calling it again does
+// nothing.
+func (c *NATS) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	started := c.started
+	c.mu.Unlock()
+	if !started {
+		return nil
+	}
+	close(c.done)
+	c.unsubscribe()
+	if c.owned {
+		c.nc.Close()
+	}
+	c.wg.Wait()
+	return nil
+}
+
+// Stats are a coordinator's counters since Start, for metrics.
+type Stats struct {
+	Published     uint64            // messages published: leases, heartbeats, sync requests and answers
+	PublishErrors uint64            // publishes nats.go refused (disconnected, closed, too large); renewal and resync repair them
+	Received      uint64            // messages received, valid or not
+	Own           uint64            // own messages received back and ignored
+	Invalid       uint64            // invalid messages dropped: the sum of InvalidBy
+	InvalidBy     map[string]uint64 // invalid messages by reason: size, json, version, type, origin, key, level, ttl, reply
+	Rejected      uint64            // valid leases for a new key dropped because MaxHotKeys keys were held
+	PeersRejected uint64            // heartbeats of a new peer dropped because MaxPeers peers were live
+	Dropped       uint64            // messages lost to slow consumption, and sync requests left unanswered (too many queued)
+	LateReplies   uint64            // sync replies that came after SyncWait, not applied
+	Unpublished   uint64            // own leases applied here only: key not UTF-8 or over MaxKeyLen
+	SyncRequests  uint64            // join syncs sent (at Start and after each reconnect)
+	SyncAnswered  uint64            // peers' sync requests answered
+	SyncReplies   uint64            // sync reply messages applied
+	NoResponders  uint64            // sync requests nobody else was subscribed to (the server said so)
+	Reconnects    uint64            // reconnections handled (own leases republished, table resynced)
+	Disconnects   uint64            // disconnections seen (owned connections only)
+	AsyncErrors   uint64            // asynchronous NATS errors, e.g. slow consumer (owned connections only)
+	Keys          int               // distinct keys in the lease table
+	OwnKeys       int               // keys this instance holds a lease for
+	Peers         int               // live peers, this instance excluded
+}
+
+// counters are the atomic counters behind Stats.
+type counters struct {
+	published, publishErrors, received, own, rejected, peersRejected atomic.Uint64
+	dropped, lateReplies, unpublished, syncRequests, syncAnswered    atomic.Uint64
+	syncReplies, noResponders, reconnects, disconnects, asyncErrors  atomic.Uint64
+	invalid                                                          [numReasons]atomic.Uint64
+}
+
+// Stats returns the coordinator's counters.
+func (c *NATS) Stats() Stats {
+	s := Stats{
+		Published:     c.st.published.Load(),
+		PublishErrors: c.st.publishErrors.Load(),
+		Received:      c.st.received.Load(),
+		Own:           c.st.own.Load(),
+		InvalidBy:     make(map[string]uint64),
+		Rejected:      c.st.rejected.Load(),
+		PeersRejected: c.st.peersRejected.Load(),
+		Dropped:       c.st.dropped.Load(),
+		LateReplies:   c.st.lateReplies.Load(),
+		Unpublished:   c.st.unpublished.Load(),
+		SyncRequests:  c.st.syncRequests.Load(),
+		SyncAnswered:  c.st.syncAnswered.Load(),
+		SyncReplies:   c.st.syncReplies.Load(),
+		NoResponders:  c.st.noResponders.Load(),
+		Reconnects:    c.st.reconnects.Load(),
+		Disconnects:   c.st.disconnects.Load(),
+		AsyncErrors:   c.st.asyncErrors.Load(),
+	}
+	for r := reasonNone + 1; r < numReasons; r++ {
+		if n := c.st.invalid[r].Load(); n > 0 {
+			s.InvalidBy[r.String()] = n
+			s.Invalid += n
+		}
+	}
+	c.mu.Lock()
+	s.Keys, s.OwnKeys, s.Peers = len(c.table), len(c.own), len(c.peers)
+	started := c.started
+	c.mu.Unlock()
+	if started {
+		for _, sub := range []*nats.Subscription{c.sub, c.inboxSub} {
+			if n, err := sub.Dropped(); err == nil {
+				s.Dropped += uint64(n)
+			}
+		}
+	}
+	return s
+}
