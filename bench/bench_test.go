@@ -12,7 +12,9 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/redistest"
 )
 
@@ -46,20 +48,40 @@ func keyPicker(n int) func() int {
 
 // BenchmarkAllowMemory is the engine on the memory store, every key already
 // present, all decisions admitted: with the hot-key detector in the path
-// (the default) and without it.
+// (the default, with the Local coordinator) and without it, and with a NATS
+// coordinator attached to an in-process server instead of the Local one.
 func BenchmarkAllowMemory(b *testing.B) {
 	for _, detect := range []bool{true, false} {
-		b.Run(fmt.Sprintf("detector=%v", detect), func(b *testing.B) { benchAllowMemory(b, detect) })
+		b.Run(fmt.Sprintf("detector=%v", detect), func(b *testing.B) {
+			var opts []hotkey.Option
+			if !detect {
+				opts = append(opts, hotkey.WithoutDetector())
+			}
+			benchAllowMemory(b, opts...)
+		})
 	}
+	b.Run("coordinator=nats", func(b *testing.B) {
+		s, err := natsserver.Start(natsserver.Options{DontListen: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer s.Shutdown()
+		nc, err := s.Connect()
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer nc.Close()
+		co, err := coordinator.NewNATS(coordinator.Config{Conn: nc})
+		if err != nil {
+			b.Fatal(err)
+		}
+		benchAllowMemory(b, hotkey.WithCoordinator(co))
+	})
 }
 
-func benchAllowMemory(b *testing.B, detect bool) {
+func benchAllowMemory(b *testing.B, opts ...hotkey.Option) {
 	ks := benchKeys()
 	store := counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: 2 * memoryKeys})
-	var opts []hotkey.Option
-	if !detect {
-		opts = append(opts, hotkey.WithoutDetector())
-	}
 	e, err := hotkey.New(store, opts...)
 	if err != nil {
 		b.Fatal(err)

@@ -1,0 +1,365 @@
+package hotkey
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/internal/natsserver"
+)
+
+// fleet is 3 engines on a 3-node NATS cluster, engine i on node i first,
+// each recording the levels it applies.
+type fleet struct {
+	cluster *natsserver.Cluster
+	engines []*Engine
+	coords  []*coordinator.NATS
+	logs    []*levelLog
+	applied chan appliedLevel // every level applied, by any engine
+}
+
+type appliedLevel struct {
+	engine int
+	key    string
+	level  int
+	at     time.Time
+}
+
+// natsConfig is the coordinator configuration of the tests: short ttl and
+// heartbeats, so that lapses and membership show within a second.
+func natsConfig(urls ...string) coordinator.Config {
+	return coordinator.Config{
+		URLs:          urls,
+		TTL:           600 * time.Millisecond,
+		Heartbeat:     200 * time.Millisecond,
+		ReconnectWait: 50 * time.Millisecond,
+		SyncWait:      200 * time.Millisecond,
+		NATSOptions:   []nats.Option{nats.DontRandomize()},
+	}
+}
+
+// startFleet starts the cluster and n engines on store (each its own
+// memory store if store is nil).
+func startFleet(t *testing.T, n int, store func() counter.Store, opts ...Option) *fleet {
+	t.Helper()
+	c, err := natsserver.StartCluster(3, natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := &fleet{cluster: c, applied: make(chan appliedLevel, 100_000)}
+	t.Cleanup(func() {
+		for _, e := range f.engines {
+			e.Close()
+		}
+		c.Close()
+	})
+	for i := range n {
+		f.add(t, i%3, store(), opts...)
+	}
+	return f
+}
+
+// add starts one more engine on store, connected to node first.
+func (f *fleet) add(t *testing.T, node int, store counter.Store, opts ...Option) *Engine {
+	t.Helper()
+	urls := []string{f.cluster.URL(node)}
+	for j := range f.cluster.Len() {
+		if j != node {
+			urls = append(urls, f.cluster.URL(j))
+		}
+	}
+	co, err := coordinator.NewNATS(natsConfig(urls...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	idx := len(f.engines)
+	log := &levelLog{}
+	hook := func(key string, level int) {
+		log.hook(key, level)
+		f.applied <- appliedLevel{idx, key, level, time.Now()}
+	}
+	e, err := New(store, append([]Option{WithoutDetector(), WithCoordinator(co), WithLevelHook(hook)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.engines, f.coords, f.logs = append(f.engines, e), append(f.coords, co), append(f.logs, log)
+	return e
+}
+
+// waitFor polls cond until it holds or limit passes, and says how long it
+// took.
+func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
+	t.Helper()
+	start := time.Now()
+	for !cond() {
+		if time.Since(start) > limit {
+			t.Fatalf("%s: not within %v", what, limit)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return time.Since(start)
+}
+
+func memoryStores() counter.Store { return counter.NewMemoryStore(counter.MemoryConfig{}) }
+
+// TestNATSConvergence: 200 keys announced hot from random instances are
+// applied by every instance.
+func TestNATSConvergence(t *testing.T) {
+	checkLeaks(t)
+	f := startFleet(t, 3, memoryStores)
+	waitFor(t, 10*time.Second, "membership", func() bool {
+		for _, e := range f.engines {
+			if e.Instances() != 3 {
+				return false
+			}
+		}
+		return true
+	})
+	const keys = 200
+	levels := []int{4, 16, 64}
+	want := map[string]int{}
+	for i := range keys {
+		key := fmt.Sprintf("conv:%d", i)
+		want[key] = levels[i%3]
+		f.coords[rand.IntN(3)].Announce(key, hashKey(key), want[key])
+	}
+	took := waitFor(t, 10*time.Second, "200 hot keys on every engine", func() bool {
+		for _, e := range f.engines {
+			for k, l := range want {
+				if e.Level(k) != l {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	t.Logf("200 announcements applied by all 3 engines %v after the first (bound 10 s)", took)
+	ctx := context.Background()
+	for i, e := range f.engines {
+		if r, err := e.Allow(ctx, "conv:5", PerSecond(100_000)); err != nil || r.Shards != want["conv:5"] {
+			t.Errorf("engine %d decided conv:5 on %d shards (%v), want %d", i, r.Shards, err, want["conv:5"])
+		}
+	}
+}
+
+// TestNATSJoin: an engine started while keys are hot applies them at once,
+// by join sync, well before a renewal would bring them.
+func TestNATSJoin(t *testing.T) {
+	checkLeaks(t)
+	f := startFleet(t, 2, memoryStores)
+	for i := range 20 {
+		key := fmt.Sprintf("join:%d", i)
+		f.coords[i%2].Announce(key, hashKey(key), 16)
+	}
+	waitFor(t, 10*time.Second, "keys on the first engines", func() bool {
+		return f.engines[0].Level("join:19") == 16 && f.engines[1].Level("join:0") == 16
+	})
+	start := time.Now()
+	late := f.add(t, 2, memoryStores())
+	started := time.Since(start)
+	took := waitFor(t, time.Second, "the table on a late engine", func() bool {
+		for i := range 20 {
+			if late.Level(fmt.Sprintf("join:%d", i)) != 16 {
+				return false
+			}
+		}
+		return true
+	})
+	t.Logf("an engine started mid-episode applied 20 hot keys %v after New began (bound 1 s)", started+took)
+}
+
+// TestNATSFaults: the node under an engine goes down and the engine moves
+// to another and re-announces; with NATS all down decisions go on, on local
+// coordination; when NATS is back the table reconverges within a renewal.
+func TestNATSFaults(t *testing.T) {
+	checkLeaks(t)
+	f := startFleet(t, 3, memoryStores)
+	ctx := context.Background()
+	lim := PerSecond(100_000)
+	f.coords[0].Announce("f1", hashKey("f1"), 16)
+	waitFor(t, 10*time.Second, "f1 everywhere", func() bool { return f.engines[2].Level("f1") == 16 })
+
+	// Node 0, under engine 0, goes down: engine 0 reconnects elsewhere and
+	// its lease stays alive on the others past several ttls.
+	f.cluster.Shutdown(0)
+	time.Sleep(3 * natsConfig().TTL)
+	for i, e := range f.engines {
+		if e.Level("f1") != 16 {
+			t.Fatalf("engine %d: f1 at %d after node 0 went down, want 16 (renewed through another node)", i, e.Level("f1"))
+		}
+	}
+	f.coords[0].Announce("f2", hashKey("f2"), 4)
+	waitFor(t, 10*time.Second, "f2 from the moved engine", func() bool { return f.engines[1].Level("f2") == 4 })
+
+	// All of NATS down: no decision fails, and an instance still splits
+	// what it finds hot itself.
+	f.cluster.Shutdown(1)
+	f.cluster.Shutdown(2)
+	f.coords[1].Announce("f3", hashKey("f3"), 64)
+	waitFor(t, 5*time.Second, "with NATS down, f3 on the engine that found it hot", func() bool { return f.engines[1].Level("f3") == 64 })
+	for range 1000 {
+		for i, e := range f.engines {
+			if _, err := e.Allow(ctx, "f3", lim); err != nil {
+				t.Fatalf("engine %d with NATS down: %v", i, err)
+			}
+		}
+	}
+	// Back: within one renewal period (ttl/3) of reconnecting, the others
+	// have f3.
+	for i := range 3 {
+		if err := f.cluster.Restart(i); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := f.cluster.WaitMeshed(); err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor(t, 10*time.Second, "f3 everywhere after NATS came back", func() bool {
+		return f.engines[0].Level("f3") == 64 && f.engines[2].Level("f3") == 64
+	})
+	t.Logf("table reconverged %v after the cluster was meshed again (renewal period %v)", took, natsConfig().TTL/3)
+}
+
+// TestNATSTransferRedis: 3 engines on one Redis, each taking a third of a
+// stream at 3× the limit of one key, while a fourth coordinator (standing
+// for the detector of some instance) takes the key through levels
+// 1→4→16→4→1. Whatever the instances do at each transition, the key admits
+// at most 2% more than an unsplit key on the same stream, and at most 5%
+// over the limit in any period after the first.
+func TestNATSTransferRedis(t *testing.T) {
+	checkLeaks(t)
+	client := redis.NewClient(&redis.Options{Addr: env.Server.Addr})
+	store, err := counter.NewRedisStore(context.Background(), client, counter.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { store.Close(); client.Close() })
+	f := startFleet(t, 3, func() counter.Store { return store })
+	driver, err := coordinator.NewNATS(natsConfig(f.cluster.URL(0)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := driver.Start(nopHandler{}); err != nil {
+		t.Fatal(err)
+	}
+	defer driver.Close()
+	ref, err := New(store, WithoutDetector())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ref.Close()
+	waitFor(t, 10*time.Second, "membership", func() bool { return f.engines[0].Instances() == 4 })
+
+	const limit = 320
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			key := fmt.Sprintf("tr:%v:%x", alg, rand.Uint64())
+			lim := Limit{Algorithm: alg, Rate: limit, Period: time.Second}
+			split, refc := runFleetTransitions(t, f, ref, driver, key, lim)
+			if !checkTransitions(t, split, refc, limit) {
+				t.Error("split key handed out free quota across its transitions")
+			}
+		})
+	}
+}
+
+// runFleetTransitions sends a stream at 3× lim for the phases of
+// transitions, round robin over the fleet's engines, with the same stream on
+// ref for an unsplit key; driver announces each phase's level.
+func runFleetTransitions(t *testing.T, f *fleet, ref *Engine, driver *coordinator.NATS, key string, lim Limit) (split, refc tally) {
+	t.Helper()
+	ctx := context.Background()
+	perPeriod := 3 * lim.Rate
+	gap := lim.Period / time.Duration(perPeriod)
+	// Start on a period boundary of the wall clock, which the local Redis
+	// shares, so that windows and tallies line up.
+	start := time.Now().Truncate(lim.Period).Add(lim.Period)
+	time.Sleep(time.Until(start))
+	var mu sync.Mutex
+	work := make(chan int, 1024)
+	var wg sync.WaitGroup
+	var failed error
+	for range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range work {
+				at := time.Since(start)
+				r1, err1 := ref.Allow(ctx, key+":ref", lim)
+				r2, err2 := f.engines[i%len(f.engines)].Allow(ctx, key, lim)
+				p := int(at / lim.Period)
+				mu.Lock()
+				if err1 != nil || err2 != nil {
+					failed = fmt.Errorf("%v, %v", err1, err2)
+				}
+				refc.add(p, r1.Allowed)
+				split.add(p, r2.Allowed)
+				mu.Unlock()
+			}
+		}()
+	}
+	i := 0
+	var end time.Duration
+	for _, ph := range transitions {
+		driver.Announce(key, hashKey(key), ph.level)
+		end += time.Duration(ph.periods * float64(lim.Period))
+		for ; time.Duration(i)*gap < end; i++ {
+			if d := time.Until(start.Add(time.Duration(i) * gap)); d > 0 {
+				time.Sleep(d)
+			}
+			work <- i
+		}
+	}
+	close(work)
+	wg.Wait()
+	if failed != nil {
+		t.Fatal(failed)
+	}
+	for e, log := range f.logs {
+		t.Logf("engine %d applied levels %v", e, log.of(key))
+	}
+	return split, refc
+}
+
+// nopHandler is the Handler of a coordinator that only announces.
+type nopHandler struct{}
+
+func (nopHandler) SetLevel(string, uint64, int) {}
+func (nopHandler) SetInstances(int)             {}
+
+// TestNATSDetectorSplitsEverywhere: a key hot on one instance's detector is
+// split on every instance, and merged back on all of them once it cools and
+// the lease lapses.
+func TestNATSDetectorSplitsEverywhere(t *testing.T) {
+	checkLeaks(t)
+	f := startFleet(t, 2, memoryStores)
+	cfg := detector.DefaultConfig()
+	cfg.Threshold = 200 // global: 600/s here, with 3 instances
+	cfg.CoolDown = 300 * time.Millisecond
+	hot := f.add(t, 2, memoryStores(), WithDetector(cfg))
+	waitFor(t, 10*time.Second, "membership", func() bool { return hot.Instances() == 3 })
+	ctx := context.Background()
+	lim := PerSecond(1_000_000)
+	deadline := time.Now().Add(20 * time.Second)
+	for f.engines[0].Level("d") == 1 || f.engines[1].Level("d") == 1 {
+		if time.Now().After(deadline) {
+			t.Fatal("a key hot on one instance was not split on the others")
+		}
+		if _, err := hot.Allow(ctx, "d", lim); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Logf("split on the other instances at levels %d and %d", f.engines[0].Level("d"), f.engines[1].Level("d"))
+	waitFor(t, 20*time.Second, "merged everywhere once cold", func() bool {
+		return f.engines[0].Level("d") == 1 && f.engines[1].Level("d") == 1 && hot.Level("d") == 1
+	})
+}
