@@ -239,7 +239,10 @@ func validToken(s string) bool {
 // The table keeps, per key, this instance's own level and, for each level,
 // the latest expiry any peer's lease gave it; origins are not stored, so a
 // key costs the same however many peers lease it. A peer that lowers its
-// level leaves its higher lease to lapse (within its ttl).
+// level leaves its higher lease to lapse (within its ttl), and so does this
+// instance: its own lower level takes effect here when its last lease at the
+// higher level lapses on the peers, so that all instances move to the new
+// level at about the same instant (a raise takes effect at once).
 //
 // Handler calls come from one dispatcher goroutine, shortly after the
 // Announce or message that caused them. Changes are coalesced per key: the
@@ -284,8 +287,10 @@ type NATS struct {
 	toldLive int                 // live count handed to the dispatcher
 
 	syncUntil atomic.Int64 // now() until which sync replies are applied
+	nextExp   int64        // now() by which the sweeper runs next
 	wakePub   chan struct{}
 	wakeDisp  chan struct{}
+	wakeSweep chan struct{}
 	done      chan struct{}
 	wg        sync.WaitGroup
 	st        counters
@@ -295,6 +300,7 @@ type NATS struct {
 type entry struct {
 	hash  uint64
 	own   int      // this instance's level, 0 if none
+	ownAt int64    // now() when the own lease at level own was last published, 0 if never
 	exp   [3]int64 // latest expiry (now()) of peers' leases at 4, 16, 64; 0 if none
 	level int      // level in force, as last computed
 }
@@ -359,6 +365,7 @@ func NewNATS(cfg Config) (*NATS, error) {
 		live:      1,
 		wakePub:   make(chan struct{}, 1),
 		wakeDisp:  make(chan struct{}, 1),
+		wakeSweep: make(chan struct{}, 1),
 		done:      make(chan struct{}),
 	}
 	return c, nil
@@ -406,6 +413,7 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 		return 0, errors.New("coordinator: Start called twice")
 	}
 	c.base = time.Now()
+	c.nextExp = int64(c.sweep)
 	c.nc = c.cfg.Conn
 	if c.nc == nil {
 		opts, err := c.dialOptions()
@@ -447,9 +455,11 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 }
 
 // Announce implements Coordinator. A level of 4, 16 or 64 becomes this
-// instance's lease for key (replacing its previous one), in force here at
-// once and published without waiting on the network; level 1 drops it here,
-// and peers let it lapse. Other levels are ignored, as are calls before
+// instance's lease for key (replacing its previous one), published without
+// waiting on the network; level 1 drops it, and peers let it lapse. A higher
+// level is in force here at once; a lower one once the lease at the old
+// level lapses on the peers (ttl after its last publication), as it does
+// there. Other levels are ignored, as are calls before
 // Start or after Close.
 func (c *NATS) Announce(key string, _ uint64, level int) {
 	if !shard.ValidLevel(level) {
@@ -462,6 +472,17 @@ func (c *NATS) Announce(key string, _ uint64, level int) {
 	}
 	now := c.now()
 	e := c.table[key]
+	if e != nil && e.own > level && e.ownAt > 0 {
+		// Lowering: the peers hold the own lease at the old level until
+		// it lapses there, ttl after its last publication; keep it in force
+		// here until then too, so that every instance leaves the old level
+		// at about the same instant (two instances deciding on different
+		// subcounters would each enforce the whole limit).
+		i := slot(e.own)
+		e.exp[i] = max(e.exp[i], e.ownAt+int64(c.cfg.TTL))
+		c.expiring(e.exp[i])
+		e.ownAt = 0
+	}
 	if level == shard.Level1 {
 		if e == nil || e.own == 0 {
 			return
@@ -483,6 +504,9 @@ func (c *NATS) Announce(key string, _ uint64, level int) {
 	}
 	if e.own == level {
 		return
+	}
+	if level > e.own {
+		e.ownAt = 0 // the new level is not published yet
 	}
 	e.own = level
 	c.own[key] = level
@@ -554,7 +578,16 @@ func (c *NATS) applyLease(key string, level int, ttlMs int64, now int64) {
 	}
 	i := slot(level)
 	e.exp[i] = max(e.exp[i], now+ttlMs*int64(time.Millisecond))
+	c.expiring(e.exp[i])
 	c.update(key, e, now)
+}
+
+// expiring makes sure the sweeper runs by exp. Called with c.mu held.
+func (c *NATS) expiring(exp int64) {
+	if exp < c.nextExp {
+		c.nextExp = exp
+		c.wake(c.wakeSweep)
+	}
 }
 
 // heard records a heartbeat of peer origin. Called with c.mu held.
@@ -740,6 +773,7 @@ func (c *NATS) publishAnnounced() {
 		}
 	}
 	clear(c.announce)
+	c.markPublished(leases)
 	c.mu.Unlock()
 	c.publishLeases(leases)
 }
@@ -748,8 +782,20 @@ func (c *NATS) publishAnnounced() {
 func (c *NATS) publishOwn() {
 	c.mu.Lock()
 	leases := maps.Clone(c.own)
+	c.markPublished(leases)
 	c.mu.Unlock()
 	c.publishLeases(leases)
+}
+
+// markPublished records that the own leases about to be published go out
+// now. Called with c.mu held.
+func (c *NATS) markPublished(leases map[string]int) {
+	now := c.now()
+	for k, l := range leases {
+		if e := c.table[k]; e != nil && e.own == l {
+			e.ownAt = now
+		}
+	}
 }
 
 func (c *NATS) publishLeases(leases map[string]int) {
@@ -807,26 +853,39 @@ func (c *NATS) answerSync() {
 }
 
 // sweeper expires leases and peers.
+//
+// It runs every sweep interval, and also at the soonest expiry when that
+// comes earlier, so that a lease lapses when its ttl is up rather than up to
+// a sweep interval later: instances that received the same lease then leave
+// its level within a millisecond or so of each other.
 func (c *NATS) sweeper() {
 	defer c.wg.Done()
-	t := time.NewTicker(c.sweep)
+	t := time.NewTimer(c.sweep)
 	defer t.Stop()
 	for {
 		select {
 		case <-c.done:
 			return
 		case <-t.C:
+		case <-c.wakeSweep:
 		}
 		now := c.now()
+		next := now + int64(c.sweep)
 		c.mu.Lock()
 		for k, e := range c.table {
 			for i, exp := range e.exp {
-				if exp != 0 && exp <= now {
+				switch {
+				case exp == 0:
+				case exp <= now:
 					e.exp[i] = 0
+				default:
+					next = min(next, exp)
 				}
 			}
 			c.update(k, e, now)
 		}
+		c.nextExp = next
+		t.Reset(time.Duration(max(next-now, int64(time.Millisecond))))
 		dead := now - peerTimeout*int64(c.cfg.Heartbeat)
 		for p, last := range c.peers {
 			if last <= dead {

@@ -100,13 +100,13 @@ func TestLeaseLapse(t *testing.T) {
 	b.Announce(k, h, 64)
 	waitFor(t, 2*time.Second, "all at 64", func() bool { return ra.level(k) == 64 && rb.level(k) == 64 && rc.level(k) == 64 })
 	b.Announce(k, h, 1) // a's 16 remains
-	waitFor(t, time.Second, "b back to a's 16 at once", func() bool { return rb.level(k) == 16 })
+	waitFor(t, time.Second, "b back to a's 16 once its 64 lapses", func() bool { return rb.level(k) == 16 })
 	d := waitFor(t, 3*time.Second, "a and c back to 16", func() bool { return ra.level(k) == 16 && rc.level(k) == 16 })
 	t.Logf("b's 64 lapsed on peers %v after its drop (TTL %v)", d, ttl)
 
 	// Last lease dropped: level 1 everywhere.
 	a.Announce(k, h, 1)
-	waitFor(t, time.Second, "a at 1 at once", func() bool { return ra.level(k) == 1 })
+	waitFor(t, time.Second, "a at 1 once its 16 lapses", func() bool { return ra.level(k) == 1 })
 	d = waitFor(t, 3*time.Second, "peers at 1", func() bool { return rb.level(k) == 1 && rc.level(k) == 1 })
 	t.Logf("a's 16 lapsed on peers %v after its drop (TTL %v)", d, ttl)
 	if d > 10*ttl {
@@ -387,5 +387,47 @@ func TestOwnKeyEvictsPeerKey(t *testing.T) {
 	waitFor(t, time.Second, "own key in force", func() bool { return r.level("mine") == 64 })
 	if st := c.Stats(); st.Keys != 10 {
 		t.Errorf("%d keys, cap 10", st.Keys)
+	}
+}
+
+// TestLowerTogether: when an instance lowers a key, it and its peers leave
+// the old level at about the same instant, when the old lease lapses:
+// instances on different levels would decide on different subcounters, each
+// set enforcing the whole limit.
+func TestLowerTogether(t *testing.T) {
+	cl := startCluster(t, 3)
+	cs := make([]*NATS, 3)
+	rs := make([]*recorder, 3)
+	for i := range cs {
+		cs[i], rs[i] = startCoord(t, testConfig("i"+strconv.Itoa(i), cl.URL(i)))
+	}
+	waitMesh(t, 3, rs...)
+	ttl := testConfig("x").TTL
+	for round, change := range [][2]int{{16, 4}, {4, 1}, {64, 16}} {
+		k := "lower-" + strconv.Itoa(round)
+		h := xxhash.Sum64String(k)
+		cs[0].Announce(k, h, change[0])
+		waitFor(t, 2*time.Second, "all at the first level", func() bool {
+			return rs[0].level(k) == change[0] && rs[1].level(k) == change[0] && rs[2].level(k) == change[0]
+		})
+		time.Sleep(ttl / 2) // some renewals
+		start := time.Now()
+		cs[0].Announce(k, h, change[1])
+		at := make([]time.Duration, 3)
+		waitFor(t, 5*ttl, "all at the lower level", func() bool {
+			done := true
+			for i, r := range rs {
+				if at[i] == 0 && r.level(k) == change[1] {
+					at[i] = time.Since(start)
+				}
+				done = done && at[i] != 0
+			}
+			return done
+		})
+		spread := slices.Max(at) - slices.Min(at)
+		t.Logf("%d→%d: instances changed %v after the Announce (spread %v; ttl %v)", change[0], change[1], at, spread, ttl)
+		if spread > ttl/2 {
+			t.Errorf("%d→%d: instances changed %v apart, want well under the ttl %v", change[0], change[1], spread, ttl)
+		}
 	}
 }
