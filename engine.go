@@ -15,6 +15,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
@@ -63,6 +64,13 @@ var (
 	ErrInvalidBurst     = counter.ErrInvalidBurst
 	ErrUnknownAlgorithm = counter.ErrUnknownAlgorithm
 	ErrLimitTooLarge    = counter.ErrLimitTooLarge
+	// ErrStoreUnavailable wraps the cause when the store cannot answer and
+	// the fallback is FallbackError.
+	ErrStoreUnavailable = errors.New("store unavailable")
+	// ErrBreakerOpen is the cause while the circuit breaker is open.
+	ErrBreakerOpen = errors.New("circuit breaker open")
+	// ErrUnknownFallback is returned by ParseFallback.
+	ErrUnknownFallback = errors.New("unknown fallback")
 )
 
 // Result is the outcome of one decision.
@@ -79,6 +87,9 @@ type Result struct {
 	ResetAfter time.Duration
 	// Shards is the number of subcounters the key was split into (1 if not).
 	Shards int
+	// Degraded says the store could not answer and the policy's fallback
+	// decided (see Fallback).
+	Degraded bool
 }
 
 // placer is implemented by stores that know how counter names map to nodes.
@@ -98,8 +109,12 @@ type Engine struct {
 	coord     coordinator.Coordinator
 	reshard   counter.Resharder // nil: no state transfer
 	instances atomic.Int32      // live instances, as the coordinator last said
-	stop      chan struct{}     // closed by Close
-	done      chan struct{}     // closed when the event loop has stopped
+	brk       *breaker
+	local     *counter.MemoryStore // FallbackLocal's counters
+	metrics   *metrics             // nil: none kept
+	log       *slog.Logger
+	stop      chan struct{} // closed by Close
+	done      chan struct{} // closed when the event loop has stopped
 	closed    atomic.Bool
 }
 
@@ -115,7 +130,16 @@ func New(store Store, opts ...Option) (*Engine, error) {
 			return nil, fmt.Errorf("hotkey: %w", err)
 		}
 	}
-	e := &Engine{store: store, opt: o, seed: rand.Uint64(), table: shard.NewTable(o.maxHotKeys)}
+	e := &Engine{store: store, opt: o, seed: rand.Uint64(), table: shard.NewTable(o.maxHotKeys), log: o.logger}
+	e.local = counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: o.localKeys, Clock: o.clock})
+	e.brk = newBreaker(o.breakerFailures, o.breakerProbe, o.breakerMaxProbe, o.clock, e.breakerChanged)
+	if o.registerer != nil {
+		m, err := newMetrics(o.registerer, e)
+		if err != nil {
+			return nil, fmt.Errorf("hotkey: metrics: %w", err)
+		}
+		e.metrics = m
+	}
 	e.placer, _ = store.(placer)
 	if o.denyCache > 0 {
 		e.deny = newDenyCache(o.denyCache)
@@ -163,6 +187,34 @@ func New(store Store, opts ...Option) (*Engine, error) {
 // limits with periods longer than this.
 const mergeLinger = 30 * time.Second
 
+// skewCheck is how often the engine looks at the store's clock skew, and
+// maxSkew how much it takes a warning.
+const (
+	skewCheck = 10 * time.Second
+	maxSkew   = 100 * time.Millisecond
+)
+
+// checkSkew logs a warning when the store's clock skew crosses maxSkew
+// (warned says it already had), and a note when it is back under.
+func (e *Engine) checkSkew(warned bool) bool {
+	s, ok := e.store.(skewer)
+	if !ok {
+		return false
+	}
+	d, ok := s.ClockSkew()
+	if !ok {
+		return warned
+	}
+	over := d > maxSkew || d < -maxSkew
+	switch {
+	case over && !warned:
+		e.log.Warn("clock skew between this host and the store", "skew", d, "warn_above", maxSkew)
+	case !over && warned:
+		e.log.Info("clock skew back under the warning level", "skew", d)
+	}
+	return over
+}
+
 // loop hands the detector's level changes to the coordinator until Close,
 // and drops merged keys that no decision came for.
 func (e *Engine) loop() {
@@ -173,9 +225,14 @@ func (e *Engine) loop() {
 	}
 	t := time.NewTicker(mergeLinger)
 	defer t.Stop()
+	skewTick := time.NewTicker(skewCheck)
+	defer skewTick.Stop()
+	skewed := false
 	waiting := map[*shard.Entry]bool{}
 	for {
 		select {
+		case <-skewTick.C:
+			skewed = e.checkSkew(skewed)
 		case ev, ok := <-events:
 			if !ok {
 				events = nil // closed by Close
@@ -228,10 +285,25 @@ func (h handler) SetLevel(key string, hash uint64, level int) {
 			return
 		}
 	}
+	e.log.Info("hot key level", "key", key, "level", level)
+	e.metrics.levelChanged(level)
 	if e.opt.levelHook != nil {
 		e.opt.levelHook(key, level)
 	}
 }
+
+// breakerChanged logs and counts a change of the breaker's state.
+func (e *Engine) breakerChanged(s BreakerState, cause error) {
+	if s == BreakerOpen {
+		e.log.Warn("store circuit breaker opened: decisions follow their fallback", "error", cause)
+	} else {
+		e.log.Info("store circuit breaker closed: the store answers again")
+	}
+	e.metrics.breakerChanged(s)
+}
+
+// BreakerState returns the state of the circuit breaker around the store.
+func (e *Engine) BreakerState() BreakerState { return e.brk.State() }
 
 // SetInstances implements coordinator.Handler: the detector compares local
 // rates with its threshold over the live instances.
@@ -263,17 +335,89 @@ func (e *Engine) Allow(ctx context.Context, key string, lim Limit) (Result, erro
 
 // AllowN decides whether n units for key fit in lim, and charges them if so.
 // Bad input returns a typed error (ErrEmptyKey, ErrKeyTooLong,
-// ErrInvalidCost, ErrCostExceedsBurst, or a limit error); a store error comes
-// back wrapped, and the caller decides what to do. AllowN blocks only on the
-// store.
+// ErrInvalidCost, ErrCostExceedsBurst, or a limit error). When the store
+// cannot answer, the engine's fallback decides (WithFallback; by default a
+// local memory store at lim divided by the live instances): see Decide.
+// AllowN blocks only on the store.
 func (e *Engine) AllowN(ctx context.Context, key string, lim Limit, n int64) (Result, error) {
+	return e.allow(ctx, key, lim, n, e.opt.fallback, nil)
+}
+
+// Decide decides whether n units for key fit in p's limit, and charges
+// them if so. When the store cannot answer (the call fails, or the circuit
+// breaker around it is open), p.OnStoreFailure decides, and the result says
+// Degraded; only FallbackError returns the store's error (wrapping
+// ErrStoreUnavailable). Bad input returns a typed error, as for AllowN.
+func (e *Engine) Decide(ctx context.Context, key string, p *Policy, n int64) (Result, error) {
+	if p == nil {
+		return Result{}, errors.New("hotkey: nil policy")
+	}
+	return e.allow(ctx, key, p.Limit, n, p.OnStoreFailure, p)
+}
+
+// allow is the decision path; p, if not nil, names the policy and holds its
+// allowlist.
+func (e *Engine) allow(ctx context.Context, key string, lim Limit, n int64, fb Fallback, p *Policy) (Result, error) {
 	if err := e.check(key, lim, n); err != nil {
+		e.metrics.rejectInput(p)
 		return Result{}, err
 	}
 	hash := hashKey(key)
 	if e.detect != nil {
 		e.detect.Observe(hash, key)
 	}
+	ok, probe := e.brk.allow()
+	if !ok {
+		return e.fallback(ctx, key, hash, lim, n, fb, p, ErrBreakerOpen)
+	}
+	r, err := e.decideStore(ctx, key, hash, lim, n)
+	if err == nil {
+		e.brk.success(probe)
+		e.metrics.decided(p, r, false)
+		return r, nil
+	}
+	if ctx.Err() != nil { // the caller gave up: no verdict on the store
+		e.brk.abandon(probe)
+		e.metrics.failed(p)
+		return Result{}, err
+	}
+	e.brk.failure(probe, err)
+	e.metrics.storeFailure()
+	return e.fallback(ctx, key, hash, lim, n, fb, p, err)
+}
+
+// fallback decides without the store, as fb says; cause is why.
+func (e *Engine) fallback(ctx context.Context, key string, hash uint64, lim Limit, n int64, fb Fallback, p *Policy, cause error) (Result, error) {
+	capacity := lim.Capacity()
+	r := Result{Limit: capacity, Shards: 1, Degraded: true}
+	switch {
+	case fb == FallbackError:
+		e.metrics.failed(p)
+		return Result{}, fmt.Errorf("%w: %w", ErrStoreUnavailable, cause)
+	case fb == FallbackOpen || fb == FallbackClosed && p.allowlisted(key):
+		r.Allowed, r.Remaining = true, capacity-n
+	case fb == FallbackClosed:
+		r.RetryAfter = lim.Period
+	default: // FallbackLocal: this instance's share of the limit
+		share := lim
+		inst := int64(max(1, e.Instances()))
+		share.Rate = max(1, lim.Rate/inst)
+		if share.Algorithm == counter.TokenBucket {
+			share.Burst = max(1, capacity/inst)
+		}
+		if n > share.Capacity() {
+			r.RetryAfter = lim.Period
+			break
+		}
+		lr, _ := e.local.Take(ctx, key, hash, share, n) // the memory store does not fail
+		r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter = lr.Allowed, lr.Remaining, lr.RetryAfter, lr.ResetAfter
+	}
+	e.metrics.decided(p, r, true)
+	return r, nil
+}
+
+// decideStore decides on the store: the key whole, or split.
+func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
 	ent := e.entry(key, hash)
 	if ent == nil {
 		return e.decide(ctx, key, hash, lim, n)
@@ -346,7 +490,7 @@ func (e *Engine) decide(ctx context.Context, key string, hash uint64, lim Limit,
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{r.Allowed, r.Limit, r.Remaining, r.RetryAfter, r.ResetAfter, 1}, nil
+	return Result{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining, RetryAfter: r.RetryAfter, ResetAfter: r.ResetAfter, Shards: 1}, nil
 }
 
 // decideSplit takes n from one of the level subcounters of ent, and on a deny
@@ -385,16 +529,27 @@ func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level int, l
 // it denies.
 func (e *Engine) take(ctx context.Context, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
 	if e.deny == nil {
-		return e.store.Take(ctx, name, hash, lim, n)
+		return e.storeTake(ctx, name, hash, lim, n)
 	}
 	id := denyID(hash, lim)
 	if r, ok := e.deny.lookup(id, n, e.opt.clock); ok {
 		return r, nil
 	}
-	r, err := e.store.Take(ctx, name, hash, lim, n)
+	r, err := e.storeTake(ctx, name, hash, lim, n)
 	if err == nil && !r.Allowed {
 		e.deny.add(id, n, e.opt.clock(), r)
 	}
+	return r, err
+}
+
+// storeTake is one Take on the store, timed when metrics are kept.
+func (e *Engine) storeTake(ctx context.Context, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
+	if e.metrics == nil {
+		return e.store.Take(ctx, name, hash, lim, n)
+	}
+	start := time.Now()
+	r, err := e.store.Take(ctx, name, hash, lim, n)
+	e.metrics.storeCall(start)
 	return r, err
 }
 

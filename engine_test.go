@@ -233,7 +233,7 @@ func TestRedisErrorComesBackWrapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	e, err := New(store)
+	e, err := New(store, WithFallback(FallbackError))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func TestRedisErrorComesBackWrapped(t *testing.T) {
 	if err == nil || r.Allowed {
 		t.Fatalf("with the server down: %+v, %v; want an error", r, err)
 	}
-	if !strings.Contains(err.Error(), "redis take") {
+	if !errors.Is(err, ErrStoreUnavailable) || !strings.Contains(err.Error(), "redis take") {
 		t.Errorf("error %q does not say where it came from", err)
 	}
 	if err := srv.Restart(); err != nil {

@@ -2,7 +2,10 @@ package hotkey
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/detector"
@@ -13,20 +16,26 @@ import (
 type Option func(*options) error
 
 type options struct {
-	maxKeyLen    int
-	splitAll     int
-	splitKeys    map[string]int
-	minShare     int64
-	denyCache    int
-	secondChance bool
-	selection    shard.Selection
-	clock        func() time.Time
-	maxHotKeys   int
-	detect       bool
-	detector     detector.Config
-	coord        coordinator.Coordinator
-	levelHook    func(key string, level int)
-	transfer     bool
+	maxKeyLen                     int
+	splitAll                      int
+	splitKeys                     map[string]int
+	minShare                      int64
+	denyCache                     int
+	secondChance                  bool
+	selection                     shard.Selection
+	clock                         func() time.Time
+	maxHotKeys                    int
+	detect                        bool
+	detector                      detector.Config
+	coord                         coordinator.Coordinator
+	levelHook                     func(key string, level int)
+	transfer                      bool
+	fallback                      Fallback
+	localKeys                     int
+	breakerFailures               int
+	breakerProbe, breakerMaxProbe time.Duration
+	logger                        *slog.Logger
+	registerer                    prometheus.Registerer
 }
 
 // Defaults of the options.
@@ -35,21 +44,29 @@ const (
 	DefaultMinShare   = 10
 	DefaultDenyCache  = 1 << 16
 	DefaultMaxHotKeys = 10_000
+	// DefaultLocalKeys bounds the counters FallbackLocal keeps in memory.
+	DefaultLocalKeys = 1 << 20
 	// splitCacheSize bounds the per-key state kept by WithSplitAll.
 	splitCacheSize = 1 << 16
 )
 
 func defaultOptions() options {
 	return options{
-		maxKeyLen:    DefaultMaxKeyLen,
-		minShare:     DefaultMinShare,
-		denyCache:    DefaultDenyCache,
-		secondChance: true,
-		clock:        time.Now,
-		maxHotKeys:   DefaultMaxHotKeys,
-		detect:       true,
-		detector:     detector.DefaultConfig(),
-		transfer:     true,
+		maxKeyLen:       DefaultMaxKeyLen,
+		minShare:        DefaultMinShare,
+		denyCache:       DefaultDenyCache,
+		secondChance:    true,
+		clock:           time.Now,
+		maxHotKeys:      DefaultMaxHotKeys,
+		detect:          true,
+		detector:        detector.DefaultConfig(),
+		transfer:        true,
+		fallback:        FallbackLocal,
+		localKeys:       DefaultLocalKeys,
+		breakerFailures: DefaultBreakerFailures,
+		breakerProbe:    DefaultBreakerProbe,
+		breakerMaxProbe: DefaultBreakerMaxProbe,
+		logger:          slog.New(slog.DiscardHandler),
 	}
 }
 
@@ -214,6 +231,67 @@ func WithLevelHook(f func(key string, level int)) Option {
 func WithStateTransfer(on bool) Option {
 	return func(o *options) error {
 		o.transfer = on
+		return nil
+	}
+}
+
+// WithFallback sets what Allow and AllowN do when the store cannot answer
+// (default FallbackLocal); Decide takes it from its Policy.
+func WithFallback(f Fallback) Option {
+	return func(o *options) error {
+		if f >= numFallbacks {
+			return fmt.Errorf("%w: %v", ErrUnknownFallback, f)
+		}
+		o.fallback = f
+		return nil
+	}
+}
+
+// WithLocalKeys bounds the counters FallbackLocal keeps in memory (default
+// 1<<20); the least useful are evicted beyond it.
+func WithLocalKeys(n int) Option {
+	return func(o *options) error {
+		if n <= 0 {
+			return fmt.Errorf("local keys %d: must be positive", n)
+		}
+		o.localKeys = n
+		return nil
+	}
+}
+
+// WithBreaker tunes the circuit breaker around the store: it opens after
+// failures store calls in a row fail (default 3), then lets one call
+// through to probe the store after probe (default 10 s), doubling the wait
+// after each failed probe up to maxProbe (default 2 min); a good probe
+// closes it.
+func WithBreaker(failures int, probe, maxProbe time.Duration) Option {
+	return func(o *options) error {
+		if failures <= 0 || probe <= 0 || maxProbe < probe {
+			return fmt.Errorf("breaker: %d failures, probe %v, max probe %v: want positive, and max ≥ probe", failures, probe, maxProbe)
+		}
+		o.breakerFailures, o.breakerProbe, o.breakerMaxProbe = failures, probe, maxProbe
+		return nil
+	}
+}
+
+// WithLogger sets where the engine logs its events: a key changing level,
+// the breaker opening and closing, clock skew (default: nowhere).
+func WithLogger(l *slog.Logger) Option {
+	return func(o *options) error {
+		if l == nil {
+			return fmt.Errorf("logger: must not be nil")
+		}
+		o.logger = l
+		return nil
+	}
+}
+
+// WithMetrics registers the engine's Prometheus metrics (prefix hotkey_)
+// with r; see docs/operations.md for the list. Without it the engine keeps
+// none, at no cost.
+func WithMetrics(r prometheus.Registerer) Option {
+	return func(o *options) error {
+		o.registerer = r
 		return nil
 	}
 }

@@ -83,6 +83,9 @@ type RedisStore struct {
 	// pipelines and calls count round trips and the Takes they carried, so
 	// tests and benchmarks can see batching happen.
 	pipelines, calls atomic.Uint64
+
+	skew     atomic.Int64 // the server's clock minus ours, in ns
+	skewRead atomic.Bool  // skew has been measured
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -134,16 +137,39 @@ func NewRedisStore(ctx context.Context, client redis.UniversalClient, cfg RedisC
 		return nil, fmt.Errorf("redis store: %w", err)
 	}
 	s.placement.Store(&p)
+	s.measureSkew(ctx)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	for range cfg.Workers {
 		s.wg.Add(1)
 		go s.newWorker().loop()
 	}
-	if _, single := p.(singleNode); !single {
-		s.wg.Add(1)
-		go s.refresh()
-	}
+	s.wg.Add(1)
+	go s.refresh()
 	return s, nil
+}
+
+// ClockSkew returns the Redis server's clock minus this host's, as last
+// measured (at setup, then every RefreshInterval), and whether it has been.
+// Decisions never use the local clock: the scripts read TIME; this is for
+// operators, since other tools on the host may trust its clock.
+func (s *RedisStore) ClockSkew() (time.Duration, bool) {
+	return time.Duration(s.skew.Load()), s.skewRead.Load()
+}
+
+// measureSkew reads TIME and compares it with the midpoint of the local
+// instants around the call. A failed read keeps the last measure.
+func (s *RedisStore) measureSkew(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	before := time.Now()
+	t, err := s.client.Time(ctx).Result()
+	after := time.Now()
+	if err != nil {
+		return
+	}
+	mid := before.Add(after.Sub(before) / 2)
+	s.skew.Store(int64(t.Sub(mid)))
+	s.skewRead.Store(true)
 }
 
 // loadScripts loads every script on every node that may receive it.
@@ -264,9 +290,9 @@ func (s *RedisStore) Close() error {
 	return nil
 }
 
-// refresh re-reads the node map every RefreshInterval until Close and
-// publishes a new snapshot when the mapping changed. A failed read keeps
-// the current snapshot.
+// refresh measures the clock skew and, for a Ring or Cluster, re-reads the
+// node map every RefreshInterval until Close, publishing a new snapshot when
+// the mapping changed. A failed read keeps the current snapshot.
 func (s *RedisStore) refresh() {
 	defer s.wg.Done()
 	t := time.NewTicker(s.cfg.RefreshInterval)
@@ -277,7 +303,11 @@ func (s *RedisStore) refresh() {
 			return
 		case <-t.C:
 		}
+		s.measureSkew(s.ctx)
 		old := s.Placement()
+		if _, single := old.(singleNode); single {
+			continue
+		}
 		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Timeout)
 		p, err := readPlacement(ctx, s.client, s.cfg.Prefix, old.Version()+1)
 		cancel()

@@ -1,0 +1,175 @@
+package hotkey
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hotkeyd/hotkey/counter"
+)
+
+// flakyStore fails every Take while down is set: it stands for a store
+// whose failures a real server cannot produce on demand in a unit test
+// (the chaos tests kill real redis-servers).
+type flakyStore struct {
+	counter.Store
+	down  atomic.Bool
+	calls atomic.Int64
+}
+
+var errDown = errors.New("store down")
+
+func (s *flakyStore) Take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (counter.Result, error) {
+	s.calls.Add(1)
+	if s.down.Load() {
+		return counter.Result{}, errDown
+	}
+	return s.Store.Take(ctx, key, hash, lim, n)
+}
+
+// TestBreaker: three failures in a row open the breaker; while open no call
+// reaches the store but one probe per interval, the interval doubling after
+// each failed probe up to its cap; a good probe closes it.
+func TestBreaker(t *testing.T) {
+	checkLeaks(t)
+	clock := newFakeClock()
+	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+	var changes []BreakerState
+	e, err := New(store, WithClock(clock.Now), WithoutDetector(), WithDenyCache(0),
+		WithBreaker(3, 10*time.Second, 40*time.Second), WithFallback(FallbackOpen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	e.brk.onChange = func(s BreakerState, _ error) { changes = append(changes, s) }
+	ctx := context.Background()
+	lim := PerSecond(1000)
+	allow := func() Result {
+		t.Helper()
+		r, err := e.Allow(ctx, "k", lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	if r := allow(); !r.Allowed || r.Degraded {
+		t.Fatalf("store up: %+v", r)
+	}
+	store.down.Store(true)
+	for i := range 3 {
+		if r := allow(); !r.Degraded || !r.Allowed {
+			t.Fatalf("failure %d: %+v, want the open fallback", i+1, r)
+		}
+	}
+	if e.BreakerState() != BreakerOpen {
+		t.Fatalf("breaker %v after 3 failures, want open", e.BreakerState())
+	}
+	calls := store.calls.Load()
+	for range 100 {
+		allow()
+	}
+	if store.calls.Load() != calls {
+		t.Fatalf("%d store calls while open before the probe interval, want 0", store.calls.Load()-calls)
+	}
+	// Failed probes: after 10 s, then 20 s, then 40 s (the cap), then 40 s.
+	for _, wait := range []time.Duration{10 * time.Second, 20 * time.Second, 40 * time.Second, 40 * time.Second} {
+		clock.Advance(wait - time.Millisecond)
+		allow()
+		if store.calls.Load() != calls {
+			t.Fatalf("a probe went %v early", time.Millisecond)
+		}
+		clock.Advance(time.Millisecond)
+		allow()
+		allow()
+		if got := store.calls.Load() - calls; got != 1 {
+			t.Fatalf("%d store calls when a probe was due after %v, want 1", got, wait)
+		}
+		calls = store.calls.Load()
+	}
+	store.down.Store(false)
+	clock.Advance(40 * time.Second)
+	if r := allow(); r.Degraded || e.BreakerState() != BreakerClosed {
+		t.Fatalf("good probe: %+v, breaker %v; want a store decision and the breaker closed", r, e.BreakerState())
+	}
+	if len(changes) != 2 || changes[0] != BreakerOpen || changes[1] != BreakerClosed {
+		t.Fatalf("breaker changes %v, want open then closed", changes)
+	}
+	// Failures that are not in a row do not open it.
+	for range 5 {
+		store.down.Store(true)
+		allow()
+		allow()
+		store.down.Store(false)
+		allow()
+	}
+	if e.BreakerState() != BreakerClosed {
+		t.Fatal("breaker opened on failures that were not in a row")
+	}
+}
+
+// TestFallbacks: what each fallback answers while the store is down.
+func TestFallbacks(t *testing.T) {
+	checkLeaks(t)
+	clock := newFakeClock()
+	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+	e, err := New(store, WithClock(clock.Now), WithoutDetector())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	store.down.Store(true)
+	ctx := context.Background()
+	lim := Limit{Rate: 90, Period: time.Second, Burst: 90}
+	count := func(p *Policy, key string, n int) (allowed int) {
+		for range n {
+			r, err := e.Decide(ctx, key, p, 1)
+			if err != nil {
+				t.Fatalf("%v: %v", p.OnStoreFailure, err)
+			}
+			if !r.Degraded {
+				t.Fatalf("%v: a decision with the store down is not marked Degraded", p.OnStoreFailure)
+			}
+			if r.Allowed {
+				allowed++
+			}
+		}
+		return allowed
+	}
+	open := &Policy{Name: "open", Limit: lim, OnStoreFailure: FallbackOpen}
+	if got := count(open, "a", 500); got != 500 {
+		t.Errorf("open: %d of 500 allowed", got)
+	}
+	closed := &Policy{Name: "closed", Limit: lim, OnStoreFailure: FallbackClosed, Allowlist: []string{"health"}}
+	if got := count(closed, "a", 100); got != 0 {
+		t.Errorf("closed: %d of 100 allowed for a key not on the allowlist", got)
+	}
+	if got := count(closed, "health", 100); got != 100 {
+		t.Errorf("closed: %d of 100 allowed for an allowlisted key", got)
+	}
+	// Local: the burst divided by the live instances.
+	local := &Policy{Name: "local", Limit: lim, OnStoreFailure: FallbackLocal}
+	if got := count(local, "a", 500); got != 90 {
+		t.Errorf("local, 1 instance: %d of 500 allowed in one instant, want the burst, 90", got)
+	}
+	handler{e}.SetInstances(3)
+	if got := count(local, "b", 500); got != 30 {
+		t.Errorf("local, 3 instances: %d of 500 allowed in one instant, want 90/3", got)
+	}
+	fail := &Policy{Limit: lim, OnStoreFailure: FallbackError}
+	if _, err := e.Decide(ctx, "a", fail, 1); !errors.Is(err, ErrStoreUnavailable) || !errors.Is(err, ErrBreakerOpen) {
+		t.Errorf("error fallback with the breaker open: %v, want ErrStoreUnavailable and ErrBreakerOpen", err)
+	}
+	if _, err := e.Decide(ctx, "a", nil, 1); err == nil {
+		t.Error("nil policy: no error")
+	}
+	for _, name := range []string{"local", "open", "closed", "error"} {
+		if f, err := ParseFallback(name); err != nil || f.String() != name {
+			t.Errorf("ParseFallback(%q) = %v, %v", name, f, err)
+		}
+	}
+	if _, err := ParseFallback("sometimes"); !errors.Is(err, ErrUnknownFallback) {
+		t.Errorf("ParseFallback of a bad name: %v", err)
+	}
+}

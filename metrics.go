@@ -1,0 +1,205 @@
+package hotkey
+
+import (
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/shard"
+)
+
+// Decision results, as the result label of hotkey_decisions_total.
+const (
+	resAllowed = iota
+	resDenied
+	resFallbackAllowed
+	resFallbackDenied
+	resError
+	resInvalid
+	numResults
+)
+
+var resultNames = [numResults]string{"allowed", "denied", "fallback_allowed", "fallback_denied", "error", "invalid"}
+
+// metrics are an engine's Prometheus metrics. A nil *metrics keeps none:
+// every method is a no-op on it.
+type metrics struct {
+	decisions    *prometheus.CounterVec
+	byPolicy     sync.Map // policy name → *[numResults]prometheus.Counter
+	storeSeconds prometheus.Histogram
+	storeErrors  prometheus.Counter
+	levels       *prometheus.CounterVec
+	breaker      *prometheus.CounterVec
+}
+
+// skewer is implemented by stores that measure their clock against ours.
+type skewer interface {
+	ClockSkew() (time.Duration, bool)
+}
+
+func newMetrics(r prometheus.Registerer, e *Engine) (*metrics, error) {
+	m := &metrics{
+		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hotkey_decisions_total",
+			Help: "Decisions by policy and result: allowed, denied, fallback_allowed and fallback_denied (decided by the policy's fallback while the store could not answer), error, invalid (bad input).",
+		}, []string{"policy", "result"}),
+		storeSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "hotkey_store_duration_seconds",
+			Help:    "Time of one store call (Take), errors included.",
+			Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1},
+		}),
+		storeErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "hotkey_store_errors_total",
+			Help: "Decisions whose store calls failed (not counting the caller's own cancellation).",
+		}),
+		levels: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hotkey_level_changes_total",
+			Help: "Changes of a key's level in force, by the new level (1 is a merge).",
+		}, []string{"level"}),
+		breaker: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "hotkey_breaker_changes_total",
+			Help: "Changes of the store circuit breaker's state, by the new state.",
+		}, []string{"state"}),
+	}
+	cs := []prometheus.Collector{m.decisions, m.storeSeconds, m.storeErrors, m.levels, m.breaker, engineCollector{e}}
+	for _, c := range cs {
+		if err := r.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
+
+// policy returns the decision counters of p.
+func (m *metrics) policy(p *Policy) *[numResults]prometheus.Counter {
+	name := p.name()
+	if c, ok := m.byPolicy.Load(name); ok {
+		return c.(*[numResults]prometheus.Counter)
+	}
+	var c [numResults]prometheus.Counter
+	for i := range c {
+		c[i] = m.decisions.WithLabelValues(name, resultNames[i])
+	}
+	got, _ := m.byPolicy.LoadOrStore(name, &c)
+	return got.(*[numResults]prometheus.Counter)
+}
+
+func (m *metrics) decided(p *Policy, r Result, fallback bool) {
+	if m == nil {
+		return
+	}
+	i := resDenied
+	switch {
+	case fallback && r.Allowed:
+		i = resFallbackAllowed
+	case fallback:
+		i = resFallbackDenied
+	case r.Allowed:
+		i = resAllowed
+	}
+	m.policy(p)[i].Inc()
+}
+
+func (m *metrics) failed(p *Policy) {
+	if m != nil {
+		m.policy(p)[resError].Inc()
+	}
+}
+
+func (m *metrics) rejectInput(p *Policy) {
+	if m != nil {
+		m.policy(p)[resInvalid].Inc()
+	}
+}
+
+func (m *metrics) storeFailure() {
+	if m != nil {
+		m.storeErrors.Inc()
+	}
+}
+
+// storeCall observes the duration of a store call begun at start.
+func (m *metrics) storeCall(start time.Time) {
+	if m != nil {
+		m.storeSeconds.Observe(time.Since(start).Seconds())
+	}
+}
+
+func (m *metrics) levelChanged(level int) {
+	if m != nil {
+		m.levels.WithLabelValues(levelLabel(level)).Inc()
+	}
+}
+
+func (m *metrics) breakerChanged(s BreakerState) {
+	if m != nil {
+		m.breaker.WithLabelValues(s.String()).Inc()
+	}
+}
+
+func levelLabel(l int) string {
+	switch l {
+	case shard.Level4:
+		return "4"
+	case shard.Level16:
+		return "16"
+	case shard.Level64:
+		return "64"
+	}
+	return "1"
+}
+
+// engineCollector reads gauges off the engine at scrape time: hot keys by
+// level, the breaker, peers, clock skew, and the NATS coordinator's
+// message counts.
+type engineCollector struct{ e *Engine }
+
+var (
+	descHotKeys = prometheus.NewDesc("hotkey_hot_keys", "Keys split on this instance, by level.", []string{"level"}, nil)
+	descBreaker = prometheus.NewDesc("hotkey_breaker_open", "1 while the store circuit breaker is open, else 0.", nil, nil)
+	descPeers   = prometheus.NewDesc("hotkey_peers", "Other live instances, as the coordinator sees them.", nil, nil)
+	descSkew    = prometheus.NewDesc("hotkey_clock_skew_seconds", "The store's clock minus this host's, as last measured (Redis TIME).", nil, nil)
+	descCoord   = prometheus.NewDesc("hotkey_coordinator_messages_total", "Coordinator messages by kind: published, received, invalid, rejected (lease table full), dropped, publish_errors.", []string{"kind"}, nil)
+)
+
+func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descHotKeys, descBreaker, descPeers, descSkew, descCoord} {
+		ch <- d
+	}
+}
+
+func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
+	e := c.e
+	counts := map[int]int{shard.Level4: 0, shard.Level16: 0, shard.Level64: 0}
+	e.table.Range(func(ent *shard.Entry) bool {
+		if l := ent.Level(); l > shard.Level1 {
+			counts[l]++
+		}
+		return true
+	})
+	for _, l := range []int{shard.Level4, shard.Level16, shard.Level64} {
+		ch <- prometheus.MustNewConstMetric(descHotKeys, prometheus.GaugeValue, float64(counts[l]), levelLabel(l))
+	}
+	open := 0.0
+	if e.BreakerState() == BreakerOpen {
+		open = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descBreaker, prometheus.GaugeValue, open)
+	ch <- prometheus.MustNewConstMetric(descPeers, prometheus.GaugeValue, float64(e.Instances()-1))
+	if s, ok := e.store.(skewer); ok {
+		if d, ok := s.ClockSkew(); ok {
+			ch <- prometheus.MustNewConstMetric(descSkew, prometheus.GaugeValue, d.Seconds())
+		}
+	}
+	if n, ok := e.coord.(*coordinator.NATS); ok {
+		st := n.Stats()
+		for kind, v := range map[string]uint64{
+			"published": st.Published, "received": st.Received, "invalid": st.Invalid,
+			"rejected": st.Rejected, "dropped": st.Dropped, "publish_errors": st.PublishErrors,
+		} {
+			ch <- prometheus.MustNewConstMetric(descCoord, prometheus.CounterValue, float64(v), kind)
+		}
+	}
+}

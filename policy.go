@@ -1,0 +1,85 @@
+package hotkey
+
+import (
+	"fmt"
+	"sync"
+)
+
+// Fallback is what a decision does when the store cannot answer: while the
+// engine's circuit breaker is open, and for a call that just failed.
+type Fallback uint8
+
+const (
+	// FallbackLocal decides on a memory store in this process, at the
+	// limit divided by the live instances: each instance keeps its share,
+	// so together they admit about the limit (fail open, with local
+	// limiting). The default.
+	FallbackLocal Fallback = iota
+	// FallbackOpen admits every request.
+	FallbackOpen
+	// FallbackClosed denies every request but those for keys on the
+	// policy's allowlist.
+	FallbackClosed
+	// FallbackError returns the store's error, wrapped: the caller decides.
+	FallbackError
+	numFallbacks
+)
+
+var fallbackNames = [numFallbacks]string{"local", "open", "closed", "error"}
+
+// String returns the fallback's name as used in configuration files.
+func (f Fallback) String() string {
+	if f < numFallbacks {
+		return fallbackNames[f]
+	}
+	return fmt.Sprintf("Fallback(%d)", uint8(f))
+}
+
+// ParseFallback returns the fallback named s (see Fallback.String).
+func ParseFallback(s string) (Fallback, error) {
+	for i, n := range fallbackNames {
+		if n == s {
+			return Fallback(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: %q (want local, open, closed or error)", ErrUnknownFallback, s)
+}
+
+// Policy is a limit with what to do when the store fails. A Policy must not
+// be changed once in use; it may be shared by goroutines and engines.
+type Policy struct {
+	// Name labels the policy's decisions in metrics; empty reads "default".
+	Name string
+	// Limit is the rate limit.
+	Limit Limit
+	// OnStoreFailure is the fallback while the store cannot answer.
+	OnStoreFailure Fallback
+	// Allowlist holds keys that FallbackClosed still admits.
+	Allowlist []string
+
+	once  sync.Once
+	allow map[string]struct{}
+}
+
+// allowlisted reports whether key is on the policy's allowlist.
+func (p *Policy) allowlisted(key string) bool {
+	if p == nil || len(p.Allowlist) == 0 {
+		return false
+	}
+	p.once.Do(func() {
+		p.allow = make(map[string]struct{}, len(p.Allowlist))
+		for _, k := range p.Allowlist {
+			p.allow[k] = struct{}{}
+		}
+	})
+	_, ok := p.allow[key]
+	return ok
+}
+
+// name returns the policy's metrics label.
+func (p *Policy) name() string {
+	if p == nil || p.Name == "" {
+		return "default"
+	}
+	return p.Name
+}
