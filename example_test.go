@@ -3,6 +3,8 @@ package hotkey_test
 import (
 	"context"
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"time"
 
 	"github.com/hotkeyd/hotkey"
@@ -56,4 +58,28 @@ func ExampleEngine_AllowN_badInput() {
 	fmt.Println(err)
 	// Output:
 	// cost exceeds burst: 6 > 5
+}
+
+// A gateway limits each API key to 100 requests per second, and keeps
+// limiting in-process if Redis goes away.
+func ExampleEngine_Middleware() {
+	engine, err := hotkey.New(counter.NewMemoryStore(counter.MemoryConfig{}))
+	if err != nil {
+		panic(err)
+	}
+	defer engine.Close()
+	limit := engine.Middleware(hotkey.MiddlewareConfig{
+		Policy: &hotkey.Policy{Name: "api", Limit: hotkey.PerSecond(100), OnStoreFailure: hotkey.FallbackLocal},
+		Key:    func(r *http.Request) string { return r.Header.Get("X-Api-Key") },
+	})
+	handler := limit(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprintln(w, "hello")
+	}))
+
+	req := httptest.NewRequest("GET", "/", nil)
+	req.Header.Set("X-Api-Key", "k1")
+	rec := httptest.NewRecorder()
+	handler.ServeHTTP(rec, req)
+	fmt.Println(rec.Code, rec.Header().Get("X-RateLimit-Remaining"), rec.Body.String())
+	// Output: 200 99 hello
 }

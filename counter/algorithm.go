@@ -36,15 +36,19 @@ func (s *state) take(now int64, lim Limit, n int64) Result {
 
 func (s *state) takeGCRA(now int64, lim Limit, n int64) Result {
 	capacity := lim.Capacity()
-	interval := float64(lim.Period) / float64(lim.Rate) // ns per unit
 	// Instants stay int64: a float64 near 1.8e18 ns is only exact to 256 ns.
-	tolerance := int64(math.Round(interval * float64(capacity)))
+	// The emission interval is rounded to a whole ns once, and the burst
+	// tolerance is a whole number of them, so that a full burst always fits
+	// (rounding each request's increment separately could add up past the
+	// tolerance and refuse the burst's last unit).
+	unit := gcraUnit(lim.Period.Nanoseconds(), lim.Rate)
+	tolerance := unit * capacity
 	tat := max(s.a, now)
-	newTAT := tat + int64(math.Round(float64(n)*interval))
+	newTAT := tat + n*unit
 	if allowAt := newTAT - tolerance; now < allowAt {
 		return Result{
 			Limit:      capacity,
-			Remaining:  max(0, int64(float64(tolerance-(tat-now))/interval)),
+			Remaining:  max(0, (tolerance-(tat-now))/unit),
 			RetryAfter: time.Duration(allowAt - now),
 			ResetAfter: time.Duration(tat - now),
 		}
@@ -54,9 +58,15 @@ func (s *state) takeGCRA(now int64, lim Limit, n int64) Result {
 	return Result{
 		Allowed:    true,
 		Limit:      capacity,
-		Remaining:  max(0, int64(float64(tolerance-(newTAT-now))/interval)),
+		Remaining:  max(0, (tolerance-(newTAT-now))/unit),
 		ResetAfter: time.Duration(newTAT - now),
 	}
+}
+
+// gcraUnit is the token bucket's emission interval, period/rate, rounded to
+// a whole tick (ns in memory, µs in Redis), at least 1.
+func gcraUnit(period, rate int64) int64 {
+	return max(1, int64(math.Round(float64(period)/float64(rate))))
 }
 
 func (s *state) takeSlidingWindow(now int64, lim Limit, n int64) Result {

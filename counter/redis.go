@@ -148,6 +148,11 @@ func NewRedisStore(ctx context.Context, client redis.UniversalClient, cfg RedisC
 	return s, nil
 }
 
+func isSingle(p Placement) bool {
+	_, ok := p.(singleNode)
+	return ok
+}
+
 // ClockSkew returns the Redis server's clock minus this host's, as last
 // measured (at setup, then every RefreshInterval), and whether it has been.
 // Decisions never use the local clock: the scripts read TIME; this is for
@@ -303,17 +308,15 @@ func (s *RedisStore) refresh() {
 			return
 		case <-t.C:
 		}
+		if old := s.Placement(); !isSingle(old) {
+			ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Timeout)
+			p, err := readPlacement(ctx, s.client, s.cfg.Prefix, old.Version()+1)
+			cancel()
+			if err == nil && !samePlacement(old, p) {
+				s.placement.Store(&p)
+			}
+		}
 		s.measureSkew(s.ctx)
-		old := s.Placement()
-		if _, single := old.(singleNode); single {
-			continue
-		}
-		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.Timeout)
-		p, err := readPlacement(ctx, s.client, s.cfg.Prefix, old.Version()+1)
-		cancel()
-		if err == nil && !samePlacement(old, p) {
-			s.placement.Store(&p)
-		}
 	}
 }
 

@@ -1,7 +1,6 @@
 package counter
 
 import (
-	"math"
 	"time"
 )
 
@@ -218,9 +217,10 @@ func (c *call) setArgs(lim Limit, n int64) {
 	c.alg, c.capacity = lim.Algorithm, lim.Capacity()
 	c.rate, c.period, c.n = lim.Rate, max(1, lim.Period.Microseconds()), n
 	if c.alg == TokenBucket { // takeGCRA's arithmetic, in µs
-		c.interval = float64(c.period) / float64(c.rate)
-		c.tol = int64(math.Round(c.interval * float64(c.capacity)))
-		c.inc = int64(math.Round(float64(n) * c.interval))
+		unit := gcraUnit(c.period, c.rate)
+		c.interval = float64(unit)
+		c.tol = unit * c.capacity
+		c.inc = unit * n
 	}
 }
 

@@ -1,0 +1,115 @@
+package hotkey
+
+import (
+	"errors"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// SetHeaders writes the rate-limit headers of a decision r under policy p
+// (named policy, "default" if empty) at instant now:
+//
+//   - X-RateLimit-Limit: the limit's capacity (burst, or rate per period);
+//   - X-RateLimit-Remaining: what the key would still admit now;
+//   - X-RateLimit-Reset: the Unix second at which the key is full again;
+//   - RateLimit-Policy and RateLimit, as in the IETF httpapi
+//     ratelimit-headers draft: `"<policy>";q=<quota>;w=<window seconds>`
+//     and `"<policy>";r=<remaining>;t=<seconds until full>`;
+//   - Retry-After, in whole seconds rounded up (at least 1), if r denied.
+//
+// The daemon and the Middleware both use it.
+func SetHeaders(h http.Header, p *Policy, r Result, now time.Time) {
+	name := p.name()
+	// Reset instants to the ms, so that a nanosecond of rounding in the
+	// store does not add a second.
+	resetAfter := r.ResetAfter.Truncate(time.Millisecond)
+	reset := ceilSeconds(resetAfter)
+	h.Set("X-RateLimit-Limit", strconv.FormatInt(r.Limit, 10))
+	h.Set("X-RateLimit-Remaining", strconv.FormatInt(max(0, r.Remaining), 10))
+	h.Set("X-RateLimit-Reset", strconv.FormatInt(now.Add(resetAfter).Add(time.Second-1).Unix(), 10))
+	window := int64(1)
+	if p != nil {
+		window = max(1, ceilSeconds(p.Limit.Period))
+	}
+	h.Set("RateLimit-Policy", strconv.Quote(name)+";q="+strconv.FormatInt(r.Limit, 10)+";w="+strconv.FormatInt(window, 10))
+	h.Set("RateLimit", strconv.Quote(name)+";r="+strconv.FormatInt(max(0, r.Remaining), 10)+";t="+strconv.FormatInt(reset, 10))
+	if !r.Allowed {
+		h.Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(r.RetryAfter)), 10))
+	}
+}
+
+// ceilSeconds returns d in whole seconds, rounded up.
+func ceilSeconds(d time.Duration) int64 {
+	return int64(math.Ceil(d.Seconds()))
+}
+
+// MiddlewareConfig configures Middleware.
+type MiddlewareConfig struct {
+	// Policy is the limit and its fallback while the store is down.
+	Policy *Policy
+	// Key names the rate-limited key of a request, such as its API key or
+	// client address. An empty key lets the request through unlimited.
+	Key func(*http.Request) string
+	// Cost is the units a request takes (default: 1 for every request).
+	Cost func(*http.Request) int64
+	// OnError is called when the engine returns an error: bad input (a key
+	// longer than the engine accepts, a cost over the burst) or, with
+	// FallbackError, a store that cannot answer. It writes the response
+	// itself. Default: 503 Service Unavailable for a store error (the
+	// caller chose FallbackError, "the caller decides"), 400 for bad input.
+	OnError func(w http.ResponseWriter, r *http.Request, err error)
+}
+
+// Middleware returns net/http middleware that rate-limits each request by
+// cfg.Key under cfg.Policy. Every response it lets through, and every
+// denial, carries the rate-limit headers (see SetHeaders). A denied request
+// gets 429 Too Many Requests with Retry-After. While the store cannot
+// answer, the policy's fallback decides (FallbackLocal by default); a
+// request a FallbackClosed policy denies for that reason gets 503 Service
+// Unavailable, since the store, not the client, is at fault.
+func (e *Engine) Middleware(cfg MiddlewareConfig) func(http.Handler) http.Handler {
+	if cfg.Policy == nil || cfg.Key == nil {
+		panic("hotkey: Middleware needs a Policy and a Key function")
+	}
+	onError := cfg.OnError
+	if onError == nil {
+		onError = defaultOnError
+	}
+	return func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+			key := cfg.Key(req)
+			if key == "" {
+				next.ServeHTTP(w, req)
+				return
+			}
+			cost := int64(1)
+			if cfg.Cost != nil {
+				cost = cfg.Cost(req)
+			}
+			res, err := e.Decide(req.Context(), key, cfg.Policy, cost)
+			if err != nil {
+				onError(w, req, err)
+				return
+			}
+			SetHeaders(w.Header(), cfg.Policy, res, e.opt.clock())
+			switch {
+			case res.Allowed:
+				next.ServeHTTP(w, req)
+			case res.Degraded && cfg.Policy.OnStoreFailure == FallbackClosed:
+				http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+			default:
+				http.Error(w, "too many requests", http.StatusTooManyRequests)
+			}
+		})
+	}
+}
+
+func defaultOnError(w http.ResponseWriter, _ *http.Request, err error) {
+	if errors.Is(err, ErrStoreUnavailable) {
+		http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
+		return
+	}
+	http.Error(w, "bad request: "+err.Error(), http.StatusBadRequest)
+}
