@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -303,6 +304,10 @@ type entry struct {
 	ownAt int64    // now() when the own lease at level own was last published, 0 if never
 	exp   [3]int64 // latest expiry (now()) of peers' leases at 4, 16, 64; 0 if none
 	level int      // level in force, as last computed
+	// origin[i] names the instance whose lease gave exp[i] (for a lease
+	// learned by join sync, the instance that answered): one string per
+	// level, for Leases.
+	origin [3]string
 }
 
 // change is a level change for the Handler.
@@ -479,7 +484,9 @@ func (c *NATS) Announce(key string, _ uint64, level int) {
 		// at about the same instant (two instances deciding on different
 		// subcounters would each enforce the whole limit).
 		i := slot(e.own)
-		e.exp[i] = max(e.exp[i], e.ownAt+int64(c.cfg.TTL))
+		if exp := e.ownAt + int64(c.cfg.TTL); exp > e.exp[i] {
+			e.exp[i], e.origin[i] = exp, c.cfg.ID
+		}
 		c.expiring(e.exp[i])
 		e.ownAt = 0
 	}
@@ -565,8 +572,9 @@ func (c *NATS) toldLevel(key string) int {
 	return shard.Level1
 }
 
-// applyLease merges a peer's lease into the table. Called with c.mu held.
-func (c *NATS) applyLease(key string, level int, ttlMs int64, now int64) {
+// applyLease merges a lease of peer origin into the table. Called with
+// c.mu held.
+func (c *NATS) applyLease(origin, key string, level int, ttlMs int64, now int64) {
 	e := c.table[key]
 	if e == nil {
 		if len(c.table) >= c.cfg.MaxHotKeys {
@@ -577,7 +585,9 @@ func (c *NATS) applyLease(key string, level int, ttlMs int64, now int64) {
 		c.table[key] = e
 	}
 	i := slot(level)
-	e.exp[i] = max(e.exp[i], now+ttlMs*int64(time.Millisecond))
+	if exp := now + ttlMs*int64(time.Millisecond); exp >= e.exp[i] {
+		e.exp[i], e.origin[i] = exp, origin
+	}
 	c.expiring(e.exp[i])
 	c.update(key, e, now)
 }
@@ -649,7 +659,7 @@ func (c *NATS) onMsg(m *nats.Msg) {
 	}
 	switch msg.T {
 	case typeLease:
-		c.applyLease(msg.Key, msg.Level, msg.TTLms, now)
+		c.applyLease(msg.Origin, msg.Key, msg.Level, msg.TTLms, now)
 	case typeHB:
 		c.heard(msg.Origin, now)
 	case typeSyncReq:
@@ -695,7 +705,7 @@ func (c *NATS) onSyncReply(m *nats.Msg) {
 	}
 	c.st.syncReplies.Add(1)
 	for _, l := range msg.Leases {
-		c.applyLease(l.Key, l.Level, l.TTLms, now)
+		c.applyLease(msg.Origin, l.Key, l.Level, l.TTLms, now)
 	}
 }
 
@@ -1043,4 +1053,57 @@ func (c *NATS) Stats() Stats {
 		}
 	}
 	return s
+}
+
+// Lease is one key of the lease table, as Leases reports it.
+type Lease struct {
+	Key string
+	// Level is the level in force: 4, 16 or 64.
+	Level int
+	// ExpiresIn is how long the lease holding Level lasts unless renewed:
+	// the latest-expiring lease at that level, this instance's own
+	// included (renewed every TTL/3 while its detector finds the key hot).
+	ExpiresIn time.Duration
+	// Origin is the ID of the instance whose lease that is. For a lease
+	// learned by join sync it is the instance that answered.
+	Origin string
+}
+
+// Leases returns the keys split now (level in force above 1), each with
+// the lease that holds its level, ordered by level (highest first), then
+// key. It reads the table under the coordinator's lock: meant for status
+// pages, not for the decision path.
+func (c *NATS) Leases() []Lease {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.started {
+		return nil
+	}
+	now := c.now()
+	out := make([]Lease, 0, len(c.table))
+	for k, e := range c.table {
+		level := e.force(now)
+		if level == shard.Level1 {
+			continue
+		}
+		l := Lease{Key: k, Level: level}
+		if e.own == level {
+			exp := now + int64(c.cfg.TTL) // not published yet: a full ttl when it is
+			if e.ownAt > 0 {
+				exp = e.ownAt + int64(c.cfg.TTL)
+			}
+			l.ExpiresIn, l.Origin = time.Duration(exp-now), c.cfg.ID
+		}
+		if i := slot(level); e.exp[i] > now && time.Duration(e.exp[i]-now) > l.ExpiresIn {
+			l.ExpiresIn, l.Origin = time.Duration(e.exp[i]-now), e.origin[i]
+		}
+		out = append(out, l)
+	}
+	slices.SortFunc(out, func(a, b Lease) int {
+		if a.Level != b.Level {
+			return b.Level - a.Level
+		}
+		return strings.Compare(a.Key, b.Key)
+	})
+	return out
 }

@@ -1,0 +1,397 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hotkeyd/hotkey/internal/redistest"
+)
+
+// startRedis starts a redis-server for one test.
+func startRedis(t *testing.T) *redistest.Server {
+	t.Helper()
+	srv, err := redistest.Start(t.TempDir())
+	if errors.Is(err, redistest.ErrNotInstalled) {
+		t.Fatal("redis-server is not installed (make test installs it)")
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	return srv
+}
+
+const killPolicies = `policies:
+  cache:
+    limit: 5
+    period: 1s
+    on_store_failure: local
+  login:
+    algorithm: sliding_log
+    limit: 5
+    period: 1m
+    on_store_failure: closed
+    allowlist: [health_check]
+`
+
+// outcome is one answer under load, with the phase its request was sent
+// and answered in.
+type outcome struct {
+	phase  int32  // -1 if the phase changed while the request was in flight
+	target string // cache, login, allowlisted
+	status int
+}
+
+// TestRedisKilled: a daemon on real Redis keeps its promise while
+// redis-server is SIGKILLed under load: a "local" policy still answers 200
+// or 429 only, a "closed" one answers 503 except to its allowlisted keys,
+// /readyz turns 503, and 200 again once Redis is back.
+func TestRedisKilled(t *testing.T) {
+	t.Parallel()
+	srv := startRedis(t)
+	d := startDaemon(t, daemonOpts{args: []string{
+		"--redis", "redis://" + srv.Addr, "--policies", writeFile(t, "p.yaml", killPolicies), "--breaker-probe", "300ms",
+	}})
+	if r := do(t, "GET", d.base+"/readyz", ""); r.status != 200 {
+		t.Fatalf("/readyz before the kill: %d %s", r.status, r.body)
+	}
+
+	const (
+		up = iota
+		down
+		restarting // answers not checked: the breaker may or may not have probed yet
+		back
+	)
+	var phase atomic.Int32
+	var mu sync.Mutex
+	var outcomes []outcome
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	// Login keys are fresh each time: a key the store denied is known
+	// denied (the engine's deny cache) until its retry-after, and gets
+	// 429 during the outage too. The allowlisted key is asked only once
+	// Redis is down, so it has not used up its limit before.
+	targets := []struct{ name, body string }{
+		{"cache", `{"policy":"cache","key":"c%d"}`},
+		{"login", `{"policy":"login","key":"user_%d"}`},
+		{"allowlisted", `{"policy":"login","key":"health_check"}`},
+	}
+	for g := 0; g < 6; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; ctx.Err() == nil; i++ {
+				tg := targets[(g+i)%len(targets)]
+				p := phase.Load()
+				body := tg.body
+				switch tg.name {
+				case "cache":
+					body = fmt.Sprintf(body, rand.IntN(2)) // each well over its limit
+				case "login":
+					body = fmt.Sprintf(body, rand.Uint64())
+				case "allowlisted":
+					if p == up {
+						continue
+					}
+				}
+				r, err := doErr(ctx, "POST", d.base+"/v1/allow", body)
+				if err != nil {
+					if ctx.Err() == nil {
+						t.Errorf("request: %v", err)
+					}
+					return
+				}
+				if phase.Load() != p {
+					p = -1
+				}
+				mu.Lock()
+				outcomes = append(outcomes, outcome{p, tg.name, r.status})
+				mu.Unlock()
+			}
+		}()
+	}
+	time.Sleep(500 * time.Millisecond)
+
+	phase.Store(restarting)
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	killed := time.Now()
+	phase.Store(down)
+	var reason string
+	tookDown := waitFor(t, "/readyz 503 after the kill", 10*time.Second, func() bool {
+		r := do(t, "GET", d.base+"/readyz", "")
+		if r.status == 503 {
+			var body struct{ Status, Reason string }
+			r.json(t, &body)
+			reason = body.Reason
+		}
+		return r.status == 503
+	})
+	t.Logf("/readyz 503 %v after the kill: %s", tookDown, reason)
+	if !strings.Contains(reason, "Redis") {
+		t.Errorf("/readyz reason %q does not mention Redis", reason)
+	}
+	time.Sleep(time.Second) // the breaker opens, and decisions go on without the store
+
+	phase.Store(restarting)
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	restarted := time.Now()
+	tookUp := waitFor(t, "/readyz 200 after Redis returns", 15*time.Second, func() bool {
+		return do(t, "GET", d.base+"/readyz", "").status == 200
+	})
+	phase.Store(back)
+	t.Logf("/readyz 200 %v after Redis restarted (down %v in all)", tookUp, time.Since(killed)-time.Since(restarted))
+	time.Sleep(500 * time.Millisecond)
+	cancel()
+	wg.Wait()
+
+	// count[phase][target][status]
+	count := map[int32]map[string]map[int]int{}
+	for _, o := range outcomes {
+		if count[o.phase] == nil {
+			count[o.phase] = map[string]map[int]int{}
+		}
+		if count[o.phase][o.target] == nil {
+			count[o.phase][o.target] = map[int]int{}
+		}
+		count[o.phase][o.target][o.status]++
+	}
+	t.Logf("answers by phase (0 up, 1 Redis killed, 2 killing or restarting, 3 back, -1 sent and answered in different phases), target and status: %v", count)
+	allowed := map[string]map[int]bool{
+		"cache":       {200: true, 429: true},
+		"login":       {200: true, 429: true},
+		"allowlisted": {200: true, 429: true},
+	}
+	for p := int32(up); p <= back; p++ {
+		if p == restarting {
+			continue
+		}
+		want := allowed
+		if p == down {
+			want = map[string]map[int]bool{
+				"cache":       {200: true, 429: true}, // local: limited in memory
+				"login":       {503: true},            // closed
+				"allowlisted": {200: true},            // closed, but on the allowlist
+			}
+		}
+		for target, ok := range want {
+			seen := count[p][target]
+			if len(seen) == 0 && (p != up || target != "allowlisted") {
+				t.Errorf("phase %d: no answers for %s", p, target)
+			}
+			for status, n := range seen {
+				if !ok[status] {
+					t.Errorf("phase %d, %s: %d answers with status %d", p, target, n, status)
+				}
+			}
+			if target == "cache" && (seen[200] == 0 || seen[429] == 0) {
+				t.Errorf("phase %d, cache: %v: want both admissions and denials (2 keys over a limit of 5/s)", p, seen)
+			}
+		}
+	}
+}
+
+// TestTwoDaemons: two daemons on one redis-server, the second joined to
+// the first's embedded NATS server. A key driven over the hot threshold
+// through the first is listed as hot by both, and a key driven through
+// both is admitted no more than its limit allows (+2%).
+func TestTwoDaemons(t *testing.T) {
+	t.Parallel()
+	srv := startRedis(t)
+	pol := writeFile(t, "p.yaml", "policies:\n  shared:\n    limit: 200\n    period: 1s\n    burst: 200\n")
+	args := []string{"--redis", "redis://" + srv.Addr, "--policies", pol, "--hot-threshold", "50", "--cool-down", "10s"}
+	d1 := startDaemon(t, daemonOpts{args: args})
+	d2 := startDaemon(t, daemonOpts{args: args, join: d1.natsURL})
+	if d1.id == "" || d2.id == "" || d1.id == d2.id {
+		t.Fatalf("instance IDs %q and %q", d1.id, d2.id)
+	}
+	waitFor(t, "each daemon sees the other", 10*time.Second, func() bool {
+		return d1.hotKeys(t).Peers == 1 && d2.hotKeys(t).Peers == 1
+	})
+
+	// A key hot through d1 only is listed by both, with d1 as origin.
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	for g := 0; g < 2; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for ctx.Err() == nil {
+				doErr(ctx, "POST", d1.base+"/v1/allow", `{"key":"hot-one"}`)
+				time.Sleep(2 * time.Millisecond)
+			}
+		}()
+	}
+	for _, d := range []*proc{d1, d2} {
+		took := waitFor(t, "hot-one listed", 10*time.Second, func() bool {
+			for _, h := range d.hotKeys(t).HotKeys {
+				if h.Key == "hot-one" && h.Level >= 4 && h.Origin == d1.id && h.ExpiresInMs > 0 {
+					return true
+				}
+			}
+			return false
+		})
+		t.Logf("hot-one in /v1/hotkeys of %s after %v: %+v", d.id, took, d.hotKeys(t).HotKeys)
+	}
+	cancel()
+	wg.Wait()
+
+	// A key driven through both: admitted ≤ (burst + rate × elapsed) × 1.02.
+	const rate, burst = 200, 200
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	var admitted, denied, failed atomic.Int64
+	var maxShards atomic.Int64
+	start := time.Now()
+	var last atomic.Int64 // ns after start of the last answer
+	for g := 0; g < 8; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			d := []*proc{d1, d2}[g%2]
+			for ctx.Err() == nil {
+				r, err := doErr(ctx, "POST", d.base+"/v1/allow", `{"policy":"shared","key":"shared-hot"}`)
+				if err != nil {
+					return
+				}
+				last.Store(int64(time.Since(start)))
+				switch r.status {
+				case 200:
+					admitted.Add(1)
+				case 429:
+					denied.Add(1)
+				default:
+					failed.Add(1)
+				}
+				var a allowResp
+				if json.Unmarshal(r.body, &a) == nil && a.Shards != nil && int64(*a.Shards) > maxShards.Load() {
+					maxShards.Store(int64(*a.Shards))
+				}
+			}
+		}()
+	}
+	time.Sleep(3 * time.Second)
+	cancel()
+	wg.Wait()
+	elapsed := time.Duration(last.Load())
+	bound := (burst + rate*elapsed.Seconds()) * 1.02
+	t.Logf("shared-hot through both daemons for %v: %d admitted, %d denied (%.0f req/s), at most %d subcounters; limit allows %.0f (+2%%: %.0f)",
+		elapsed.Round(time.Millisecond), admitted.Load(), denied.Load(), float64(admitted.Load()+denied.Load())/elapsed.Seconds(),
+		maxShards.Load(), burst+rate*elapsed.Seconds(), bound)
+	if failed.Load() > 0 {
+		t.Errorf("%d answers other than 200 and 429", failed.Load())
+	}
+	if float64(admitted.Load()) > bound {
+		t.Errorf("admitted %d > %.0f: (burst %d + %d/s × %v) + 2%%", admitted.Load(), bound, burst, rate, elapsed)
+	}
+	if maxShards.Load() < 4 {
+		t.Errorf("shared-hot never split (at most %d subcounters): the test did not exercise split keys", maxShards.Load())
+	}
+	if admitted.Load() < rate*2 {
+		t.Errorf("admitted only %d in %v at %d/s: the limit is enforced too strictly", admitted.Load(), elapsed, rate)
+	}
+
+	// The first daemon, and with it the NATS server, goes away: the second
+	// is not ready (it cannot agree on hot keys) but goes on deciding.
+	d1.stop()
+	var reason string
+	waitFor(t, "the second daemon not ready without NATS", 10*time.Second, func() bool {
+		r := do(t, "GET", d2.base+"/readyz", "")
+		if r.status == 503 {
+			var body struct{ Reason string }
+			r.json(t, &body)
+			reason = body.Reason
+		}
+		return r.status == 503
+	})
+	t.Logf("/readyz of the second daemon without NATS: %s", reason)
+	if !strings.Contains(reason, "NATS") {
+		t.Errorf("reason %q does not mention NATS", reason)
+	}
+	if r := d2.allow(t, `{"policy":"shared","key":"after-nats"}`); r.status != 200 {
+		t.Errorf("decision without NATS: %d %s", r.status, r.body)
+	}
+}
+
+// TestMetrics: /metrics shows decisions counted and a hot key by level.
+func TestMetrics(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{args: []string{"--hot-threshold", "50"}})
+	scrape := func() string {
+		r := do(t, "GET", d.base+"/metrics", "")
+		if r.status != 200 {
+			t.Fatalf("/metrics: %d", r.status)
+		}
+		return string(r.body)
+	}
+	first := scrape()
+	for _, name := range []string{"go_goroutines", "process_cpu_seconds_total", `hotkeyd_build_info{instance="` + d.id + `",version="v0.0.0-test"}`} {
+		if metric(first, name) < 0 {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+	allowed := `hotkey_decisions_total{policy="default",result="allowed"}`
+	before := max(0, metric(first, allowed))
+	hot := func(s string) float64 {
+		n := 0.0
+		for _, l := range []string{"4", "16", "64"} {
+			n += max(0, metric(s, `hotkey_hot_keys{level="`+l+`"}`))
+		}
+		return n
+	}
+	var last string
+	waitFor(t, "a hot key counted in /metrics", 10*time.Second, func() bool {
+		for i := 0; i < 300; i++ {
+			d.allow(t, `{"key":"metrics-hot"}`)
+		}
+		last = scrape()
+		return hot(last) >= 1
+	})
+	if after := metric(last, allowed); after <= before {
+		t.Errorf("%s did not move: %v then %v", allowed, before, after)
+	}
+	if metric(last, `hotkey_decisions_total{policy="default",result="denied"}`) < 1 {
+		t.Errorf("no denials counted")
+	}
+	t.Logf("%s %v; hot keys by level 4/16/64: %v/%v/%v", allowed, metric(last, allowed),
+		metric(last, `hotkey_hot_keys{level="4"}`), metric(last, `hotkey_hot_keys{level="16"}`), metric(last, `hotkey_hot_keys{level="64"}`))
+}
+
+// TestRedisCluster: --redis-cluster keeps the counters in a Redis Cluster.
+func TestRedisCluster(t *testing.T) {
+	t.Parallel()
+	c, err := redistest.StartCluster(t.TempDir(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	pol := writeFile(t, "p.yaml", "policies:\n  five:\n    limit: 5\n    period: 1m\n")
+	d := startDaemon(t, daemonOpts{args: []string{"--redis-cluster", strings.Join(c.Addrs, ","), "--policies", pol}})
+	if r := do(t, "GET", d.base+"/readyz", ""); r.status != 200 {
+		t.Fatalf("/readyz: %d %s", r.status, r.body)
+	}
+	for i := 0; i < 5; i++ {
+		if r := d.allow(t, `{"policy":"five","key":"k"}`); r.status != 200 {
+			t.Fatalf("request %d: %d %s", i, r.status, r.body)
+		}
+	}
+	if r := d.allow(t, `{"policy":"five","key":"k"}`); r.status != 429 {
+		t.Fatalf("6th request in a minute: %d %s", r.status, r.body)
+	}
+	// The counter is in the cluster: a second daemon on it sees it spent.
+	e := startDaemon(t, daemonOpts{args: []string{"--redis-cluster", c.Addrs[1], "--policies", pol}})
+	if r := e.allow(t, `{"policy":"five","key":"k"}`); r.status != 429 {
+		t.Errorf("another daemon on the cluster: %d %s", r.status, r.body)
+	}
+}

@@ -1,0 +1,267 @@
+package daemon
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/detector"
+)
+
+// Defaults of the flags.
+const (
+	DefaultListen       = "127.0.0.1:8080"
+	DefaultNATSListen   = "127.0.0.1:4222"
+	DefaultBreakerProbe = hotkey.DefaultBreakerProbe
+	envPrefix           = "HOTKEYD_"
+)
+
+// Config is what the flags (or their environment variables) say.
+type Config struct {
+	Listen       string
+	Policies     string
+	Redis        string
+	RedisCluster []string
+
+	NATS         string // URL(s) of an existing NATS; empty: embed a server
+	NATSListen   string // the embedded server's address
+	NATSUser     string
+	NATSPassword string
+	NATSToken    string
+	NATSNkeySeed string
+	NATSCreds    string
+	NATSCA       string
+	NATSCert     string
+	NATSKey      string
+
+	HotThreshold float64
+	CoolDown     time.Duration
+	BreakerProbe time.Duration
+	LogLevel     slog.Level
+
+	// set records which flags were given, on the command line or in the
+	// environment.
+	set map[string]bool
+}
+
+// flagDoc describes one flag for --help.
+type flagDoc struct {
+	name, arg, usage string
+}
+
+// flagDocs lists the flags in the order --help shows them.
+var flagDocs = []flagDoc{
+	{"listen", "ADDR", "HTTP API, /metrics and health checks listen on ADDR"},
+	{"policies", "FILE", "YAML file of named policies (see docs/api.md); without it, the built-in \"default\": token_bucket 100/s, burst 100, on_store_failure local"},
+	{"redis", "URL", "keep counters in a standalone Redis (redis://[user:password@]host:port[/db], rediss:// for TLS); without --redis or --redis-cluster, counters are in memory"},
+	{"redis-cluster", "ADDR,ADDR,...", "keep counters in a Redis Cluster reached through these seed nodes (host:port)"},
+	{"nats", "URL", "join an existing NATS (nats:// or tls://, comma-separated for a cluster) instead of embedding a server"},
+	{"nats-listen", "ADDR", "the embedded NATS server listens on ADDR (other daemons join with --nats nats://ADDR); not with --nats"},
+	{"nats-user", "USER", "NATS user (with --nats-password); with the embedded server, clients must log in as USER"},
+	{"nats-password", "PASSWORD", "NATS password for --nats-user"},
+	{"nats-token", "TOKEN", "NATS token; with the embedded server, clients must present TOKEN"},
+	{"nats-nkey-seed", "FILE", "NATS nkey seed file (with --nats)"},
+	{"nats-creds", "FILE", "NATS credentials (JWT) file (with --nats)"},
+	{"nats-ca", "FILE", "PEM CA to verify the NATS server's certificate; turns TLS on (with --nats)"},
+	{"nats-cert", "FILE", "PEM client certificate for NATS, with --nats-key (with --nats)"},
+	{"nats-key", "FILE", "PEM key of --nats-cert"},
+	{"hot-threshold", "RATE", "requests per second, over all daemons, at which a key is split in 4 (16 at 4x, 64 at 16x)"},
+	{"cool-down", "DURATION", "how long a split key's rate must stay under half its level's threshold before it is merged back a level"},
+	{"breaker-probe", "DURATION", "after the store fails (3 calls in a row), decisions follow each policy's on_store_failure; the store is probed again after DURATION, doubling up to 2m (or DURATION if longer)"},
+	{"log-level", "LEVEL", "debug, info, warn or error (logs go to stderr)"},
+}
+
+// EnvName returns the environment variable of flag name: HOTKEYD_ and the
+// name upper-cased, dashes to underscores.
+func EnvName(name string) string {
+	return envPrefix + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+}
+
+// errHelp is returned by ParseArgs for --help: usage was printed.
+var errHelp = errors.New("help requested")
+
+// errVersion is returned by ParseArgs for the version command.
+var errVersion = errors.New("version requested")
+
+// ParseArgs parses the command line, then fills each flag not given on it
+// from its environment variable (lookup is os.LookupEnv in the daemon).
+// Usage goes to out for --help.
+func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer) (Config, error) {
+	cfg := Config{set: make(map[string]bool)}
+	fs := flag.NewFlagSet("hotkeyd", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var cluster, level string
+	fs.StringVar(&cfg.Listen, "listen", DefaultListen, "")
+	fs.StringVar(&cfg.Policies, "policies", "", "")
+	fs.StringVar(&cfg.Redis, "redis", "", "")
+	fs.StringVar(&cluster, "redis-cluster", "", "")
+	fs.StringVar(&cfg.NATS, "nats", "", "")
+	fs.StringVar(&cfg.NATSListen, "nats-listen", DefaultNATSListen, "")
+	fs.StringVar(&cfg.NATSUser, "nats-user", "", "")
+	fs.StringVar(&cfg.NATSPassword, "nats-password", "", "")
+	fs.StringVar(&cfg.NATSToken, "nats-token", "", "")
+	fs.StringVar(&cfg.NATSNkeySeed, "nats-nkey-seed", "", "")
+	fs.StringVar(&cfg.NATSCreds, "nats-creds", "", "")
+	fs.StringVar(&cfg.NATSCA, "nats-ca", "", "")
+	fs.StringVar(&cfg.NATSCert, "nats-cert", "", "")
+	fs.StringVar(&cfg.NATSKey, "nats-key", "", "")
+	fs.Float64Var(&cfg.HotThreshold, "hot-threshold", detector.DefaultConfig().Threshold, "")
+	fs.DurationVar(&cfg.CoolDown, "cool-down", detector.DefaultConfig().CoolDown, "")
+	fs.DurationVar(&cfg.BreakerProbe, "breaker-probe", DefaultBreakerProbe, "")
+	fs.StringVar(&level, "log-level", "info", "")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			Usage(out, fs)
+			return cfg, errHelp
+		}
+		return cfg, fmt.Errorf("%v (hotkeyd --help lists the flags)", err)
+	}
+	switch rest := fs.Args(); {
+	case len(rest) == 1 && rest[0] == "version":
+		return cfg, errVersion
+	case len(rest) == 1 && rest[0] == "help":
+		Usage(out, fs)
+		return cfg, errHelp
+	case len(rest) > 0:
+		return cfg, fmt.Errorf("unexpected argument %q: hotkeyd takes flags only, or the command \"version\" (hotkeyd --help lists the flags)", rest[0])
+	}
+	fs.Visit(func(f *flag.Flag) { cfg.set[f.Name] = true })
+	var envErr error
+	fs.VisitAll(func(f *flag.Flag) {
+		if envErr != nil || cfg.set[f.Name] {
+			return
+		}
+		env := EnvName(f.Name)
+		v, ok := lookup(env)
+		if !ok {
+			return
+		}
+		if err := fs.Set(f.Name, v); err != nil {
+			envErr = fmt.Errorf("environment variable %s=%q: %v", env, v, cleanFlagErr(err))
+			return
+		}
+		cfg.set[f.Name] = true
+	})
+	if envErr != nil {
+		return cfg, envErr
+	}
+	if cluster != "" {
+		for _, a := range strings.Split(cluster, ",") {
+			if a = strings.TrimSpace(a); a != "" {
+				cfg.RedisCluster = append(cfg.RedisCluster, a)
+			}
+		}
+	}
+	if err := cfg.LogLevel.UnmarshalText([]byte(level)); err != nil {
+		return cfg, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	return cfg, cfg.check()
+}
+
+func cleanFlagErr(err error) string {
+	s := err.Error()
+	if i := strings.LastIndex(s, ": "); i >= 0 && strings.HasPrefix(s, "parse error") {
+		return s[i+2:]
+	}
+	return s
+}
+
+// flagName names a flag with its environment variable, for errors.
+func flagName(name string) string {
+	return "--" + name + " (" + EnvName(name) + ")"
+}
+
+// check refuses contradictory or invalid settings, naming the flag.
+func (c *Config) check() error {
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:8080 or :8080", flagName("listen"), c.Listen)
+	}
+	if c.Redis != "" && len(c.RedisCluster) > 0 {
+		return fmt.Errorf("%s and %s: give one or the other", flagName("redis"), flagName("redis-cluster"))
+	}
+	if c.set["redis-cluster"] && len(c.RedisCluster) == 0 {
+		return fmt.Errorf("%s: no address given", flagName("redis-cluster"))
+	}
+	if c.NATS != "" {
+		if c.set["nats-listen"] {
+			return fmt.Errorf("%s is for the embedded NATS server, which %s replaces: give one or the other", flagName("nats-listen"), flagName("nats"))
+		}
+	} else {
+		if _, port, err := net.SplitHostPort(c.NATSListen); err != nil {
+			return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:4222", flagName("nats-listen"), c.NATSListen)
+		} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+			return fmt.Errorf("%s %q: bad port", flagName("nats-listen"), c.NATSListen)
+		}
+		for _, f := range []string{"nats-nkey-seed", "nats-creds", "nats-ca", "nats-cert", "nats-key"} {
+			if c.set[f] {
+				return fmt.Errorf("%s applies when joining an existing NATS with %s; the embedded server takes only --nats-user/--nats-password or --nats-token", flagName(f), flagName("nats"))
+			}
+		}
+	}
+	auth := 0
+	for _, on := range []bool{c.NATSUser != "" || c.NATSPassword != "", c.NATSToken != "", c.NATSNkeySeed != "", c.NATSCreds != ""} {
+		if on {
+			auth++
+		}
+	}
+	switch {
+	case auth > 1:
+		return errors.New("give at most one of --nats-user/--nats-password, --nats-token, --nats-nkey-seed and --nats-creds")
+	case c.NATSPassword != "" && c.NATSUser == "":
+		return fmt.Errorf("%s needs %s", flagName("nats-password"), flagName("nats-user"))
+	case (c.NATSCert == "") != (c.NATSKey == ""):
+		return fmt.Errorf("%s and %s go together", flagName("nats-cert"), flagName("nats-key"))
+	case !(c.HotThreshold > 0) || c.HotThreshold > 1e12:
+		return fmt.Errorf("%s %v: want a positive rate in requests per second", flagName("hot-threshold"), c.HotThreshold)
+	case c.CoolDown <= 0:
+		return fmt.Errorf("%s %v: want a positive duration, e.g. 60s", flagName("cool-down"), c.CoolDown)
+	case c.BreakerProbe <= 0:
+		return fmt.Errorf("%s %v: want a positive duration, e.g. 10s", flagName("breaker-probe"), c.BreakerProbe)
+	}
+	return nil
+}
+
+// Usage writes --help.
+func Usage(w io.Writer, fs *flag.FlagSet) {
+	fmt.Fprint(w, `hotkeyd: a rate-limiting daemon that survives hot keys.
+
+Usage:
+  hotkeyd [flags]      serve (HTTP API, NATS micro service "hotkey", /metrics)
+  hotkeyd version      print the version
+  hotkeyd --help       this text
+
+With no flags: counters in memory, an embedded NATS server on 127.0.0.1:4222,
+HTTP on 127.0.0.1:8080, and the policy "default" (token_bucket, 100/s,
+burst 100, on_store_failure local).
+
+Each flag can also be set by its environment variable; a flag on the command
+line wins over the environment.
+
+Flags:
+`)
+	for _, d := range flagDocs {
+		f := fs.Lookup(d.name)
+		def := f.DefValue
+		switch {
+		case def == "":
+			def = "none"
+		case d.name == "hot-threshold":
+			def += "/s"
+		}
+		fmt.Fprintf(w, "  --%s %s\n", d.name, d.arg)
+		fmt.Fprintf(w, "        %s\n", d.usage)
+		fmt.Fprintf(w, "        env %s, default %s\n", EnvName(d.name), def)
+	}
+	fmt.Fprint(w, `
+API: POST /v1/allow {"policy":"default","key":"user_123","cost":1} -> 200 or 429;
+GET /v1/hotkeys, /metrics, /healthz, /readyz; NATS: request on hotkey.allow.
+See docs/api.md.
+`)
+}

@@ -1,0 +1,99 @@
+package daemon
+
+import (
+	"bytes"
+	"errors"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+)
+
+func env(m map[string]string) func(string) (string, bool) {
+	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+func TestParseArgsDefaults(t *testing.T) {
+	cfg, err := ParseArgs(nil, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "127.0.0.1:8080" || cfg.NATSListen != "127.0.0.1:4222" || cfg.NATS != "" || cfg.Redis != "" ||
+		cfg.HotThreshold != 1000 || cfg.CoolDown != time.Minute || cfg.BreakerProbe != 10*time.Second || cfg.LogLevel != slog.LevelInfo {
+		t.Errorf("defaults: %+v", cfg)
+	}
+}
+
+func TestParseArgsEnv(t *testing.T) {
+	e := env(map[string]string{
+		"HOTKEYD_LISTEN":        "127.0.0.1:9000",
+		"HOTKEYD_HOT_THRESHOLD": "50",
+		"HOTKEYD_REDIS_CLUSTER": "a:1, b:2,,",
+		"HOTKEYD_LOG_LEVEL":     "debug",
+		"HOTKEYD_COOL_DOWN":     "5s",
+	})
+	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:9001", "--cool-down=7s"}, e, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Listen != "127.0.0.1:9001" || cfg.CoolDown != 7*time.Second {
+		t.Errorf("the flag must win over the environment: %+v", cfg)
+	}
+	if cfg.HotThreshold != 50 || strings.Join(cfg.RedisCluster, ";") != "a:1;b:2" || cfg.LogLevel != slog.LevelDebug {
+		t.Errorf("environment not applied: %+v", cfg)
+	}
+}
+
+func TestParseArgsErrors(t *testing.T) {
+	cases := []struct {
+		args []string
+		env  map[string]string
+		msg  string
+	}{
+		{[]string{"--hot-threshold", "x"}, nil, "hot-threshold"},
+		{nil, map[string]string{"HOTKEYD_COOL_DOWN": "soon"}, "HOTKEYD_COOL_DOWN"},
+		{[]string{"--hot-threshold", "0"}, nil, "--hot-threshold"},
+		{[]string{"--cool-down", "0s"}, nil, "--cool-down"},
+		{[]string{"--breaker-probe", "-1s"}, nil, "--breaker-probe"},
+		{[]string{"--log-level", "loud"}, nil, "--log-level"},
+		{[]string{"--listen", "8080"}, nil, "--listen"},
+		{[]string{"--redis", "redis://x", "--redis-cluster", "a:1"}, nil, "--redis"},
+		{[]string{"--nats", "nats://x:4222", "--nats-listen", "127.0.0.1:4223"}, nil, "--nats-listen"},
+		{[]string{"--nats-creds", "f"}, nil, "--nats-creds"},
+		{[]string{"--nats", "nats://x", "--nats-cert", "c"}, nil, "--nats-key"},
+		{[]string{"--nats", "nats://x", "--nats-token", "t", "--nats-user", "u"}, nil, "at most one"},
+		{[]string{"--nats-password", "p"}, nil, "--nats-user"},
+		{[]string{"serve"}, nil, `unexpected argument "serve"`},
+	}
+	for _, c := range cases {
+		_, err := ParseArgs(c.args, env(c.env), nil)
+		if err == nil || !strings.Contains(err.Error(), c.msg) {
+			t.Errorf("%v %v: err %v, want it to mention %q", c.args, c.env, err, c.msg)
+		}
+	}
+}
+
+func TestHelpAndVersion(t *testing.T) {
+	var out bytes.Buffer
+	if _, err := ParseArgs([]string{"--help"}, env(nil), &out); !errors.Is(err, errHelp) {
+		t.Fatal(err)
+	}
+	for _, d := range flagDocs {
+		if !strings.Contains(out.String(), "--"+d.name+" ") || !strings.Contains(out.String(), "env "+EnvName(d.name)+", default ") {
+			t.Errorf("--help does not document --%s with its environment variable and default", d.name)
+		}
+	}
+	var stdout, stderr bytes.Buffer
+	if code := Main("v1.2.3", []string{"version"}, env(nil), &stdout, &stderr); code != 0 || stdout.String() != "hotkeyd v1.2.3\n" {
+		t.Errorf("version: code %d, %q", code, stdout.String())
+	}
+	if code := Main("", []string{"--nope"}, env(nil), &stdout, &stderr); code != 2 || !strings.Contains(stderr.String(), "--help") {
+		t.Errorf("bad flag: code %d, %q", code, stderr.String())
+	}
+	if got := serviceVersion("devel"); got != "0.0.0-devel" {
+		t.Errorf("serviceVersion(devel) = %q", got)
+	}
+	if got := serviceVersion("v1.2.3"); got != "1.2.3" {
+		t.Errorf("serviceVersion(v1.2.3) = %q", got)
+	}
+}

@@ -1,0 +1,626 @@
+// Package daemon is hotkeyd: the hotkey engine behind an HTTP API and a NATS
+// micro service, with a policies file, Prometheus metrics and an embedded
+// NATS server by default. cmd/hotkeyd is a thin main around Main.
+package daemon
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"os/signal"
+	"regexp"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/internal/natsserver"
+)
+
+// Timeouts of the daemon.
+const (
+	// ShutdownTimeout bounds a graceful shutdown; the daemon exits within
+	// it whatever is left in flight.
+	ShutdownTimeout = 4500 * time.Millisecond
+	startTimeout    = 5 * time.Second        // reaching Redis and NATS at start
+	pingTimeout     = 300 * time.Millisecond // /readyz's Redis PING
+	drainTimeout    = 2 * time.Second        // NATS drain at shutdown
+	newConnGrace    = 250 * time.Millisecond // at shutdown, connections with no request yet are closed after this
+	redisDial       = time.Second
+	// natsSubject is the micro endpoint's subject.
+	natsSubject = "hotkey.allow"
+	// ServiceName is the NATS micro service's name.
+	ServiceName = "hotkey"
+)
+
+// readyzKey and readyzPolicy are the decision /readyz makes, on a key of its
+// own, to let an open breaker probe the store when no traffic does.
+const readyzKey = "hotkeyd:readyz"
+
+// Main runs hotkeyd with args (without the program name), reading flags'
+// environment variables through lookup. It returns the exit code: 0 after
+// --help, version or a graceful shutdown on SIGTERM or SIGINT; 2 for bad
+// flags; 1 when the daemon cannot start or fails.
+func Main(version string, args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
+	version = fullVersion(version)
+	cfg, err := ParseArgs(args, lookup, stdout)
+	switch {
+	case errors.Is(err, errHelp):
+		return 0
+	case errors.Is(err, errVersion):
+		fmt.Fprintf(stdout, "hotkeyd %s\n", version)
+		return 0
+	case err != nil:
+		fmt.Fprintf(stderr, "hotkeyd: %v\n", err)
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	redis.SetLogger(redisLogger{log})
+
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	d, err := Start(ctx, cfg, log, version)
+	if err != nil {
+		fmt.Fprintf(stderr, "hotkeyd: %v\n", err)
+		return 1
+	}
+	code := 0
+	select {
+	case <-ctx.Done():
+		log.Info("shutting down", "signal", "SIGTERM or SIGINT")
+	case err := <-d.Failed():
+		log.Error("HTTP server failed", "err", err)
+		code = 1
+	}
+	stop() // a second signal ends the process at once
+	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	start := time.Now()
+	if err := d.Shutdown(sctx); err != nil {
+		log.Warn("shutdown incomplete", "err", err, "took", time.Since(start))
+	} else {
+		log.Info("stopped", "took", time.Since(start))
+	}
+	return code
+}
+
+// fullVersion is the version set at link time, else the module's.
+func fullVersion(v string) string {
+	if v == "" {
+		v = "devel"
+		if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+			v = bi.Main.Version
+		}
+	}
+	return v
+}
+
+// semverRe is the version form micro accepts.
+var semverRe = regexp.MustCompile(`^v?(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$`)
+
+func serviceVersion(v string) string {
+	if semverRe.MatchString(v) {
+		return strings.TrimPrefix(v, "v")
+	}
+	return "0.0.0-" + strings.Map(func(r rune) rune {
+		if r < 128 && (r == '-' || r == '.' || 'a' <= r && r <= 'z' || 'A' <= r && r <= 'Z' || '0' <= r && r <= '9') {
+			return r
+		}
+		return '-'
+	}, v)
+}
+
+// Daemon is a running hotkeyd.
+type Daemon struct {
+	cfg      Config
+	log      *slog.Logger
+	id       string
+	policies Policies
+	readyz   *hotkey.Policy
+
+	ln       net.Listener
+	httpSrv  *http.Server
+	conns    connTracker
+	httpDone chan struct{} // closed when HTTP Shutdown has returned
+	failed   chan error
+
+	ns       *natsserver.Server // nil when joining an existing NATS
+	natsURL  string
+	nc       *nats.Conn
+	ncClosed chan struct{}
+	svc      micro.Service
+
+	store  counter.Store
+	redis  redis.UniversalClient // nil for the memory store
+	coord  *coordinator.NATS
+	engine *hotkey.Engine
+	reg    *prometheus.Registry
+
+	shutdown sync.Once
+	stopErr  error
+}
+
+// Start starts a daemon as cfg says and returns once it serves. Errors name
+// the flag to change.
+func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_ *Daemon, err error) {
+	d := &Daemon{cfg: cfg, log: log, failed: make(chan error, 1), ncClosed: make(chan struct{}), httpDone: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			d.abort()
+		}
+	}()
+	if d.policies, err = loadPolicies(cfg.Policies); err != nil {
+		return nil, err
+	}
+	d.readyz = &hotkey.Policy{Name: "hotkeyd_readyz", Limit: counter.Limit{Rate: 1 << 30, Period: time.Second}}
+	d.id = instanceID()
+
+	if d.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, listenError("HTTP", cfg.Listen, "listen", err)
+	}
+	if err = d.startNATS(); err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	if err = d.openStore(sctx); err != nil {
+		return nil, err
+	}
+
+	d.reg = prometheus.NewRegistry()
+	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "hotkeyd_build_info",
+		Help:        "Always 1; the daemon's version and instance ID as labels.",
+		ConstLabels: prometheus.Labels{"version": version, "instance": d.id},
+	})
+	build.Set(1)
+	d.reg.MustRegister(build)
+
+	if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Logger: log}); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	probe := cfg.BreakerProbe
+	d.engine, err = hotkey.New(d.store,
+		hotkey.WithCoordinator(d.coord),
+		hotkey.WithMetrics(d.reg),
+		hotkey.WithLogger(log),
+		hotkey.WithDetector(detector.Config{Threshold: cfg.HotThreshold, CoolDown: cfg.CoolDown}),
+		hotkey.WithBreaker(hotkey.DefaultBreakerFailures, probe, max(hotkey.DefaultBreakerMaxProbe, probe)),
+	)
+	if err != nil {
+		return nil, err
+	}
+
+	d.svc, err = micro.AddService(d.nc, micro.Config{
+		Name:        ServiceName,
+		Version:     serviceVersion(version),
+		Description: "hotkey rate-limit decisions: request on " + natsSubject + " with {\"policy\":\"default\",\"key\":\"user_123\",\"cost\":1}",
+		Metadata:    map[string]string{"instance": d.id},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("NATS micro service: %w", err)
+	}
+	if err = d.svc.AddEndpoint("allow", micro.HandlerFunc(d.handleNATS), micro.WithEndpointSubject(natsSubject)); err != nil {
+		return nil, fmt.Errorf("NATS micro endpoint %s: %w", natsSubject, err)
+	}
+	if err = d.nc.FlushTimeout(startTimeout); err != nil {
+		return nil, fmt.Errorf("NATS: flush: %w", err)
+	}
+
+	d.httpSrv = &http.Server{
+		Handler:           d.routes(),
+		ConnState:         d.conns.track,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	go func() {
+		if err := d.httpSrv.Serve(d.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			d.failed <- err
+		}
+	}()
+	store := "memory"
+	switch {
+	case cfg.Redis != "":
+		store = "redis " + redactURL(cfg.Redis)
+	case len(cfg.RedisCluster) > 0:
+		store = "redis cluster " + strings.Join(cfg.RedisCluster, ",")
+	}
+	nats := d.natsURL
+	if d.ns != nil {
+		nats = "embedded " + d.natsURL
+	}
+	log.Info("serving", "http", d.Addr(), "nats", nats, "store", store, "instance", d.id,
+		"policies", strings.Join(d.policies.Names(), ","), "version", version)
+	return d, nil
+}
+
+// Addr returns the HTTP listen address.
+func (d *Daemon) Addr() string { return d.ln.Addr().String() }
+
+// NATSURL returns the URL the daemon connects to NATS with (the embedded
+// server's, unless --nats).
+func (d *Daemon) NATSURL() string { return d.natsURL }
+
+// ID returns the instance ID (the origin of its leases in /v1/hotkeys).
+func (d *Daemon) ID() string { return d.id }
+
+// Failed reports an HTTP server that stopped on its own.
+func (d *Daemon) Failed() <-chan error { return d.failed }
+
+func instanceID() string {
+	host, _ := os.Hostname()
+	if len(host) > 40 {
+		host = host[:40]
+	}
+	var b [4]byte
+	_, _ = rand.Read(b[:])
+	if host == "" {
+		host = "hotkeyd"
+	}
+	return host + "-" + hex.EncodeToString(b[:])
+}
+
+func loadPolicies(file string) (Policies, error) {
+	if file == "" {
+		return Policies{DefaultPolicy: BuiltinPolicy()}, nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("policies file, set by %s: %w", flagName("policies"), err)
+	}
+	ps, err := ParsePolicies(data)
+	if err != nil {
+		return nil, fmt.Errorf("policies file %s refused: %w", file, err)
+	}
+	return ps, nil
+}
+
+// listenError explains a failed listen, naming the flag to change.
+func listenError(what, addr, flag string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%s address %s is already in use: change it with %s", what, addr, flagName(flag))
+	}
+	return fmt.Errorf("cannot listen on %s for %s: %v; change it with %s", addr, what, err, flagName(flag))
+}
+
+// startNATS starts the embedded server (unless --nats) and connects.
+func (d *Daemon) startNATS() error {
+	cfg := d.cfg
+	opts := []nats.Option{
+		nats.Name("hotkeyd " + d.id),
+		nats.Timeout(2 * time.Second),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(500 * time.Millisecond),
+		nats.ReconnectBufSize(-1),
+		nats.NoEcho(), // the coordinator ignores its own messages anyway
+		nats.DrainTimeout(drainTimeout),
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if !nc.IsClosed() && !nc.IsDraining() {
+				d.log.Warn("disconnected from NATS: decisions go on; hot keys are agreed again on reconnect", "err", err)
+			}
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			d.log.Info("reconnected to NATS", "url", redactURL(nc.ConnectedUrl()))
+		}),
+		nats.ClosedHandler(func(*nats.Conn) { close(d.ncClosed) }),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			d.log.Warn("NATS error", "err", err)
+		}),
+	}
+	switch {
+	case cfg.NATSUser != "":
+		opts = append(opts, nats.UserInfo(cfg.NATSUser, cfg.NATSPassword))
+	case cfg.NATSToken != "":
+		opts = append(opts, nats.Token(cfg.NATSToken))
+	case cfg.NATSNkeySeed != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.NATSNkeySeed)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", flagName("nats-nkey-seed"), cfg.NATSNkeySeed, err)
+		}
+		opts = append(opts, o)
+	case cfg.NATSCreds != "":
+		if _, err := os.Stat(cfg.NATSCreds); err != nil {
+			return fmt.Errorf("%s: %w", flagName("nats-creds"), err)
+		}
+		opts = append(opts, nats.UserCredentials(cfg.NATSCreds))
+	}
+	if cfg.NATSCA != "" {
+		opts = append(opts, nats.RootCAs(cfg.NATSCA))
+	}
+	if cfg.NATSCert != "" {
+		opts = append(opts, nats.ClientCert(cfg.NATSCert, cfg.NATSKey))
+	}
+
+	if cfg.NATS == "" {
+		if err := d.startEmbedded(); err != nil {
+			return err
+		}
+	} else {
+		d.natsURL = cfg.NATS
+	}
+	nc, err := nats.Connect(d.natsURL, opts...)
+	if err != nil {
+		if d.ns != nil {
+			return fmt.Errorf("connect to the embedded NATS server at %s: %w", d.natsURL, err)
+		}
+		return fmt.Errorf("connect to NATS at %s, set by %s: %w", redactURLs(d.natsURL), flagName("nats"), err)
+	}
+	d.nc = nc
+	return nil
+}
+
+// startEmbedded starts the embedded NATS server on --nats-listen.
+func (d *Daemon) startEmbedded() error {
+	addr := d.cfg.NATSListen
+	host, portStr, _ := net.SplitHostPort(addr)
+	port, _ := strconv.Atoi(portStr)
+	// nats-server reports a port in use only as a readiness timeout: try
+	// the address first, for a clear message.
+	if port != 0 {
+		l, err := net.Listen("tcp", addr)
+		if err != nil {
+			return listenError("embedded NATS server", addr, "nats-listen", err)
+		}
+		l.Close()
+	}
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	ns, err := natsserver.Start(natsserver.Options{
+		ReadyTimeout: startTimeout,
+		Configure: func(o *server.Options) {
+			o.Host, o.Port = host, port
+			if host == "" {
+				o.Host = "0.0.0.0"
+			}
+			o.ServerName = "hotkeyd-" + d.id
+			switch {
+			case d.cfg.NATSUser != "":
+				o.Username, o.Password = d.cfg.NATSUser, d.cfg.NATSPassword
+			case d.cfg.NATSToken != "":
+				o.Authorization = d.cfg.NATSToken
+			}
+		},
+	})
+	if err != nil {
+		return fmt.Errorf("embedded NATS server on %s: %w; change the address with %s, or join another NATS with %s", addr, err, flagName("nats-listen"), flagName("nats"))
+	}
+	d.ns = ns
+	connectHost := host
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		connectHost = "127.0.0.1"
+		if ip != nil && ip.To4() == nil {
+			connectHost = "::1"
+		}
+	}
+	p := ns.Server().Addr().(*net.TCPAddr).Port
+	d.natsURL = "nats://" + net.JoinHostPort(connectHost, strconv.Itoa(p))
+	return nil
+}
+
+// openStore opens the counter store: memory, or Redis.
+func (d *Daemon) openStore(ctx context.Context) error {
+	cfg := d.cfg
+	var what string
+	switch {
+	case cfg.Redis != "":
+		opt, err := redis.ParseURL(cfg.Redis)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", flagName("redis"), redactURL(cfg.Redis), err)
+		}
+		if opt.DialTimeout == 0 {
+			opt.DialTimeout = redisDial
+		}
+		if opt.MaxRetries == 0 {
+			opt.MaxRetries = 1
+		}
+		if opt.DialerRetries == 0 {
+			opt.DialerRetries = 1 // a refused dial fails the call at once, not at its deadline
+		}
+		opt.ContextTimeoutEnabled = true
+		opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+		d.redis = redis.NewClient(opt)
+		what = fmt.Sprintf("Redis at %s, set by %s", redactURL(cfg.Redis), flagName("redis"))
+	case len(cfg.RedisCluster) > 0:
+		d.redis = redis.NewClusterClient(&redis.ClusterOptions{
+			Addrs:                    cfg.RedisCluster,
+			DialTimeout:              redisDial,
+			MaxRetries:               1,
+			DialerRetries:            1,
+			ContextTimeoutEnabled:    true,
+			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+		})
+		what = fmt.Sprintf("Redis Cluster at %s, set by %s", strings.Join(cfg.RedisCluster, ","), flagName("redis-cluster"))
+	default:
+		d.store = counter.NewMemoryStore(counter.MemoryConfig{})
+		return nil
+	}
+	if err := d.redis.Ping(ctx).Err(); err != nil {
+		return fmt.Errorf("cannot reach %s: %w", what, err)
+	}
+	s, err := counter.NewRedisStore(ctx, d.redis, counter.RedisConfig{})
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	d.store = s
+	return nil
+}
+
+// redactURL hides the password of a URL, for logs and errors.
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	return u.Redacted()
+}
+
+func redactURLs(s string) string {
+	parts := strings.Split(s, ",")
+	for i, p := range parts {
+		parts[i] = redactURL(strings.TrimSpace(p))
+	}
+	return strings.Join(parts, ",")
+}
+
+// Shutdown stops the daemon gracefully: HTTP stops accepting and finishes
+// the requests in flight, the NATS micro service stops and the connection
+// drains (finishing its requests in flight), then the engine (and its
+// coordinator), the store and the embedded NATS server stop. It returns
+// when all is stopped or ctx is done.
+func (d *Daemon) Shutdown(ctx context.Context) error {
+	d.shutdown.Do(func() { d.stopErr = d.stop(ctx) })
+	return d.stopErr
+}
+
+func (d *Daemon) stop(ctx context.Context) error {
+	var errs []error
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // HTTP and NATS drain in parallel
+		defer wg.Done()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			// Connections that never sent a request (HTTP clients dial
+			// ahead) would hold Shutdown for 5 s: close them once a
+			// request sent on a new connection would have been read.
+			t := time.NewTicker(newConnGrace)
+			defer t.Stop()
+			for {
+				select {
+				case <-t.C:
+					d.conns.closeNew()
+				case <-ctx.Done():
+					return
+				case <-d.httpDone:
+					return
+				}
+			}
+		}()
+		err := d.httpSrv.Shutdown(ctx)
+		close(d.httpDone)
+		<-done
+		if err != nil {
+			errs = append(errs, fmt.Errorf("HTTP: %w", err))
+			d.httpSrv.Close()
+		}
+	}()
+	var natsErr error
+	if err := d.svc.Stop(); err != nil {
+		natsErr = fmt.Errorf("NATS micro service: %w", err)
+	}
+	if err := d.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+		natsErr = errors.Join(natsErr, fmt.Errorf("NATS drain: %w", err))
+	}
+	select {
+	case <-d.ncClosed:
+	case <-ctx.Done():
+		d.nc.Close()
+		natsErr = errors.Join(natsErr, errors.New("NATS drain: timed out"))
+	}
+	wg.Wait()
+	if natsErr != nil {
+		errs = append(errs, natsErr)
+	}
+	d.closeRest()
+	return errors.Join(errs...)
+}
+
+// closeRest stops what runs behind the APIs: the engine and its
+// coordinator, the store, the embedded NATS server.
+func (d *Daemon) closeRest() {
+	if d.engine != nil {
+		d.engine.Close()
+	} else if d.coord != nil {
+		d.coord.Close()
+	}
+	if d.store != nil {
+		d.store.Close()
+	}
+	if d.redis != nil {
+		d.redis.Close()
+	}
+	if d.ns != nil {
+		d.ns.Shutdown()
+	}
+}
+
+// abort undoes a Start that failed part way.
+func (d *Daemon) abort() {
+	if d.svc != nil {
+		d.svc.Stop()
+	}
+	if d.ln != nil {
+		d.ln.Close()
+	}
+	if d.nc != nil {
+		d.nc.Close()
+	}
+	d.closeRest()
+}
+
+// redisLogger sends go-redis's own log lines to slog.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.log.Debug("redis: " + fmt.Sprintf(format, v...))
+}
+
+// connTracker follows the HTTP connections' states, so that a shutdown can
+// close those that never sent a request.
+type connTracker struct {
+	mu    sync.Mutex
+	conns map[net.Conn]http.ConnState
+}
+
+func (t *connTracker) track(c net.Conn, s http.ConnState) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	switch s {
+	case http.StateClosed, http.StateHijacked:
+		delete(t.conns, c)
+	default:
+		if t.conns == nil {
+			t.conns = make(map[net.Conn]http.ConnState)
+		}
+		t.conns[c] = s
+	}
+}
+
+// closeNew closes the connections still waiting for their first request.
+func (t *connTracker) closeNew() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for c, s := range t.conns {
+		if s == http.StateNew {
+			c.Close()
+		}
+	}
+}

@@ -1,0 +1,115 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m)
+}
+
+// TestInProcess runs a daemon in this process (memory store, embedded
+// NATS on kernel-chosen ports), asks it over HTTP and NATS, shuts it down,
+// and checks (goleak, in TestMain) that nothing it started is left running.
+func TestInProcess(t *testing.T) {
+	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--hot-threshold", "50"}, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var logs bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil))
+	d, err := Start(context.Background(), cfg, log, "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+		defer cancel()
+		if err := d.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	}()
+	client := &http.Client{Transport: &http.Transport{}}
+	defer client.CloseIdleConnections()
+
+	resp, err := client.Post("http://"+d.Addr()+"/v1/allow", "application/json", strings.NewReader(`{"key":"k"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 || !strings.Contains(string(body), `"allowed":true,"limit":100,"remaining":99`) {
+		t.Fatalf("allow: %d %s", resp.StatusCode, body)
+	}
+
+	nc, err := nats.Connect(d.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	msg, err := nc.Request("hotkey.allow", []byte(`{"key":"k","cost":2}`), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ar AllowResponse
+	if err := json.Unmarshal(msg.Data, &ar); err != nil || !ar.Allowed || ar.Remaining < 97 || ar.Remaining > 98 {
+		t.Fatalf("NATS allow: %s %v", msg.Data, err)
+	}
+	msg, err = nc.Request("hotkey.allow", []byte(`{"key":"k","policy":"nope"}`), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if code := msg.Header.Get("Nats-Service-Error-Code"); code != "404" {
+		t.Fatalf("unknown policy over NATS: code %q, %s", code, msg.Data)
+	}
+
+	// A key driven hot is listed by /v1/hotkeys, with this daemon as origin.
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		for i := 0; i < 100; i++ {
+			if _, err := nc.Request("hotkey.allow", []byte(`{"key":"hot"}`), 2*time.Second); err != nil {
+				t.Fatal(err)
+			}
+		}
+		resp, err := client.Get("http://" + d.Addr() + "/v1/hotkeys")
+		if err != nil {
+			t.Fatal(err)
+		}
+		var hk HotKeys
+		err = json.NewDecoder(resp.Body).Decode(&hk)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(hk.HotKeys) == 1 && hk.HotKeys[0].Key == "hot" && hk.HotKeys[0].Origin == d.ID() && hk.HotKeys[0].Level >= 4 && hk.Peers == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/v1/hotkeys: %+v", hk)
+		}
+	}
+}
+
+// syncWriter serializes writes to w.
+type syncWriter struct {
+	mu sync.Mutex
+	w  io.Writer
+}
+
+func (s *syncWriter) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.w.Write(p)
+}

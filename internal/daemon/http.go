@@ -1,0 +1,172 @@
+package daemon
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/hotkeyd/hotkey"
+)
+
+// routes returns the HTTP API.
+func (d *Daemon) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/allow", d.handleAllow)
+	mux.HandleFunc("/v1/hotkeys", get(d.handleHotKeys))
+	metrics := promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{ErrorLog: slogPrinter{d}})
+	mux.HandleFunc("/metrics", get(metrics.ServeHTTP))
+	mux.HandleFunc("/healthz", get(func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+	}))
+	mux.HandleFunc("/readyz", get(d.handleReady))
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint %s: the API is POST /v1/allow, GET /v1/hotkeys, /metrics, /healthz, /readyz", truncate(r.URL.Path, 100)))
+	})
+	return mux
+}
+
+// get allows only GET and HEAD to h.
+func get(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != http.MethodGet && r.Method != http.MethodHead {
+			w.Header().Set("Allow", "GET, HEAD")
+			writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on %s: use GET", r.Method, r.URL.Path))
+			return
+		}
+		h(w, r)
+	}
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil { // not with the types written here
+		status, b = http.StatusInternalServerError, []byte(`{"error":"encoding the response failed"}`)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
+	w.WriteHeader(status)
+	w.Write(append(b, '\n'))
+}
+
+func writeError(w http.ResponseWriter, status int, msg string) {
+	writeJSON(w, status, ErrorResponse{Error: msg})
+}
+
+// handleAllow is POST /v1/allow.
+func (d *Daemon) handleAllow(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on /v1/allow: use POST with a JSON body like %s", r.Method, exampleBody))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over the %d bytes allowed", MaxBody))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
+		return
+	}
+	req, err := DecodeAllow(body)
+	if err != nil {
+		ae := err.(*apiError)
+		writeError(w, ae.Status, ae.Msg)
+		return
+	}
+	resp, p, res, ae := d.decide(r.Context(), req)
+	if ae != nil {
+		writeError(w, ae.Status, ae.Msg)
+		return
+	}
+	hotkey.SetHeaders(w.Header(), p, res, time.Now()) // the X-RateLimit-*, RateLimit-Policy, RateLimit and, if denied, Retry-After headers
+	status := http.StatusOK
+	if !res.Allowed {
+		status = http.StatusTooManyRequests
+	}
+	writeJSON(w, status, resp)
+}
+
+// HotKey is one entry of GET /v1/hotkeys.
+type HotKey struct {
+	Key         string `json:"key"`
+	Level       int    `json:"level"`
+	ExpiresInMs int64  `json:"expires_in_ms"`
+	Origin      string `json:"origin"`
+}
+
+// HotKeys is the body of GET /v1/hotkeys.
+type HotKeys struct {
+	Peers   int      `json:"peers"`
+	HotKeys []HotKey `json:"hotkeys"`
+}
+
+func (d *Daemon) handleHotKeys(w http.ResponseWriter, r *http.Request) {
+	leases := d.coord.Leases()
+	out := HotKeys{Peers: max(0, d.engine.Instances()-1), HotKeys: make([]HotKey, 0, len(leases))}
+	for _, l := range leases {
+		out.HotKeys = append(out.HotKeys, HotKey{Key: l.Key, Level: l.Level, ExpiresInMs: ceilDiv(l.ExpiresIn, time.Millisecond), Origin: l.Origin})
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// Readiness is the body of GET /readyz.
+type Readiness struct {
+	Status string `json:"status"`
+	Reason string `json:"reason,omitempty"`
+}
+
+func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
+	if reasons := d.notReady(r.Context()); len(reasons) > 0 {
+		writeJSON(w, http.StatusServiceUnavailable, Readiness{Status: "not ready", Reason: strings.Join(reasons, "; ")})
+		return
+	}
+	writeJSON(w, http.StatusOK, Readiness{Status: "ready"})
+}
+
+// notReady says why the store or the coordinator is not usable now, if it
+// is not.
+func (d *Daemon) notReady(ctx context.Context) []string {
+	var reasons []string
+	if st := d.nc.Status(); st != nats.CONNECTED {
+		reasons = append(reasons, fmt.Sprintf("NATS connection %s: hot keys are not agreed with other daemons", strings.ToLower(st.String())))
+	}
+	pingOK := true
+	if d.redis != nil {
+		pctx, cancel := context.WithTimeout(ctx, pingTimeout)
+		err := d.redis.Ping(pctx).Err()
+		cancel()
+		if err != nil {
+			pingOK = false
+			reasons = append(reasons, "Redis PING failed: "+err.Error())
+		}
+	}
+	if d.engine.BreakerState() == hotkey.BreakerOpen {
+		// With no traffic an open breaker would never probe the store:
+		// this decision lets it, when its probe is due.
+		open := !pingOK
+		if !open {
+			res, err := d.engine.Decide(ctx, readyzKey, d.readyz, 1)
+			open = err != nil || res.Degraded
+		}
+		if open {
+			reasons = append(reasons, "store circuit breaker open: decisions follow each policy's on_store_failure until a probe of the store succeeds")
+		}
+	}
+	return reasons
+}
+
+// slogPrinter is promhttp's error log.
+type slogPrinter struct{ d *Daemon }
+
+func (p slogPrinter) Println(v ...any) { p.d.log.Warn("metrics: " + fmt.Sprint(v...)) }

@@ -1,0 +1,457 @@
+package daemon
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/counter"
+)
+
+// DefaultPolicy is the name of the policy a request without one uses.
+const DefaultPolicy = "default"
+
+// maxPolicyName bounds a policy's name, which travels in headers and metric
+// labels.
+const maxPolicyName = 64
+
+// maxPoliciesFile bounds the size of a policies file.
+const maxPoliciesFile = 1 << 20
+
+// BuiltinPolicy returns the policy the daemon serves as "default" when the
+// policies file has none: token bucket, 100 per second, burst 100, local
+// fallback.
+func BuiltinPolicy() *hotkey.Policy {
+	return &hotkey.Policy{
+		Name:           DefaultPolicy,
+		Limit:          counter.Limit{Algorithm: counter.TokenBucket, Rate: 100, Period: time.Second, Burst: 100},
+		OnStoreFailure: hotkey.FallbackLocal,
+	}
+}
+
+// Policies are the named policies a daemon serves.
+type Policies map[string]*hotkey.Policy
+
+// Names returns the policy names, sorted.
+func (p Policies) Names() []string {
+	names := make([]string, 0, len(p))
+	for n := range p {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	return names
+}
+
+// PolicyError is a policies file the daemon refuses: Line is the line at
+// fault (1-based, 0 when the file as a whole is), Field the path of the
+// field ("policies.login.period").
+type PolicyError struct {
+	Line  int
+	Field string
+	Msg   string
+}
+
+func (e *PolicyError) Error() string {
+	var b strings.Builder
+	if e.Line > 0 {
+		fmt.Fprintf(&b, "line %d: ", e.Line)
+	}
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
+	line := 0
+	if n != nil {
+		line = n.Line
+	}
+	return &PolicyError{Line: line, Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// ParsePolicies parses a policies file:
+//
+//	policies:
+//	  default:
+//	    algorithm: token_bucket    # token_bucket (default), sliding_window, fixed_window, sliding_log
+//	    limit: 100                 # requests per period, required
+//	    period: 1s                 # Go duration, required
+//	    burst: 100                 # token_bucket only; default = limit
+//	    on_store_failure: local    # local (default), open, closed
+//	    allowlist: [health_check]  # keys a closed policy still admits
+//
+// Unknown fields, duplicate names or fields, and values the engine cannot
+// enforce are errors (a *PolicyError naming the line and field). A file
+// without a "default" policy gets the built-in one.
+func ParsePolicies(data []byte) (Policies, error) {
+	if len(data) > maxPoliciesFile {
+		return nil, &PolicyError{Msg: fmt.Sprintf("file is %d bytes, over the %d allowed", len(data), maxPoliciesFile)}
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, &PolicyError{Msg: "file is empty: want a top-level \"policies:\" mapping"}
+		}
+		return nil, yamlError(data, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		at := &extra
+		if len(extra.Content) > 0 {
+			at = extra.Content[0]
+		}
+		return nil, perr(at, "", "a second YAML document: the file must hold one")
+	} else if !errors.Is(err, io.EOF) {
+		return nil, yamlError(data, err)
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode {
+		if len(root.Content) == 0 {
+			return nil, &PolicyError{Msg: "file is empty: want a top-level \"policies:\" mapping"}
+		}
+		root = root.Content[0]
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, perr(root, "", "want a mapping with a \"policies\" key, found %s", kindName(root))
+	}
+	var list *yaml.Node
+	if err := eachField(root, "", func(key string, k, v *yaml.Node) error {
+		if key != "policies" {
+			return perr(k, key, "unknown field (the only top-level field is \"policies\")")
+		}
+		list = v
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if list == nil {
+		return nil, perr(root, "policies", "missing: want a \"policies:\" mapping of names to policies")
+	}
+	if list.Kind != yaml.MappingNode {
+		return nil, perr(list, "policies", "want a mapping of names to policies, found %s", kindName(list))
+	}
+	if len(list.Content) == 0 {
+		return nil, perr(list, "policies", "no policies: define at least one, or leave --policies out for the built-in default")
+	}
+	ps := make(Policies)
+	if err := eachField(list, "policies", func(name string, k, v *yaml.Node) error {
+		if err := checkPolicyName(name); err != nil {
+			return perr(k, "policies."+name, "%v", err)
+		}
+		p, err := parsePolicy(name, v)
+		if err != nil {
+			return err
+		}
+		ps[name] = p
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	if _, ok := ps[DefaultPolicy]; !ok {
+		ps[DefaultPolicy] = BuiltinPolicy()
+	}
+	return ps, nil
+}
+
+// yamlError turns a YAML syntax error into a PolicyError with its line.
+// yaml.v3 names the line where the enclosing block starts; the line at
+// fault is the first whose inclusion makes the same error appear, which
+// is found for files of up to maxScanLines lines.
+func yamlError(data []byte, err error) error {
+	line, msg := splitYAMLError(err)
+	if l := faultLine(data, msg); l > 0 {
+		line = l
+	}
+	return &PolicyError{Line: line, Msg: "invalid YAML: " + msg}
+}
+
+// maxScanLines and maxScanBytes bound the files faultLine scans (it parses
+// prefixes).
+const (
+	maxScanLines = 500
+	maxScanBytes = 64 << 10
+)
+
+// faultLine returns the line at fault for a YAML error msg: the first line
+// n such that the first n lines, and every longer prefix, fail with msg
+// (an earlier prefix may fail only for being cut short, inside a flow list
+// that a later line closes). 0 if not found.
+func faultLine(data []byte, msg string) int {
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	if len(lines) > maxScanLines || len(data) > maxScanBytes {
+		return 0
+	}
+	ends := make([]int, len(lines))
+	end := 0
+	for i, l := range lines {
+		end += len(l)
+		ends[i] = end
+	}
+	fails := func(n int) bool { // the first n lines fail with msg
+		dec := yaml.NewDecoder(bytes.NewReader(data[:ends[n-1]]))
+		for {
+			var doc yaml.Node
+			err := dec.Decode(&doc)
+			switch {
+			case err == nil:
+				continue
+			case errors.Is(err, io.EOF):
+				return false
+			}
+			_, m := splitYAMLError(err)
+			return m == msg
+		}
+	}
+	n := len(lines)
+	if !fails(n) {
+		return 0
+	}
+	for n > 1 && fails(n-1) {
+		n--
+	}
+	return n
+}
+
+// splitYAMLError splits yaml.v3's "yaml: line N: msg".
+func splitYAMLError(err error) (int, string) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if i := strings.IndexByte(rest, ':'); i > 0 {
+			if n, err := strconv.Atoi(rest[:i]); err == nil {
+				return n, strings.TrimSpace(rest[i+1:])
+			}
+		}
+	}
+	return 0, msg
+}
+
+// eachField calls f for each key of mapping m, in order, refusing
+// duplicate and non-scalar keys. path names m in errors.
+func eachField(m *yaml.Node, path string, f func(key string, k, v *yaml.Node) error) error {
+	seen := make(map[string]int, len(m.Content)/2)
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], m.Content[i+1]
+		if k.Kind != yaml.ScalarNode {
+			return perr(k, path, "want a name as key, found %s", kindName(k))
+		}
+		key := k.Value
+		field := key
+		if path != "" {
+			field = path + "." + key
+		}
+		if k.Tag == "!!merge" {
+			return perr(k, field, "merge keys (<<) are not supported")
+		}
+		if first, ok := seen[key]; ok {
+			return perr(k, field, "defined twice (first on line %d)", first)
+		}
+		seen[key] = k.Line
+		if err := f(key, k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkPolicyName accepts 1 to 64 of A-Z a-z 0-9 _ - . : (names appear in
+// HTTP headers and metric labels).
+func checkPolicyName(name string) error {
+	if name == "" || len(name) > maxPolicyName {
+		return fmt.Errorf("policy name must be 1 to %d characters", maxPolicyName)
+	}
+	for i := 0; i < len(name); i++ {
+		c := name[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.' || c == ':') {
+			return fmt.Errorf("policy name %q: use only letters, digits and _ - . :", name)
+		}
+	}
+	return nil
+}
+
+func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
+	path := "policies." + name
+	if n.Kind != yaml.MappingNode {
+		return nil, perr(n, path, "want a mapping (algorithm, limit, period, ...), found %s", kindName(n))
+	}
+	p := &hotkey.Policy{Name: name, OnStoreFailure: hotkey.FallbackLocal}
+	var (
+		limitNode, periodNode, burstNode, algNode *yaml.Node
+		haveBurst                                 bool
+	)
+	err := eachField(n, path, func(key string, k, v *yaml.Node) error {
+		field := path + "." + key
+		switch key {
+		case "algorithm":
+			s, err := scalarString(v, field)
+			if err != nil {
+				return err
+			}
+			a, err := counter.ParseAlgorithm(s)
+			if err != nil {
+				return perr(v, field, "unknown algorithm %q: want token_bucket, sliding_window, fixed_window or sliding_log", s)
+			}
+			p.Limit.Algorithm, algNode = a, v
+		case "limit":
+			x, err := scalarInt(v, field)
+			if err != nil {
+				return err
+			}
+			if x <= 0 {
+				return perr(v, field, "must be a positive number of requests per period, got %d", x)
+			}
+			p.Limit.Rate, limitNode = x, v
+		case "period":
+			s, err := scalarString(v, field)
+			if err != nil {
+				return err
+			}
+			d, err := time.ParseDuration(s)
+			if err != nil {
+				return perr(v, field, "%q is not a duration: write e.g. 1s, 1m, 500ms, 1h", s)
+			}
+			if d <= 0 {
+				return perr(v, field, "must be positive, got %v", d)
+			}
+			p.Limit.Period, periodNode = d, v
+		case "burst":
+			x, err := scalarInt(v, field)
+			if err != nil {
+				return err
+			}
+			if x <= 0 {
+				return perr(v, field, "must be positive, got %d (leave it out for burst = limit)", x)
+			}
+			p.Limit.Burst, burstNode, haveBurst = x, v, true
+		case "on_store_failure":
+			s, err := scalarString(v, field)
+			if err != nil {
+				return err
+			}
+			f, err := hotkey.ParseFallback(s)
+			if err != nil || f == hotkey.FallbackError {
+				return perr(v, field, "unknown value %q: want local, open or closed", s)
+			}
+			p.OnStoreFailure = f
+		case "allowlist":
+			list, err := stringList(v, field)
+			if err != nil {
+				return err
+			}
+			p.Allowlist = list
+		default:
+			return perr(k, field, "unknown field: want algorithm, limit, period, burst, on_store_failure or allowlist")
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if limitNode == nil {
+		return nil, perr(n, path+".limit", "missing: how many requests per period")
+	}
+	if periodNode == nil {
+		return nil, perr(n, path+".period", "missing: the period of the limit, e.g. 1s or 1m")
+	}
+	if haveBurst && p.Limit.Algorithm != counter.TokenBucket {
+		return nil, perr(burstNode, path+".burst", "applies to token_bucket only, not %v", p.Limit.Algorithm)
+	}
+	if err := p.Limit.Validate(); err != nil {
+		at, field := limitNode, path+".limit"
+		if errors.Is(err, counter.ErrInvalidPeriod) {
+			at, field = periodNode, path+".period"
+		} else if errors.Is(err, counter.ErrInvalidBurst) {
+			at, field = burstNode, path+".burst"
+		} else if errors.Is(err, counter.ErrUnknownAlgorithm) && algNode != nil {
+			at, field = algNode, path+".algorithm"
+		}
+		return nil, perr(at, field, "%v", err)
+	}
+	return p, nil
+}
+
+func scalarString(v *yaml.Node, field string) (string, error) {
+	if v.Kind != yaml.ScalarNode || v.Tag == "!!null" {
+		return "", perr(v, field, "want a single value, found %s", kindName(v))
+	}
+	return v.Value, nil
+}
+
+func scalarInt(v *yaml.Node, field string) (int64, error) {
+	if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
+		return 0, perr(v, field, "want a whole number, found %s", kindName(v))
+	}
+	var x int64
+	if err := v.Decode(&x); err != nil {
+		return 0, perr(v, field, "%q is not a whole number in range", v.Value)
+	}
+	return x, nil
+}
+
+func stringList(v *yaml.Node, field string) ([]string, error) {
+	if v.Kind != yaml.SequenceNode {
+		return nil, perr(v, field, "want a list of keys, e.g. [health_check], found %s", kindName(v))
+	}
+	out := make([]string, 0, len(v.Content))
+	for i, it := range v.Content {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		if it.Kind != yaml.ScalarNode || it.Tag == "!!null" {
+			return nil, perr(it, f, "want a key, found %s", kindName(it))
+		}
+		switch {
+		case it.Value == "":
+			return nil, perr(it, f, "empty key")
+		case len(it.Value) > hotkey.DefaultMaxKeyLen:
+			return nil, perr(it, f, "key is %d bytes, over the %d allowed", len(it.Value), hotkey.DefaultMaxKeyLen)
+		}
+		out = append(out, it.Value)
+	}
+	return out, nil
+}
+
+// kindName describes a node for errors.
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.DocumentNode:
+		return "a document"
+	case yaml.ScalarNode:
+		switch n.Tag {
+		case "!!null":
+			return "nothing"
+		case "!!str":
+			return fmt.Sprintf("the text %q", truncate(n.Value, 40))
+		}
+		return fmt.Sprintf("%q", truncate(n.Value, 40))
+	}
+	return "an unexpected value"
+}
+
+// truncate shortens s to at most n bytes (on a rune boundary) for messages.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
+func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
