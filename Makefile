@@ -6,12 +6,35 @@ BENCH ?= .
 BENCHOUT ?= bench.out
 BENCHROUNDS ?= 3
 
-.PHONY: test vet redis bench bench-report
+.PHONY: test vet redis bench bench-report chaos fuzz
 
 # make test: what CI runs. Installs redis-server when missing (the tests start
 # their own servers on loopback), then vets and runs every test with -race.
 test: redis vet
 	$(GO) test -race -count=1 -timeout 15m ./...
+
+# make chaos: the fault tests (TestChaos*, chaos_test.go) with their
+# figures (-v): redis-server killed and restarted, made slow, a NATS
+# partition, a flood of distinct keys, a hot attacker against the deny
+# cache. First all of them under the race detector, where the flood is cut to
+# 500k keys; then the flood alone at its full 10M keys without it, since the
+# race detector would make that run take minutes. make test runs them too.
+chaos: redis
+	$(GO) test -race -count=1 -timeout 15m -run 'TestChaos' -v .
+	$(GO) test -count=1 -timeout 15m -run 'TestChaosFlood' -v .
+
+# make fuzz: every fuzz target of the module (func FuzzX in a _test.go
+# file), FUZZTIME each (default 60s), one after the other.
+FUZZTIME ?= 60s
+fuzz:
+	@set -euo pipefail; \
+	targets=$$(grep -rn --include='*_test.go' -E '^func Fuzz[A-Za-z0-9_]*\(' . | \
+		sed -E 's|^(.*)/[^/]+_test\.go:[0-9]+:func (Fuzz[A-Za-z0-9_]*)\(.*|\1 \2|' | sort -u); \
+	test -n "$$targets" || { echo "no fuzz targets found"; exit 1; }; \
+	while read -r dir name; do \
+		echo "== $$name in $$dir for $(FUZZTIME)"; \
+		$(GO) test -run '^$$' -fuzz "^$$name\$$" -fuzztime $(FUZZTIME) "$$dir"; \
+	done <<< "$$targets"
 
 vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }

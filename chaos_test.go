@@ -1,0 +1,1088 @@
+package hotkey
+
+// The chaos tests put the engine under concurrent load against real servers
+// that they kill, slow down, partition and flood, and check what callers see:
+// counts and bounds, never tight times (the machine may be 2 noisy cores);
+// the times they measure are logged. `make chaos` runs them with -v, and the
+// flood at full size without the race detector.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+
+	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/internal/faultproxy"
+	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/internal/redistest"
+)
+
+// The store timeout and breaker of the Redis fault tests: short, so that
+// the tests are quick.
+const (
+	chaosTimeout  = 200 * time.Millisecond
+	chaosProbe    = 300 * time.Millisecond
+	chaosMaxProbe = 2 * time.Second
+)
+
+// chaosClient returns a client of addr that fails fast: no retries, one
+// dial attempt, chaosTimeout on every step. Its pool is large enough that
+// the dial errors of these tests never start go-redis's background redialer,
+// which could outlive Close.
+func chaosClient(t *testing.T, addr string) *redis.Client {
+	c := redis.NewClient(&redis.Options{
+		Addr:                     addr,
+		Protocol:                 2,
+		DisableIdentity:          true,
+		MaxRetries:               -1,
+		DialerRetries:            1,
+		DialTimeout:              chaosTimeout,
+		ReadTimeout:              chaosTimeout,
+		WriteTimeout:             chaosTimeout,
+		ContextTimeoutEnabled:    true,
+		PoolSize:                 64,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// chaosStore returns a Redis store on client with chaosTimeout per round
+// trip, closed when the test ends.
+func chaosStore(t *testing.T, client *redis.Client) *counter.RedisStore {
+	t.Helper()
+	s, err := counter.NewRedisStore(context.Background(), client, counter.RedisConfig{Timeout: chaosTimeout, Prefix: "chaos:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// breakerLog is a slog handler that records when an engine's circuit
+// breaker opened and closed, from the engine's own events.
+type breakerLog struct {
+	mu             sync.Mutex
+	opened, closed []time.Time
+}
+
+func (l *breakerLog) Enabled(context.Context, slog.Level) bool { return true }
+func (l *breakerLog) WithAttrs([]slog.Attr) slog.Handler       { return l }
+func (l *breakerLog) WithGroup(string) slog.Handler            { return l }
+
+func (l *breakerLog) Handle(_ context.Context, r slog.Record) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case strings.Contains(r.Message, "circuit breaker opened"):
+		l.opened = append(l.opened, r.Time)
+	case strings.Contains(r.Message, "circuit breaker closed"):
+		l.closed = append(l.closed, r.Time)
+	}
+	return nil
+}
+
+// first returns the first time in ts at or after since, or the zero time.
+func (l *breakerLog) first(ts *[]time.Time, since time.Time) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, at := range *ts {
+		if !at.Before(since) {
+			return at
+		}
+	}
+	return time.Time{}
+}
+
+// probeWait returns the wait before the next probe of e's open breaker (it
+// doubles after each failed probe).
+func probeWait(e *Engine) time.Duration {
+	e.brk.mu.Lock()
+	defer e.brk.mu.Unlock()
+	return e.brk.wait
+}
+
+// failStore counts the Takes that fail, by whether the engine's breaker
+// was closed when the call went out (a call let through as usual) or open
+// (a probe: only probes go out while it is open).
+type failStore struct {
+	counter.Store
+	e                    *Engine // set before the first decision
+	failed, probesFailed atomic.Int64
+
+	mu     sync.Mutex // guards probes
+	probes []probeCall
+}
+
+// probeCall is one call that went out while the breaker was open.
+type probeCall struct {
+	start, end time.Time
+	err        error
+}
+
+func (s *failStore) Take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (counter.Result, error) {
+	probe := s.e.BreakerState() == BreakerOpen
+	start := time.Now()
+	r, err := s.Store.Take(ctx, key, hash, lim, n)
+	if probe {
+		s.mu.Lock()
+		s.probes = append(s.probes, probeCall{start, time.Now(), err})
+		s.mu.Unlock()
+	}
+	if err != nil {
+		if probe {
+			s.probesFailed.Add(1)
+		} else {
+			s.failed.Add(1)
+		}
+	}
+	return r, err
+}
+
+// probesAfter returns the probes that ended after t.
+func (s *failStore) probesAfter(t time.Time) []probeCall {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []probeCall
+	for _, p := range s.probes {
+		if p.end.After(t) {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// quantile returns the q-quantile of ds (0 if empty).
+func latencyQuantile(ds []time.Duration, q float64) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := slices.Clone(ds)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// loadGroup runs workers until stop, which the test's cleanup also calls,
+// so that a failing test leaves no goroutine behind.
+type loadGroup struct {
+	wg   sync.WaitGroup
+	done chan struct{}
+	once sync.Once
+}
+
+func newLoadGroup(t *testing.T) *loadGroup {
+	g := &loadGroup{done: make(chan struct{})}
+	t.Cleanup(g.stop)
+	return g
+}
+
+func (g *loadGroup) goWork(f func(stop <-chan struct{})) {
+	g.wg.Add(1)
+	go func() { defer g.wg.Done(); f(g.done) }()
+}
+
+func (g *loadGroup) stop() {
+	g.once.Do(func() { close(g.done) })
+	g.wg.Wait()
+}
+
+// stopWithin stops the workers and fails t if one is still in a decision
+// after d: every decision must be answered.
+func (g *loadGroup) stopWithin(t *testing.T, d time.Duration) {
+	t.Helper()
+	g.once.Do(func() { close(g.done) })
+	stopped := make(chan struct{})
+	go func() { g.wg.Wait(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(d):
+		t.Fatalf("a decision was not answered %v after the load stopped", d)
+	}
+}
+
+// killTally is what one worker of TestChaosRedisKilled saw, per policy.
+type killTally struct {
+	decisions, errs, degraded, wrong [4]int
+	firstErr                         error
+	healthy, healthyDegraded         int // decisions before the kill and after the breakers closed again, and those degraded
+	shareAllowed                     int // the share key, while degraded
+	shareFirst, shareLast            time.Time
+	openLat                          []time.Duration // decisions made while the breaker was open
+	maxLat                           time.Duration
+}
+
+// TestChaosRedisKilled: two instances (each told there are 2) on one
+// redis-server, 8 goroutines deciding with the local, closed and open
+// fallbacks; the server is SIGKILLed mid-load, left down for a second and
+// restarted. Callers see no error and every decision is answered; each
+// breaker opens on its first failures and closes within two probe intervals
+// of the server's return; while open, local admits each instance's share of
+// the limit, closed only the allowlist, open everything.
+func TestChaosRedisKilled(t *testing.T) {
+	checkLeaks(t)
+	srv, err := redistest.Start(env.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+
+	const instances, workers = 2, 8
+	engines := make([]*Engine, instances)
+	stores := make([]*failStore, instances)
+	logs := make([]*breakerLog, instances)
+	for i := range engines {
+		stores[i] = &failStore{Store: chaosStore(t, chaosClient(t, srv.Addr))}
+		logs[i] = &breakerLog{}
+		e, err := New(stores[i], WithoutDetector(), WithBreaker(3, chaosProbe, chaosMaxProbe), WithLogger(slog.New(logs[i])))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		stores[i].e = e
+		handler{e}.SetInstances(instances) // as a coordinator of 2 instances would
+		engines[i] = e
+	}
+
+	lim := PerSecond(5000)
+	shareLim := PerSecond(200) // while open: 100 + 100/s per instance
+	policies := []*Policy{
+		{Name: "local", Limit: lim, OnStoreFailure: FallbackLocal},
+		{Name: "closed", Limit: lim, OnStoreFailure: FallbackClosed, Allowlist: []string{"c:0", "c:1"}},
+		{Name: "open", Limit: lim, OnStoreFailure: FallbackOpen},
+		{Name: "share", Limit: shareLim, OnStoreFailure: FallbackLocal},
+	}
+	type job struct {
+		p      int
+		key    string
+		listed bool
+	}
+	var jobs []job
+	for i := range 6 {
+		jobs = append(jobs, job{0, fmt.Sprint("l:", i), false}, job{1, fmt.Sprint("c:", i), i < 2}, job{2, fmt.Sprint("o:", i), false})
+	}
+	share := job{3, "share", false}
+
+	var killNs, healedNs atomic.Int64
+	tallies := make([]*killTally, workers)
+	load := newLoadGroup(t)
+	for w := range workers {
+		tl := &killTally{}
+		tallies[w] = tl
+		e := engines[w%instances]
+		load.goWork(func(stop <-chan struct{}) {
+			ctx := context.Background()
+			for k := 0; ; k++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				j := share // every third decision: the share key, driven far over its share
+				if k%3 != 0 {
+					j = jobs[(k+w)%len(jobs)]
+				}
+				wasOpen := e.BreakerState() == BreakerOpen
+				start := time.Now()
+				r, err := e.Decide(ctx, j.key, policies[j.p], 1)
+				end := time.Now()
+				lat := end.Sub(start)
+				tl.decisions[j.p]++
+				tl.maxLat = max(tl.maxLat, lat)
+				if err != nil {
+					tl.errs[j.p]++
+					if tl.firstErr == nil {
+						tl.firstErr = err
+					}
+					continue
+				}
+				// Before the kill and after the breakers closed again, the
+				// store decides.
+				before := killNs.Load() == 0 || end.UnixNano() < killNs.Load()
+				after := healedNs.Load() != 0 && start.UnixNano() > healedNs.Load()
+				if before || after {
+					tl.healthy++
+					if r.Degraded {
+						tl.healthyDegraded++
+					}
+				}
+				if !r.Degraded {
+					continue
+				}
+				tl.degraded[j.p]++
+				if wasOpen && e.BreakerState() == BreakerOpen {
+					tl.openLat = append(tl.openLat, lat)
+				}
+				switch p := policies[j.p]; {
+				case p.OnStoreFailure == FallbackClosed && r.Allowed != j.listed,
+					p.OnStoreFailure == FallbackOpen && !r.Allowed:
+					tl.wrong[j.p]++
+				}
+				if j == share {
+					if r.Allowed {
+						tl.shareAllowed++
+					}
+					if tl.shareFirst.IsZero() {
+						tl.shareFirst = start
+					}
+					tl.shareLast = end
+				}
+			}
+		})
+	}
+
+	// Load on a healthy server, then the kill. Calls that failed before it
+	// (timeouts of a loaded machine) are not counted against the breaker.
+	time.Sleep(300 * time.Millisecond)
+	failed0 := make([]int64, instances)
+	for i, s := range stores {
+		failed0[i] = s.failed.Load()
+	}
+	killAt := time.Now()
+	killNs.Store(killAt.UnixNano())
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "both breakers open after the kill", func() bool {
+		return engines[0].BreakerState() == BreakerOpen && engines[1].BreakerState() == BreakerOpen
+	})
+	time.Sleep(time.Second) // down, under load: probes fail
+	failed := make([]int64, instances)
+	probes := make([]int64, instances)
+	for i, s := range stores {
+		failed[i], probes[i] = s.failed.Load()-failed0[i], s.probesFailed.Load()
+	}
+	restartAt := time.Now()
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	backAt := time.Now()
+	var wait time.Duration
+	for _, e := range engines {
+		wait = max(wait, probeWait(e))
+	}
+	// A probe is due within the current interval. One still in flight from
+	// before the server was back fails and doubles it (up to the max); the
+	// client redials and reloads the scripts, and the machine is slow: two
+	// intervals and a second more.
+	closeBound := wait + chaosMaxProbe + time.Second
+	waitFor(t, 10*time.Second, "both breakers closed after the restart", func() bool {
+		return engines[0].BreakerState() == BreakerClosed && engines[1].BreakerState() == BreakerClosed
+	})
+	healedNs.Store(time.Now().UnixNano())
+	time.Sleep(300 * time.Millisecond) // healthy again
+	load.stopWithin(t, 10*time.Second)
+
+	// Per engine: when its breaker opened and closed, and what failed.
+	// The breaker opens on the third failure in a row. Each of the other
+	// goroutines on the engine may have had a call in flight then, which
+	// fails after; and a success answered before the kill but reported
+	// after a failure resets the run, costing at most 2 more failures, once
+	// per goroutine. So with g goroutines an engine sees at least 3 and at
+	// most 3 + 3(g-1) failed calls before probing starts.
+	perEngine := workers / instances
+	maxFailed := int64(3 + 3*(perEngine-1))
+	for i, e := range engines {
+		opened, closed := logs[i].first(&logs[i].opened, killAt), logs[i].first(&logs[i].closed, killAt)
+		if opened.IsZero() || closed.IsZero() {
+			t.Fatalf("engine %d: breaker opened at %v and closed at %v: an event is missing from its log", i, opened, closed)
+		}
+		t.Logf("engine %d: breaker open %v after the kill, after %d failed calls (bound %d: 3 in a row, plus in-flight and late successes of %d goroutines); %d failed probes while down; closed %v after the server answered again (next-probe interval then %v, bound %v)",
+			i, opened.Sub(killAt).Round(time.Millisecond), failed[i], maxFailed, perEngine, probes[i], closed.Sub(backAt).Round(time.Millisecond), wait, closeBound)
+		// The first probe the server answers in time closes the breaker:
+		// within two intervals of its return, unless a probe sent after it
+		// was back failed (a loaded machine missing the 200 ms timeout while
+		// the client redials and reloads the scripts), which doubles the
+		// interval again.
+		var probesBack []string
+		failedBack := 0
+		for _, p := range stores[i].probesAfter(restartAt) {
+			probesBack = append(probesBack, fmt.Sprintf("at %+v for %v: %v", p.start.Sub(backAt).Round(time.Millisecond), p.end.Sub(p.start).Round(time.Millisecond), p.err))
+			if p.err != nil && p.start.After(backAt) {
+				failedBack++
+			} else if p.err == nil && closed.Sub(p.end) > time.Second {
+				t.Errorf("engine %d: a probe succeeded %v before the breaker closed", i, closed.Sub(p.end))
+			}
+		}
+		t.Logf("engine %d: probes since the restart began (times from the server's return): %v", i, probesBack)
+		switch took := closed.Sub(backAt); {
+		case took <= closeBound:
+		case failedBack == 0:
+			t.Errorf("engine %d: breaker closed %v after the server was back, want within %v; probes: %v", i, took, closeBound, probesBack)
+		default:
+			t.Logf("engine %d: closed %v after the server was back, over %v after %d failed probes: %v", i, took, closeBound, failedBack, probesBack)
+		}
+		if failed[i] < 3 || failed[i] > maxFailed {
+			t.Errorf("engine %d: %d failed store calls between the kill and the breaker opening, want 3 to %d", i, failed[i], maxFailed)
+		}
+		if e.BreakerState() != BreakerClosed {
+			t.Errorf("engine %d: breaker %v at the end", i, e.BreakerState())
+		}
+	}
+
+	var sum killTally
+	shareAllowed := make([]int, instances)
+	shareFirst := make([]time.Time, instances)
+	shareLast := make([]time.Time, instances)
+	for w, tl := range tallies {
+		for p := range policies {
+			sum.decisions[p] += tl.decisions[p]
+			sum.errs[p] += tl.errs[p]
+			sum.degraded[p] += tl.degraded[p]
+			sum.wrong[p] += tl.wrong[p]
+		}
+		if sum.firstErr == nil {
+			sum.firstErr = tl.firstErr
+		}
+		sum.healthy += tl.healthy
+		sum.healthyDegraded += tl.healthyDegraded
+		sum.openLat = append(sum.openLat, tl.openLat...)
+		sum.maxLat = max(sum.maxLat, tl.maxLat)
+		i := w % instances
+		shareAllowed[i] += tl.shareAllowed
+		if !tl.shareFirst.IsZero() && (shareFirst[i].IsZero() || tl.shareFirst.Before(shareFirst[i])) {
+			shareFirst[i] = tl.shareFirst
+		}
+		if tl.shareLast.After(shareLast[i]) {
+			shareLast[i] = tl.shareLast
+		}
+	}
+	for p, pol := range policies {
+		t.Logf("%s: %d decisions, %d degraded, %d errors", pol.Name, sum.decisions[p], sum.degraded[p], sum.errs[p])
+		if sum.errs[p] > 0 {
+			t.Errorf("%s: %d errors returned to callers (first: %v), want 0", pol.Name, sum.errs[p], sum.firstErr)
+		}
+		if sum.degraded[p] == 0 {
+			t.Errorf("%s: no degraded decision while the server was down", pol.Name)
+		}
+		if sum.wrong[p] > 0 {
+			t.Errorf("%s: %d degraded answers its fallback forbids (closed: only the allowlist passes; open: everything)", pol.Name, sum.wrong[p])
+		}
+	}
+	// A call may time out on a loaded machine even with the server up:
+	// allow 1% of degraded answers.
+	t.Logf("server up (before the kill, after the breakers closed): %d decisions, %d degraded", sum.healthy, sum.healthyDegraded)
+	if sum.healthy == 0 || float64(sum.healthyDegraded) > 0.01*float64(sum.healthy) {
+		t.Errorf("with the server up, %d of %d decisions degraded: want the store to decide (at least 99%%)", sum.healthyDegraded, sum.healthy)
+	}
+	t.Logf("decision latency while the breaker was open: p50 %v, p99 %v, max %v over %d decisions; slowest decision of the run %v",
+		latencyQuantile(sum.openLat, 0.5), latencyQuantile(sum.openLat, 0.99), latencyQuantile(sum.openLat, 1), len(sum.openLat), sum.maxLat)
+	if sum.maxLat > 10*chaosTimeout {
+		t.Errorf("a decision took %v, want under %v: callers must not hang on a dead store", sum.maxLat, 10*chaosTimeout)
+	}
+
+	// While degraded, the share key decides on each instance's memory, at
+	// half its limit: at most half the burst plus half the rate over the
+	// time it was decided there.
+	for i := range instances {
+		window := shareLast[i].Sub(shareFirst[i])
+		quota := float64(shareLim.Capacity())/instances + float64(shareLim.Rate)/instances*window.Seconds()
+		t.Logf("engine %d: share key admitted %d while degraded over %v, its share of the limit %.0f (limit ÷ %d instances): %.3f of it",
+			i, shareAllowed[i], window.Round(time.Millisecond), quota, instances, float64(shareAllowed[i])/quota)
+		if float64(shareAllowed[i]) > 1.02*quota+1 {
+			t.Errorf("engine %d admitted %d for the share key while the store was down, over its share %.0f (+2%%)", i, shareAllowed[i], quota)
+		}
+		if float64(shareAllowed[i]) < quota/2 {
+			t.Errorf("engine %d admitted %d for the share key, under half its share %.0f: the key was not driven over its share", i, shareAllowed[i], quota)
+		}
+	}
+}
+
+// TestChaosRedisSlow: the store answers 2 s late (a delaying proxy) with a
+// 200 ms store timeout. Callers see the timeout, not a hang: the error
+// fallback returns ErrStoreUnavailable, the others a degraded decision, and
+// the breaker opens; it closes once the store is fast again.
+func TestChaosRedisSlow(t *testing.T) {
+	checkLeaks(t)
+	proxy, err := faultproxy.New(env.Server.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	store := chaosStore(t, chaosClient(t, proxy.Addr()))
+	bl := &breakerLog{}
+	e, err := New(store, WithoutDetector(), WithBreaker(3, chaosProbe, chaosMaxProbe), WithLogger(slog.New(bl)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	lim := PerSecond(100_000)
+	policies := []*Policy{
+		{Name: "error", Limit: lim, OnStoreFailure: FallbackError},
+		{Name: "local", Limit: lim, OnStoreFailure: FallbackLocal},
+		{Name: "open", Limit: lim, OnStoreFailure: FallbackOpen},
+	}
+	ctx := context.Background()
+	prefix := fmt.Sprintf("slow:%x:", rand.Uint64())
+	for _, p := range policies {
+		if r, err := e.Decide(ctx, prefix+"warm", p, 1); err != nil || r.Degraded || !r.Allowed {
+			t.Fatalf("%s, store fast: %+v, %v", p.Name, r, err)
+		}
+	}
+
+	const delay, workers = 2 * time.Second, 8
+	type tally struct {
+		maxLat              time.Duration
+		timedOut            []time.Duration // error fallback, failed on the store itself
+		degradedLat         []time.Duration
+		shortCircuit, wrong int
+		firstWrong          error
+	}
+	tallies := make([]*tally, workers)
+	proxy.SetDelay(delay)
+	slowAt := time.Now()
+	load := newLoadGroup(t)
+	for w := range workers {
+		tl := &tally{}
+		tallies[w] = tl
+		load.goWork(func(stop <-chan struct{}) {
+			for k := w; ; k++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				p := policies[k%len(policies)]
+				start := time.Now()
+				r, err := e.Decide(ctx, prefix+strconv.Itoa(k%8), p, 1)
+				lat := time.Since(start)
+				tl.maxLat = max(tl.maxLat, lat)
+				switch {
+				case err != nil && p.OnStoreFailure == FallbackError && errors.Is(err, ErrStoreUnavailable):
+					if errors.Is(err, ErrBreakerOpen) {
+						tl.shortCircuit++
+					} else {
+						tl.timedOut = append(tl.timedOut, lat)
+					}
+				case err != nil:
+					tl.wrong++
+					tl.firstWrong = err
+				case r.Degraded:
+					tl.degradedLat = append(tl.degradedLat, lat)
+					if p.OnStoreFailure == FallbackOpen && !r.Allowed {
+						tl.wrong++
+					}
+				}
+			}
+		})
+	}
+	waitFor(t, 10*time.Second, "breaker open on the slow store", func() bool { return e.BreakerState() == BreakerOpen })
+	time.Sleep(time.Second) // probes meet the slow store
+	proxy.SetDelay(0)
+	fastAt := time.Now()
+	// The next probe is due within the current interval; a probe that
+	// misses the timeout on a loaded machine doubles it (up to 2 s).
+	waitFor(t, 10*time.Second, "breaker closed once the store is fast", func() bool { return e.BreakerState() == BreakerClosed })
+	load.stopWithin(t, 10*time.Second)
+
+	var timedOut, degradedLat []time.Duration
+	var maxLat time.Duration
+	shortCircuit, wrong := 0, 0
+	var firstWrong error
+	for _, tl := range tallies {
+		timedOut = append(timedOut, tl.timedOut...)
+		degradedLat = append(degradedLat, tl.degradedLat...)
+		maxLat = max(maxLat, tl.maxLat)
+		shortCircuit += tl.shortCircuit
+		wrong += tl.wrong
+		if tl.firstWrong != nil {
+			firstWrong = tl.firstWrong
+		}
+	}
+	opened := bl.first(&bl.opened, slowAt)
+	closed := bl.first(&bl.closed, fastAt)
+	t.Logf("store delayed %v, timeout %v: breaker open %v after the delay began, closed %v after it ended",
+		delay, chaosTimeout, opened.Sub(slowAt).Round(time.Millisecond), closed.Sub(fastAt).Round(time.Millisecond))
+	t.Logf("error fallback: %d calls timed out on the store (p50 %v, max %v), %d answered at once by the open breaker; degraded answers: %d (p99 %v, max %v); slowest decision %v (bound %v)",
+		len(timedOut), latencyQuantile(timedOut, 0.5), latencyQuantile(timedOut, 1), shortCircuit, len(degradedLat), latencyQuantile(degradedLat, 0.99), latencyQuantile(degradedLat, 1), maxLat, 5*chaosTimeout)
+	if opened.IsZero() || closed.IsZero() {
+		t.Errorf("breaker opened at %v, closed at %v: an event is missing from its log", opened, closed)
+	}
+	if len(timedOut) == 0 {
+		t.Error("no caller of the error fallback saw the store time out")
+	}
+	if shortCircuit == 0 || len(degradedLat) == 0 {
+		t.Errorf("%d errors from the open breaker, %d degraded answers: want some of each", shortCircuit, len(degradedLat))
+	}
+	if wrong > 0 {
+		t.Errorf("%d wrong answers (an error from a fallback that must decide, an error not wrapping ErrStoreUnavailable, open denying); last: %v", wrong, firstWrong)
+	}
+	if maxLat > 5*chaosTimeout {
+		t.Errorf("a decision took %v on a store delayed %v with timeout %v, want under %v", maxLat, delay, chaosTimeout, 5*chaosTimeout)
+	}
+}
+
+// pacedStream is what drivePaced saw.
+type pacedStream struct {
+	admitted, decisions, errors int
+	firstErr                    error
+	start, end                  time.Time
+}
+
+// drivePaced sends rate decisions per second for key on e during d, spread over
+// workers goroutines on a fixed schedule, and counts what was admitted.
+func drivePaced(e *Engine, key string, lim Limit, rate int, d time.Duration, workers int) pacedStream {
+	n := int(float64(rate) * d.Seconds())
+	gap := time.Second / time.Duration(rate)
+	s := pacedStream{start: time.Now()}
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var local pacedStream
+			for i := w; i < n; i += workers {
+				time.Sleep(time.Until(s.start.Add(time.Duration(i) * gap)))
+				r, err := e.Allow(context.Background(), key, lim)
+				local.decisions++
+				switch {
+				case err != nil:
+					local.errors++
+					local.firstErr = err
+				case r.Allowed:
+					local.admitted++
+				}
+			}
+			mu.Lock()
+			s.admitted += local.admitted
+			s.decisions += local.decisions
+			s.errors += local.errors
+			if local.firstErr != nil {
+				s.firstErr = local.firstErr
+			}
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	s.end = time.Now()
+	return s
+}
+
+// routedTo reports whether s has a route to the server named name.
+func routedTo(s *natsserver.Server, name string) bool {
+	rz, err := s.Server().Routez(nil)
+	if err != nil {
+		return false
+	}
+	for _, r := range rz.Routes {
+		if r.RemoteName == name {
+			return true
+		}
+	}
+	return false
+}
+
+// TestChaosNATSPartition: two engines, each on its own NATS server, both on
+// one Redis; the servers' route goes through a proxy, which is cut. Each
+// side goes on deciding alone and splits a key hot on both sides by itself;
+// together they admit at most twice the limit (each side at most the whole
+// limit). Once the route is back the engines agree on the levels again
+// within a renewal period.
+func TestChaosNATSPartition(t *testing.T) {
+	checkLeaks(t)
+	cluster := func(name string, routes ...string) natsserver.Options {
+		return natsserver.Options{Configure: func(o *server.Options) {
+			o.ServerName = name
+			o.Cluster = server.ClusterOpts{Name: "chaos", Host: "127.0.0.1", Port: server.RANDOM_PORT, NoAdvertise: true}
+			if len(routes) > 0 {
+				o.Routes = server.RoutesFromStr(strings.Join(routes, ","))
+			}
+		}}
+	}
+	a, err := natsserver.Start(cluster("chaos-a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(a.Shutdown)
+	proxy, err := faultproxy.New(a.Server().ClusterAddr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	b, err := natsserver.Start(cluster("chaos-b", "nats://"+proxy.Addr()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Shutdown)
+	routed := func() bool { return routedTo(a, "chaos-b") && routedTo(b, "chaos-a") }
+	waitFor(t, 10*time.Second, "route between the servers through the proxy", routed)
+
+	det := detector.DefaultConfig()
+	det.Threshold = 200 // alone, a side splits a key at 200/s to 4, at 800/s to 16
+	ncfg := natsConfig()
+	var engines []*Engine
+	for _, s := range []*natsserver.Server{a, b} {
+		client := redis.NewClient(&redis.Options{Addr: env.Server.Addr})
+		t.Cleanup(func() { client.Close() })
+		store, err := counter.NewRedisStore(context.Background(), client, counter.RedisConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { store.Close() })
+		cfg := natsConfig(s.URL())
+		cfg.NATSOptions = append(cfg.NATSOptions, nats.IgnoreDiscoveredServers()) // stay on this side
+		co, err := coordinator.NewNATS(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, err := New(store, WithCoordinator(co), WithDetector(det))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		engines = append(engines, e)
+	}
+	ea, eb := engines[0], engines[1]
+	waitFor(t, 10*time.Second, "each engine sees 2 instances", func() bool { return ea.Instances() == 2 && eb.Instances() == 2 })
+
+	proxy.Cut()
+	cutAt := time.Now()
+	apart := waitFor(t, 10*time.Second, "partition: no route, each engine alone", func() bool {
+		return !routedTo(a, "chaos-b") && !routedTo(b, "chaos-a") && ea.Instances() == 1 && eb.Instances() == 1
+	})
+
+	// Both sides drive key at 3× its limit; side A alone drives key2, so
+	// that only A splits it.
+	const limit, window = 400, 2 * time.Second
+	lim := PerSecond(limit)
+	key := fmt.Sprintf("part:%x", rand.Uint64())
+	key2 := fmt.Sprintf("part2:%x", rand.Uint64())
+	streams := make([]pacedStream, 3)
+	var wg sync.WaitGroup
+	for i, f := range []func() pacedStream{
+		func() pacedStream { return drivePaced(ea, key, lim, 3*limit, window, 8) },
+		func() pacedStream { return drivePaced(eb, key, lim, 3*limit, window, 8) },
+		func() pacedStream { return drivePaced(ea, key2, PerSecond(1_000_000), 300, window, 2) },
+	} {
+		wg.Add(1)
+		go func() { defer wg.Done(); streams[i] = f() }()
+	}
+	wg.Wait()
+	for i, s := range streams {
+		if s.errors > 0 {
+			t.Errorf("stream %d: %d errors during the partition (last: %v), want 0", i, s.errors, s.firstErr)
+		}
+	}
+	if ea.Instances() != 1 || eb.Instances() != 1 || routed() {
+		t.Fatalf("the partition healed during the window: instances %d and %d", ea.Instances(), eb.Instances())
+	}
+	levels := fmt.Sprintf("%s at %d and %d, %s at %d and %d", key, ea.Level(key), eb.Level(key), key2, ea.Level(key2), eb.Level(key2))
+	if ea.Level(key) == 1 || eb.Level(key) == 1 || ea.Level(key2) == 1 || eb.Level(key2) != 1 {
+		t.Errorf("levels at the end of the partition: %s; want the hot key split on both sides, key2 split on A only", levels)
+	}
+	start, end := streams[0].start, streams[0].end
+	if streams[1].end.After(end) {
+		end = streams[1].end
+	}
+	quota := float64(limit) + float64(limit)*end.Sub(start).Seconds()
+	total := streams[0].admitted + streams[1].admitted
+	ratio := float64(total) / quota
+	t.Logf("partitioned %v after the cut; over %v at 3× the limit of %d/s on each side (%.0f/s and %.0f/s sent), A admitted %d, B %d: %d of a quota of %.0f = %.2f× (bound 2×); levels %s",
+		apart.Round(time.Millisecond), end.Sub(start).Round(time.Millisecond), limit,
+		float64(streams[0].decisions)/streams[0].end.Sub(streams[0].start).Seconds(), float64(streams[1].decisions)/streams[1].end.Sub(streams[1].start).Seconds(),
+		streams[0].admitted, streams[1].admitted, total, quota, ratio, levels)
+	if ratio > 2*1.02 {
+		t.Errorf("the two sides admitted %.2f× the quota while partitioned, want at most 2× (+2%%)", ratio)
+	}
+
+	proxy.Restore()
+	restoreAt := time.Now()
+	waitFor(t, 20*time.Second, "route back through the proxy", routed)
+	routeUp := time.Now()
+	agreed := waitFor(t, 10*time.Second, "the engines agree on the levels", func() bool {
+		return ea.Level(key) == eb.Level(key) && ea.Level(key2) == eb.Level(key2)
+	})
+	// A renews its leases every ttl/3: B hears key2 at the next renewal
+	// after the route is back, once interest has crossed the new route;
+	// slack for that and a slow machine.
+	renewal := ncfg.TTL / 3
+	bound := renewal + time.Second
+	t.Logf("route back %v after the restore (%v after the cut); levels agreed %v after the route (renewal period %v, bound %v): %s at %d and %d, %s at %d and %d",
+		routeUp.Sub(restoreAt).Round(time.Millisecond), routeUp.Sub(cutAt).Round(time.Millisecond), agreed.Round(time.Millisecond), renewal, bound,
+		key, ea.Level(key), eb.Level(key), key2, ea.Level(key2), eb.Level(key2))
+	if agreed > bound {
+		t.Errorf("levels agreed %v after the route came back, want within a renewal period (%v) plus slack: %v", agreed, renewal, bound)
+	}
+	if eb.Level(key2) == 1 {
+		t.Error("B never learned of key2 from A")
+	}
+}
+
+// floodKeys is how many distinct keys TestChaosFlood sends: 10M, or 500k
+// under the race detector, where the engine is about 10 times slower
+// (still twice the memory store's bound, so that it evicts).
+func floodKeys() int {
+	if raceEnabled {
+		return 500_000
+	}
+	return 10_000_000
+}
+
+// TestChaosFlood: distinct keys, each decided once, through an engine with
+// its default detector on a memory store, with 3 hot keys in the same
+// stream (one decision in three, so that each stays over the detector's
+// 1000/s even on a slow machine under -race). The heap grows by at most 64
+// MiB, and every hot key is split (recall 1.0).
+//
+// The memory store holds at most 2^18 counters (about 100 bytes each: 24
+// MiB, measured), evicting beyond it: a bound the flood crosses 38 times
+// over (twice under -race). The default bound, 2^20 counters, takes about
+// 100 MiB full, over this budget by itself. The rest of the engine is fixed
+// in size: the detector (4.3 MiB on 2 cores), the deny cache (0.5 MiB), the
+// split table (hot keys only).
+func TestChaosFlood(t *testing.T) {
+	checkLeaks(t)
+	const maxKeys, hot = 1 << 18, 3
+	n := floodKeys()
+	workers := 2
+	if raceEnabled {
+		workers = 1 // leave a core to the packages go test runs alongside
+	}
+	var before, after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
+	store := counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: maxKeys})
+	e, err := New(store)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	hotKeys := make([]string, hot)
+	for i := range hotKeys {
+		hotKeys[i] = fmt.Sprint("hot:", i)
+	}
+	coldLim, hotLim := PerSecond(100), PerSecond(1_000_000)
+	var errs atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx := context.Background()
+			for i := w; i < n; i += workers {
+				// A new string each time: the store keeps it.
+				if _, err := e.Allow(ctx, "flood:"+strconv.Itoa(i), coldLim); err != nil {
+					errs.Add(1)
+				}
+				if i%2 == 0 {
+					if _, err := e.Allow(ctx, hotKeys[(i/2)%hot], hotLim); err != nil {
+						errs.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	took := time.Since(start)
+	detected := func() int {
+		k := 0
+		for _, h := range hotKeys {
+			if e.Level(h) > 1 {
+				k++
+			}
+		}
+		return k
+	}
+	// Levels are applied by the engine's loop, shortly after the detector
+	// says: give it a moment.
+	deadline := time.Now().Add(2 * time.Second)
+	for detected() < hot && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
+	levels := make([]int, hot)
+	for i, h := range hotKeys {
+		levels[i] = e.Level(h)
+	}
+	t.Logf("%d distinct keys and %d hot decisions in %v (%.0f decisions/s): heap grew %.1f MiB (bound 64), store holds %d counters (bound %d); hot keys at levels %v: recall %d/%d",
+		n, (n+1)/2, took.Round(time.Millisecond), float64(n+(n+1)/2)/took.Seconds(), float64(grew)/(1<<20), store.Len(), maxKeys, levels, detected(), hot)
+	if errs.Load() > 0 {
+		t.Errorf("%d decisions failed", errs.Load())
+	}
+	if grew > 64<<20 {
+		t.Errorf("heap grew by %.1f MiB, want at most 64", float64(grew)/(1<<20))
+	}
+	if store.Len() > maxKeys {
+		t.Errorf("store holds %d counters, over its bound %d", store.Len(), maxKeys)
+	}
+	if detected() != hot {
+		t.Errorf("hot keys at levels %v: recall %d/%d, want every hot key split", levels, detected(), hot)
+	}
+	runtime.KeepAlive(e)
+	runtime.KeepAlive(store)
+}
+
+// evalCalls returns how many script calls Redis has run (INFO commandstats:
+// eval, evalsha and their read-only and function forms). Commands the
+// scripts run inside count under their own names, not here.
+func evalCalls(t *testing.T, c *redis.Client) int64 {
+	t.Helper()
+	info, err := c.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	for _, line := range strings.Split(info, "\r\n") {
+		name, stats, ok := strings.Cut(line, ":")
+		switch name {
+		case "cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro", "cmdstat_fcall", "cmdstat_fcall_ro":
+		default:
+			continue
+		}
+		for _, kv := range strings.Split(stats, ",") {
+			if v, ok2 := strings.CutPrefix(kv, "calls="); ok && ok2 {
+				calls, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					t.Fatalf("commandstats %q: %v", line, err)
+				}
+				n += calls
+			}
+		}
+	}
+	return n
+}
+
+// TestChaosDenyCache: one attacker at 10× its limit on real Redis, with the
+// deny cache on (its default size). Redis's own count of script calls says
+// what the denied decisions cost: every admitted decision costs one call
+// (the key stays whole, and the attacker sends one request at a time, so no
+// batching), the rest is what denials cost. A raised limit takes effect on
+// the next decision, though the deny cache still holds a denial under the
+// old one.
+func TestChaosDenyCache(t *testing.T) {
+	checkLeaks(t)
+	srv, err := redistest.Start(env.Dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { srv.Close() })
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr, Protocol: 2, DisableIdentity: true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}})
+	t.Cleanup(func() { client.Close() })
+	rs, err := counter.NewRedisStore(context.Background(), client, counter.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	store := &countingStore{Store: rs}
+	// Without the detector: at 10× a limit of 50/s the attacker stays under
+	// its threshold anyway, but a stall and catch-up could split the key,
+	// and the arithmetic below wants it whole.
+	e, err := New(store, WithoutDetector())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	ctx := context.Background()
+
+	const limit, attack, window = 50, 500, 2 * time.Second
+	for _, alg := range []Algorithm{FixedWindow, TokenBucket} {
+		t.Run(alg.String(), func(t *testing.T) {
+			key := fmt.Sprintf("attack:%v:%x", alg, rand.Uint64())
+			lim := Limit{Algorithm: alg, Rate: limit, Period: time.Second}
+			calls0, takes0 := evalCalls(t, client), store.takes.Load()
+			allowed, denied := 0, 0
+			gap := time.Second / attack
+			start := time.Now()
+			for i := range int(attack * window.Seconds()) {
+				time.Sleep(time.Until(start.Add(time.Duration(i) * gap)))
+				r, err := e.Allow(ctx, key, lim)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Shards != 1 {
+					t.Fatalf("the key was split %d ways", r.Shards)
+				}
+				if r.Allowed {
+					allowed++
+				} else {
+					denied++
+				}
+			}
+			elapsed := time.Since(start)
+			calls, takes := evalCalls(t, client)-calls0, store.takes.Load()-takes0
+			if calls != takes {
+				t.Errorf("Redis ran %d script calls for %d Takes, want one each", calls, takes)
+			}
+			denyCalls := calls - int64(allowed)
+			perDenied := float64(denyCalls) / float64(denied)
+			t.Logf("%v over %v at %d/s, limit %d/s: %d admitted, %d denied; Redis ran %d script calls: %.3f per denied decision beyond the admitted ones (%.3f counting all)",
+				alg, elapsed.Round(time.Millisecond), attack, limit, allowed, denied, calls, perDenied, float64(calls)/float64(denied))
+			if denied < int(0.8*attack*window.Seconds()) {
+				t.Errorf("%d of %d denied: the attacker was not held to its limit", denied, int(attack*window.Seconds()))
+			}
+			switch alg {
+			case FixedWindow:
+				// A window's first denial is cached until the window ends.
+				if perDenied > 0.05 {
+					t.Errorf("%.3f Redis calls per denied decision, want at most 0.05", perDenied)
+				}
+			case TokenBucket:
+				// The cache holds a denial until the next unit is due; that
+				// unit goes to the next request, and the request after it
+				// learns the denial from Redis again: one call per unit
+				// admitted, 1/(k-1) per denial at k× the limit (0.11 here),
+				// over the 0.05 target; caching the admission that emptied
+				// the bucket would save it.
+				if denyCalls > int64(allowed)+2 {
+					t.Errorf("%d calls for %d denied decisions and %d admitted: more than one denial learnt from Redis per unit admitted", denyCalls, denied, allowed)
+				}
+			}
+
+			// The deny cache holds a denial under lim now: a request under
+			// lim is denied without a call, one under 10× lim goes to Redis
+			// and is decided there under the new limit.
+			for {
+				before := store.takes.Load()
+				r, err := e.Allow(ctx, key, lim)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !r.Allowed && store.takes.Load() == before {
+					break // a cached denial
+				}
+			}
+			raised := lim
+			raised.Rate *= 10
+			before := store.takes.Load()
+			r, err := e.Allow(ctx, key, raised)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("%v: under %d/s after a cached denial under %d/s: %+v", alg, raised.Rate, limit, r)
+			if store.takes.Load() != before+1 || r.Limit != raised.Capacity() {
+				t.Errorf("raised limit answered from the deny cache (%d store calls, limit %d in the result), want one call under the raised limit", store.takes.Load()-before, r.Limit)
+			}
+			// A fixed window holds limit units of the raised limit's ten
+			// times as many. A token bucket keeps its state in time, and a
+			// 10× rate with 10× the burst is as full as before: it admits
+			// once the raised limit's next unit is due, within 1/(10·limit).
+			if alg == FixedWindow && !r.Allowed {
+				t.Error("raised limit denied")
+			}
+			if alg == TokenBucket && !r.Allowed && r.RetryAfter > time.Second/time.Duration(raised.Rate)+time.Millisecond {
+				t.Errorf("raised limit denied with retry-after %v, want at most the raised limit's unit %v", r.RetryAfter, time.Second/time.Duration(raised.Rate))
+			}
+		})
+	}
+}
