@@ -173,6 +173,10 @@ func TestJoinSync(t *testing.T) {
 		a.Announce(k, xxhash.Sum64String(k), want[k])
 	}
 	waitFor(t, time.Second, "a applies its own", func() bool { return ra.has(want) })
+	// a's first publication of its leases is asynchronous: let it go out
+	// (a heartbeat, a sync request, 50 leases) before b subscribes, so
+	// that b can only learn them by sync.
+	waitFor(t, 5*time.Second, "a published its leases", func() bool { return a.Stats().Published >= 52 })
 
 	start := time.Now()
 	b, rb := startCoord(t, long("b"))
@@ -379,7 +383,8 @@ func TestOwnKeyEvictsPeerKey(t *testing.T) {
 	for i := range 20 {
 		_ = nc.Publish("hotkey.default.lease", encodeLease("peer", "peer-"+strconv.Itoa(i), 4, time.Minute))
 	}
-	waitFor(t, 5*time.Second, "peer leases received", func() bool { return c.Stats().Received >= 20 })
+	// Counted as received before handled: wait for all 20 to be handled.
+	waitFor(t, 5*time.Second, "peer leases handled", func() bool { st := c.Stats(); return uint64(st.Keys)+st.Rejected >= 20 })
 	if st := c.Stats(); st.Keys != 10 || st.Rejected != 10 {
 		t.Fatalf("stats %+v", st)
 	}
