@@ -1,6 +1,7 @@
 package hotkey
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,6 +122,20 @@ func (b *breaker) failure(probe bool, err error) {
 	b.probing = false
 	b.wait = min(2*b.wait, b.maxProbe)
 	b.next = b.clock().Add(b.wait)
+}
+
+// report reports the outcome of a store call allowed with probe: err nil is
+// a success; an error while ctx is done is the caller giving up, no verdict
+// on the store; any other error is a failure.
+func (b *breaker) report(ctx context.Context, probe bool, err error) {
+	switch {
+	case err == nil:
+		b.success(probe)
+	case ctx.Err() != nil:
+		b.abandon(probe)
+	default:
+		b.failure(probe, err)
+	}
 }
 
 // abandon reports a probe that ended with no verdict (the caller gave up):

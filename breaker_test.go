@@ -3,6 +3,7 @@ package hotkey
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -171,5 +172,35 @@ func TestFallbacks(t *testing.T) {
 	}
 	if _, err := ParseFallback("sometimes"); !errors.Is(err, ErrUnknownFallback) {
 		t.Errorf("ParseFallback of a bad name: %v", err)
+	}
+}
+
+// TestBreakerCountsStoreCalls: decisions the deny cache answers, between
+// failed store calls, do not reset the count of failures in a row: they tell
+// nothing of the store.
+func TestBreakerCountsStoreCalls(t *testing.T) {
+	checkLeaks(t)
+	clock := newFakeClock()
+	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+	e, err := New(store, WithClock(clock.Now), WithoutDetector(), WithFallback(FallbackOpen))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	lim := PerSecond(1)
+	e.Allow(ctx, "denied", lim)
+	if r, _ := e.Allow(ctx, "denied", lim); r.Allowed {
+		t.Fatal("second request within the limit of 1/s allowed")
+	}
+	store.down.Store(true)
+	for i := range 3 {
+		if r, _ := e.Allow(ctx, "denied", lim); r.Allowed || r.Degraded {
+			t.Fatalf("cached denial %d: %+v", i, r)
+		}
+		e.Allow(ctx, fmt.Sprint("fresh", i), lim)
+	}
+	if e.BreakerState() != BreakerOpen {
+		t.Fatal("3 failed store calls in a row, with cached denials between them, did not open the breaker")
 	}
 }

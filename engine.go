@@ -366,23 +366,18 @@ func (e *Engine) allow(ctx context.Context, key string, lim Limit, n int64, fb F
 	if e.detect != nil {
 		e.detect.Observe(hash, key)
 	}
-	ok, probe := e.brk.allow()
-	if !ok {
-		return e.fallback(ctx, key, hash, lim, n, fb, p, ErrBreakerOpen)
-	}
 	r, err := e.decideStore(ctx, key, hash, lim, n)
 	if err == nil {
-		e.brk.success(probe)
 		e.metrics.decided(p, r, false)
 		return r, nil
 	}
-	if ctx.Err() != nil { // the caller gave up: no verdict on the store
-		e.brk.abandon(probe)
+	if ctx.Err() != nil { // the caller gave up
 		e.metrics.failed(p)
 		return Result{}, err
 	}
-	e.brk.failure(probe, err)
-	e.metrics.storeFailure()
+	if !errors.Is(err, ErrBreakerOpen) {
+		e.metrics.storeFailure()
+	}
 	return e.fallback(ctx, key, hash, lim, n, fb, p, err)
 }
 
@@ -447,7 +442,13 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 // transfer moves the usage of ent's key under lim from its counters at
 // level from to those at level to (see counter.Resharder).
 func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, lim Limit, from, to int) error {
-	if err := e.reshard.Reshard(ctx, e.shards(ent, lim, from), e.shards(ent, lim, to)); err != nil {
+	ok, probe := e.brk.allow()
+	if !ok {
+		return ErrBreakerOpen
+	}
+	err := e.reshard.Reshard(ctx, e.shards(ent, lim, from), e.shards(ent, lim, to))
+	e.brk.report(ctx, probe, err)
+	if err != nil {
 		return fmt.Errorf("hotkey: moving %q from %d to %d counters: %w", ent.Key, from, to, err)
 	}
 	return nil
@@ -555,13 +556,23 @@ func (e *Engine) take(ctx context.Context, name string, hash uint64, lim Limit, 
 }
 
 // storeTake is one Take on the store, timed when metrics are kept.
+// The circuit breaker counts store calls, not decisions: a decision the deny
+// cache answers tells nothing of the store. While it is open, storeTake
+// fails with ErrBreakerOpen but for the one call that probes.
 func (e *Engine) storeTake(ctx context.Context, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
+	ok, probe := e.brk.allow()
+	if !ok {
+		return counter.Result{}, ErrBreakerOpen
+	}
 	if e.metrics == nil {
-		return e.store.Take(ctx, name, hash, lim, n)
+		r, err := e.store.Take(ctx, name, hash, lim, n)
+		e.brk.report(ctx, probe, err)
+		return r, err
 	}
 	start := time.Now()
 	r, err := e.store.Take(ctx, name, hash, lim, n)
 	e.metrics.storeCall(start)
+	e.brk.report(ctx, probe, err)
 	return r, err
 }
 
