@@ -268,7 +268,7 @@ type handler struct{ e *Engine }
 // to the unsplit counter.
 func (h handler) SetLevel(key string, hash uint64, level int) {
 	e := h.e
-	static := max(e.opt.splitKeys[key], e.opt.splitAll, shard.Level1)
+	static := e.staticLevel(key)
 	switch {
 	case level > static:
 		if !e.table.Set(key, hash, level) {
@@ -325,6 +325,12 @@ func (e *Engine) Level(key string) int {
 	if ent := e.table.Lookup(key, hash); ent != nil {
 		return ent.Level()
 	}
+	return e.staticLevel(key)
+}
+
+// staticLevel returns the level WithSplitKeys and WithSplitAll give key: 1
+// if neither splits it.
+func (e *Engine) staticLevel(key string) int {
 	return max(e.opt.splitKeys[key], e.opt.splitAll, shard.Level1)
 }
 
@@ -564,12 +570,10 @@ func (e *Engine) storeTake(ctx context.Context, name string, hash uint64, lim Li
 	if !ok {
 		return counter.Result{}, ErrBreakerOpen
 	}
-	if e.metrics == nil {
-		r, err := e.store.Take(ctx, name, hash, lim, n)
-		e.brk.report(ctx, probe, err)
-		return r, err
+	var start time.Time
+	if e.metrics != nil {
+		start = time.Now()
 	}
-	start := time.Now()
 	r, err := e.store.Take(ctx, name, hash, lim, n)
 	e.metrics.storeCall(start)
 	e.brk.report(ctx, probe, err)

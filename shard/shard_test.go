@@ -215,9 +215,10 @@ func TestTable(t *testing.T) {
 	if tb.Lookup("a", h("b")) != nil {
 		t.Error("Lookup matched on hash alone")
 	}
-	tb.Delete("a", h("a"))
+	tb.Merge("a", h("a"))
+	tb.Remove(e)
 	if tb.Lookup("a", h("a")) != nil || tb.Len() != 1 {
-		t.Errorf("after Delete: len %d", tb.Len())
+		t.Errorf("after Merge and Remove: len %d", tb.Len())
 	}
 }
 

@@ -210,22 +210,5 @@ func (t *Table) Range(f func(*Entry) bool) {
 	}
 }
 
-// Delete merges key back: it is no longer split.
-func (t *Table) Delete(key string, hash uint64) {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	old := *t.m.Load()
-	if e := old[hash]; e == nil || e.Key != key {
-		return
-	}
-	m := make(map[uint64]*Entry, len(old))
-	for h, e := range old {
-		if h != hash {
-			m[h] = e
-		}
-	}
-	t.m.Store(&m)
-}
-
 // Len returns the number of split keys.
 func (t *Table) Len() int { return len(*t.m.Load()) }
