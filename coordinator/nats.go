@@ -629,26 +629,20 @@ func (c *NATS) wake(ch chan struct{}) {
 // onMsg receives the messages of <prefix>.<ns>.*: leases, heartbeats and
 // sync requests. It runs on the subscription's goroutine.
 func (c *NATS) onMsg(m *nats.Msg) {
-	c.st.received.Add(1)
-	msg, r := decode(m.Data, c.lim)
-	if r == reasonNone {
+	msg, ok := c.receive(m, func(msg message) reason {
 		switch {
 		case m.Subject == c.subjLease && msg.T == typeLease,
 			m.Subject == c.subjHB && msg.T == typeHB:
 		case m.Subject == c.subjSync && msg.T == typeSyncReq:
 			if m.Reply == "" {
-				r = reasonReply
+				return reasonReply
 			}
 		default:
-			r = reasonType
+			return reasonType
 		}
-	}
-	if r != reasonNone {
-		c.invalid(r, m.Subject)
-		return
-	}
-	if msg.Origin == c.cfg.ID {
-		c.st.own.Add(1)
+		return reasonNone
+	})
+	if !ok {
 		return
 	}
 	now := c.now()
@@ -680,17 +674,13 @@ func (c *NATS) onSyncReply(m *nats.Msg) {
 		c.st.noResponders.Add(1)
 		return
 	}
-	c.st.received.Add(1)
-	msg, r := decode(m.Data, c.lim)
-	if r == reasonNone && msg.T != typeSync {
-		r = reasonType
-	}
-	if r != reasonNone {
-		c.invalid(r, m.Subject)
-		return
-	}
-	if msg.Origin == c.cfg.ID {
-		c.st.own.Add(1)
+	msg, ok := c.receive(m, func(msg message) reason {
+		if msg.T != typeSync {
+			return reasonType
+		}
+		return reasonNone
+	})
+	if !ok {
 		return
 	}
 	now := c.now()
@@ -707,6 +697,26 @@ func (c *NATS) onSyncReply(m *nats.Msg) {
 	for _, l := range msg.Leases {
 		c.applyLease(msg.Origin, l.Key, l.Level, l.TTLms, now)
 	}
+}
+
+// receive counts and decodes m, and checks it further with check (its
+// type against the subject). It drops m, counted, if it is invalid or this
+// instance's own, and reports whether m is to be applied.
+func (c *NATS) receive(m *nats.Msg, check func(message) reason) (message, bool) {
+	c.st.received.Add(1)
+	msg, r := decode(m.Data, c.lim)
+	if r == reasonNone {
+		r = check(msg)
+	}
+	if r != reasonNone {
+		c.invalid(r, m.Subject)
+		return msg, false
+	}
+	if msg.Origin == c.cfg.ID {
+		c.st.own.Add(1)
+		return msg, false
+	}
+	return msg, true
 }
 
 func (c *NATS) invalid(r reason, subject string) {

@@ -81,27 +81,42 @@ func (c *NATS) dialOptions() ([]nats.Option, error) {
 			c.log.Warn("coordinator: NATS error", "err", err)
 		}),
 	}
+	auth, err := cfg.AuthOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, auth...)
+	return append(opts, cfg.NATSOptions...), nil
+}
+
+// AuthOptions returns the nats.go options for the credentials and TLS
+// files c names (User and Password, Token, NkeySeedFile or CredsFile;
+// CAFile, CertFile and KeyFile), for a program that dials its own
+// connection with them and passes it as Config.Conn. The only error is an
+// nkey seed file that cannot be read.
+func (c Config) AuthOptions() ([]nats.Option, error) {
+	var opts []nats.Option
 	switch {
-	case cfg.User != "":
-		opts = append(opts, nats.UserInfo(cfg.User, cfg.Password))
-	case cfg.Token != "":
-		opts = append(opts, nats.Token(cfg.Token))
-	case cfg.NkeySeedFile != "":
-		o, err := nats.NkeyOptionFromSeed(cfg.NkeySeedFile)
+	case c.User != "":
+		opts = append(opts, nats.UserInfo(c.User, c.Password))
+	case c.Token != "":
+		opts = append(opts, nats.Token(c.Token))
+	case c.NkeySeedFile != "":
+		o, err := nats.NkeyOptionFromSeed(c.NkeySeedFile)
 		if err != nil {
-			return nil, fmt.Errorf("coordinator: nkey seed file %s: %w", cfg.NkeySeedFile, err)
+			return nil, fmt.Errorf("coordinator: nkey seed file %s: %w", c.NkeySeedFile, err)
 		}
 		opts = append(opts, o)
-	case cfg.CredsFile != "":
-		opts = append(opts, nats.UserCredentials(cfg.CredsFile))
+	case c.CredsFile != "":
+		opts = append(opts, nats.UserCredentials(c.CredsFile))
 	}
-	if cfg.CAFile != "" {
-		opts = append(opts, nats.RootCAs(cfg.CAFile))
+	if c.CAFile != "" {
+		opts = append(opts, nats.RootCAs(c.CAFile))
 	}
-	if cfg.CertFile != "" {
-		opts = append(opts, nats.ClientCert(cfg.CertFile, cfg.KeyFile))
+	if c.CertFile != "" {
+		opts = append(opts, nats.ClientCert(c.CertFile, c.KeyFile))
 	}
-	return append(opts, cfg.NATSOptions...), nil
+	return opts, nil
 }
 
 // redact hides the password of a URL with user info, for errors and logs.

@@ -333,29 +333,20 @@ func (d *Daemon) startNATS() error {
 			d.log.Warn("NATS error", "err", err)
 		}),
 	}
-	switch {
-	case cfg.NATSUser != "":
-		opts = append(opts, nats.UserInfo(cfg.NATSUser, cfg.NATSPassword))
-	case cfg.NATSToken != "":
-		opts = append(opts, nats.Token(cfg.NATSToken))
-	case cfg.NATSNkeySeed != "":
-		o, err := nats.NkeyOptionFromSeed(cfg.NATSNkeySeed)
-		if err != nil {
-			return fmt.Errorf("%s %s: %w", flagName("nats-nkey-seed"), cfg.NATSNkeySeed, err)
-		}
-		opts = append(opts, o)
-	case cfg.NATSCreds != "":
+	if cfg.NATSCreds != "" && cfg.NATSUser == "" && cfg.NATSToken == "" && cfg.NATSNkeySeed == "" {
 		if _, err := os.Stat(cfg.NATSCreds); err != nil {
 			return fmt.Errorf("%s: %w", flagName("nats-creds"), err)
 		}
-		opts = append(opts, nats.UserCredentials(cfg.NATSCreds))
 	}
-	if cfg.NATSCA != "" {
-		opts = append(opts, nats.RootCAs(cfg.NATSCA))
+	auth, err := coordinator.Config{
+		User: cfg.NATSUser, Password: cfg.NATSPassword, Token: cfg.NATSToken,
+		NkeySeedFile: cfg.NATSNkeySeed, CredsFile: cfg.NATSCreds,
+		CAFile: cfg.NATSCA, CertFile: cfg.NATSCert, KeyFile: cfg.NATSKey,
+	}.AuthOptions()
+	if err != nil { // the nkey seed file: name the flag rather than the field
+		return fmt.Errorf("%s %s: %w", flagName("nats-nkey-seed"), cfg.NATSNkeySeed, errors.Unwrap(err))
 	}
-	if cfg.NATSCert != "" {
-		opts = append(opts, nats.ClientCert(cfg.NATSCert, cfg.NATSKey))
-	}
+	opts = append(opts, auth...)
 
 	if cfg.NATS == "" {
 		if err := d.startEmbedded(); err != nil {
