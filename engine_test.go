@@ -228,12 +228,12 @@ func TestRedisErrorComesBackWrapped(t *testing.T) {
 	defer srv.Close()
 	client := redis.NewClient(&redis.Options{Addr: srv.Addr, MaxRetries: -1})
 	defer client.Close()
-	store, err := counter.NewRedisStore(context.Background(), client, counter.RedisConfig{Timeout: 200 * time.Millisecond})
+	store, err := counter.NewRedisStore(context.Background(), client, counter.RedisConfig{Timeout: time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	e, err := New(store, WithFallback(FallbackError))
+	e, err := New(store, WithFallback(FallbackError), WithBreaker(3, 50*time.Millisecond, 500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,12 +255,13 @@ func TestRedisErrorComesBackWrapped(t *testing.T) {
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
+	// The pool redials and scripts are reloaded on NOSCRIPT; the breaker,
+	// open after the failures, lets a probe through within its interval.
 	var lastErr error
-	for range 50 { // the pool redials; scripts are reloaded on NOSCRIPT
+	for start := time.Now(); time.Since(start) < patience; time.Sleep(20 * time.Millisecond) {
 		if _, lastErr = e.Allow(ctx, "k", PerSecond(10)); lastErr == nil {
 			return
 		}
-		time.Sleep(20 * time.Millisecond)
 	}
 	t.Errorf("after the server came back: %v", lastErr)
 }

@@ -38,20 +38,44 @@ func (c *tally) add(period int, allowed bool) {
 // checkTransitions asserts that a split key taken through transitions
 // admitted at most 2% more than the unsplit reference on the same stream,
 // and at most 5% over the limit in any period after the first (the first
-// holds the initial burst).
-func checkTransitions(t *testing.T, split, ref tally, limit int64) (ok bool) {
+// holds the initial burst), plus whatever the reference itself admitted
+// over the limit in that period. On a simulated clock the reference never
+// does; on real time a loaded machine can stall the stream and then catch
+// up, so that a period's tally holds a refill that came in the one before,
+// and the split key, on the same stream, may do the same.
+//
+// It first holds the reference to a sane result over the periods the
+// stream lasted: at least 80% of the limit per period (else the stream
+// did not drive the key over its limit, and nothing can be told: the test
+// is skipped, saying why) and at most the limit per period plus one burst
+// (else the unsplit key leaked, and the test fails).
+func checkTransitions(t *testing.T, split, ref tally, limit int64, periods float64) (ok bool) {
 	t.Helper()
 	ratio := float64(split.total) / float64(ref.total)
-	t.Logf("admitted %d, unsplit reference %d: ratio %.4f; per period %v (reference %v), limit %d",
-		split.total, ref.total, ratio, split.perPeriod, ref.perPeriod, limit)
+	t.Logf("admitted %d, unsplit reference %d: ratio %.4f; per period %v (reference %v), limit %d over %.2f periods",
+		split.total, ref.total, ratio, split.perPeriod, ref.perPeriod, limit, periods)
+	if lo := 0.8 * float64(limit) * periods; float64(ref.total) < lo {
+		t.Skipf("the reference admitted %d over %.2f periods, under %.0f: the stream did not drive the key over its limit, so the split key cannot be judged against it", ref.total, periods, lo)
+	}
+	if hi := 1.02*float64(limit)*(periods+1) + 1; float64(ref.total) > hi {
+		t.Fatalf("the unsplit reference admitted %d over %.2f periods, over %.0f: it did not keep its own limit", ref.total, periods, hi)
+	}
 	ok = true
 	if ratio > 1.02 {
 		t.Logf("split admitted %.4f× the reference, want ≤ 1.02", ratio)
 		ok = false
 	}
 	for p, n := range split.perPeriod {
-		if p > 0 && float64(n) > 1.05*float64(limit) {
-			t.Logf("period %d admitted %d, want ≤ 1.05 × %d", p, n, limit)
+		if p == 0 {
+			continue
+		}
+		bound := 1.05 * float64(limit)
+		if p < len(ref.perPeriod) && ref.perPeriod[p] > int(limit) {
+			bound += float64(ref.perPeriod[p]) - float64(limit)
+			t.Logf("period %d: the reference admitted %d, over the limit of %d (a stall and catch-up): the split key may too", p, ref.perPeriod[p], limit)
+		}
+		if float64(n) > bound {
+			t.Logf("period %d admitted %d, want ≤ %.0f (1.05 × %d plus the reference's excess)", p, n, bound, limit)
 			ok = false
 		}
 	}
@@ -107,7 +131,8 @@ func TestTransferMemory(t *testing.T) {
 						i++
 					}
 				}
-				if ok := checkTransitions(t, sc, rc, limit); ok != transfer {
+				periods := float64(time.Duration(i)*gap) / float64(time.Second)
+				if ok := checkTransitions(t, sc, rc, limit, periods); ok != transfer {
 					if transfer {
 						t.Error("split key handed out free quota across its transitions")
 					} else {
