@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/hotkeyd/hotkey"
 )
@@ -73,6 +74,15 @@ func DecodeAllow(body []byte) (AllowRequest, error) {
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
 		return AllowRequest{}, errorf(http.StatusBadRequest, "malformed JSON body: data after the object; send one object like %s", exampleBody)
 	}
+	// encoding/json turns invalid UTF-8 and lone surrogate escapes into
+	// U+FFFD, so that "\xff", "\xfe" and "\ud800" would all name one
+	// counter: refuse them.
+	if !utf8.Valid(body) {
+		return AllowRequest{}, errorf(http.StatusBadRequest, "request body is not valid UTF-8: keys and policy names are text")
+	}
+	if strings.ContainsRune(req.Key, utf8.RuneError) && !validStrings(body) {
+		return AllowRequest{}, errorf(http.StatusBadRequest, "key holds a \\u escape of a lone UTF-16 surrogate, which is no character: send the key as valid UTF-8")
+	}
 	if req.Policy == "" {
 		req.Policy = DefaultPolicy
 	}
@@ -81,6 +91,63 @@ func DecodeAllow(body []byte) (AllowRequest, error) {
 		req.Cost = &one
 	}
 	return req, nil
+}
+
+// validStrings reports whether no string of the JSON document body (valid
+// UTF-8) holds a \u escape of a UTF-16 surrogate that is not half of a
+// pair: encoding/json decodes such an escape as U+FFFD, so two keys that
+// differ only there would name one counter.
+func validStrings(body []byte) bool {
+	hex4 := func(b []byte) (rune, bool) {
+		if len(b) < 4 {
+			return 0, false
+		}
+		var r rune
+		for _, c := range b[:4] {
+			switch {
+			case '0' <= c && c <= '9':
+				r = r<<4 | rune(c-'0')
+			case 'a' <= c && c <= 'f':
+				r = r<<4 | rune(c-'a'+10)
+			case 'A' <= c && c <= 'F':
+				r = r<<4 | rune(c-'A'+10)
+			default:
+				return 0, false
+			}
+		}
+		return r, true
+	}
+	inString := false
+	for i := 0; i < len(body); i++ {
+		switch c := body[i]; {
+		case c == '"':
+			inString = !inString
+		case c == '\\' && inString && i+1 < len(body):
+			if body[i+1] != 'u' {
+				i++ // a one-character escape
+				continue
+			}
+			r, ok := hex4(body[i+2:])
+			if !ok {
+				return false
+			}
+			i += 5
+			switch {
+			case r >= 0xDC00 && r <= 0xDFFF:
+				return false // a low surrogate with no high one before it
+			case r >= 0xD800 && r <= 0xDBFF:
+				if i+6 >= len(body) || body[i+1] != '\\' || body[i+2] != 'u' {
+					return false
+				}
+				lo, ok := hex4(body[i+3:])
+				if !ok || lo < 0xDC00 || lo > 0xDFFF {
+					return false
+				}
+				i += 6
+			}
+		}
+	}
+	return true
 }
 
 // jsonErrText makes encoding/json's errors read well after "malformed JSON

@@ -5,6 +5,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestDecodeAllow(t *testing.T) {
@@ -21,6 +22,10 @@ func TestDecodeAllow(t *testing.T) {
 		{`{"key":"k","cost":-3}`, "default", "k", -3},
 		{`{"key":"","policy":""}`, "default", "", 1},
 		{`{"key":"k","cost":null}`, "default", "k", 1},
+		{`{"key":"\ud83d\ude00"}`, "default", "\U0001F600", 1}, // a surrogate pair is one character
+		{`{"key":"\ufffd"}`, "default", "\uFFFD", 1},             // U+FFFD itself is a character
+		{"{\"key\":\"\uFFFD\"}", "default", "\uFFFD", 1},
+		{`{"key":"\\ud800"}`, "default", `\ud800`, 1}, // an escaped backslash, then text
 	}
 	for _, c := range ok {
 		req, err := DecodeAllow([]byte(c.body))
@@ -51,6 +56,14 @@ func TestDecodeAllow(t *testing.T) {
 		{`{"key":"k"}{"key":"j"}`, 400, "data after the object"},
 		{`{"key":"k"} x`, 400, "data after the object"},
 		{strings.Repeat(" ", MaxBody+1), 413, "over the 65536 allowed"},
+		// Each of these would decode to U+FFFD and share its counter.
+		{"{\"key\":\"\xff\"}", 400, "not valid UTF-8"},
+		{"{\"key\":\"\xfe\"}", 400, "not valid UTF-8"},
+		{`{"key":"\ud800"}`, 400, "lone UTF-16 surrogate"},
+		{`{"key":"a\udc00b"}`, 400, "lone UTF-16 surrogate"},
+		{`{"key":"\ud800\u0041"}`, 400, "lone UTF-16 surrogate"},
+		{`{"key":"\ud800\ud800"}`, 400, "lone UTF-16 surrogate"},
+		{`{"key":"\ufffd\ud800"}`, 400, "lone UTF-16 surrogate"},
 	}
 	for _, c := range bad {
 		_, err := DecodeAllow([]byte(c.body))
@@ -87,6 +100,10 @@ func FuzzDecodeAllow(f *testing.F) {
 		}
 		if req.Policy == "" || req.Cost == nil {
 			t.Fatalf("defaults not applied: %+v", req)
+		}
+		// An accepted key is the text sent: no byte of it was replaced.
+		if !utf8.ValidString(req.Key) || strings.Count(req.Key, "\uFFFD") > strings.Count(string(body), "\uFFFD")+strings.Count(strings.ToLower(string(body)), `\ufffd`) {
+			t.Fatalf("key %q accepted from %q: a replacement character the body did not hold", req.Key, body)
 		}
 		// What was accepted encodes and decodes to itself.
 		b, err := json.Marshal(req)
