@@ -151,7 +151,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 		if err := e.checkKey(k); err != nil {
 			return nil, fmt.Errorf("hotkey: split key: %w", err)
 		}
-		if !e.table.Set(k, hashKey(k), level) {
+		if !e.table.Set(k, hashKey(k), level, shard.Level1) {
 			return nil, fmt.Errorf("hotkey: more split keys than max hot keys (%d)", o.maxHotKeys)
 		}
 	}
@@ -271,14 +271,14 @@ func (h handler) SetLevel(key string, hash uint64, level int) {
 	static := e.staticLevel(key)
 	switch {
 	case level > static:
-		if !e.table.Set(key, hash, level) {
+		if !e.table.Set(key, hash, level, e.heldOutside(key, hash)) {
 			return
 		}
 	case static > shard.Level1:
 		if e.table.Lookup(key, hash) == nil && e.opt.splitKeys[key] == 0 {
 			return // under WithSplitAll, and never split above it
 		}
-		e.table.Set(key, hash, static)
+		e.table.Set(key, hash, static, static)
 		level = static
 	default:
 		if !e.table.Merge(key, hash) {
@@ -489,6 +489,19 @@ func (e *Engine) entry(key string, hash uint64) *shard.Entry {
 	ent := shard.NewEntry(key, hash, e.opt.splitAll, e.opt.splitAll)
 	slot.Store(ent)
 	return ent
+}
+
+// heldOutside returns the level whose counters hold the usage of key, not
+// in the table: under WithSplitAll, what its entry in the split cache holds
+// (the static level, or the level a limit's shares fit), else 1.
+func (e *Engine) heldOutside(key string, hash uint64) int {
+	if e.splits == nil {
+		return shard.Level1
+	}
+	if ent := e.splits[hash&(splitCacheSize-1)].Load(); ent != nil && ent.Hash == hash && ent.Key == key {
+		return ent.Held()
+	}
+	return e.opt.splitAll
 }
 
 // decide takes n from the unsplit counter key.

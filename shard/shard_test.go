@@ -196,20 +196,20 @@ func TestTable(t *testing.T) {
 	if tb.Lookup("a", h("a")) != nil {
 		t.Fatal("empty table found a key")
 	}
-	if !tb.Set("a", h("a"), Level4) || !tb.Set("b", h("b"), Level16) {
+	if !tb.Set("a", h("a"), Level4, Level1) || !tb.Set("b", h("b"), Level16, Level1) {
 		t.Fatal("Set failed below the cap")
 	}
-	if tb.Set("c", h("c"), Level4) {
+	if tb.Set("c", h("c"), Level4, Level1) {
 		t.Error("Set beyond the cap succeeded")
 	}
-	if tb.Set("a", h("a"), 3) || tb.Set("a", h("a"), Level1) {
+	if tb.Set("a", h("a"), 3, Level1) || tb.Set("a", h("a"), Level1, Level1) {
 		t.Error("Set accepted an invalid level")
 	}
 	e := tb.Lookup("a", h("a"))
 	if e == nil || e.Level() != Level4 {
 		t.Fatalf("Lookup(a) = %v", e)
 	}
-	if !tb.Set("a", h("a"), Level64) || e.Level() != Level64 {
+	if !tb.Set("a", h("a"), Level64, Level1) || e.Level() != Level64 {
 		t.Error("level change did not reach the existing entry")
 	}
 	if tb.Lookup("a", h("b")) != nil {
@@ -229,7 +229,7 @@ func TestTableConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range 200 {
 				k := fmt.Sprintf("k%d-%d", g, i)
-				tb.Set(k, xxhash.Sum64String(k), Level4)
+				tb.Set(k, xxhash.Sum64String(k), Level4, Level1)
 				if tb.Lookup(k, xxhash.Sum64String(k)) == nil {
 					t.Errorf("lost %s", k)
 				}
@@ -259,7 +259,7 @@ func BenchmarkTableLookup(b *testing.B) {
 	tb := NewTable(0)
 	for i := range 1000 {
 		k := fmt.Sprintf("hot%d", i)
-		tb.Set(k, xxhash.Sum64String(k), Level16)
+		tb.Set(k, xxhash.Sum64String(k), Level16, Level1)
 	}
 	key := "hot500"
 	h := xxhash.Sum64String(key)
@@ -315,7 +315,7 @@ func TestTransferOnce(t *testing.T) {
 // which leaves a key that was split again meanwhile alone.
 func TestTableMerge(t *testing.T) {
 	tb := NewTable(0)
-	tb.Set("k", 7, Level16)
+	tb.Set("k", 7, Level16, Level1)
 	e := tb.Lookup("k", 7)
 	if e == nil || e.Held() != Level1 {
 		t.Fatalf("new entry %+v, want its usage held unsplit", e)
@@ -326,7 +326,7 @@ func TestTableMerge(t *testing.T) {
 	if tb.Merge("other", 8) {
 		t.Fatal("Merge of a key not in the table reported true")
 	}
-	tb.Set("k", 7, Level4) // split again before any decision
+	tb.Set("k", 7, Level4, Level1) // split again before any decision
 	if tb.Remove(e) || tb.Lookup("k", 7) != e {
 		t.Fatal("Remove took out a key split again")
 	}
@@ -335,8 +335,8 @@ func TestTableMerge(t *testing.T) {
 		t.Fatalf("Remove of a merged key: table has %d keys, want 0", tb.Len())
 	}
 	n := 0
-	tb.Set("a", 1, Level4)
-	tb.Set("b", 2, Level4)
+	tb.Set("a", 1, Level4, Level1)
+	tb.Set("b", 2, Level4, Level1)
 	tb.Range(func(*Entry) bool { n++; return false })
 	if n != 1 {
 		t.Fatalf("Range went on after false: %d calls", n)

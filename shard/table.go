@@ -140,10 +140,12 @@ func (t *Table) Lookup(key string, hash uint64) *Entry {
 	return nil
 }
 
-// Set splits key at level, or changes its level if it is already split. It
-// reports false, changing nothing, when the table is full or level is not a
-// valid level above 1.
-func (t *Table) Set(key string, hash uint64, level int) bool {
+// Set splits key at level, or changes its level if it is already split. A
+// key new to the table gets an entry whose usage is held at level held: 1
+// for a key whose usage is on its unsplit counter, a static level for a
+// key split from the start. It reports false, changing nothing, when the
+// table is full or level is not a valid level above 1.
+func (t *Table) Set(key string, hash uint64, level, held int) bool {
 	if !ValidLevel(level) || level == Level1 {
 		return false
 	}
@@ -164,7 +166,7 @@ func (t *Table) Set(key string, hash uint64, level int) bool {
 	for h, e := range old {
 		m[h] = e
 	}
-	m[hash] = NewEntry(key, hash, level, Level1)
+	m[hash] = NewEntry(key, hash, level, held)
 	t.m.Store(&m)
 	return true
 }
