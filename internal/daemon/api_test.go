@@ -23,7 +23,7 @@ func TestDecodeAllow(t *testing.T) {
 		{`{"key":"","policy":""}`, "default", "", 1},
 		{`{"key":"k","cost":null}`, "default", "k", 1},
 		{`{"key":"\ud83d\ude00"}`, "default", "\U0001F600", 1}, // a surrogate pair is one character
-		{`{"key":"\ufffd"}`, "default", "\uFFFD", 1},             // U+FFFD itself is a character
+		{`{"key":"\ufffd"}`, "default", "\uFFFD", 1},           // U+FFFD itself is a character
 		{"{\"key\":\"\uFFFD\"}", "default", "\uFFFD", 1},
 		{`{"key":"\\ud800"}`, "default", `\ud800`, 1}, // an escaped backslash, then text
 	}
