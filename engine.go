@@ -113,6 +113,8 @@ type Engine struct {
 	local     *counter.MemoryStore // FallbackLocal's counters
 	metrics   *metrics             // nil: none kept
 	log       *slog.Logger
+	refuse    refusals
+	settleNow chan struct{} // wakes the loop to settle merged and refused keys
 	stop      chan struct{} // closed by Close
 	done      chan struct{} // closed when the event loop has stopped
 	closed    atomic.Bool
@@ -130,7 +132,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 			return nil, fmt.Errorf("hotkey: %w", err)
 		}
 	}
-	e := &Engine{store: store, opt: o, seed: rand.Uint64(), table: shard.NewTable(o.maxHotKeys), log: o.logger}
+	e := &Engine{store: store, opt: o, seed: rand.Uint64(), table: shard.NewTable(o.maxHotKeys), log: o.logger, settleNow: make(chan struct{}, 1)}
 	e.local = counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: o.localKeys, Clock: o.clock})
 	e.brk = newBreaker(o.breakerFailures, o.breakerProbe, o.breakerMaxProbe, o.clock, e.breakerChanged)
 	if o.registerer != nil {
@@ -151,7 +153,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 		if err := e.checkKey(k); err != nil {
 			return nil, fmt.Errorf("hotkey: split key: %w", err)
 		}
-		if !e.table.Set(k, hashKey(k), level, shard.Level1) {
+		if !e.table.Set(k, hashKey(k), level, shard.Level1, nil) {
 			return nil, fmt.Errorf("hotkey: more split keys than max hot keys (%d)", o.maxHotKeys)
 		}
 	}
@@ -181,12 +183,6 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	return e, nil
 }
 
-// mergeLinger is how often the engine looks for merged keys that no
-// decision has come for: one still waiting at the next look is dropped from
-// the table without moving its usage back, which by then matters only for
-// limits with periods longer than this.
-const mergeLinger = 30 * time.Second
-
 // skewCheck is how often the engine looks at the store's clock skew, and
 // maxSkew how much it takes a warning.
 const (
@@ -215,20 +211,20 @@ func (e *Engine) checkSkew(warned bool) bool {
 	return over
 }
 
-// loop hands the detector's level changes to the coordinator until Close,
-// and drops merged keys that no decision came for.
+// loop hands the detector's level changes to the coordinator, and settles
+// merged and refused keys (see settle), until Close.
 func (e *Engine) loop() {
 	defer close(e.done)
 	var events <-chan detector.Event
 	if e.detect != nil {
 		events = e.detect.Events()
 	}
-	t := time.NewTicker(mergeLinger)
-	defer t.Stop()
+	retry := time.NewTicker(settleRetry)
+	defer retry.Stop()
 	skewTick := time.NewTicker(skewCheck)
 	defer skewTick.Stop()
 	skewed := false
-	waiting := map[*shard.Entry]bool{}
+	unsettled := false
 	for {
 		select {
 		case <-skewTick.C:
@@ -239,19 +235,12 @@ func (e *Engine) loop() {
 				continue
 			}
 			e.coord.Announce(ev.Key, ev.Hash, ev.Level)
-		case <-t.C:
-			next := map[*shard.Entry]bool{}
-			e.table.Range(func(ent *shard.Entry) bool {
-				if ent.Level() == shard.Level1 {
-					if waiting[ent] {
-						e.table.Remove(ent)
-					} else {
-						next[ent] = true
-					}
-				}
-				return true
-			})
-			waiting = next
+		case <-e.settleNow:
+			unsettled = e.settle()
+		case <-retry.C:
+			if unsettled {
+				unsettled = e.settle()
+			}
 		case <-e.stop:
 			return
 		}
@@ -271,20 +260,29 @@ func (h handler) SetLevel(key string, hash uint64, level int) {
 	static := e.staticLevel(key)
 	switch {
 	case level > static:
-		if !e.table.Set(key, hash, level, e.heldOutside(key, hash)) {
+		held, p := e.heldOutside(key, hash)
+		if !e.table.Set(key, hash, level, held, p) {
+			e.refused(key, hash, level)
 			return
 		}
 	case static > shard.Level1:
 		if e.table.Lookup(key, hash) == nil && e.opt.splitKeys[key] == 0 {
 			return // under WithSplitAll, and never split above it
 		}
-		e.table.Set(key, hash, static, static)
+		e.table.Set(key, hash, static, static, e.placement())
 		level = static
 	default:
+		e.dropRefused(key)
 		if !e.table.Merge(key, hash) {
 			return
 		}
+		e.wakeSettle()
 	}
+	e.applied(key, level)
+}
+
+// applied logs and counts a level applied to key.
+func (e *Engine) applied(key string, level int) {
 	e.log.Info("hot key level", "key", key, "level", level)
 	e.metrics.levelChanged(level)
 	if e.opt.levelHook != nil {
@@ -423,18 +421,23 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 	if ent == nil {
 		return e.decide(ctx, key, hash, lim, n)
 	}
-	// The counters of the level a cost of 1 fits hold the key's usage; a
-	// larger cost may need fewer, larger subcounters.
+	if m, _ := ent.Memo().(Limit); m != lim {
+		ent.SetMemo(lim) // for settle, should no decision come after a merge
+	}
+	// The counters of the level a cost of 1 fits, under the store's
+	// current placement, hold the key's usage; a larger cost may need
+	// fewer, larger subcounters.
+	p := e.placement()
 	level := shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, 1)
-	if e.reshard != nil && ent.Held() != level {
-		if err := ent.Transfer(level, func(from, to int) error {
-			return e.transfer(ctx, ent, lim, from, to)
+	if e.reshard != nil && !ent.Holds(level, p) {
+		if err := ent.Transfer(level, p, func(from int, fromP shard.Placement, to int) error {
+			return e.transfer(ctx, ent, lim, from, fromP, to, p)
 		}); err != nil {
 			return Result{}, err
 		}
 	}
-	if ent.Level() == shard.Level1 {
-		e.table.Remove(ent) // merged back, its usage moved
+	if ent.Level() == shard.Level1 && e.table.Remove(ent) { // merged back, its usage moved
+		e.wakeSettle() // room for a refused key
 	}
 	if n > 1 {
 		level = shard.Fit(level, lim.Rate, lim.Capacity(), e.opt.minShare, n)
@@ -442,17 +445,18 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 	if level == shard.Level1 {
 		return e.decide(ctx, key, hash, lim, n)
 	}
-	return e.decideSplit(ctx, ent, level, lim, n)
+	return e.decideSplit(ctx, ent, level, p, lim, n)
 }
 
 // transfer moves the usage of ent's key under lim from its counters at
-// level from to those at level to (see counter.Resharder).
-func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, lim Limit, from, to int) error {
+// level from, named under placement fromP, to those at level to under toP
+// (see counter.Resharder).
+func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, lim Limit, from int, fromP shard.Placement, to int, toP shard.Placement) error {
 	ok, probe := e.brk.allow()
 	if !ok {
 		return ErrBreakerOpen
 	}
-	err := e.reshard.Reshard(ctx, e.shards(ent, lim, from), e.shards(ent, lim, to))
+	err := e.reshard.Reshard(ctx, shards(ent, lim, from, fromP), shards(ent, lim, to, toP))
 	e.brk.report(ctx, probe, err)
 	if err != nil {
 		return fmt.Errorf("hotkey: moving %q from %d to %d counters: %w", ent.Key, from, to, err)
@@ -460,13 +464,10 @@ func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, lim Limit, from
 	return nil
 }
 
-// shards returns ent's counters at level, each with its share of lim.
-func (e *Engine) shards(ent *shard.Entry, lim Limit, level int) []counter.Shard {
-	var p shard.Placement
-	if e.placer != nil {
-		p = e.placer.Placement()
-	}
-	names := ent.Names(level, p)
+// shards returns ent's counters at level under placement p, each with its
+// share of lim. Transfers are rare: the names are not cached.
+func shards(ent *shard.Entry, lim Limit, level int, p shard.Placement) []counter.Shard {
+	names := shard.Names(ent.Key, ent.Hash, level, p)
 	out := make([]counter.Shard, level)
 	for i := range out {
 		out[i] = counter.Shard{Name: names[i], Hash: shard.SubHash(ent.Hash, level, i), Limit: subLimit(lim, level, i)}
@@ -486,22 +487,31 @@ func (e *Engine) entry(key string, hash uint64) *shard.Entry {
 	if ent := slot.Load(); ent != nil && ent.Hash == hash && ent.Key == key {
 		return ent
 	}
-	ent := shard.NewEntry(key, hash, e.opt.splitAll, e.opt.splitAll)
+	ent := shard.NewEntry(key, hash, e.opt.splitAll, e.opt.splitAll, e.placement())
 	slot.Store(ent)
 	return ent
 }
 
-// heldOutside returns the level whose counters hold the usage of key, not
-// in the table: under WithSplitAll, what its entry in the split cache holds
-// (the static level, or the level a limit's shares fit), else 1.
-func (e *Engine) heldOutside(key string, hash uint64) int {
+// heldOutside returns the level and placement whose counters hold the
+// usage of key, not in the table: under WithSplitAll, what its entry in the
+// split cache holds (the static level, or the level a limit's shares fit),
+// else the unsplit counter.
+func (e *Engine) heldOutside(key string, hash uint64) (int, shard.Placement) {
 	if e.splits == nil {
-		return shard.Level1
+		return shard.Level1, nil
 	}
 	if ent := e.splits[hash&(splitCacheSize-1)].Load(); ent != nil && ent.Hash == hash && ent.Key == key {
-		return ent.Held()
+		return ent.HeldAt()
 	}
-	return e.opt.splitAll
+	return e.opt.splitAll, e.placement()
+}
+
+// placement returns the store's current placement, nil for one node.
+func (e *Engine) placement() shard.Placement {
+	if e.placer == nil {
+		return nil
+	}
+	return e.placer.Placement()
 }
 
 // decide takes n from the unsplit counter key.
@@ -513,13 +523,9 @@ func (e *Engine) decide(ctx context.Context, key string, hash uint64, lim Limit,
 	return Result{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining, RetryAfter: r.RetryAfter, ResetAfter: r.ResetAfter, Shards: 1}, nil
 }
 
-// decideSplit takes n from one of the level subcounters of ent, and on a deny
-// probes a second one.
-func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level int, lim Limit, n int64) (Result, error) {
-	var p shard.Placement
-	if e.placer != nil {
-		p = e.placer.Placement()
-	}
+// decideSplit takes n from one of the level subcounters of ent, named
+// under p, and on a deny probes a second one.
+func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level int, p shard.Placement, lim Limit, n int64) (Result, error) {
 	names := ent.Names(level, p)
 	i := ent.Pick(level, e.opt.selection, e.seed)
 	r, err := e.take(ctx, names[i], shard.SubHash(ent.Hash, level, i), subLimit(lim, level, i), n)

@@ -2,6 +2,8 @@ package hotkey
 
 import (
 	"context"
+	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -51,5 +53,95 @@ func TestSplitAllPromotion(t *testing.T) {
 				t.Errorf("admitted %d at level 4 and %d after the promotion to 16, want 1600 and 0", before, after)
 			}
 		})
+	}
+}
+
+// testPlacement maps names over nodes by hash; its version says which map
+// it is.
+type testPlacement struct {
+	nodes   int
+	version uint64
+}
+
+func (p *testPlacement) Nodes() int                   { return p.nodes }
+func (p *testPlacement) Node(name string) int         { return int(hashKey(name) % uint64(p.nodes)) }
+func (p *testPlacement) Version() uint64              { return p.version }
+func (p *testPlacement) String() string               { return fmt.Sprintf("%d nodes, v%d", p.nodes, p.version) }
+func newPlacement(nodes int, v uint64) *testPlacement { return &testPlacement{nodes, v} }
+
+// placedStore is a memory store whose node map the test changes, as a
+// failover or a slot move changes a Redis Cluster's.
+type placedStore struct {
+	*counter.MemoryStore
+	p atomic.Pointer[testPlacement]
+}
+
+func (s *placedStore) Placement() counter.Placement { return s.p.Load() }
+
+// TestPlacementChange: when the store's node map changes, a split key's
+// subcounters get new names; its usage moves to them, so the change hands
+// out no quota.
+func TestPlacementChange(t *testing.T) {
+	checkLeaks(t)
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			clock := newFakeClock()
+			store := &placedStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+			store.p.Store(newPlacement(3, 1))
+			e, err := New(store, WithClock(clock.Now), WithoutDetector())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			key := "placed"
+			lim := Limit{Algorithm: alg, Rate: 1600, Period: time.Hour}
+			handler{e}.SetLevel(key, hashKey(key), shard.Level16)
+			before := admitAll(t, e, key, lim, 1, 10_000)
+			store.p.Store(newPlacement(4, 2)) // a node joins
+			after := admitAll(t, e, key, lim, 1, 10_000)
+			store.p.Store(newPlacement(3, 3)) // and leaves
+			again := admitAll(t, e, key, lim, 1, 10_000)
+			t.Logf("admitted %d, then %d after a node joined, %d after it left, with no time passing", before, after, again)
+			if before != 1600 || after != 0 || again != 0 {
+				t.Errorf("admitted %d, %d after a node joined, %d after it left; want 1600, 0, 0", before, after, again)
+			}
+		})
+	}
+}
+
+// TestRefusedSplitApplied: with the table full, a key's split is refused;
+// once a merged key has left the table, the refused key is split. A merged
+// key no decision comes for has its usage moved back all the same, so a
+// long period keeps it.
+func TestRefusedSplitApplied(t *testing.T) {
+	checkLeaks(t)
+	clock := newFakeClock()
+	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
+	e, err := New(store, WithClock(clock.Now), WithoutDetector(), WithMaxHotKeys(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	h := handler{e}
+	lim := Limit{Rate: 1600, Period: time.Hour}
+	h.SetLevel("a", hashKey("a"), shard.Level16)
+	if got := admitAll(t, e, "a", lim, 1, 10_000); got != 1600 {
+		t.Fatalf("a admitted %d at level 16, want 1600", got)
+	}
+	h.SetLevel("b", hashKey("b"), shard.Level16) // no room: refused
+	if e.Level("b") != 1 {
+		t.Fatalf("b at level %d with the table full", e.Level("b"))
+	}
+	h.SetLevel("a", hashKey("a"), shard.Level1) // a cools: no decision comes for it
+	took := waitFor(t, patience, "b split once a left the table", func() bool { return e.Level("b") == shard.Level16 })
+	t.Logf("b split %v after a merged", took)
+	if e.Level("a") != 1 || e.table.Lookup("a", hashKey("a")) != nil {
+		t.Fatalf("a at level %d, in the table: %v", e.Level("a"), e.table.Lookup("a", hashKey("a")) != nil)
+	}
+	if got := admitAll(t, e, "a", lim, 1, 10_000); got != 0 {
+		t.Errorf("a admitted %d more on its unsplit counter with no time passing, want 0: its usage was not moved back", got)
+	}
+	if r, err := e.Allow(context.Background(), "b", lim); err != nil || r.Shards != shard.Level16 {
+		t.Errorf("b decided on %d shards (%v), want 16", r.Shards, err)
 	}
 }

@@ -149,7 +149,7 @@ func TestNamesBreakHashTags(t *testing.T) {
 }
 
 func TestPickRoundRobinIsEven(t *testing.T) {
-	e := NewEntry("k", 42, Level16, Level16)
+	e := NewEntry("k", 42, Level16, Level16, nil)
 	counts := make([]int, 16)
 	for range 16 * 100 {
 		counts[e.Pick(16, RoundRobin, 7)]++
@@ -196,20 +196,20 @@ func TestTable(t *testing.T) {
 	if tb.Lookup("a", h("a")) != nil {
 		t.Fatal("empty table found a key")
 	}
-	if !tb.Set("a", h("a"), Level4, Level1) || !tb.Set("b", h("b"), Level16, Level1) {
+	if !tb.Set("a", h("a"), Level4, Level1, nil) || !tb.Set("b", h("b"), Level16, Level1, nil) {
 		t.Fatal("Set failed below the cap")
 	}
-	if tb.Set("c", h("c"), Level4, Level1) {
+	if tb.Set("c", h("c"), Level4, Level1, nil) {
 		t.Error("Set beyond the cap succeeded")
 	}
-	if tb.Set("a", h("a"), 3, Level1) || tb.Set("a", h("a"), Level1, Level1) {
+	if tb.Set("a", h("a"), 3, Level1, nil) || tb.Set("a", h("a"), Level1, Level1, nil) {
 		t.Error("Set accepted an invalid level")
 	}
 	e := tb.Lookup("a", h("a"))
 	if e == nil || e.Level() != Level4 {
 		t.Fatalf("Lookup(a) = %v", e)
 	}
-	if !tb.Set("a", h("a"), Level64, Level1) || e.Level() != Level64 {
+	if !tb.Set("a", h("a"), Level64, Level1, nil) || e.Level() != Level64 {
 		t.Error("level change did not reach the existing entry")
 	}
 	if tb.Lookup("a", h("b")) != nil {
@@ -229,7 +229,7 @@ func TestTableConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range 200 {
 				k := fmt.Sprintf("k%d-%d", g, i)
-				tb.Set(k, xxhash.Sum64String(k), Level4, Level1)
+				tb.Set(k, xxhash.Sum64String(k), Level4, Level1, nil)
 				if tb.Lookup(k, xxhash.Sum64String(k)) == nil {
 					t.Errorf("lost %s", k)
 				}
@@ -243,7 +243,7 @@ func TestTableConcurrent(t *testing.T) {
 }
 
 func TestEntryNamesCachedPerVersion(t *testing.T) {
-	e := NewEntry("k", 9, Level16, Level16)
+	e := NewEntry("k", 9, Level16, Level16, nil)
 	a := e.Names(16, modPlacement{3})
 	b := e.Names(16, modPlacement{3})
 	if &a[0] != &b[0] {
@@ -259,7 +259,7 @@ func BenchmarkTableLookup(b *testing.B) {
 	tb := NewTable(0)
 	for i := range 1000 {
 		k := fmt.Sprintf("hot%d", i)
-		tb.Set(k, xxhash.Sum64String(k), Level16, Level1)
+		tb.Set(k, xxhash.Sum64String(k), Level16, Level1, nil)
 	}
 	key := "hot500"
 	h := xxhash.Sum64String(key)
@@ -276,14 +276,14 @@ func BenchmarkTableLookup(b *testing.B) {
 // TestTransferOnce: concurrent decisions on a key whose level changed move
 // its usage once, and none decides before the move is done.
 func TestTransferOnce(t *testing.T) {
-	e := NewEntry("k", 1, Level16, Level1)
+	e := NewEntry("k", 1, Level16, Level1, nil)
 	var moves, after atomic.Int32
 	var wg sync.WaitGroup
 	for range 8 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := e.Transfer(Level16, func(from, to int) error {
+			err := e.Transfer(Level16, nil, func(from int, _ Placement, to int) error {
 				if from != Level1 || to != Level16 {
 					t.Errorf("move from %d to %d, want 1 to 16", from, to)
 				}
@@ -303,11 +303,47 @@ func TestTransferOnce(t *testing.T) {
 	}
 	// A failed move leaves the usage where it was, and is tried again.
 	fail := errors.New("store down")
-	if err := e.Transfer(Level4, func(int, int) error { return fail }); !errors.Is(err, fail) || e.Held() != Level16 {
+	if err := e.Transfer(Level4, nil, func(int, Placement, int) error { return fail }); !errors.Is(err, fail) || e.Held() != Level16 {
 		t.Fatalf("failed move: %v, held %d; want the error, held 16", err, e.Held())
 	}
-	if err := e.Transfer(Level4, func(from, to int) error { return nil }); err != nil || e.Held() != Level4 {
+	if err := e.Transfer(Level4, nil, func(int, Placement, int) error { return nil }); err != nil || e.Held() != Level4 {
 		t.Fatalf("retried move: %v, held %d; want held 4", err, e.Held())
+	}
+}
+
+// versioned is a placement that differs from another only by its version.
+type versioned uint64
+
+func (versioned) Nodes() int        { return 1 }
+func (versioned) Node(string) int   { return 0 }
+func (v versioned) Version() uint64 { return uint64(v) }
+
+// TestTransferPlacement: a split key's usage is held at a level under one
+// placement; another version of the placement renames the subcounters, so
+// the usage must move, from the old placement's counters. The unsplit
+// counter is the key's name under every placement.
+func TestTransferPlacement(t *testing.T) {
+	v1, v2 := versioned(1), versioned(2)
+	e := NewEntry("k", 1, Level16, Level16, v1)
+	if !e.Holds(Level16, v1) || e.Holds(Level16, v2) || e.Holds(Level16, nil) || e.Holds(Level4, v1) {
+		t.Fatal("Holds: want level 16 under v1 only")
+	}
+	var gotFrom int
+	var gotP Placement
+	if err := e.Transfer(Level16, v2, func(from int, fromP Placement, to int) error {
+		gotFrom, gotP = from, fromP
+		return nil
+	}); err != nil || gotFrom != Level16 || gotP != v1 || !e.Holds(Level16, v2) {
+		t.Fatalf("move under v2: from %d under %v, holds under v2 %v; want from 16 under v1", gotFrom, gotP, e.Holds(Level16, v2))
+	}
+	if lvl, p := e.HeldAt(); lvl != Level16 || p != v2 {
+		t.Fatalf("HeldAt %d, %v; want 16, v2", lvl, p)
+	}
+	if err := e.Transfer(Level1, nil, func(int, Placement, int) error { return nil }); err != nil {
+		t.Fatal(err)
+	}
+	if !e.Holds(Level1, v1) || !e.Holds(Level1, nil) {
+		t.Fatal("the unsplit counter holds the usage under any placement")
 	}
 }
 
@@ -315,7 +351,7 @@ func TestTransferOnce(t *testing.T) {
 // which leaves a key that was split again meanwhile alone.
 func TestTableMerge(t *testing.T) {
 	tb := NewTable(0)
-	tb.Set("k", 7, Level16, Level1)
+	tb.Set("k", 7, Level16, Level1, nil)
 	e := tb.Lookup("k", 7)
 	if e == nil || e.Held() != Level1 {
 		t.Fatalf("new entry %+v, want its usage held unsplit", e)
@@ -326,7 +362,7 @@ func TestTableMerge(t *testing.T) {
 	if tb.Merge("other", 8) {
 		t.Fatal("Merge of a key not in the table reported true")
 	}
-	tb.Set("k", 7, Level4, Level1) // split again before any decision
+	tb.Set("k", 7, Level4, Level1, nil) // split again before any decision
 	if tb.Remove(e) || tb.Lookup("k", 7) != e {
 		t.Fatal("Remove took out a key split again")
 	}
@@ -335,8 +371,8 @@ func TestTableMerge(t *testing.T) {
 		t.Fatalf("Remove of a merged key: table has %d keys, want 0", tb.Len())
 	}
 	n := 0
-	tb.Set("a", 1, Level4, Level1)
-	tb.Set("b", 2, Level4, Level1)
+	tb.Set("a", 1, Level4, Level1, nil)
+	tb.Set("b", 2, Level4, Level1, nil)
 	tb.Range(func(*Entry) bool { n++; return false })
 	if n != 1 {
 		t.Fatalf("Range went on after false: %d calls", n)

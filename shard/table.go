@@ -26,10 +26,15 @@ type Entry struct {
 	level atomic.Int32
 	seq   atomic.Uint64
 	names [4]atomic.Pointer[nameSet] // by levelIndex
-	// held is the level whose counters hold the key's usage: the level the
-	// last state transfer moved it to. Written under mu.
-	held atomic.Int32
-	mu   sync.Mutex // serialises state transfers
+	// held and heldV say which counters hold the key's usage: those of
+	// level held, named under the placement of version heldV (the level
+	// and placement the last state transfer moved it to). Written under
+	// mu, with heldP, the placement itself.
+	held  atomic.Int32
+	heldV atomic.Uint64
+	heldP Placement
+	mu    sync.Mutex // serialises state transfers; guards heldP
+	memo  atomic.Value
 }
 
 type nameSet struct {
@@ -37,40 +42,76 @@ type nameSet struct {
 	names   []string
 }
 
+// version returns p's version, 0 for no placement.
+func version(p Placement) uint64 {
+	if p == nil {
+		return 0
+	}
+	return p.Version()
+}
+
 // NewEntry returns an entry for key (with hash) at level, whose usage is
-// held at level held: the unsplit counter (1) for a key that just got hot, or
-// level itself for a key split from the start.
-func NewEntry(key string, hash uint64, level, held int) *Entry {
-	e := &Entry{Key: key, Hash: hash}
+// held at level held under placement p: the unsplit counter (1) for a key
+// that just got hot, or a static level for a key split from the start. p
+// may be nil: one node.
+func NewEntry(key string, hash uint64, level, held int, p Placement) *Entry {
+	e := &Entry{Key: key, Hash: hash, heldP: p}
 	e.level.Store(int32(level))
 	e.held.Store(int32(held))
+	e.heldV.Store(version(p))
 	return e
 }
 
 // Held returns the level whose counters hold the key's usage.
 func (e *Entry) Held() int { return int(e.held.Load()) }
 
-// Transfer moves the key's usage to the counters of level to, once: if they
-// do not hold it yet, it calls move(from, to) with from the level that holds
-// it, and on success records that to holds it. Concurrent callers wait for
-// the one that moves, so none decides on counters not yet seeded. A failed
-// move is returned and leaves the usage where it was, to be tried again.
-func (e *Entry) Transfer(to int, move func(from, to int) error) error {
-	if e.Held() == to {
+// HeldAt returns the level and placement whose counters hold the key's
+// usage.
+func (e *Entry) HeldAt() (int, Placement) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.Held(), e.heldP
+}
+
+// Holds reports whether the counters of level under p hold the key's
+// usage. The unsplit counter is named by the key alone, whatever the
+// placement.
+func (e *Entry) Holds(level int, p Placement) bool {
+	held := e.Held()
+	return held == level && (held == Level1 || e.heldV.Load() == version(p))
+}
+
+// Transfer moves the key's usage to the counters of level to under
+// placement p, once: if they do not hold it yet, it calls move(from, fromP,
+// to) with the level and placement that hold it, and on success records
+// that to under p holds it. Concurrent callers wait for the one that moves,
+// so none decides on counters not yet seeded. A failed move is returned and
+// leaves the usage where it was, to be tried again.
+func (e *Entry) Transfer(to int, p Placement, move func(from int, fromP Placement, to int) error) error {
+	if e.Holds(to, p) {
 		return nil
 	}
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	from := e.Held()
-	if from == to {
+	if e.Holds(to, p) {
 		return nil
 	}
-	if err := move(from, to); err != nil {
+	if err := move(e.Held(), e.heldP, to); err != nil {
 		return err
 	}
+	e.heldP = p
+	e.heldV.Store(version(p))
 	e.held.Store(int32(to))
 	return nil
 }
+
+// Memo returns what SetMemo last stored, or nil.
+func (e *Entry) Memo() any { return e.memo.Load() }
+
+// SetMemo keeps v with the entry for its owner: the engine keeps the limit
+// last decided under, to move a merged key's usage back when no decision
+// comes. Every v must have the same concrete type.
+func (e *Entry) SetMemo(v any) { e.memo.Store(v) }
 
 // Level returns the entry's level.
 func (e *Entry) Level() int { return int(e.level.Load()) }
@@ -141,11 +182,11 @@ func (t *Table) Lookup(key string, hash uint64) *Entry {
 }
 
 // Set splits key at level, or changes its level if it is already split. A
-// key new to the table gets an entry whose usage is held at level held: 1
-// for a key whose usage is on its unsplit counter, a static level for a
-// key split from the start. It reports false, changing nothing, when the
-// table is full or level is not a valid level above 1.
-func (t *Table) Set(key string, hash uint64, level, held int) bool {
+// key new to the table gets an entry whose usage is held at level held
+// under placement p: 1 for a key whose usage is on its unsplit counter, a
+// static level for a key split from the start. It reports false, changing
+// nothing, when the table is full or level is not a valid level above 1.
+func (t *Table) Set(key string, hash uint64, level, held int, p Placement) bool {
 	if !ValidLevel(level) || level == Level1 {
 		return false
 	}
@@ -166,7 +207,7 @@ func (t *Table) Set(key string, hash uint64, level, held int) bool {
 	for h, e := range old {
 		m[h] = e
 	}
-	m[hash] = NewEntry(key, hash, level, held)
+	m[hash] = NewEntry(key, hash, level, held, p)
 	t.m.Store(&m)
 	return true
 }
