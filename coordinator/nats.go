@@ -120,6 +120,15 @@ type Config struct {
 	// Logger receives connection events at Info and Warn; invalid messages
 	// and rejections at Debug. Default: discard.
 	Logger *slog.Logger
+
+	// Now is the clock read for every decision about time: when leases
+	// expire, whether a sync reply came within SyncWait, when a peer is no
+	// longer live. Nil means time.Now; it must be safe for concurrent use.
+	// Only the wake-ups run on real timers: renewals every TTL/3,
+	// heartbeats, and expiry checks every quarter of TTL or Heartbeat
+	// (whichever is shorter; at most 250 ms). A clock that tests move by
+	// hand takes effect at the next expiry check after it moved.
+	Now func() time.Time
 }
 
 // withDefaults returns c with zero fields set to their defaults, or an error
@@ -201,6 +210,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
 	}
 	return c, nil
 }
@@ -332,8 +344,8 @@ func (c *NATS) newTable() *leaseTable {
 // ID returns this instance's ID.
 func (c *NATS) ID() string { return c.cfg.ID }
 
-// now reads the clock.
-func (c *NATS) now() time.Time { return time.Now() }
+// now reads the coordinator's clock, Config.Now.
+func (c *NATS) now() time.Time { return c.cfg.Now() }
 
 // Start implements Coordinator: it connects (unless given a Conn),
 // subscribes, tells h there is 1 instance, sends a heartbeat and a join sync
