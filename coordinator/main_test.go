@@ -122,6 +122,31 @@ func (r *recorder) check(t *testing.T) {
 	}
 }
 
+// fakeClock is a clock a test moves by hand (Config.Now). It starts at a
+// fixed instant and stands still until Advance. Safe for concurrent use.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+}
+
+// Now returns the clock's time.
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock d forward.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
 // testConfig returns a config with short intervals for tests.
 func testConfig(id string, urls ...string) Config {
 	return Config{
