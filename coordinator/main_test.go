@@ -96,6 +96,13 @@ func (r *recorder) instances() int {
 	return r.insts[len(r.insts)-1]
 }
 
+// setLevels returns the number of SetLevel calls so far.
+func (r *recorder) setLevels() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.changes
+}
+
 // has reports whether every key of want is at its level (1: not split).
 func (r *recorder) has(want map[string]int) bool {
 	r.mu.Lock()
@@ -147,7 +154,16 @@ func (c *fakeClock) Advance(d time.Duration) {
 	c.now = c.now.Add(d)
 }
 
-// testConfig returns a config with short intervals for tests.
+// config returns testConfig on this clock.
+func (c *fakeClock) config(id string, urls ...string) Config {
+	cfg := testConfig(id, urls...)
+	cfg.Now = c.Now
+	return cfg
+}
+
+// testConfig returns a config with short intervals for tests, on a clock
+// of its own that stands still: its leases lapse and its peers die only in
+// tests that give it a clock they move.
 func testConfig(id string, urls ...string) Config {
 	return Config{
 		URLs:          urls,
@@ -155,6 +171,7 @@ func testConfig(id string, urls ...string) Config {
 		TTL:           300 * time.Millisecond,
 		Heartbeat:     50 * time.Millisecond,
 		ReconnectWait: 50 * time.Millisecond,
+		Now:           newFakeClock().Now,
 	}
 }
 
@@ -186,14 +203,19 @@ func closeCoord(t *testing.T, c *NATS, r *recorder) {
 	r.check(t)
 }
 
+// patience bounds every wait for an event: what takes milliseconds on an
+// idle machine may take seconds on a loaded one.
+const patience = 30 * time.Second
+
 // waitFor polls cond every few milliseconds until it holds, and fails t
-// (with what) if it does not within limit. It returns the time it took.
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
+// (with what) if it does not within patience. It returns the time it
+// took, for logs: how long is up to the machine, not a property of the code.
+func waitFor(t *testing.T, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for !cond() {
-		if time.Since(start) > limit {
-			t.Fatalf("%s: not within %v", what, limit)
+		if time.Since(start) > patience {
+			t.Fatalf("%s: not within %v", what, patience)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

@@ -211,7 +211,7 @@ func TestBadMessages(t *testing.T) {
 	// instant, however long it takes to arrive.
 	replies := func(what string, want func(Stats) bool) {
 		t.Helper()
-		waitFor(t, 10*time.Second, what, func() bool { return want(c.Stats()) })
+		waitFor(t, what, func() bool { return want(c.Stats()) })
 	}
 	pub(c.inbox, `{"v":1,"t":"sync","origin":"o","leases":[{"key":"synced","level":16,"ttl_ms":60000}]}`)
 	replies("a sync reply at once applied", func(st Stats) bool { return st.SyncReplies == 1 })
@@ -244,14 +244,14 @@ func TestBadMessages(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	d := waitFor(t, 30*time.Second, "all received", func() bool {
+	d := waitFor(t, "all received", func() bool {
 		st := c.Stats()
 		return st.Received+st.Dropped >= uint64(sent)
 	})
 	// A message is counted as received before it is handled: let the last
 	// ones be handled.
 	// "synced" holds one key of the table.
-	waitFor(t, 30*time.Second, "the flood handled", func() bool {
+	waitFor(t, "the flood handled", func() bool {
 		st := c.Stats()
 		return uint64(st.Keys)-1+st.Rejected >= flood
 	})
@@ -275,7 +275,7 @@ func TestBadMessages(t *testing.T) {
 	if m := maxKeys.Load(); m > int64(cfg.MaxHotKeys) {
 		t.Errorf("table grew to %d keys, cap %d", m, cfg.MaxHotKeys)
 	}
-	waitFor(t, 30*time.Second, "handler told of the accepted keys", func() bool {
+	waitFor(t, "handler told of the accepted keys", func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return len(r.levels) == cfg.MaxHotKeys
