@@ -171,7 +171,10 @@ func testConfig(id string, urls ...string) Config {
 		TTL:           300 * time.Millisecond,
 		Heartbeat:     50 * time.Millisecond,
 		ReconnectWait: 50 * time.Millisecond,
-		Now:           newFakeClock().Now,
+		// Start flushes its subscriptions within this: a loaded machine
+		// may take longer than the 2 s default.
+		ConnectTimeout: 10 * time.Second,
+		Now:            newFakeClock().Now,
 	}
 }
 

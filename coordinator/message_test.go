@@ -222,7 +222,7 @@ func TestBadMessages(t *testing.T) {
 	pub(c.inbox, `{"v":1,"t":"sync","origin":"o","leases":[{"key":"late","level":16,"ttl_ms":60000}]}`)
 	replies("a sync reply after SyncWait counted late", func(st Stats) bool { return st.LateReplies == 1 })
 
-	// The flood: 100,000 well-formed leases for distinct keys.
+	// The flood: 20 times MaxHotKeys well-formed leases for distinct keys.
 	var maxKeys atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -236,12 +236,12 @@ func TestBadMessages(t *testing.T) {
 			}
 		}
 	})
-	const flood = 100000
+	const flood = 20000
 	start := time.Now()
 	for i := range flood {
 		pub(lease, `{"v":1,"t":"lease","origin":"forger","key":"forged-`+strconv.Itoa(i)+`","level":64,"ttl_ms":60000}`)
 	}
-	if err := nc.Flush(); err != nil {
+	if err := nc.FlushTimeout(patience); err != nil {
 		t.Fatal(err)
 	}
 	d := waitFor(t, "all received", func() bool {
