@@ -96,6 +96,13 @@ func (r *recorder) instances() int {
 	return r.insts[len(r.insts)-1]
 }
 
+// setLevels returns the number of SetLevel calls so far.
+func (r *recorder) setLevels() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.changes
+}
+
 // has reports whether every key of want is at its level (1: not split).
 func (r *recorder) has(want map[string]int) bool {
 	r.mu.Lock()
@@ -122,7 +129,41 @@ func (r *recorder) check(t *testing.T) {
 	}
 }
 
-// testConfig returns a config with short intervals for tests.
+// fakeClock is a clock a test moves by hand (Config.Now). It starts at a
+// fixed instant and stands still until Advance. Safe for concurrent use.
+type fakeClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newFakeClock() *fakeClock {
+	return &fakeClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
+}
+
+// Now returns the clock's time.
+func (c *fakeClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+// Advance moves the clock d forward.
+func (c *fakeClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.now = c.now.Add(d)
+}
+
+// config returns testConfig on this clock.
+func (c *fakeClock) config(id string, urls ...string) Config {
+	cfg := testConfig(id, urls...)
+	cfg.Now = c.Now
+	return cfg
+}
+
+// testConfig returns a config with short intervals for tests, on a clock
+// of its own that stands still: its leases lapse and its peers die only in
+// tests that give it a clock they move.
 func testConfig(id string, urls ...string) Config {
 	return Config{
 		URLs:          urls,
@@ -130,6 +171,10 @@ func testConfig(id string, urls ...string) Config {
 		TTL:           300 * time.Millisecond,
 		Heartbeat:     50 * time.Millisecond,
 		ReconnectWait: 50 * time.Millisecond,
+		// Start flushes its subscriptions within this: a loaded machine
+		// may take longer than the 2 s default.
+		ConnectTimeout: 10 * time.Second,
+		Now:            newFakeClock().Now,
 	}
 }
 
@@ -161,14 +206,19 @@ func closeCoord(t *testing.T, c *NATS, r *recorder) {
 	r.check(t)
 }
 
+// patience bounds every wait for an event: what takes milliseconds on an
+// idle machine may take seconds on a loaded one.
+const patience = 30 * time.Second
+
 // waitFor polls cond every few milliseconds until it holds, and fails t
-// (with what) if it does not within limit. It returns the time it took.
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
+// (with what) if it does not within patience. It returns the time it
+// took, for logs: how long is up to the machine, not a property of the code.
+func waitFor(t *testing.T, what string, cond func() bool) time.Duration {
 	t.Helper()
 	start := time.Now()
 	for !cond() {
-		if time.Since(start) > limit {
-			t.Fatalf("%s: not within %v", what, limit)
+		if time.Since(start) > patience {
+			t.Fatalf("%s: not within %v", what, patience)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}

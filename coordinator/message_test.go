@@ -160,12 +160,16 @@ func TestSyncChunks(t *testing.T) {
 }
 
 // TestBadMessages publishes invalid and hostile messages on the
-// coordination subjects: each is counted by reason and none is applied,
-// and a flood of forged keys cannot grow the table past MaxHotKeys.
+// coordination subjects: each is counted by reason and none is applied, a
+// sync reply after SyncWait is not applied, and a flood of forged keys
+// cannot grow the table past MaxHotKeys.
 func TestBadMessages(t *testing.T) {
 	s := startServer(t, natsserver.Options{MaxPayload: 2 << 20})
+	clk := newFakeClock()
 	cfg := testConfig("victim", s.URL())
 	cfg.MaxHotKeys = 1000
+	cfg.SyncWait = 500 * time.Millisecond
+	cfg.Now = clk.Now
 	c, r := startCoord(t, cfg)
 	nc, err := nats.Connect(s.URL())
 	if err != nil {
@@ -201,7 +205,24 @@ func TestBadMessages(t *testing.T) {
 	wantInvalid["type"] += 4
 	wantInvalid["reply"]++
 
-	// The flood: 100,000 well-formed leases for distinct keys.
+	// Sync replies are applied until SyncWait after the request (sent by
+	// Start, when the clock read what it reads now), not after. The clock
+	// stands still between the steps, so each reply is judged at a known
+	// instant, however long it takes to arrive.
+	replies := func(what string, want func(Stats) bool) {
+		t.Helper()
+		waitFor(t, what, func() bool { return want(c.Stats()) })
+	}
+	pub(c.inbox, `{"v":1,"t":"sync","origin":"o","leases":[{"key":"synced","level":16,"ttl_ms":60000}]}`)
+	replies("a sync reply at once applied", func(st Stats) bool { return st.SyncReplies == 1 })
+	clk.Advance(cfg.SyncWait)
+	pub(c.inbox, `{"v":1,"t":"sync","origin":"o","leases":[]}`)
+	replies("a sync reply at SyncWait applied", func(st Stats) bool { return st.SyncReplies == 2 })
+	clk.Advance(time.Nanosecond)
+	pub(c.inbox, `{"v":1,"t":"sync","origin":"o","leases":[{"key":"late","level":16,"ttl_ms":60000}]}`)
+	replies("a sync reply after SyncWait counted late", func(st Stats) bool { return st.LateReplies == 1 })
+
+	// The flood: 20 times MaxHotKeys well-formed leases for distinct keys.
 	var maxKeys atomic.Int64
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -215,26 +236,24 @@ func TestBadMessages(t *testing.T) {
 			}
 		}
 	})
-	const flood = 100000
+	const flood = 20000
 	start := time.Now()
 	for i := range flood {
 		pub(lease, `{"v":1,"t":"lease","origin":"forger","key":"forged-`+strconv.Itoa(i)+`","level":64,"ttl_ms":60000}`)
 	}
-	// A sync reply long after the sync request's SyncWait: late.
-	time.Sleep(time.Until(start.Add(cfg.SyncWait)))
-	pub(c.inbox, `{"v":1,"t":"sync","origin":"o","leases":[{"key":"late","level":16,"ttl_ms":1000}]}`)
-	if err := nc.Flush(); err != nil {
+	if err := nc.FlushTimeout(patience); err != nil {
 		t.Fatal(err)
 	}
-	d := waitFor(t, 30*time.Second, "all received", func() bool {
+	d := waitFor(t, "all received", func() bool {
 		st := c.Stats()
 		return st.Received+st.Dropped >= uint64(sent)
 	})
 	// A message is counted as received before it is handled: let the last
 	// ones be handled.
-	waitFor(t, 5*time.Second, "the flood handled", func() bool {
+	// "synced" holds one key of the table.
+	waitFor(t, "the flood handled", func() bool {
 		st := c.Stats()
-		return uint64(st.Keys)+st.Rejected >= flood
+		return uint64(st.Keys)-1+st.Rejected >= flood
 	})
 	close(stop)
 	wg.Wait()
@@ -247,16 +266,16 @@ func TestBadMessages(t *testing.T) {
 	if !maps.Equal(st.InvalidBy, wantInvalid) {
 		t.Errorf("invalid by reason %v, want %v", st.InvalidBy, wantInvalid)
 	}
-	if st.Own != 1 || st.LateReplies != 1 {
-		t.Errorf("own %d, late %d", st.Own, st.LateReplies)
+	if st.Own != 1 || st.SyncReplies != 2 || st.LateReplies != 1 {
+		t.Errorf("own %d, sync replies %d, late %d", st.Own, st.SyncReplies, st.LateReplies)
 	}
-	if st.Keys != cfg.MaxHotKeys || st.Rejected != flood-uint64(cfg.MaxHotKeys) {
+	if st.Keys != cfg.MaxHotKeys || st.Rejected != flood-uint64(cfg.MaxHotKeys-1) {
 		t.Errorf("keys %d, rejected %d", st.Keys, st.Rejected)
 	}
 	if m := maxKeys.Load(); m > int64(cfg.MaxHotKeys) {
 		t.Errorf("table grew to %d keys, cap %d", m, cfg.MaxHotKeys)
 	}
-	waitFor(t, 5*time.Second, "handler told of the accepted keys", func() bool {
+	waitFor(t, "handler told of the accepted keys", func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return len(r.levels) == cfg.MaxHotKeys
@@ -269,6 +288,9 @@ func TestBadMessages(t *testing.T) {
 		if _, ok := r.levels[k]; ok {
 			t.Errorf("invalid or ignored lease for %q applied", k)
 		}
+	}
+	if r.levels["synced"] != 16 {
+		t.Errorf("lease of a sync reply within SyncWait at level %d, want 16", r.levels["synced"])
 	}
 	r.mu.Unlock()
 	t.Logf("stats: %+v", st)
@@ -283,7 +305,7 @@ func TestConfig(t *testing.T) {
 	got := c.cfg
 	if got.Prefix != "hotkey" || got.Namespace != "default" || len(got.ID) != 16 || got.TTL != 3*time.Second ||
 		got.MaxTTL != time.Minute || got.Heartbeat != time.Second || got.MaxHotKeys != 10000 || got.MaxKeyLen != 512 ||
-		got.MaxPeers != 1024 || got.MaxMessage != 64<<10 || got.SyncWait != 500*time.Millisecond || got.Logger == nil {
+		got.MaxPeers != 1024 || got.MaxMessage != 64<<10 || got.SyncWait != 500*time.Millisecond || got.Logger == nil || got.Now == nil {
 		t.Errorf("defaults: %+v", got)
 	}
 	if c.subjLease != "hotkey.default.lease" || c.subjHB != "hotkey.default.hb" || c.subjSync != "hotkey.default.sync" {

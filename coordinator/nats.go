@@ -7,14 +7,12 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 
 	"github.com/hotkeyd/hotkey/shard"
@@ -122,6 +120,15 @@ type Config struct {
 	// Logger receives connection events at Info and Warn; invalid messages
 	// and rejections at Debug. Default: discard.
 	Logger *slog.Logger
+
+	// Now is the clock read for every decision about time: when leases
+	// expire, whether a sync reply came within SyncWait, when a peer is no
+	// longer live. Nil means time.Now; it must be safe for concurrent use.
+	// Only the wake-ups run on real timers: renewals every TTL/3,
+	// heartbeats, and expiry checks every quarter of TTL or Heartbeat
+	// (whichever is shorter; at most 250 ms). A clock that tests move by
+	// hand takes effect at the next expiry check after it moved.
+	Now func() time.Time
 }
 
 // withDefaults returns c with zero fields set to their defaults, or an error
@@ -204,6 +211,9 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
 	return c, nil
 }
 
@@ -263,8 +273,7 @@ type NATS struct {
 	subjLease string
 	subjHB    string
 	subjSync  string
-	sweep     time.Duration // interval of expiry checks
-	base      time.Time     // origin of the monotonic clock (now)
+	sweep     time.Duration // longest interval between expiry checks
 
 	// Set by Start, then read-only.
 	h        Handler
@@ -274,21 +283,17 @@ type NATS struct {
 	inboxSub *nats.Subscription // sync replies
 	inbox    string
 
-	mu       sync.Mutex
+	mu       sync.Mutex // guards the fields below, up to toldLive
 	started  bool
 	closed   bool
-	table    map[string]*entry
-	own      map[string]int      // own leases: key → level (each also in table)
-	announce map[string]struct{} // own keys to publish at once
-	syncQ    []string            // reply subjects of sync requests to answer
-	peers    map[string]int64    // live peer → time of last heartbeat
-	pending  map[string]change   // level changes not yet taken by the dispatcher
-	told     map[string]int      // levels handed to the dispatcher, 1s omitted
-	live     int                 // live instances: 1 + len(peers)
-	toldLive int                 // live count handed to the dispatcher
+	table    *leaseTable
+	announce map[string]struct{}  // own keys to publish at once
+	syncQ    []string             // reply subjects of sync requests to answer
+	peers    map[string]time.Time // live peer → time of last heartbeat
+	live     int                  // live instances: 1 + len(peers)
+	toldLive int                  // live count handed to the dispatcher
 
-	syncUntil atomic.Int64 // now() until which sync replies are applied
-	nextExp   int64        // now() by which the sweeper runs next
+	syncUntil atomic.Pointer[time.Time] // until when sync replies are applied; nil before Start
 	wakePub   chan struct{}
 	wakeDisp  chan struct{}
 	wakeSweep chan struct{}
@@ -296,52 +301,6 @@ type NATS struct {
 	wg        sync.WaitGroup
 	st        counters
 }
-
-// entry is one key of the lease table.
-type entry struct {
-	hash  uint64
-	own   int      // this instance's level, 0 if none
-	ownAt int64    // now() when the own lease at level own was last published, 0 if never
-	exp   [3]int64 // latest expiry (now()) of peers' leases at 4, 16, 64; 0 if none
-	level int      // level in force, as last computed
-	// origin[i] names the instance whose lease gave exp[i] (for a lease
-	// learned by join sync, the instance that answered): one string per
-	// level, for Leases.
-	origin [3]string
-}
-
-// change is a level change for the Handler.
-type change struct {
-	hash  uint64
-	level int
-}
-
-var slotLevels = [3]int{shard.Level4, shard.Level16, shard.Level64}
-
-func slot(level int) int {
-	switch level {
-	case shard.Level4:
-		return 0
-	case shard.Level16:
-		return 1
-	}
-	return 2
-}
-
-// force returns the level in force at now: the highest of the own level and
-// the levels with an unexpired lease, 1 if none.
-func (e *entry) force(now int64) int {
-	l := max(shard.Level1, e.own)
-	for i := len(e.exp) - 1; i >= 0; i-- {
-		if e.exp[i] > now {
-			return max(l, slotLevels[i])
-		}
-	}
-	return l
-}
-
-// expiry returns the latest expiry of any peer lease of e.
-func (e *entry) expiry() int64 { return max(e.exp[0], e.exp[1], e.exp[2]) }
 
 var _ Coordinator = (*NATS)(nil)
 
@@ -361,26 +320,32 @@ func NewNATS(cfg Config) (*NATS, error) {
 		subjHB:    subj + "hb",
 		subjSync:  subj + "sync",
 		sweep:     min(max(min(cfg.TTL, cfg.Heartbeat)/4, 5*time.Millisecond), 250*time.Millisecond),
-		table:     make(map[string]*entry),
-		own:       make(map[string]int),
 		announce:  make(map[string]struct{}),
-		peers:     make(map[string]int64),
-		pending:   make(map[string]change),
-		told:      make(map[string]int),
+		peers:     make(map[string]time.Time),
 		live:      1,
 		wakePub:   make(chan struct{}, 1),
 		wakeDisp:  make(chan struct{}, 1),
 		wakeSweep: make(chan struct{}, 1),
 		done:      make(chan struct{}),
 	}
+	c.table = c.newTable()
 	return c, nil
+}
+
+// newTable returns an empty lease table whose changes wake the dispatcher
+// and whose expiries wake the sweeper.
+func (c *NATS) newTable() *leaseTable {
+	t := newLeaseTable(c.cfg.ID, c.cfg.TTL, c.cfg.MaxHotKeys, c.sweep, c.now())
+	t.onChange = func() { c.wake(c.wakeDisp) }
+	t.onSooner = func() { c.wake(c.wakeSweep) }
+	return t
 }
 
 // ID returns this instance's ID.
 func (c *NATS) ID() string { return c.cfg.ID }
 
-// now returns the monotonic time in nanoseconds since Start.
-func (c *NATS) now() int64 { return int64(time.Since(c.base)) }
+// now reads the coordinator's clock, Config.Now.
+func (c *NATS) now() time.Time { return c.cfg.Now() }
 
 // Start implements Coordinator: it connects (unless given a Conn),
 // subscribes, tells h there is 1 instance, sends a heartbeat and a join sync
@@ -417,8 +382,7 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 	case c.started:
 		return 0, errors.New("coordinator: Start called twice")
 	}
-	c.base = time.Now()
-	c.nextExp = int64(c.sweep)
+	c.table = c.newTable() // its first sweep is due a sweep interval from now
 	c.nc = c.cfg.Conn
 	if c.nc == nil {
 		opts, err := c.dialOptions()
@@ -475,133 +439,32 @@ func (c *NATS) Announce(key string, _ uint64, level int) {
 	if !c.started || c.closed {
 		return
 	}
-	now := c.now()
-	e := c.table[key]
-	if e != nil && e.own > level && e.ownAt > 0 {
-		// Lowering: the peers hold the own lease at the old level until
-		// it lapses there, ttl after its last publication; keep it in force
-		// here until then too, so that every instance leaves the old level
-		// at about the same instant (two instances deciding on different
-		// subcounters would each enforce the whole limit).
-		i := slot(e.own)
-		if exp := e.ownAt + int64(c.cfg.TTL); exp > e.exp[i] {
-			e.exp[i], e.origin[i] = exp, c.cfg.ID
-		}
-		c.expiring(e.exp[i])
-		e.ownAt = 0
-	}
-	if level == shard.Level1 {
-		if e == nil || e.own == 0 {
-			return
-		}
-		e.own = 0
-		delete(c.own, key)
+	changed, ok := c.table.setOwn(key, level, c.now())
+	switch {
+	case !ok:
+		c.st.rejected.Add(1)
+		c.log.Debug("coordinator: lease table full of own keys", "key", key)
+	case !changed:
+	case level == shard.Level1:
 		delete(c.announce, key)
-		c.update(key, e, now)
-		return
-	}
-	if e == nil {
-		if len(c.table) >= c.cfg.MaxHotKeys && !c.evictPeerKey(now) {
-			c.st.rejected.Add(1)
-			c.log.Debug("coordinator: lease table full of own keys", "key", key)
-			return
-		}
-		e = &entry{hash: xxhash.Sum64String(key), level: shard.Level1}
-		c.table[key] = e
-	}
-	if e.own == level {
-		return
-	}
-	if level > e.own {
-		e.ownAt = 0 // the new level is not published yet
-	}
-	e.own = level
-	c.own[key] = level
-	if encodable(key, c.cfg.MaxKeyLen) {
+	case encodable(key, c.cfg.MaxKeyLen):
 		c.announce[key] = struct{}{}
 		c.wake(c.wakePub)
-	} else {
+	default:
 		c.st.unpublished.Add(1)
 	}
-	c.update(key, e, now)
 }
 
-// evictPeerKey removes the key held only by peers whose leases expire
-// first, making room for an own key. It reports whether it found one.
-// Called with c.mu held.
-func (c *NATS) evictPeerKey(now int64) bool {
-	var victim string
-	var ve *entry
-	for k, e := range c.table {
-		if e.own == 0 && (ve == nil || e.expiry() < ve.expiry()) {
-			victim, ve = k, e
-		}
-	}
-	if ve == nil {
-		return false
-	}
-	ve.exp = [3]int64{}
-	c.update(victim, ve, now)
-	return true
-}
-
-// update recomputes e's level in force, queues a change for the Handler if
-// it moved, and drops e from the table once nothing holds it. Called with
-// c.mu held.
-func (c *NATS) update(key string, e *entry, now int64) {
-	l := e.force(now)
-	if l == shard.Level1 {
-		delete(c.table, key)
-	}
-	if l == e.level {
-		return
-	}
-	e.level = l
-	if l == c.toldLevel(key) {
-		delete(c.pending, key) // back where the Handler is
-	} else {
-		c.pending[key] = change{hash: e.hash, level: l}
-	}
-	c.wake(c.wakeDisp)
-}
-
-func (c *NATS) toldLevel(key string) int {
-	if l, ok := c.told[key]; ok {
-		return l
-	}
-	return shard.Level1
-}
-
-// applyLease merges a lease of peer origin into the table. Called with
-// c.mu held.
-func (c *NATS) applyLease(origin, key string, level int, ttlMs int64, now int64) {
-	e := c.table[key]
-	if e == nil {
-		if len(c.table) >= c.cfg.MaxHotKeys {
-			c.st.rejected.Add(1)
-			return
-		}
-		e = &entry{hash: xxhash.Sum64String(key), level: shard.Level1}
-		c.table[key] = e
-	}
-	i := slot(level)
-	if exp := now + ttlMs*int64(time.Millisecond); exp >= e.exp[i] {
-		e.exp[i], e.origin[i] = exp, origin
-	}
-	c.expiring(e.exp[i])
-	c.update(key, e, now)
-}
-
-// expiring makes sure the sweeper runs by exp. Called with c.mu held.
-func (c *NATS) expiring(exp int64) {
-	if exp < c.nextExp {
-		c.nextExp = exp
-		c.wake(c.wakeSweep)
+// applyLease merges a lease of peer origin, received at now, into the
+// table. Called with c.mu held.
+func (c *NATS) applyLease(origin, key string, level int, ttlMs int64, now time.Time) {
+	if !c.table.applyLease(origin, key, level, time.Duration(ttlMs)*time.Millisecond, now) {
+		c.st.rejected.Add(1)
 	}
 }
 
 // heard records a heartbeat of peer origin. Called with c.mu held.
-func (c *NATS) heard(origin string, now int64) {
+func (c *NATS) heard(origin string, now time.Time) {
 	if _, ok := c.peers[origin]; !ok && len(c.peers) >= c.cfg.MaxPeers {
 		c.st.peersRejected.Add(1)
 		return
@@ -684,7 +547,7 @@ func (c *NATS) onSyncReply(m *nats.Msg) {
 		return
 	}
 	now := c.now()
-	if now > c.syncUntil.Load() {
+	if until := c.syncUntil.Load(); until == nil || now.After(*until) {
 		c.st.lateReplies.Add(1)
 		return
 	}
@@ -737,7 +600,8 @@ func (c *NATS) publish(subject string, data []byte) {
 // requestSync asks the peers for their tables; replies are applied for
 // SyncWait.
 func (c *NATS) requestSync() {
-	c.syncUntil.Store(c.now() + int64(c.cfg.SyncWait))
+	until := c.now().Add(c.cfg.SyncWait)
+	c.syncUntil.Store(&until)
 	if err := c.nc.PublishRequest(c.subjSync, c.inbox, encodeControl(c.cfg.ID, typeSyncReq)); err != nil {
 		c.st.publishErrors.Add(1)
 		return
@@ -788,12 +652,12 @@ func (c *NATS) publishAnnounced() {
 	}
 	leases := make(map[string]int, len(c.announce))
 	for k := range c.announce {
-		if l, ok := c.own[k]; ok {
+		if l, ok := c.table.own[k]; ok {
 			leases[k] = l
 		}
 	}
 	clear(c.announce)
-	c.markPublished(leases)
+	c.table.published(leases, c.now())
 	c.mu.Unlock()
 	c.publishLeases(leases)
 }
@@ -801,21 +665,10 @@ func (c *NATS) publishAnnounced() {
 // publishOwn publishes every own lease (renewal).
 func (c *NATS) publishOwn() {
 	c.mu.Lock()
-	leases := maps.Clone(c.own)
-	c.markPublished(leases)
+	leases := maps.Clone(c.table.own)
+	c.table.published(leases, c.now())
 	c.mu.Unlock()
 	c.publishLeases(leases)
-}
-
-// markPublished records that the own leases about to be published go out
-// now. Called with c.mu held.
-func (c *NATS) markPublished(leases map[string]int) {
-	now := c.now()
-	for k, l := range leases {
-		if e := c.table[k]; e != nil && e.own == l {
-			e.ownAt = now
-		}
-	}
 }
 
 func (c *NATS) publishLeases(leases map[string]int) {
@@ -842,18 +695,12 @@ func (c *NATS) answerSync() {
 	}
 	replyTo := c.syncQ
 	c.syncQ = nil
-	now := c.now()
 	var items []item
-	for k, e := range c.table {
-		if e.own > 0 && encodable(k, c.cfg.MaxKeyLen) {
-			items = append(items, item{k, e.own, c.cfg.TTL})
+	c.table.each(c.now(), func(key string, level int, ttl time.Duration, own bool) {
+		if !own || encodable(key, c.cfg.MaxKeyLen) {
+			items = append(items, item{key, level, ttl})
 		}
-		for i, exp := range e.exp {
-			if exp > now {
-				items = append(items, item{k, slotLevels[i], time.Duration(exp - now)})
-			}
-		}
-	}
+	})
 	c.mu.Unlock()
 	limit := c.cfg.MaxMessage
 	if mp := c.nc.MaxPayload(); mp > 0 && int64(limit) > mp {
@@ -889,32 +736,24 @@ func (c *NATS) sweeper() {
 		case <-t.C:
 		case <-c.wakeSweep:
 		}
-		now := c.now()
-		next := now + int64(c.sweep)
 		c.mu.Lock()
-		for k, e := range c.table {
-			for i, exp := range e.exp {
-				switch {
-				case exp == 0:
-				case exp <= now:
-					e.exp[i] = 0
-				default:
-					next = min(next, exp)
-				}
-			}
-			c.update(k, e, now)
-		}
-		c.nextExp = next
-		t.Reset(time.Duration(max(next-now, int64(time.Millisecond))))
-		dead := now - peerTimeout*int64(c.cfg.Heartbeat)
-		for p, last := range c.peers {
-			if last <= dead {
-				delete(c.peers, p)
-			}
-		}
-		c.setLive()
+		t.Reset(max(c.sweepLocked(c.now()), time.Millisecond))
 		c.mu.Unlock()
 	}
+}
+
+// sweepLocked expires the leases and peers that are out of time at now. It
+// returns how long after now it is due again. Called with c.mu held.
+func (c *NATS) sweepLocked(now time.Time) time.Duration {
+	next := c.table.sweep(now)
+	dead := now.Add(-peerTimeout * c.cfg.Heartbeat)
+	for p, last := range c.peers {
+		if !last.After(dead) {
+			delete(c.peers, p)
+		}
+	}
+	c.setLive()
+	return next
 }
 
 // dispatcher calls the Handler, one change at a time.
@@ -927,17 +766,7 @@ func (c *NATS) dispatcher() {
 		case <-c.wakeDisp:
 		}
 		c.mu.Lock()
-		var batch map[string]change
-		if len(c.pending) > 0 {
-			batch, c.pending = c.pending, make(map[string]change)
-		}
-		for k, ch := range batch {
-			if ch.level == shard.Level1 {
-				delete(c.told, k)
-			} else {
-				c.told[k] = ch.level
-			}
-		}
+		batch := c.table.changes()
 		live := 0
 		if c.live != c.toldLive {
 			live, c.toldLive = c.live, c.live
@@ -1052,7 +881,7 @@ func (c *NATS) Stats() Stats {
 		}
 	}
 	c.mu.Lock()
-	s.Keys, s.OwnKeys, s.Peers = len(c.table), len(c.own), len(c.peers)
+	s.Keys, s.OwnKeys, s.Peers = len(c.table.keys), len(c.table.own), len(c.peers)
 	started := c.started
 	c.mu.Unlock()
 	if started {
@@ -1089,31 +918,5 @@ func (c *NATS) Leases() []Lease {
 	if !c.started {
 		return nil
 	}
-	now := c.now()
-	out := make([]Lease, 0, len(c.table))
-	for k, e := range c.table {
-		level := e.force(now)
-		if level == shard.Level1 {
-			continue
-		}
-		l := Lease{Key: k, Level: level}
-		if e.own == level {
-			exp := now + int64(c.cfg.TTL) // not published yet: a full ttl when it is
-			if e.ownAt > 0 {
-				exp = e.ownAt + int64(c.cfg.TTL)
-			}
-			l.ExpiresIn, l.Origin = time.Duration(exp-now), c.cfg.ID
-		}
-		if i := slot(level); e.exp[i] > now && time.Duration(e.exp[i]-now) > l.ExpiresIn {
-			l.ExpiresIn, l.Origin = time.Duration(e.exp[i]-now), e.origin[i]
-		}
-		out = append(out, l)
-	}
-	slices.SortFunc(out, func(a, b Lease) int {
-		if a.Level != b.Level {
-			return b.Level - a.Level
-		}
-		return strings.Compare(a.Key, b.Key)
-	})
-	return out
+	return c.table.leases(c.now())
 }

@@ -2,13 +2,16 @@ package coordinator
 
 import (
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/nats-io/nats.go"
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 )
@@ -20,7 +23,7 @@ var levels = []int{4, 16, 64}
 // leases, heartbeats and sync alike) have spread to every server.
 func waitMesh(t *testing.T, n int, rs ...*recorder) time.Duration {
 	t.Helper()
-	return waitFor(t, 10*time.Second, fmt.Sprintf("%d instances seen", n), func() bool {
+	return waitFor(t, fmt.Sprintf("%d instances seen", n), func() bool {
 		for _, r := range rs {
 			if r.instances() != n {
 				return false
@@ -38,7 +41,7 @@ func TestConvergence(t *testing.T) {
 	rs := make([]*recorder, 3)
 	for i := range cs {
 		cfg := testConfig("i"+strconv.Itoa(i), cl.URL(i))
-		cfg.TTL = 3 * time.Second // renewal (1 s) is not what delivers
+		cfg.TTL = 3 * time.Second // renewal (1 s) is not what delivers; the clock stands still, so nothing lapses
 		cs[i], rs[i] = startCoord(t, cfg)
 	}
 	t.Logf("interest spread in %v", waitMesh(t, 3, rs...))
@@ -56,7 +59,7 @@ func TestConvergence(t *testing.T) {
 		}
 	}
 	for i, r := range rs {
-		d := waitFor(t, 10*time.Second, r.name+" has all 200 keys", func() bool { return r.has(want) })
+		d := waitFor(t, r.name+" has all 200 keys", func() bool { return r.has(want) })
 		t.Logf("instance %d has all 200 keys %v after the last Announce (%v after the first)", i, d, time.Since(start))
 	}
 	for _, c := range cs {
@@ -66,69 +69,206 @@ func TestConvergence(t *testing.T) {
 	}
 }
 
-// TestLeaseLapse: a dropped lease lapses on peers within about a TTL, a
-// renewed one lives past it, and the highest level over origins is in
-// force.
+// leaseOf returns key's lease in c's table at the instant c's clock reads
+// (level 1 if it is not split there).
+func leaseOf(c *NATS, key string) Lease {
+	for _, l := range c.Leases() {
+		if l.Key == key {
+			return l
+		}
+	}
+	return Lease{Key: key, Level: 1}
+}
+
+// inForce reports whether key is at level in every table of cs, at the
+// instant their clock reads.
+func inForce(key string, level int, cs ...*NATS) bool {
+	for _, c := range cs {
+		if leaseOf(c, key).Level != level {
+			return false
+		}
+	}
+	return true
+}
+
+// told reports whether every recorder of rs was told key is at level.
+func told(key string, level int, rs ...*recorder) bool {
+	for _, r := range rs {
+		if r.level(key) != level {
+			return false
+		}
+	}
+	return true
+}
+
+// freshLease reports whether one of cs holds a lease of one of keys
+// received at the instant their clock reads: a renewal sent before a
+// drop (or before NATS went down) but handled after the clock moved past
+// it, which lasts ttl from then.
+func freshLease(ttl time.Duration, keys []string, cs ...*NATS) bool {
+	for _, c := range cs {
+		for _, k := range keys {
+			if l := leaseOf(c, k); l.Level > 1 && l.ExpiresIn == ttl && l.Origin != c.ID() {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// peerLease reports whether c holds a peer's unexpired lease of key at
+// level, whether or not that level is in force.
+func peerLease(c *NATS, key string, level int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.table.keys[key]
+	return e != nil && e.exp[slot(level)] > c.table.at(c.now())
+}
+
+// setLevelCalls returns the SetLevel calls each recorder has had.
+func setLevelCalls(rs ...*recorder) []int {
+	n := make([]int, len(rs))
+	for i, r := range rs {
+		n[i] = r.setLevels()
+	}
+	return n
+}
+
+// TestLeaseLapse: a renewed lease outlives its ttl, a dropped one lapses on
+// every instance a ttl after its last renewal and not before, and the
+// highest level over origins is in force. The instances share a clock the
+// test moves: a message is judged by the instant it is received at, however
+// long it took to come.
 func TestLeaseLapse(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	a, ra := startCoord(t, testConfig("a", s.URL()))
-	b, rb := startCoord(t, testConfig("b", s.URL()))
-	_, rc := startCoord(t, testConfig("c", s.URL()))
-	waitMesh(t, 3, ra, rb, rc)
+	clk := newFakeClock()
 	const ttl = 300 * time.Millisecond
-	const k = "lapse"
-	h := xxhash.Sum64String(k)
-
-	a.Announce(k, h, 16)
-	if ra.level(k) != 16 {
-		// Announce is in force here at once, but the Handler runs on the
-		// dispatcher: allow it a moment.
-		waitFor(t, time.Second, "own level applied", func() bool { return ra.level(k) == 16 })
+	// b renews every ttl/3; a and c every few minutes of real time, that
+	// is never in this test, so what their leases say is exact.
+	cfg := func(id string, ttl time.Duration) Config {
+		cfg := clk.config(id, s.URL())
+		cfg.MaxTTL, cfg.TTL = 10*time.Minute, ttl
+		return cfg
 	}
-	waitFor(t, 2*time.Second, "peers at 16", func() bool { return rb.level(k) == 16 && rc.level(k) == 16 })
+	cfgA, cfgC := cfg("a", 10*time.Minute), cfg("c", 5*time.Minute)
+	a, ra := startCoord(t, cfgA)
+	b, rb := startCoord(t, cfg("b", ttl))
+	c, rc := startCoord(t, cfgC)
+	waitMesh(t, 3, ra, rb, rc)
+	all, rs := []*NATS{a, b, c}, []*recorder{ra, rb, rc}
 
-	// Renewal keeps the lease past its TTL.
-	renewed := time.Now()
-	for time.Since(renewed) < 4*ttl {
-		if rb.level(k) != 16 || rc.level(k) != 16 {
-			t.Fatalf("lease lapsed while renewed, after %v", time.Since(renewed))
+	// Renewal keeps b's lease past its ttl: the clock moves ttl/2 at a
+	// time, and after each move the test waits for a renewal received at
+	// the new instant (b sends one every ttl/3 of real time), which then
+	// lasts a whole ttl from it. Had a lease lapsed in between, a Handler
+	// would have been told.
+	const k1 = "renewed"
+	b.Announce(k1, 0, 16)
+	waitFor(t, "all at 16", func() bool { return told(k1, 16, rs...) })
+	calls := setLevelCalls(rs...)
+	for range 4 {
+		clk.Advance(ttl / 2)
+		waitFor(t, "b's lease renewed after the clock moved", func() bool {
+			for _, x := range all {
+				if l := leaseOf(x, k1); l.Level != 16 || l.ExpiresIn != ttl {
+					return false
+				}
+			}
+			return true
+		})
+	}
+	if got := setLevelCalls(rs...); !slices.Equal(got, calls) || !told(k1, 16, rs...) {
+		t.Fatalf("renewed lease lapsed over 2 ttls: SetLevel calls %v, then %v", calls, got)
+	}
+
+	// b drops it: in force everywhere until a ttl after b's last renewal,
+	// received at the current instant, and then gone. A renewal b sent
+	// just before the drop may be handled after the clock moved, and
+	// lasts a ttl from then: the clock moves on again for it.
+	b.Announce(k1, 0, 1)
+	clk.Advance(ttl - 1)
+	for _, x := range all {
+		if l := leaseOf(x, k1); l.Level != 16 {
+			t.Errorf("%s: dropped lease lapsed before its ttl was up: %+v", x.ID(), l)
 		}
-		time.Sleep(10 * time.Millisecond)
 	}
+	clk.Advance(1)
+	late := 0
+	d := waitFor(t, "all at 1 once b's dropped lease lapsed", func() bool {
+		if told(k1, 1, rs...) {
+			return true
+		}
+		if freshLease(ttl, []string{k1}, a, c) {
+			clk.Advance(ttl)
+			late++
+		}
+		return false
+	})
+	t.Logf("b's dropped lease lapsed everywhere; Handlers told %v after the clock passed its expiry (renewals handled late: %d)", d, late)
 
-	// Max over origins.
-	b.Announce(k, h, 64)
-	waitFor(t, 2*time.Second, "all at 64", func() bool { return ra.level(k) == 64 && rb.level(k) == 64 && rc.level(k) == 64 })
-	b.Announce(k, h, 1) // a's 16 remains
-	waitFor(t, time.Second, "b back to a's 16 once its 64 lapses", func() bool { return rb.level(k) == 16 })
-	d := waitFor(t, 3*time.Second, "a and c back to 16", func() bool { return ra.level(k) == 16 && rc.level(k) == 16 })
-	t.Logf("b's 64 lapsed on peers %v after its drop (TTL %v)", d, ttl)
-
-	// Last lease dropped: level 1 everywhere.
-	a.Announce(k, h, 1)
-	waitFor(t, time.Second, "a at 1 once its 16 lapses", func() bool { return ra.level(k) == 1 })
-	d = waitFor(t, 3*time.Second, "peers at 1", func() bool { return rb.level(k) == 1 && rc.level(k) == 1 })
-	t.Logf("a's 16 lapsed on peers %v after its drop (TTL %v)", d, ttl)
-	if d > 10*ttl {
-		t.Errorf("lapse took %v, TTL is %v", d, ttl)
+	// Max over origins: c's 64 over a's 16, then a's 16 again once c's 64
+	// lapses, at that instant on every instance and not before. Each lease
+	// went out at the instant the clock read when it was announced.
+	const k2 = "max"
+	aAt := clk.Now()
+	a.Announce(k2, 0, 16)
+	waitFor(t, "all at a's 16", func() bool { return told(k2, 16, rs...) })
+	clk.Advance(time.Second)
+	cAt := clk.Now()
+	c.Announce(k2, 0, 64)
+	waitFor(t, "all at c's 64", func() bool { return told(k2, 64, rs...) })
+	c.Announce(k2, 0, 1)
+	clk.Advance(cAt.Add(cfgC.TTL - 1).Sub(clk.Now()))
+	if !inForce(k2, 64, all...) {
+		t.Errorf("c's dropped 64 lapsed before its ttl was up: %+v, %+v, %+v", leaseOf(a, k2), leaseOf(b, k2), leaseOf(c, k2))
 	}
-	for _, c := range []*NATS{a, b} {
-		if s := c.Stats(); s.Keys != 0 || s.OwnKeys != 0 {
-			t.Errorf("%s: %d keys (%d own) left", c.ID(), s.Keys, s.OwnKeys)
+	clk.Advance(1)
+	for _, x := range all {
+		if l := leaseOf(x, k2); l.Level != 16 || l.Origin != "a" {
+			t.Errorf("%s: once c's 64 lapsed, lease %+v, want a's at 16", x.ID(), l)
+		}
+	}
+	waitFor(t, "all told a's 16 once c's 64 lapsed", func() bool { return told(k2, 16, rs...) })
+
+	// Last lease dropped: level 1 everywhere at its expiry, and nothing
+	// left in the tables.
+	a.Announce(k2, 0, 1)
+	clk.Advance(aAt.Add(cfgA.TTL - 1).Sub(clk.Now()))
+	if !inForce(k2, 16, all...) {
+		t.Errorf("a's dropped 16 lapsed before its ttl was up: %+v, %+v, %+v", leaseOf(a, k2), leaseOf(b, k2), leaseOf(c, k2))
+	}
+	clk.Advance(1)
+	if !inForce(k2, 1, all...) {
+		t.Errorf("a's dropped 16 held past its ttl: %+v, %+v, %+v", leaseOf(a, k2), leaseOf(b, k2), leaseOf(c, k2))
+	}
+	waitFor(t, "all told 1 once a's 16 lapsed", func() bool { return told(k2, 1, rs...) })
+	for _, x := range all {
+		if s := x.Stats(); s.Keys != 0 || s.OwnKeys != 0 {
+			t.Errorf("%s: %d keys (%d own) left", x.ID(), s.Keys, s.OwnKeys)
 		}
 	}
 }
 
-// TestMembership: the live count goes 1→3 as peers join and back down when
-// one leaves.
+// heardAt returns when c last heard a heartbeat of peer, on c's clock
+// (zero if peer is not live there).
+func heardAt(c *NATS, peer string) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.peers[peer]
+}
+
+// TestMembership: the live count goes 1→3 as peers join, and back down to
+// 2 when one leaves, once 3 heartbeat intervals have passed on the clock
+// without its heartbeat, and not before.
 func TestMembership(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	a, ra := startCoord(t, testConfig("a", s.URL()))
+	clk := newFakeClock()
+	a, ra := startCoord(t, clk.config("a", s.URL()))
 	if ra.instances() != 1 {
 		t.Fatalf("after Start: instances %v, want [1]", ra.insts)
 	}
-	_, rb := startCoord(t, testConfig("b", s.URL()))
-	cfg := testConfig("c", s.URL())
+	b, rb := startCoord(t, clk.config("b", s.URL()))
+	cfg := clk.config("c", s.URL())
 	c, err := NewNATS(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -139,16 +279,44 @@ func TestMembership(t *testing.T) {
 	}
 	t.Logf("3 instances seen by all in %v", waitMesh(t, 3, ra, rb, rc))
 	closeCoord(t, c, rc)
-	d := waitFor(t, 5*time.Second, "back to 2", func() bool { return ra.instances() == 2 && rb.instances() == 2 })
-	t.Logf("a and b count 2 instances %v after c closed (heartbeat 50 ms, timeout 3 beats)", d)
-	if d < 50*time.Millisecond {
-		t.Errorf("c dropped %v after closing, before 3 heartbeats could pass", d)
+
+	// While the clock stands still, a and b still count c after 10 more
+	// heartbeats of b, sent 50 ms apart: more real time than c's timeout,
+	// and many expiry checks, which would have dropped c had they gone by
+	// the real clock.
+	timeout := peerTimeout * cfg.Heartbeat
+	st := a.Stats()
+	fromB := st.Received - st.Own
+	waitFor(t, "10 more heartbeats of b", func() bool { st := a.Stats(); return st.Received-st.Own >= fromB+10 })
+	if ra.instances() != 3 || rb.instances() != 3 {
+		t.Errorf("c dropped while the clock stood still: a counts %d, b %d instances", ra.instances(), rb.instances())
 	}
-	ra.mu.Lock()
-	insts := slices.Clone(ra.insts)
-	ra.mu.Unlock()
-	if insts[0] != 1 || !slices.Contains(insts, 3) || insts[len(insts)-1] != 2 || slices.Max(insts) != 3 {
-		t.Errorf("a's instance counts %v", insts)
+	// Past c's timeout, a and b drop c, and only c. The clock moves short
+	// of a timeout at a time, and a and b hear each other at each new
+	// instant before it moves again, until c is gone: twice, or more if a
+	// heartbeat c sent before closing was handled after the clock moved.
+	moves := 0
+	d := waitFor(t, "back to 2", func() bool {
+		if ra.instances() == 2 && rb.instances() == 2 {
+			return true
+		}
+		clk.Advance(timeout - 1)
+		moves++
+		now := clk.Now()
+		waitFor(t, "a and b heard each other after the clock moved", func() bool {
+			return heardAt(a, "b").Equal(now) && heardAt(b, "a").Equal(now)
+		})
+		return false
+	})
+	t.Logf("a and b count 2 instances %v after the clock began to move (%d moves of %v)", d, moves, timeout-1)
+	for _, r := range []*recorder{ra, rb} {
+		r.mu.Lock()
+		insts := slices.Clone(r.insts)
+		r.mu.Unlock()
+		// From 3 straight to 2: a and b never lost each other.
+		if insts[0] != 1 || len(insts) < 3 || !slices.Equal(insts[len(insts)-2:], []int{3, 2}) || slices.Max(insts) != 3 {
+			t.Errorf("%s's instance counts %v", r.name, insts)
+		}
 	}
 	if s := a.Stats(); s.Peers != 1 {
 		t.Errorf("a: %d peers", s.Peers)
@@ -157,13 +325,31 @@ func TestMembership(t *testing.T) {
 
 // TestJoinSync: a coordinator started after leases exist gets them from
 // the join sync, long before any renewal, and leases of an instance that
-// has gone are relayed by the ones that know them.
+// has gone are relayed by the ones that know them. The clock stands still,
+// so every reply comes within SyncWait.
 func TestJoinSync(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
 	long := func(id string) Config {
 		cfg := testConfig(id, s.URL())
-		cfg.TTL = 30 * time.Second // renewal every 10 s: only sync can be fast
+		// Renewal every 100 s of real time, after any wait of this test
+		// gives up: only sync can deliver.
+		cfg.MaxTTL, cfg.TTL = 10*time.Minute, 5*time.Minute
 		return cfg
+	}
+	// a's first publication of its leases is asynchronous, and nats.go
+	// buffers it: a subscriber of the test's sees it through the server
+	// before b subscribes, so that b can only learn them by sync.
+	probe, err := nats.Connect(s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer probe.Close()
+	var leases atomic.Int32
+	if _, err := probe.Subscribe("hotkey.default.lease", func(*nats.Msg) { leases.Add(1) }); err != nil {
+		t.Fatal(err)
+	}
+	if err := probe.FlushTimeout(patience); err != nil {
+		t.Fatal(err)
 	}
 	a, ra := startCoord(t, long("a"))
 	want := make(map[string]int)
@@ -172,15 +358,12 @@ func TestJoinSync(t *testing.T) {
 		want[k] = levels[i%3]
 		a.Announce(k, xxhash.Sum64String(k), want[k])
 	}
-	waitFor(t, time.Second, "a applies its own", func() bool { return ra.has(want) })
-	// a's first publication of its leases is asynchronous: let it go out
-	// (a heartbeat, a sync request, 50 leases) before b subscribes, so
-	// that b can only learn them by sync.
-	waitFor(t, 5*time.Second, "a published its leases", func() bool { return a.Stats().Published >= 52 })
+	waitFor(t, "a applies its own", func() bool { return ra.has(want) })
+	waitFor(t, "a's leases went through the server", func() bool { return leases.Load() >= 50 })
 
 	start := time.Now()
 	b, rb := startCoord(t, long("b"))
-	d := waitFor(t, 5*time.Second, "b synced", func() bool { return rb.has(want) })
+	d := waitFor(t, "b synced", func() bool { return rb.has(want) })
 	t.Logf("b got 50 leases by sync %v after Start began (%v after it returned)", time.Since(start), d)
 	if st := b.Stats(); st.SyncReplies == 0 || st.SyncRequests != 1 {
 		t.Errorf("b stats %+v", st)
@@ -193,29 +376,32 @@ func TestJoinSync(t *testing.T) {
 	ra.closed.Store(true)
 	start = time.Now()
 	c, rc := startCoord(t, long("c"))
-	d = waitFor(t, 5*time.Second, "c synced from b", func() bool { return rc.has(want) })
+	d = waitFor(t, "c synced from b", func() bool { return rc.has(want) })
 	t.Logf("c got a's 50 leases relayed by b %v after Start began (%v after it returned)", time.Since(start), d)
 	if st := c.Stats(); st.SyncReplies == 0 {
 		t.Errorf("c stats %+v", st)
 	}
 }
 
-// TestFaults: failover to another node, NATS fully down, NATS back.
+// TestFaults: failover to another node, NATS fully down, NATS back. The
+// instances share a clock the test moves.
 func TestFaults(t *testing.T) {
 	cl := startCluster(t, 3)
-	cfgX := testConfig("x", cl.URLs()...)
-	cfgX.TTL = 600 * time.Millisecond // renewal every 200 ms
+	clk := newFakeClock()
+	const ttl = 600 * time.Millisecond // renewal every 200 ms
+	cfgX := clk.config("x", cl.URLs()...)
+	cfgX.TTL = ttl
 	x, rx := startCoord(t, cfgX)
 	j := slices.Index(cl.URLs(), x.nc.ConnectedUrl())
 	if j < 0 {
 		t.Fatalf("x connected to %s, not one of %v", x.nc.ConnectedUrl(), cl.URLs())
 	}
-	cfgY := testConfig("y", cl.URL((j+1)%3))
-	cfgY.TTL = cfgX.TTL
-	_, ry := startCoord(t, cfgY)
-	cfgZ := testConfig("z", cl.URL((j+2)%3))
-	cfgZ.TTL = cfgX.TTL
-	_, rz := startCoord(t, cfgZ)
+	cfgY := clk.config("y", cl.URL((j+1)%3))
+	cfgY.TTL = ttl
+	y, ry := startCoord(t, cfgY)
+	cfgZ := clk.config("z", cl.URL((j+2)%3))
+	cfgZ.TTL = ttl
+	z, rz := startCoord(t, cfgZ)
 	waitMesh(t, 3, rx, ry, rz)
 
 	want := make(map[string]int)
@@ -227,35 +413,63 @@ func TestFaults(t *testing.T) {
 		announce("fault-"+strconv.Itoa(i), 16)
 	}
 	peersHave := func() bool { return ry.has(want) && rz.has(want) }
-	waitFor(t, 5*time.Second, "peers have x's keys", peersHave)
+	waitFor(t, "peers have x's keys", peersHave)
 
 	// x's node goes away: x reconnects to another and re-announces.
-	down := time.Now()
 	cl.Shutdown(j)
-	d := waitFor(t, 10*time.Second, "x reconnected", func() bool { return x.Stats().Reconnects >= 1 })
+	d := waitFor(t, "x reconnected", func() bool { return x.Stats().Reconnects >= 1 })
 	t.Logf("x reconnected to %s %v after its node %d stopped", x.nc.ConnectedUrl(), d, j)
 	announce("after-failover", 64)
-	d = waitFor(t, 5*time.Second, "peers see a key announced after failover", peersHave)
+	d = waitFor(t, "peers see a key announced after failover", peersHave)
 	t.Logf("key announced after failover seen by peers in %v", d)
-	// Well past a TTL, the keys are still held (renewed through the new node).
-	time.Sleep(2 * cfgX.TTL)
-	if !peersHave() {
-		t.Fatal("peers lost x's keys after failover")
+	// Two ttls later on the clock, the keys are still held, renewed through
+	// the new node: the clock moves ttl/2 at a time, each time followed by
+	// renewals received at the new instant, lasting a whole ttl from it.
+	calls := setLevelCalls(ry, rz)
+	for range 4 {
+		clk.Advance(ttl / 2)
+		waitFor(t, "x's leases renewed after the clock moved", func() bool {
+			for _, p := range []*NATS{y, z} {
+				for k, l := range want {
+					if got := leaseOf(p, k); got.Level != l || got.ExpiresIn != ttl {
+						return false
+					}
+				}
+			}
+			return true
+		})
 	}
-	t.Logf("failover: keys still held %v after the node stopped (2 TTLs after reconnecting)", time.Since(down))
+	if got := setLevelCalls(ry, rz); !slices.Equal(got, calls) || !peersHave() {
+		t.Fatalf("peers lost x's keys after failover: SetLevel calls %v, then %v", calls, got)
+	}
 
-	// NATS fully down: Announce still applies locally.
+	// NATS fully down: Announce still applies locally, and the peers let
+	// x's leases lapse once their ttl is up.
 	for i := range 3 {
 		cl.Shutdown(i)
 	}
 	announce("while-down", 64)
-	d = waitFor(t, time.Second, "x applies a key announced while NATS is down", func() bool { return rx.level("while-down") == 64 })
+	d = waitFor(t, "x applies a key announced while NATS is down", func() bool { return rx.level("while-down") == 64 })
 	t.Logf("while NATS is down, x applied its own key in %v", d)
 	x.Announce("while-down-dropped", 0, 4) // announced and dropped while down
 	x.Announce("while-down-dropped", 0, 1)
-	waitFor(t, 5*time.Second, "peers let x's leases lapse", func() bool {
-		return ry.level("fault-0") == 1 && rz.level("after-failover") == 1
+	// The last renewals were received at the current instant; one sent
+	// just before NATS went down may be handled after the clock moved, and
+	// lasts a ttl from then: the clock moves on again for it.
+	clk.Advance(ttl)
+	keys := slices.Collect(maps.Keys(want))
+	late := 0
+	waitFor(t, "peers let x's leases lapse", func() bool {
+		if ry.level("fault-0") == 1 && rz.level("after-failover") == 1 {
+			return true
+		}
+		if freshLease(ttl, keys, y, z) {
+			clk.Advance(ttl)
+			late++
+		}
+		return false
 	})
+	t.Logf("peers let x's leases lapse (renewals handled late: %d)", late)
 	if rx.level("fault-0") != 16 {
 		t.Fatal("x lost its own key while NATS was down")
 	}
@@ -269,11 +483,11 @@ func TestFaults(t *testing.T) {
 		}
 	}
 	restarted := time.Since(restart)
-	waitFor(t, 10*time.Second, "x reconnected again", func() bool { return x.Stats().Reconnects > before.Reconnects })
+	waitFor(t, "x reconnected again", func() bool { return x.Stats().Reconnects > before.Reconnects })
 	reconnected := time.Since(restart)
-	waitFor(t, 10*time.Second, "peers reconverged", peersHave)
+	waitFor(t, "peers reconverged", peersHave)
 	t.Logf("NATS back: 3 nodes restarted and meshed in %v; x reconnected %v and peers had all %d keys %v after the first restart began (renewal period %v)",
-		restarted, reconnected, len(want), time.Since(restart), cfgX.TTL/3)
+		restarted, reconnected, len(want), time.Since(restart), ttl/3)
 	if ry.level("while-down-dropped") != 1 {
 		t.Error("a key dropped while NATS was down reached a peer")
 	}
@@ -286,7 +500,9 @@ func TestFaults(t *testing.T) {
 }
 
 // TestBorrowedConn: a coordinator on a caller's connection leaves it open,
-// ignores its own echoed messages, and notices reconnects by polling.
+// ignores its own echoed messages, and notices reconnects by polling. It
+// runs on the real clock (Config.Now nil): a lease that lapses while the
+// machine is too busy to renew it is back with the next renewal.
 func TestBorrowedConn(t *testing.T) {
 	s := startServer(t, natsserver.Options{DontListen: true})
 	nc1, err := s.Connect()
@@ -303,7 +519,7 @@ func TestBorrowedConn(t *testing.T) {
 	_, rb := startCoord(t, Config{Conn: nc2, ID: "b", TTL: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond})
 	waitMesh(t, 2, ra, rb)
 	a.Announce("borrowed", 0, 4)
-	waitFor(t, 2*time.Second, "b sees a's key", func() bool { return rb.level("borrowed") == 4 })
+	waitFor(t, "b sees a's key", func() bool { return rb.level("borrowed") == 4 })
 	closeCoord(t, a, ra)
 	if nc1.IsClosed() {
 		t.Fatal("Close closed a borrowed connection")
@@ -341,7 +557,7 @@ func TestLifecycle(t *testing.T) {
 	c.Announce("k", 0, 1) // nothing to drop
 	c.Announce("bad-\xff", 0, 16)
 	c.Announce(string(make([]byte, 600)), 0, 16) // longer than MaxKeyLen
-	waitFor(t, time.Second, "unpublishable keys applied locally", func() bool {
+	waitFor(t, "unpublishable keys applied locally", func() bool {
 		return r.level("bad-\xff") == 16 && r.level(string(make([]byte, 600))) == 16
 	})
 	if st := c.Stats(); st.Unpublished != 2 || st.Keys != 2 {
@@ -384,42 +600,67 @@ func TestOwnKeyEvictsPeerKey(t *testing.T) {
 		_ = nc.Publish("hotkey.default.lease", encodeLease("peer", "peer-"+strconv.Itoa(i), 4, time.Minute))
 	}
 	// Counted as received before handled: wait for all 20 to be handled.
-	waitFor(t, 5*time.Second, "peer leases handled", func() bool { st := c.Stats(); return uint64(st.Keys)+st.Rejected >= 20 })
+	waitFor(t, "peer leases handled", func() bool { st := c.Stats(); return uint64(st.Keys)+st.Rejected >= 20 })
 	if st := c.Stats(); st.Keys != 10 || st.Rejected != 10 {
 		t.Fatalf("stats %+v", st)
 	}
 	c.Announce("mine", 0, 64)
-	waitFor(t, time.Second, "own key in force", func() bool { return r.level("mine") == 64 })
+	waitFor(t, "own key in force", func() bool { return r.level("mine") == 64 })
 	if st := c.Stats(); st.Keys != 10 {
 		t.Errorf("%d keys, cap 10", st.Keys)
 	}
 }
 
 // TestLowerTogether: when an instance lowers a key, it and its peers leave
-// the old level at about the same instant, when the old lease lapses:
+// the old level at the same instant, when the old lease lapses:
 // instances on different levels would decide on different subcounters, each
-// set enforcing the whole limit.
+// set enforcing the whole limit. The instances share a clock the test moves;
+// their leases last 5 minutes, renewed every 100 s of real time, that is
+// never in this test, so the lowered lease went out when it was announced.
 func TestLowerTogether(t *testing.T) {
 	cl := startCluster(t, 3)
+	clk := newFakeClock()
+	const ttl = 5 * time.Minute
 	cs := make([]*NATS, 3)
 	rs := make([]*recorder, 3)
 	for i := range cs {
-		cs[i], rs[i] = startCoord(t, testConfig("i"+strconv.Itoa(i), cl.URL(i)))
+		cfg := clk.config("i"+strconv.Itoa(i), cl.URL(i))
+		cfg.MaxTTL, cfg.TTL = 2*ttl, ttl
+		cs[i], rs[i] = startCoord(t, cfg)
 	}
 	waitMesh(t, 3, rs...)
-	ttl := testConfig("x").TTL
+	levelsOf := func(k string) []int {
+		var l []int
+		for _, c := range cs {
+			l = append(l, leaseOf(c, k).Level)
+		}
+		return l
+	}
 	for round, change := range [][2]int{{16, 4}, {4, 1}, {64, 16}} {
 		k := "lower-" + strconv.Itoa(round)
 		h := xxhash.Sum64String(k)
 		cs[0].Announce(k, h, change[0])
-		waitFor(t, 2*time.Second, "all at the first level", func() bool {
-			return rs[0].level(k) == change[0] && rs[1].level(k) == change[0] && rs[2].level(k) == change[0]
-		})
-		time.Sleep(ttl / 2) // some renewals
-		start := time.Now()
+		waitFor(t, "all at the first level", func() bool { return told(k, change[0], rs...) })
+		clk.Advance(time.Second) // the lease ages, so a lapse at ttl from now would be wrong
 		cs[0].Announce(k, h, change[1])
+		if change[1] > 1 {
+			// The lower lease goes out at once, ttl before the old one
+			// lapses: let it arrive.
+			waitFor(t, "peers hold the lower lease", func() bool {
+				return peerLease(cs[1], k, change[1]) && peerLease(cs[2], k, change[1])
+			})
+		}
+		clk.Advance(ttl - time.Second - 1)
+		if !inForce(k, change[0], cs...) {
+			t.Errorf("%d→%d: a nanosecond before the old lease lapses, levels %v", change[0], change[1], levelsOf(k))
+		}
+		clk.Advance(1)
+		if !inForce(k, change[1], cs...) {
+			t.Errorf("%d→%d: the instant the old lease lapses, levels %v", change[0], change[1], levelsOf(k))
+		}
 		at := make([]time.Duration, 3)
-		waitFor(t, 5*ttl, "all at the lower level", func() bool {
+		start := time.Now()
+		waitFor(t, "all told the lower level", func() bool {
 			done := true
 			for i, r := range rs {
 				if at[i] == 0 && r.level(k) == change[1] {
@@ -429,10 +670,6 @@ func TestLowerTogether(t *testing.T) {
 			}
 			return done
 		})
-		spread := slices.Max(at) - slices.Min(at)
-		t.Logf("%d→%d: instances changed %v after the Announce (spread %v; ttl %v)", change[0], change[1], at, spread, ttl)
-		if spread > ttl/2 {
-			t.Errorf("%d→%d: instances changed %v apart, want well under the ttl %v", change[0], change[1], spread, ttl)
-		}
+		t.Logf("%d→%d: Handlers told %v after the clock reached the lapse", change[0], change[1], at)
 	}
 }

@@ -238,7 +238,7 @@ func TestTLS(t *testing.T) {
 	_, rb := startCoord(t, cfg("tls-b"))
 	waitMesh(t, 2, ra, rb)
 	a.Announce("secure", 0, 16)
-	waitFor(t, 2*time.Second, "lease over TLS", func() bool { return rb.level("secure") == 16 })
+	waitFor(t, "lease over TLS", func() bool { return rb.level("secure") == 16 })
 
 	fails := []struct {
 		name string
