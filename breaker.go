@@ -2,6 +2,7 @@ package hotkey
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -125,20 +126,23 @@ func (b *breaker) failure(probe bool, err error) {
 }
 
 // report reports the outcome of a store call allowed with probe: err nil is
-// a success; an error while ctx is done is the caller giving up, no verdict
-// on the store; any other error is a failure.
+// a success; an error after the caller cancelled ctx is no verdict on the
+// store; any other error is a failure, a call cut by the caller's deadline
+// included: the store did not answer within the time callers allow, and
+// callers with deadlines shorter than the store's timeout would otherwise
+// never open the breaker, however stalled the store.
 func (b *breaker) report(ctx context.Context, probe bool, err error) {
 	switch {
 	case err == nil:
 		b.success(probe)
-	case ctx.Err() != nil:
+	case errors.Is(ctx.Err(), context.Canceled):
 		b.abandon(probe)
 	default:
 		b.failure(probe, err)
 	}
 }
 
-// abandon reports a probe that ended with no verdict (the caller gave up):
+// abandon reports a probe that ended with no verdict (the caller left):
 // the next call may probe.
 func (b *breaker) abandon(probe bool) {
 	if probe {

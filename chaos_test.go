@@ -1069,3 +1069,67 @@ func TestChaosDenyCache(t *testing.T) {
 		})
 	}
 }
+
+// TestChaosCallerDeadlines: callers pass deadlines (100 ms) shorter than
+// the store's timeout (10 s) to a store that has stalled. Each call cut by
+// a deadline counts as a failure of the store, so the breaker opens after
+// 3, and every decision, those cut included, gets its policy's fallback.
+// A call the caller cancels says nothing of the store.
+func TestChaosCallerDeadlines(t *testing.T) {
+	checkLeaks(t)
+	proxy, err := faultproxy.New(env.Server.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	rs, err := counter.NewRedisStore(context.Background(), chaosClient(t, proxy.Addr()), counter.RedisConfig{Timeout: 10 * time.Second, Prefix: "chaos:"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	store := &countingStore{Store: rs}
+	e, err := New(store, WithoutDetector(), WithBreaker(3, time.Hour, time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	p := &Policy{Name: "gateway", Limit: PerSecond(1000), OnStoreFailure: FallbackLocal}
+	key := fmt.Sprintf("deadline:%x", rand.Uint64())
+	if r, err := e.Decide(context.Background(), key, p, 1); err != nil || r.Degraded {
+		t.Fatalf("store fast: %+v, %v", r, err)
+	}
+
+	proxy.SetDelay(30 * time.Second)
+	// Cancelled by the caller: an error, and no verdict on the store.
+	ctx, cancel := context.WithCancel(context.Background())
+	time.AfterFunc(50*time.Millisecond, cancel)
+	if _, err := e.Decide(ctx, key, p, 1); !errors.Is(err, context.Canceled) {
+		t.Fatalf("cancelled call: %v, want context.Canceled", err)
+	}
+	if got := e.brk.fails.Load(); got != 0 {
+		t.Fatalf("a cancelled call counted %d failures", got)
+	}
+
+	const calls = 30
+	errs, degraded := 0, 0
+	takes := store.takes.Load()
+	for range calls {
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		r, err := e.Decide(ctx, key, p, 1)
+		cancel()
+		switch {
+		case err != nil:
+			errs++
+		case r.Degraded:
+			degraded++
+		}
+	}
+	calls0 := store.takes.Load() - takes
+	t.Logf("%d decisions with 100 ms deadlines on a store stalled 30 s: %d errors, %d degraded, %d store calls, breaker %v", calls, errs, degraded, calls0, e.BreakerState())
+	if errs != 0 || degraded != calls {
+		t.Errorf("%d errors, %d degraded of %d: want every decision from the fallback", errs, degraded, calls)
+	}
+	if e.BreakerState() != BreakerOpen || calls0 != 3 {
+		t.Errorf("breaker %v after %d store calls, want open after 3", e.BreakerState(), calls0)
+	}
+}

@@ -348,10 +348,13 @@ func (e *Engine) AllowN(ctx context.Context, key string, lim Limit, n int64) (Re
 }
 
 // Decide decides whether n units for key fit in p's limit, and charges
-// them if so. When the store cannot answer (the call fails, or the circuit
-// breaker around it is open), p.OnStoreFailure decides, and the result says
-// Degraded; only FallbackError returns the store's error (wrapping
-// ErrStoreUnavailable). Bad input returns a typed error, as for AllowN.
+// them if so. When the store cannot answer (the call fails, ctx's deadline
+// passes first, or the circuit breaker around it is open), p.OnStoreFailure
+// decides, and the result says Degraded; only FallbackError returns the
+// store's error (wrapping ErrStoreUnavailable). A call cut by ctx's deadline
+// counts as a failure of the store toward the breaker; one cut by ctx's
+// cancellation returns ctx's error and counts as nothing. Bad input returns
+// a typed error, as for AllowN.
 func (e *Engine) Decide(ctx context.Context, key string, p *Policy, n int64) (Result, error) {
 	if p == nil {
 		return Result{}, errors.New("hotkey: nil policy")
@@ -375,7 +378,7 @@ func (e *Engine) allow(ctx context.Context, key string, lim Limit, n int64, fb F
 		e.metrics.decided(p, r, false)
 		return r, nil
 	}
-	if ctx.Err() != nil { // the caller gave up
+	if errors.Is(ctx.Err(), context.Canceled) { // the caller left: nobody to answer
 		e.metrics.failed(p)
 		return Result{}, err
 	}
