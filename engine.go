@@ -17,6 +17,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -71,6 +72,9 @@ var (
 	ErrBreakerOpen = errors.New("circuit breaker open")
 	// ErrUnknownFallback is returned by ParseFallback.
 	ErrUnknownFallback = errors.New("unknown fallback")
+	// ErrInvalidPolicyName: a policy's name holds '|', which separates it
+	// from the key in counter names.
+	ErrInvalidPolicyName = errors.New("invalid policy name")
 )
 
 // Result is the outcome of one decision.
@@ -348,7 +352,10 @@ func (e *Engine) AllowN(ctx context.Context, key string, lim Limit, n int64) (Re
 }
 
 // Decide decides whether n units for key fit in p's limit, and charges
-// them if so. When the store cannot answer (the call fails, ctx's deadline
+// them if so. The counter is the policy's own: named p.Name + "|" + key when
+// p.Name is set (see CounterName), so two policies on one key never share
+// state, and the hot-key detector, the split table and the coordinator see
+// that name. When the store cannot answer (the call fails, ctx's deadline
 // passes first, or the circuit breaker around it is open), p.OnStoreFailure
 // decides, and the result says Degraded; only FallbackError returns the
 // store's error (wrapping ErrStoreUnavailable). A call cut by ctx's deadline
@@ -362,18 +369,37 @@ func (e *Engine) Decide(ctx context.Context, key string, p *Policy, n int64) (Re
 	return e.allow(ctx, key, p.Limit, n, p.OnStoreFailure, p)
 }
 
-// allow is the decision path; p, if not nil, names the policy and holds its
-// allowlist.
+// CounterName returns the name of the counter that Decide charges for key
+// under a policy named policy: policy + "|" + key, or key alone for an
+// unnamed policy (and for AllowN). A policy name must not hold '|', so that
+// names cannot collide.
+func CounterName(policy, key string) string {
+	if policy == "" {
+		return key
+	}
+	return policy + "|" + key
+}
+
+// allow is the decision path; p, if not nil, names the policy, its counters'
+// namespace, and holds its allowlist.
 func (e *Engine) allow(ctx context.Context, key string, lim Limit, n int64, fb Fallback, p *Policy) (Result, error) {
 	if err := e.check(key, lim, n); err != nil {
 		e.metrics.rejectInput(p)
 		return Result{}, err
 	}
-	hash := hashKey(key)
-	if e.detect != nil {
-		e.detect.Observe(hash, key)
+	name := key
+	if p != nil && p.Name != "" {
+		if strings.IndexByte(p.Name, '|') >= 0 {
+			e.metrics.rejectInput(p)
+			return Result{}, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
+		}
+		name = CounterName(p.Name, key)
 	}
-	r, err := e.decideStore(ctx, key, hash, lim, n)
+	hash := hashKey(name)
+	if e.detect != nil {
+		e.detect.Observe(hash, name)
+	}
+	r, err := e.decideStore(ctx, name, hash, lim, n)
 	if err == nil {
 		e.metrics.decided(p, r, false)
 		return r, nil
@@ -385,11 +411,12 @@ func (e *Engine) allow(ctx context.Context, key string, lim Limit, n int64, fb F
 	if !errors.Is(err, ErrBreakerOpen) {
 		e.metrics.storeFailure()
 	}
-	return e.fallback(ctx, key, hash, lim, n, fb, p, err)
+	return e.fallback(ctx, key, name, hash, lim, n, fb, p, err)
 }
 
-// fallback decides without the store, as fb says; cause is why.
-func (e *Engine) fallback(ctx context.Context, key string, hash uint64, lim Limit, n int64, fb Fallback, p *Policy, cause error) (Result, error) {
+// fallback decides without the store, as fb says, for key (on the
+// allowlist) whose counter is name; cause is why.
+func (e *Engine) fallback(ctx context.Context, key, name string, hash uint64, lim Limit, n int64, fb Fallback, p *Policy, cause error) (Result, error) {
 	capacity := lim.Capacity()
 	r := Result{Limit: capacity, Shards: 1, Degraded: true}
 	switch {
@@ -411,7 +438,7 @@ func (e *Engine) fallback(ctx context.Context, key string, hash uint64, lim Limi
 			r.RetryAfter = lim.Period
 			break
 		}
-		lr, _ := e.local.Take(ctx, key, hash, share, n) // the memory store does not fail
+		lr, _ := e.local.Take(ctx, name, hash, share, n) // the memory store does not fail
 		r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter = lr.Allowed, lr.Remaining, lr.RetryAfter, lr.ResetAfter
 	}
 	e.metrics.decided(p, r, true)

@@ -2,10 +2,14 @@ package hotkey
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/shard"
@@ -144,4 +148,76 @@ func TestRefusedSplitApplied(t *testing.T) {
 	if r, err := e.Allow(context.Background(), "b", lim); err != nil || r.Shards != shard.Level16 {
 		t.Errorf("b decided on %d shards (%v), want 16", r.Shards, err)
 	}
+}
+
+// TestPoliciesIndependent: two policies on one key have a counter each. A
+// request under another policy (another algorithm, a shorter period) neither
+// resets nor shortens the first one's state: 5 login attempts a minute stay
+// 5, however default requests for the same key come between them.
+func TestPoliciesIndependent(t *testing.T) {
+	checkLeaks(t)
+	login := &Policy{Name: "login", Limit: Limit{Algorithm: SlidingLog, Rate: 5, Period: time.Minute}}
+	other := &Policy{Name: "default", Limit: PerSecond(100)}
+	run := func(t *testing.T, e *Engine, pause func()) (loginAdmitted, defaultAdmitted int) {
+		ctx := context.Background()
+		key := fmt.Sprintf("user:%x", rand.Uint64())
+		for range 10 {
+			for range 5 {
+				if r, err := e.Decide(ctx, key, login, 1); err != nil {
+					t.Fatal(err)
+				} else if r.Allowed {
+					loginAdmitted++
+				}
+			}
+			if r, err := e.Decide(ctx, key, other, 1); err != nil {
+				t.Fatal(err)
+			} else if r.Allowed {
+				defaultAdmitted++
+			}
+			pause()
+		}
+		return loginAdmitted, defaultAdmitted
+	}
+	t.Run("memory", func(t *testing.T) {
+		clock := newFakeClock()
+		e, err := New(counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now}), WithClock(clock.Now), WithoutDetector())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		l, d := run(t, e, func() { clock.Advance(30 * time.Millisecond) })
+		t.Logf("login admitted %d of 50 over 300 ms, default %d of 10", l, d)
+		if l != 5 || d != 10 {
+			t.Errorf("login admitted %d, default %d; want 5 and 10", l, d)
+		}
+	})
+	t.Run("redis", func(t *testing.T) {
+		client := redis.NewClient(&redis.Options{Addr: env.Server.Addr})
+		defer client.Close()
+		store, err := counter.NewRedisStore(context.Background(), client, counter.RedisConfig{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer store.Close()
+		e, err := New(store, WithoutDetector())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		start := time.Now()
+		l, d := run(t, e, func() { time.Sleep(30 * time.Millisecond) })
+		// Real time: a minute's 5 plus what refilled meanwhile (none
+		// unless the machine took over 12 s).
+		bound := 5 + int(5*time.Since(start)/time.Minute)
+		t.Logf("login admitted %d of 50 over %v (bound %d), default %d of 10", l, time.Since(start).Round(time.Millisecond), bound, d)
+		if l > bound || l < 5 || d != 10 {
+			t.Errorf("login admitted %d, default %d; want 5 (at most %d) and 10", l, d, bound)
+		}
+	})
+	t.Run("bad name", func(t *testing.T) {
+		e, _ := newMemoryEngine(t, newFakeClock())
+		if _, err := e.Decide(context.Background(), "k", &Policy{Name: "a|b", Limit: PerSecond(1)}, 1); !errors.Is(err, ErrInvalidPolicyName) {
+			t.Errorf("policy name with '|': %v, want ErrInvalidPolicyName", err)
+		}
+	})
 }

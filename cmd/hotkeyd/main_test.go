@@ -304,6 +304,7 @@ type allowResp struct {
 type hotKeys struct {
 	Peers   int `json:"peers"`
 	HotKeys []struct {
+		Policy      string `json:"policy"`
 		Key         string `json:"key"`
 		Level       int    `json:"level"`
 		ExpiresInMs int64  `json:"expires_in_ms"`

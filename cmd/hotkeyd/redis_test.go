@@ -236,7 +236,7 @@ func TestTwoDaemons(t *testing.T) {
 	for _, d := range []*proc{d1, d2} {
 		took := waitFor(t, "hot-one listed", 10*time.Second, func() bool {
 			for _, h := range d.hotKeys(t).HotKeys {
-				if h.Key == "hot-one" && h.Level >= 4 && h.Origin == d1.id && h.ExpiresInMs > 0 {
+				if h.Policy == "default" && h.Key == "hot-one" && h.Level >= 4 && h.Origin == d1.id && h.ExpiresInMs > 0 {
 					return true
 				}
 			}

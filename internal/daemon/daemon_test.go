@@ -93,7 +93,7 @@ func TestInProcess(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if len(hk.HotKeys) == 1 && hk.HotKeys[0].Key == "hot" && hk.HotKeys[0].Origin == d.ID() && hk.HotKeys[0].Level >= 4 && hk.Peers == 0 {
+		if len(hk.HotKeys) == 1 && hk.HotKeys[0].Policy == "default" && hk.HotKeys[0].Key == "hot" && hk.HotKeys[0].Origin == d.ID() && hk.HotKeys[0].Level >= 4 && hk.Peers == 0 {
 			break
 		}
 		if time.Now().After(deadline) {

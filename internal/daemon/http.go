@@ -97,8 +97,9 @@ func (d *Daemon) handleAllow(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, status, resp)
 }
 
-// HotKey is one entry of GET /v1/hotkeys.
+// HotKey is one entry of GET /v1/hotkeys: a policy's counter for a key.
 type HotKey struct {
+	Policy      string `json:"policy"`
 	Key         string `json:"key"`
 	Level       int    `json:"level"`
 	ExpiresInMs int64  `json:"expires_in_ms"`
@@ -115,7 +116,13 @@ func (d *Daemon) handleHotKeys(w http.ResponseWriter, r *http.Request) {
 	leases := d.coord.Leases()
 	out := HotKeys{Peers: max(0, d.engine.Instances()-1), HotKeys: make([]HotKey, 0, len(leases))}
 	for _, l := range leases {
-		out.HotKeys = append(out.HotKeys, HotKey{Key: l.Key, Level: l.Level, ExpiresInMs: ceilDiv(l.ExpiresIn, time.Millisecond), Origin: l.Origin})
+		// Counters are named policy|key (hotkey.CounterName); policy
+		// names hold no '|'.
+		policy, key, ok := strings.Cut(l.Key, "|")
+		if !ok {
+			policy, key = "", l.Key
+		}
+		out.HotKeys = append(out.HotKeys, HotKey{Policy: policy, Key: key, Level: l.Level, ExpiresInMs: ceilDiv(l.ExpiresIn, time.Millisecond), Origin: l.Origin})
 	}
 	writeJSON(w, http.StatusOK, out)
 }
