@@ -469,11 +469,14 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 	if ent.Level() == shard.Level1 && e.table.Remove(ent) { // merged back, its usage moved
 		e.wakeSettle() // room for a refused key
 	}
-	if n > 1 {
-		level = shard.Fit(level, lim.Rate, lim.Capacity(), e.opt.minShare, n)
-	}
 	if level == shard.Level1 {
 		return e.decide(ctx, key, hash, lim, n)
+	}
+	if n > 1 && shard.Fit(level, lim.Rate, lim.Capacity(), e.opt.minShare, n) < level {
+		// No subcounter holding the key's usage can take n. Fewer, larger
+		// counters would take it from quota nobody has charged: refuse,
+		// as a key whose every subcounter is full would.
+		return Result{Limit: lim.Capacity(), RetryAfter: lim.Period, ResetAfter: lim.Period, Shards: level}, nil
 	}
 	return e.decideSplit(ctx, ent, level, p, lim, n)
 }

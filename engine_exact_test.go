@@ -221,3 +221,47 @@ func TestPoliciesIndependent(t *testing.T) {
 		}
 	})
 }
+
+// TestCostBands: on a split key, a cost over one subcounter's share cannot
+// be served by the counters that hold the key's usage. It is refused, not
+// moved to fewer, larger counters that would start full: whatever mix of
+// costs comes, the key admits no more than its limit.
+func TestCostBands(t *testing.T) {
+	checkLeaks(t)
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			clock := newFakeClock()
+			store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
+			e, err := New(store, WithClock(clock.Now), WithoutDetector())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			key := "banded"
+			lim := Limit{Algorithm: alg, Rate: 6400, Period: time.Hour}
+			handler{e}.SetLevel(key, hashKey(key), shard.Level64) // shares of 100
+			var units, refused int64
+			for range 200 {
+				for _, n := range []int64{1, 101, 401, 1601} {
+					r, err := e.AllowN(context.Background(), key, lim, n)
+					if err != nil {
+						t.Fatal(err)
+					}
+					switch {
+					case r.Allowed:
+						units += n
+					case n > 100 && r.RetryAfter > 0:
+						refused++
+					}
+				}
+			}
+			t.Logf("costs 1, 101, 401, 1601 × 200 at level 64 with no time passing: %d units admitted (limit 6400), %d over the share refused", units, refused)
+			if units > 6400 {
+				t.Errorf("admitted %d units, over the limit of 6400", units)
+			}
+			if units < 200 {
+				t.Errorf("admitted %d units: the cost-1 requests should pass", units)
+			}
+		})
+	}
+}
