@@ -157,6 +157,11 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			for _, e := range engines {
 				handler{e}.SetLevel(name, hashKey(name), level)
 			}
+			// Settle now, as the engines' loops soon would: what the run
+			// decides next must not depend on when they get to it.
+			for _, e := range engines {
+				e.settle()
+			}
 		case x < 99: // the store's node map changes
 			version++
 			store.p.Store(newPlacement(1+rng.IntN(4), version))
