@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -36,9 +37,17 @@ func newTestClient(t *testing.T, addr string) *redis.Client {
 	return c
 }
 
-// newTestStore returns a store over client, closed when t ends.
+// testTimeout is the store's round-trip deadline in tests that are not
+// about it: long enough for any loaded machine.
+const testTimeout = 30 * time.Second
+
+// newTestStore returns a store over client, closed when t ends. A zero
+// cfg.Timeout is testTimeout.
 func newTestStore(t *testing.T, client redis.UniversalClient, cfg RedisConfig) *RedisStore {
 	t.Helper()
+	if cfg.Timeout == 0 {
+		cfg.Timeout = testTimeout
+	}
 	s, err := NewRedisStore(context.Background(), client, cfg)
 	if err != nil {
 		t.Fatalf("NewRedisStore: %v", err)
@@ -358,6 +367,77 @@ func TestRedisNoScript(t *testing.T) {
 		}
 		wg.Wait()
 	})
+}
+
+// TestRedisNoScriptDeadlines checks that each round trip of a NOSCRIPT
+// recovery (the call, the reload, the retry) gets a Timeout of its own, so
+// that a slow server does not leave the retry without time.
+func TestRedisNoScriptDeadlines(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	h := &deadlineHook{}
+	client.AddHook(h)
+	const timeout = time.Hour
+	s := newTestStore(t, client, RedisConfig{Timeout: timeout})
+	lim := Limit{Rate: 10, Period: longPeriod}
+	mustTake(t, s, testKey(t), lim, 1)
+	if err := newTestClient(t, testRedisAddr).ScriptFlush(context.Background()).Err(); err != nil {
+		t.Fatal(err)
+	}
+	h.reset()
+	mustTake(t, s, testKey(t), lim, 1)
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if want := []string{"evalsha", "pipeline script", "evalsha"}; !slices.Equal(h.names, want) {
+		t.Fatalf("round trips %q, want %q", h.names, want)
+	}
+	for i := 1; i < len(h.names); i++ {
+		// Round trip i's deadline was set after round trip i-1 started.
+		if earliest := h.at[i-1].Add(timeout); h.deadlines[i].Before(earliest) {
+			t.Errorf("%s after %s: deadline %v before %v, Timeout after the previous round trip started",
+				h.names[i], h.names[i-1], h.deadlines[i], earliest)
+		}
+	}
+}
+
+// deadlineHook records each command or pipeline a client sends, when, and
+// the deadline of its ctx.
+type deadlineHook struct {
+	mu        sync.Mutex
+	names     []string
+	at        []time.Time
+	deadlines []time.Time
+}
+
+func (h *deadlineHook) record(ctx context.Context, name string) {
+	d, _ := ctx.Deadline()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.names = append(h.names, name)
+	h.at = append(h.at, time.Now())
+	h.deadlines = append(h.deadlines, d)
+}
+
+func (h *deadlineHook) reset() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.names, h.at, h.deadlines = nil, nil, nil
+}
+
+func (h *deadlineHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *deadlineHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		h.record(ctx, cmd.Name())
+		return next(ctx, cmd)
+	}
+}
+
+func (h *deadlineHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		h.record(ctx, "pipeline "+cmds[0].Name())
+		return next(ctx, cmds)
+	}
 }
 
 func TestRedisContextDone(t *testing.T) {
