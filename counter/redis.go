@@ -177,22 +177,39 @@ func (s *RedisStore) measureSkew(ctx context.Context) {
 	s.skewRead.Store(true)
 }
 
-// loadScripts loads every script on every node that may receive it.
+// loadScripts loads every script on every node that may receive it: one
+// pipelined round trip per node, to all nodes at once.
 func (s *RedisStore) loadScripts(ctx context.Context) error {
 	s.loadMu.Lock()
 	defer s.loadMu.Unlock()
-	for i, src := range scripts {
-		var err error
-		switch c := s.client.(type) {
-		case *redis.Ring:
-			err = c.ForEachShard(ctx, func(ctx context.Context, shard *redis.Client) error {
-				return checkLoad(shard.ScriptLoad(ctx, src), s.shas[i])
-			})
-		default: // a ClusterClient loads on every master itself
-			err = checkLoad(c.ScriptLoad(ctx, src), s.shas[i])
+	shard := func(ctx context.Context, c *redis.Client) error { return s.loadOn(ctx, c) }
+	var err error
+	switch c := s.client.(type) {
+	case *redis.ClusterClient: // masters and replicas, so a promoted replica has them
+		err = c.ForEachShard(ctx, shard)
+	case *redis.Ring:
+		err = c.ForEachShard(ctx, shard)
+	default:
+		err = s.loadOn(ctx, c)
+	}
+	if err != nil {
+		return fmt.Errorf("redis store: %w", err)
+	}
+	return nil
+}
+
+// loadOn loads every script on the node c talks to, in one round trip.
+func (s *RedisStore) loadOn(ctx context.Context, c redis.Cmdable) error {
+	cmds := make([]*redis.StringCmd, len(scripts))
+	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
+		for i, src := range scripts {
+			cmds[i] = p.ScriptLoad(ctx, src)
 		}
-		if err != nil {
-			return fmt.Errorf("redis store: load %v script: %w", Algorithm(i), err)
+		return nil
+	}) // every command carries its own error
+	for i, cmd := range cmds {
+		if err := checkLoad(cmd, s.shas[i]); err != nil {
+			return fmt.Errorf("load %v script: %w", Algorithm(i), err)
 		}
 	}
 	return nil
@@ -393,10 +410,8 @@ func (w *worker) run() {
 	if len(live) == 0 {
 		return
 	}
-	ctx, cancel := context.WithTimeout(w.s.ctx, w.s.cfg.Timeout)
-	defer cancel()
 	groups := w.group(live)
-	w.exec(ctx, groups)
+	w.exec(groups)
 	if w.s.ctx.Err() != nil { // Close cut the round trip short
 		for _, c := range live {
 			c.finish(Result{}, ErrStoreClosed)
@@ -404,7 +419,10 @@ func (w *worker) run() {
 		return
 	}
 	// A NOSCRIPT reply means the server lost its scripts (restart, SCRIPT
-	// FLUSH, new master): reload them and retry those calls once.
+	// FLUSH, new master): reload them and retry those calls once. The
+	// reload and the retry are round trips of their own, each with its own
+	// Timeout: sharing the first one's left the retry no time on a busy
+	// server.
 	retry := groups[:0]
 	for _, g := range groups {
 		if redis.HasErrorPrefix(g.cmd.Err(), "NOSCRIPT") {
@@ -416,7 +434,10 @@ func (w *worker) run() {
 	if len(retry) == 0 {
 		return
 	}
-	if err := w.s.loadScripts(ctx); err != nil {
+	ctx, cancel := context.WithTimeout(w.s.ctx, w.s.cfg.Timeout)
+	err := w.s.loadScripts(ctx)
+	cancel()
+	if err != nil {
 		for _, g := range retry {
 			for _, c := range g.calls {
 				c.finish(Result{}, err)
@@ -424,8 +445,14 @@ func (w *worker) run() {
 		}
 		return
 	}
-	w.exec(ctx, retry)
+	w.exec(retry)
 	for _, g := range retry {
+		if w.s.ctx.Err() != nil {
+			for _, c := range g.calls {
+				c.finish(Result{}, ErrStoreClosed)
+			}
+			continue
+		}
 		g.finish()
 	}
 }
@@ -491,8 +518,11 @@ func (w *worker) groupTokenBucket(calls []*call) {
 	}
 }
 
-// exec sends one EVALSHA per group, pipelined when there are several.
-func (w *worker) exec(ctx context.Context, groups []group) {
+// exec sends one EVALSHA per group, pipelined when there are several, in
+// one round trip bounded by Timeout.
+func (w *worker) exec(groups []group) {
+	ctx, cancel := context.WithTimeout(w.s.ctx, w.s.cfg.Timeout)
+	defer cancel()
 	w.args = w.args[:0]
 	calls := 0
 	for i := range groups {

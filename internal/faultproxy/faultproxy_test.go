@@ -77,7 +77,7 @@ func newProxy(t *testing.T, target string) *Proxy {
 
 func dial(t *testing.T, addr string) net.Conn {
 	t.Helper()
-	c, err := net.DialTimeout("tcp", addr, 5*time.Second)
+	c, err := net.DialTimeout("tcp", addr, 30*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,7 +89,7 @@ func dial(t *testing.T, addr string) net.Conn {
 func roundTrip(t *testing.T, c net.Conn, r *bufio.Reader, line string) time.Duration {
 	t.Helper()
 	start := time.Now()
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.SetDeadline(time.Now().Add(time.Minute))
 	if _, err := io.WriteString(c, line+"\n"); err != nil {
 		t.Fatal(err)
 	}
@@ -118,7 +118,7 @@ func TestForward(t *testing.T) {
 	big := bytes.Repeat([]byte("0123456789abcdef"), 1<<16) // 1 MiB
 	go c.Write(big)
 	got := make([]byte, len(big))
-	c.SetDeadline(time.Now().Add(10 * time.Second))
+	c.SetDeadline(time.Now().Add(time.Minute))
 	if _, err := io.ReadFull(r, got); err != nil || !bytes.Equal(got, big) {
 		t.Fatalf("1 MiB echo: %v, equal %v", err, bytes.Equal(got, big))
 	}
@@ -131,7 +131,7 @@ func TestForward(t *testing.T) {
 	if _, err := r.ReadByte(); err != io.EOF {
 		t.Fatalf("after half-close: %v, want EOF", err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(time.Minute)
 	for p.Conns() != 0 {
 		if time.Now().After(deadline) {
 			t.Fatal("pair still open after both directions ended")
@@ -146,26 +146,22 @@ func TestDelay(t *testing.T) {
 	c := dial(t, p.Addr())
 	r := bufio.NewReader(c)
 	base := roundTrip(t, c, r, "warm")
-	const d = 100 * time.Millisecond
+	const d = 500 * time.Millisecond
 	p.SetDelay(d)
 	took := roundTrip(t, c, r, "slow")
 	t.Logf("round trip %v undelayed, %v with %v each way", base, took, d)
 	if took < 2*d {
 		t.Fatalf("round trip %v with a delay of %v each way, want at least %v", took, d, 2*d)
 	}
-	if took > 2*d+5*time.Second {
-		t.Fatalf("round trip %v: the delay is not %v", took, d)
-	}
-	// Latency, not throughput: 50 lines sent at once come back after
-	// about 2d, not 50 × 2d.
+	// Latency, not throughput: 50 lines written one by one come back after
+	// about 2d, not one 2d after another (50 s; the bound leaves a loaded
+	// machine 25 s).
 	start := time.Now()
-	var lines strings.Builder
+	c.SetDeadline(time.Now().Add(time.Minute))
 	for i := range 50 {
-		lines.WriteString(strings.Repeat("y", i) + "\n")
-	}
-	c.SetDeadline(time.Now().Add(20 * time.Second))
-	if _, err := io.WriteString(c, lines.String()); err != nil {
-		t.Fatal(err)
+		if _, err := io.WriteString(c, strings.Repeat("y", i)+"\n"); err != nil {
+			t.Fatal(err)
+		}
 	}
 	for range 50 {
 		if _, err := r.ReadString('\n'); err != nil {
@@ -174,8 +170,8 @@ func TestDelay(t *testing.T) {
 	}
 	all := time.Since(start)
 	t.Logf("50 lines pipelined: %v", all)
-	if all < 2*d || all > 10*2*d {
-		t.Fatalf("50 pipelined lines took %v with %v each way, want between %v and %v", all, d, 2*d, 20*d)
+	if all < 2*d || all >= 50*2*d/2 {
+		t.Fatalf("50 pipelined lines took %v with %v each way, want at least %v and well under 50 × %v", all, d, 2*d, 2*d)
 	}
 	p.SetDelay(0)
 	if took := roundTrip(t, c, r, "fast"); took >= 2*d {
@@ -190,7 +186,7 @@ func TestCutRestore(t *testing.T) {
 	r := bufio.NewReader(c)
 	roundTrip(t, c, r, "before")
 	p.Cut()
-	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c.SetDeadline(time.Now().Add(time.Minute))
 	if _, err := r.ReadByte(); err == nil {
 		t.Fatal("read on a cut connection succeeded")
 	} else if errors.Is(err, os.ErrDeadlineExceeded) {
@@ -199,7 +195,7 @@ func TestCutRestore(t *testing.T) {
 	// New connections are accepted and closed at once.
 	for range 3 {
 		n := dial(t, p.Addr())
-		n.SetDeadline(time.Now().Add(5 * time.Second))
+		n.SetDeadline(time.Now().Add(time.Minute))
 		io.WriteString(n, "hello\n")
 		if _, err := bufio.NewReader(n).ReadByte(); err == nil {
 			t.Fatal("a connection made while cut was forwarded")
@@ -229,8 +225,10 @@ func TestCloseWithDelayedData(t *testing.T) {
 	if err := p.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if took := time.Since(start); took > 5*time.Second {
-		t.Fatalf("Close took %v with data held for an hour", took)
+	took := time.Since(start)
+	t.Logf("Close took %v with data held for an hour", took)
+	if took >= time.Minute {
+		t.Fatalf("Close took %v: it waited for data held for an hour", took)
 	}
 	if err := p.Close(); err != nil {
 		t.Fatalf("second Close: %v", err)

@@ -21,8 +21,8 @@ import (
 
 // Defaults.
 const (
-	DefaultReadyTimeout = 10 * time.Second // how long a server may take to accept clients
-	DefaultMeshTimeout  = 10 * time.Second // how long a cluster may take to mesh
+	DefaultReadyTimeout = 30 * time.Second // how long a server may take to accept clients, on a loaded machine too
+	DefaultMeshTimeout  = 30 * time.Second // how long a cluster may take to mesh, on a loaded machine too
 	loopback            = "127.0.0.1"
 )
 

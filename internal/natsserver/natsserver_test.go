@@ -15,7 +15,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // roundTrip subscribes on sub, then publishes on pub until a message
 // arrives (interest spreads across routes asynchronously), and fails after
-// 5 s.
+// a minute.
 func roundTrip(t *testing.T, pub, sub *nats.Conn, subject string) {
 	t.Helper()
 	ch := make(chan *nats.Msg, 16)
@@ -27,7 +27,8 @@ func roundTrip(t *testing.T, pub, sub *nats.Conn, subject string) {
 	if err := sub.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.After(5 * time.Second)
+	start := time.Now()
+	deadline := time.After(time.Minute)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -39,10 +40,11 @@ func roundTrip(t *testing.T, pub, sub *nats.Conn, subject string) {
 			if string(m.Data) != "ping" {
 				t.Fatalf("got %q", m.Data)
 			}
+			t.Logf("%s: delivered %v after subscribing", subject, time.Since(start))
 			return
 		case <-tick.C:
 		case <-deadline:
-			t.Fatalf("no message on %s within 5 s", subject)
+			t.Fatalf("no message on %s in a minute", subject)
 		}
 	}
 }

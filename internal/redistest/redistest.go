@@ -28,8 +28,9 @@ var ErrNotInstalled = errors.New("redistest: redis-server not found on PATH")
 
 const (
 	startAttempts = 10               // ports tried before Start gives up
-	readyTimeout  = 10 * time.Second // how long a new process may take to answer PING
-	clusterWait   = 30 * time.Second // how long a cluster may take to converge
+	readyTimeout  = 30 * time.Second // how long a new process may take to answer PING, on a loaded machine too
+	clusterWait   = time.Minute      // how long a cluster may take to converge, on a loaded machine too
+	cmdTimeout    = 30 * time.Second // how long one setup command may take
 	busOffset     = 10000            // cluster bus port = port + busOffset
 	maxPort       = 55000            // highest cluster port, so the bus port stays valid
 	tailSize      = 2048             // bytes of process output kept for errors
@@ -358,12 +359,16 @@ func freePort(cluster bool) (int, error) {
 }
 
 // client returns a minimal go-redis client for addr that does not retry, so
-// polling loops stay in control of timing. The default pool size matters: a
-// pool with as many failed dials as its size starts a background redial
-// goroutine that outlives Close. The caller must close it.
+// polling loops stay in control of timing, and whose reads and writes end
+// with the ctx of the call, not the default 3 s. The default pool size
+// matters: a pool with as many failed dials as its size starts a background
+// redial goroutine that outlives Close. The caller must close it.
 func client(addr string) *redis.Client {
 	return redis.NewClient(&redis.Options{
 		Addr:                     addr,
+		ContextTimeoutEnabled:    true,
+		ReadTimeout:              cmdTimeout,
+		WriteTimeout:             cmdTimeout,
 		Protocol:                 2,
 		DisableIdentity:          true,
 		MaxRetries:               -1,
@@ -372,9 +377,9 @@ func client(addr string) *redis.Client {
 	})
 }
 
-// do runs one command on addr with a one-second timeout.
+// do runs one command on addr, for up to cmdTimeout.
 func do(addr string, args ...any) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), cmdTimeout)
 	defer cancel()
 	cl := client(addr)
 	defer cl.Close()
