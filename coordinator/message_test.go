@@ -305,7 +305,7 @@ func TestConfig(t *testing.T) {
 	got := c.cfg
 	if got.Prefix != "hotkey" || got.Namespace != "default" || len(got.ID) != 16 || got.TTL != 3*time.Second ||
 		got.MaxTTL != time.Minute || got.Heartbeat != time.Second || got.MaxHotKeys != 10000 || got.MaxKeyLen != 512 ||
-		got.MaxPeers != 1024 || got.MaxMessage != 64<<10 || got.SyncWait != 500*time.Millisecond || got.Logger == nil || got.Now == nil {
+		got.MaxPeers != 1024 || got.MaxInstances != 64 || got.MaxMessage != 64<<10 || got.SyncWait != 500*time.Millisecond || got.Logger == nil || got.Now == nil {
 		t.Errorf("defaults: %+v", got)
 	}
 	if c.subjLease != "hotkey.default.lease" || c.subjHB != "hotkey.default.hb" || c.subjSync != "hotkey.default.sync" {
@@ -340,6 +340,8 @@ func TestConfig(t *testing.T) {
 		{Config{URLs: u, MaxHotKeys: -1}, "MaxHotKeys"},
 		{Config{URLs: u, MaxMessage: 1000}, "MaxMessage 1000 is too small"},
 		{Config{URLs: u, MaxKeyLen: 20000}, "MaxMessage 65536 is too small"},
+		{Config{URLs: u, MaxInstances: -1}, "MaxInstances -1 is negative"},
+		{Config{URLs: u, MaxPeers: 10, MaxInstances: 12}, "MaxInstances 12 is over MaxPeers+1 (11)"},
 	}
 	for _, b := range bad {
 		_, err := NewNATS(b.cfg)
@@ -349,6 +351,10 @@ func TestConfig(t *testing.T) {
 	}
 	if _, err := NewNATS(Config{URLs: u, Prefix: "acme-prod_1", Namespace: "eu", ID: "pod-7", MaxKeyLen: 100, MaxMessage: 1200}); err != nil {
 		t.Error(err)
+	}
+	// MaxInstances defaults to MaxPeers+1 when that is smaller.
+	if c, err := NewNATS(Config{URLs: u, MaxPeers: 10}); err != nil || c.cfg.MaxInstances != 11 {
+		t.Errorf("MaxPeers 10: MaxInstances %v, %v", c, err)
 	}
 	// Validate defaults: the default lease message limit fits the default key.
 	if minMessage(DefaultMaxKeyLen) > DefaultMaxMessage {

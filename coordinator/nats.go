@@ -28,6 +28,7 @@ const (
 	DefaultMaxHotKeys     = 10000
 	DefaultMaxKeyLen      = 512
 	DefaultMaxPeers       = 1024
+	DefaultMaxInstances   = 64
 	DefaultMaxMessage     = 64 << 10
 	DefaultSyncWait       = 500 * time.Millisecond
 	DefaultReconnectWait  = 500 * time.Millisecond
@@ -43,7 +44,8 @@ const (
 	// dropped (and counted).
 	maxSyncQueue = 16
 	// peerTimeout is how many heartbeat intervals a peer stays live without
-	// a heartbeat.
+	// a heartbeat, and within how many a new origin must be heard twice to
+	// count as a peer.
 	peerTimeout = 3
 )
 
@@ -94,9 +96,10 @@ type Config struct {
 	TTL time.Duration
 	// MaxTTL is the longest ttl accepted from a message (default 1 min).
 	MaxTTL time.Duration
-	// Heartbeat is the interval between heartbeats (default 1 s). A peer is
-	// live until 3 intervals pass without its heartbeat. At least
-	// MinInterval.
+	// Heartbeat is the interval between heartbeats (default 1 s). A new
+	// origin counts as a live peer once two of its heartbeats came within 3
+	// intervals (so one forged message cannot add a peer), and stays live
+	// until 3 intervals pass without its heartbeat. At least MinInterval.
 	Heartbeat time.Duration
 	// SyncWait is how long replies to a join sync are applied after the
 	// request (default 500 ms).
@@ -110,8 +113,20 @@ type Config struct {
 	// MaxKeyLen is the longest key accepted from a message, in bytes
 	// (default 512). Longer own keys are applied locally but not published.
 	MaxKeyLen int
-	// MaxPeers caps the peers tracked for membership (default 1024).
+	// MaxPeers caps the live peers tracked for membership (default 1024),
+	// and apart from them the origins heard once: when those are full, a
+	// new one takes the place of an arbitrary other.
 	MaxPeers int
+	// MaxInstances caps the instance count handed to the Handler
+	// (SetInstances), whatever the live count (default 64, or MaxPeers+1 if
+	// smaller; at most MaxPeers+1). That count divides the hot-key threshold
+	// and the local fallback share of every key, so the cap bounds what a
+	// client forging heartbeats can do to them: divide them by MaxInstances
+	// at worst, not by MaxPeers. Set it to the largest fleet a namespace
+	// runs: past it, each instance detects keys as if there were only
+	// MaxInstances instances (later) and its fallback share is
+	// limit/MaxInstances (larger than its part of the limit).
+	MaxInstances int
 	// MaxMessage is the largest message accepted or sent, in bytes (default
 	// 64 KiB); sync replies are split to fit. It must leave room for a
 	// lease of the longest key: at least 6×(MaxKeyLen+64)+128.
@@ -205,6 +220,14 @@ func (c Config) withDefaults() (Config, error) {
 			*f.n = f.def
 		}
 	}
+	switch {
+	case c.MaxInstances < 0:
+		return c, fmt.Errorf("coordinator: MaxInstances %d is negative", c.MaxInstances)
+	case c.MaxInstances == 0:
+		c.MaxInstances = min(DefaultMaxInstances, c.MaxPeers+1)
+	case c.MaxInstances > c.MaxPeers+1:
+		return c, fmt.Errorf("coordinator: MaxInstances %d is over MaxPeers+1 (%d)", c.MaxInstances, c.MaxPeers+1)
+	}
 	if min := minMessage(c.MaxKeyLen); c.MaxMessage < min {
 		return c, fmt.Errorf("coordinator: MaxMessage %d is too small for MaxKeyLen %d: want at least %d", c.MaxMessage, c.MaxKeyLen, min)
 	}
@@ -243,9 +266,10 @@ func validToken(s string) bool {
 // and renews it every TTL/3; every instance keeps a table of the leases it
 // hears, the level in force of a key being the highest level with an
 // unexpired lease (expiry = local receipt time + ttl). Heartbeats count the
-// live instances. A joining or reconnected instance asks the others for
-// their tables (join sync); without that it still converges within one
-// renewal period.
+// live instances: a new origin counts once heard twice within 3 heartbeat
+// intervals, and the count handed to the Handler is capped (MaxInstances).
+// A joining or reconnected instance asks the others for their tables (join
+// sync); without that it still converges within one renewal period.
 //
 // The table keeps, per key, this instance's own level and, for each level,
 // the latest expiry any peer's lease gave it; origins are not stored, so a
@@ -290,7 +314,8 @@ type NATS struct {
 	announce map[string]struct{}  // own keys to publish at once
 	syncQ    []string             // reply subjects of sync requests to answer
 	peers    map[string]time.Time // live peer → time of last heartbeat
-	live     int                  // live instances: 1 + len(peers)
+	once     map[string]time.Time // origin heard once, not live yet → time of that heartbeat
+	live     int                  // instances to hand the Handler: 1 + len(peers), at most MaxInstances
 	toldLive int                  // live count handed to the dispatcher
 
 	syncUntil atomic.Pointer[time.Time] // until when sync replies are applied; nil before Start
@@ -322,6 +347,7 @@ func NewNATS(cfg Config) (*NATS, error) {
 		sweep:     min(max(min(cfg.TTL, cfg.Heartbeat)/4, 5*time.Millisecond), 250*time.Millisecond),
 		announce:  make(map[string]struct{}),
 		peers:     make(map[string]time.Time),
+		once:      make(map[string]time.Time),
 		live:      1,
 		wakePub:   make(chan struct{}, 1),
 		wakeDisp:  make(chan struct{}, 1),
@@ -463,19 +489,41 @@ func (c *NATS) applyLease(origin, key string, level int, ttlMs int64, now time.T
 	}
 }
 
-// heard records a heartbeat of peer origin. Called with c.mu held.
+// heard records a heartbeat of origin, received at now. A live peer's
+// stays live; another origin becomes a live peer at its second heartbeat
+// within the peer timeout, so that an origin heard once (one forged message)
+// never counts. Origins heard once are capped at MaxPeers like live peers:
+// a new one then takes the place of an arbitrary other, so that a flood of
+// them delays a real peer at most. Called with c.mu held.
 func (c *NATS) heard(origin string, now time.Time) {
-	if _, ok := c.peers[origin]; !ok && len(c.peers) >= c.cfg.MaxPeers {
-		c.st.peersRejected.Add(1)
+	if _, ok := c.peers[origin]; ok {
+		c.peers[origin] = now
 		return
 	}
-	c.peers[origin] = now
-	c.setLive()
+	first, ok := c.once[origin]
+	if ok && now.Sub(first) < peerTimeout*c.cfg.Heartbeat {
+		if len(c.peers) >= c.cfg.MaxPeers {
+			c.st.peersRejected.Add(1)
+			return
+		}
+		delete(c.once, origin)
+		c.peers[origin] = now
+		c.setLive()
+		return
+	}
+	if !ok && len(c.once) >= c.cfg.MaxPeers {
+		for o := range c.once {
+			delete(c.once, o)
+			break
+		}
+		c.st.peersRejected.Add(1)
+	}
+	c.once[origin] = now
 }
 
 // setLive recomputes the live count. Called with c.mu held.
 func (c *NATS) setLive() {
-	if n := 1 + len(c.peers); n != c.live {
+	if n := min(1+len(c.peers), c.cfg.MaxInstances); n != c.live {
 		c.live = n
 		c.wake(c.wakeDisp)
 	}
@@ -752,6 +800,11 @@ func (c *NATS) sweepLocked(now time.Time) time.Duration {
 			delete(c.peers, p)
 		}
 	}
+	for p, first := range c.once {
+		if !first.After(dead) {
+			delete(c.once, p)
+		}
+	}
 	c.setLive()
 	return next
 }
@@ -829,7 +882,7 @@ type Stats struct {
 	Invalid       uint64            // invalid messages dropped: the sum of InvalidBy
 	InvalidBy     map[string]uint64 // invalid messages by reason: size, json, version, type, origin, key, level, ttl, reply
 	Rejected      uint64            // valid leases for a new key dropped because MaxHotKeys keys were held
-	PeersRejected uint64            // heartbeats of a new peer dropped because MaxPeers peers were live
+	PeersRejected uint64            // origins not made live peers because MaxPeers were live, or forgotten after one heartbeat because MaxPeers others were heard once
 	Dropped       uint64            // messages lost to slow consumption, and sync requests left unanswered (too many queued)
 	LateReplies   uint64            // sync replies that came after SyncWait, not applied
 	Unpublished   uint64            // own leases applied here only: key not UTF-8 or over MaxKeyLen
@@ -842,7 +895,8 @@ type Stats struct {
 	AsyncErrors   uint64            // asynchronous NATS errors, e.g. slow consumer (owned connections only)
 	Keys          int               // distinct keys in the lease table
 	OwnKeys       int               // keys this instance holds a lease for
-	Peers         int               // live peers, this instance excluded
+	Peers         int               // live peers, this instance excluded (the Handler is told min(1+Peers, MaxInstances))
+	PendingPeers  int               // origins heard once, live at their second heartbeat within 3 intervals
 }
 
 // counters are the atomic counters behind Stats.
@@ -881,7 +935,7 @@ func (c *NATS) Stats() Stats {
 		}
 	}
 	c.mu.Lock()
-	s.Keys, s.OwnKeys, s.Peers = len(c.table.keys), len(c.table.own), len(c.peers)
+	s.Keys, s.OwnKeys, s.Peers, s.PendingPeers = len(c.table.keys), len(c.table.own), len(c.peers), len(c.once)
 	started := c.started
 	c.mu.Unlock()
 	if started {
