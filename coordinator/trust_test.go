@@ -1,13 +1,17 @@
 package coordinator
 
 import (
+	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
@@ -341,5 +345,84 @@ func TestSignedPeers(t *testing.T) {
 	}
 	if st := b.Stats(); st.SyncReplies < 2 || st.InvalidBy["stale"]+st.InvalidBy["replay"] != 0 {
 		t.Errorf("b: %d sync replies (want them split), stats %+v", st.SyncReplies, st)
+	}
+}
+
+// TestPermissionsExample runs the NATS permissions of docs/operations.md:
+// instances logged in as "hotkey" coordinate, join sync included, and a
+// client logged in as "gateway" can neither publish nor subscribe on the
+// coordination subjects.
+func TestPermissionsExample(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, conf, ok := strings.Cut(string(doc), "```\nauthorization {")
+	conf, _, ok2 := strings.Cut(conf, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/operations.md has no authorization block")
+	}
+	file := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(file, []byte("authorization {"+conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := server.ProcessConfigFile(file)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	s := startServer(t, natsserver.Options{Configure: func(o *server.Options) {
+		o.Users = parsed.Users
+	}})
+	clk := newFakeClock()
+	instance := func(id string) Config {
+		cfg := clk.config(id, s.URL())
+		cfg.User, cfg.Password = "hotkey", "instances-password"
+		return cfg
+	}
+	a, ra := startCoord(t, instance("a"))
+	a.Announce("allowed", xxhash.Sum64String("allowed"), 16)
+	waitFor(t, "a applies its own", func() bool { return ra.level("allowed") == 16 })
+	b, rb := startCoord(t, instance("b"))
+	waitMesh(t, 2, ra, rb)
+	waitFor(t, "b has a's key", func() bool { return rb.level("allowed") == 16 })
+	if st := b.Stats(); st.SyncReplies == 0 {
+		t.Errorf("b got no sync reply through the permissions: %+v", st)
+	}
+
+	errs := make(chan error, 10)
+	gw, err := nats.Connect(s.URL(), nats.UserInfo("gateway", "clients-password"),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	forged := [][2]string{
+		{"hotkey.default.hb", string(encodeControl("forged", typeHB))},
+		{"hotkey.default.lease", string(encodeLease("forged", "forced", 64, time.Minute))},
+	}
+	for _, f := range forged {
+		if err := gw.Publish(f[0], []byte(f[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := gw.SubscribeSync("hotkey.default.*"); err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.FlushTimeout(patience); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		select {
+		case err := <-errs:
+			if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				t.Errorf("gateway: %v", err)
+			}
+			t.Logf("gateway: %v", err)
+		case <-time.After(patience):
+			t.Fatal("the server did not refuse the gateway's publishes and subscription")
+		}
+	}
+	if st := a.Stats(); st.Invalid != 0 || ra.level("forced") != 1 || ra.instances() != 2 {
+		t.Errorf("a: forced at %d, instances %d, stats %+v", ra.level("forced"), ra.instances(), st)
 	}
 }
