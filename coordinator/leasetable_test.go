@@ -353,8 +353,11 @@ func TestLeaseTableLeases(t *testing.T) {
 	}
 }
 
-// TestPeerLiveness: a peer is live until peerTimeout heartbeat intervals
-// pass without a heartbeat from it, and at most MaxPeers are tracked.
+// TestPeerLiveness: an origin becomes a live peer at its second heartbeat
+// within peerTimeout heartbeat intervals, never at its first; a peer is live
+// until peerTimeout intervals pass without a heartbeat from it; at most
+// MaxPeers are live, at most MaxPeers more heard once, and the count handed
+// to the Handler is at most MaxInstances.
 func TestPeerLiveness(t *testing.T) {
 	const hb = 50 * ms
 	type beat struct {
@@ -363,19 +366,28 @@ func TestPeerLiveness(t *testing.T) {
 	}
 	tests := []struct {
 		name         string
+		maxInst      int
 		give         []beat // then a sweep at the last one's instant
 		want         []string
+		wantOnce     int // origins heard once
+		wantLive     int // count for the Handler
 		wantRejected uint64
 	}{
-		{"live until the timeout", []beat{{"p", 0}, {"", peerTimeout*hb - 1}}, []string{"p"}, 0},
-		{"gone at the timeout", []beat{{"p", 0}, {"", peerTimeout * hb}}, nil, 0},
-		{"a heartbeat renews", []beat{{"p", 0}, {"q", 0}, {"p", 100 * ms}, {"", peerTimeout * hb}}, []string{"p"}, 0},
-		{"at most MaxPeers", []beat{{"p", 0}, {"q", 0}, {"r", 0}, {"r", 10 * ms}}, []string{"p", "q"}, 2},
-		{"room again once one is gone", []beat{{"p", 0}, {"q", 100 * ms}, {"r", 0}, {"", peerTimeout * hb}, {"r", 160 * ms}}, []string{"q", "r"}, 1},
+		{"heard once: not live", 0, []beat{{"p", 0}}, nil, 1, 1, 0},
+		{"twice within the timeout: live", 0, []beat{{"p", 0}, {"p", peerTimeout*hb - 1}}, []string{"p"}, 0, 2, 0},
+		{"twice a timeout apart: not live", 0, []beat{{"p", 0}, {"p", peerTimeout * hb}}, nil, 1, 1, 0},
+		{"heard once: forgotten at the timeout", 0, []beat{{"p", 0}, {"", peerTimeout * hb}, {"p", peerTimeout*hb + 1}}, nil, 1, 1, 0},
+		{"live until the timeout", 0, []beat{{"p", 0}, {"p", 10 * ms}, {"", 10*ms + peerTimeout*hb - 1}}, []string{"p"}, 0, 2, 0},
+		{"gone at the timeout", 0, []beat{{"p", 0}, {"p", 10 * ms}, {"", 10*ms + peerTimeout*hb}}, nil, 0, 1, 0},
+		{"a heartbeat renews", 0, []beat{{"p", 0}, {"p", 1}, {"q", 0}, {"q", 1}, {"p", 100 * ms}, {"", peerTimeout*hb + 1}}, []string{"p"}, 0, 2, 0},
+		{"at most MaxPeers", 0, []beat{{"p", 0}, {"p", 0}, {"q", 0}, {"q", 0}, {"r", 0}, {"r", 10 * ms}}, []string{"p", "q"}, 1, 3, 1},
+		{"room again once one is gone", 0, []beat{{"p", 0}, {"p", 1}, {"q", 100 * ms}, {"q", 101 * ms}, {"r", 0}, {"", peerTimeout*hb + 1}, {"r", 160 * ms}, {"r", 170 * ms}}, []string{"q", "r"}, 0, 3, 0},
+		{"at most MaxPeers heard once", 0, []beat{{"p", 0}, {"q", 0}, {"r", 0}, {"r", 1}}, []string{"r"}, 1, 2, 1},
+		{"count capped at MaxInstances", 2, []beat{{"p", 0}, {"p", 0}, {"q", 0}, {"q", 0}}, []string{"p", "q"}, 0, 2, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := NewNATS(Config{URLs: []string{"nats://127.0.0.1:4222"}, Heartbeat: hb, MaxPeers: 2})
+			c, err := NewNATS(Config{URLs: []string{"nats://127.0.0.1:4222"}, Heartbeat: hb, MaxPeers: 2, MaxInstances: tt.maxInst})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -389,8 +401,11 @@ func TestPeerLiveness(t *testing.T) {
 				}
 			}
 			c.sweepLocked(t0.Add(tt.give[len(tt.give)-1].at))
-			if got := slices.Sorted(maps.Keys(c.peers)); !slices.Equal(got, tt.want) || c.live != 1+len(tt.want) {
-				t.Errorf("live peers %v (count %d), want %v", got, c.live, tt.want)
+			if got := slices.Sorted(maps.Keys(c.peers)); !slices.Equal(got, tt.want) || c.live != tt.wantLive {
+				t.Errorf("live peers %v (count %d), want %v (count %d)", got, c.live, tt.want, tt.wantLive)
+			}
+			if len(c.once) != tt.wantOnce {
+				t.Errorf("%d origins heard once, want %d", len(c.once), tt.wantOnce)
 			}
 			if n := c.st.peersRejected.Load(); n != tt.wantRejected {
 				t.Errorf("%d heartbeats rejected, want %d", n, tt.wantRejected)

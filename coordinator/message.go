@@ -20,7 +20,9 @@ import (
 // A lease says origin wants key split to level for ttl_ms from receipt. A
 // sync reply lists the leases its sender knows of, its own and its peers',
 // each with the time it has left; one reply may come in several messages.
-// Unknown fields are ignored, so a later version-1 sender may add some.
+// Unknown fields are ignored, so a later version-1 sender may add some. A
+// coordinator with a secret adds two, ts and mac, to every message it
+// publishes (sign.go); one without ignores them.
 const (
 	wireVersion = 1
 
@@ -42,6 +44,10 @@ type message struct {
 	Level  int         `json:"level,omitempty"`
 	TTLms  int64       `json:"ttl_ms,omitempty"`
 	Leases []wireLease `json:"leases,omitempty"`
+	// TS is the sender's stamp, in microseconds since the Unix epoch, on
+	// signed messages; 0 when absent. The MAC is checked on the bytes,
+	// before decoding, and not kept.
+	TS int64 `json:"ts,omitempty"`
 }
 
 // wireLease is one lease of a sync reply.
@@ -65,20 +71,31 @@ const (
 	reasonLevel          // level not 4, 16 or 64
 	reasonTTL            // ttl_ms not in (0, MaxTTL]
 	reasonReply          // a sync request without a reply subject
+	reasonTS             // ts negative
+	// With a secret only (sign.go):
+	reasonUnsigned  // no MAC
+	reasonSignature // a MAC, but not the right one
+	reasonStale     // ts more than MaxClockSkew from the receiver's clock
+	reasonReplay    // ts not above the last one accepted from that origin
 	numReasons
 )
 
 var reasonNames = [numReasons]string{
-	reasonNone:    "none",
-	reasonSize:    "size",
-	reasonJSON:    "json",
-	reasonVersion: "version",
-	reasonType:    "type",
-	reasonOrigin:  "origin",
-	reasonKey:     "key",
-	reasonLevel:   "level",
-	reasonTTL:     "ttl",
-	reasonReply:   "reply",
+	reasonNone:      "none",
+	reasonSize:      "size",
+	reasonJSON:      "json",
+	reasonVersion:   "version",
+	reasonType:      "type",
+	reasonOrigin:    "origin",
+	reasonKey:       "key",
+	reasonLevel:     "level",
+	reasonTTL:       "ttl",
+	reasonReply:     "reply",
+	reasonTS:        "ts",
+	reasonUnsigned:  "unsigned",
+	reasonSignature: "signature",
+	reasonStale:     "stale",
+	reasonReplay:    "replay",
 }
 
 func (r reason) String() string {
@@ -117,6 +134,9 @@ func decode(data []byte, lim limits) (message, reason) {
 	}
 	if n := len(m.Origin); n == 0 || n > maxOriginLen || !utf8.ValidString(m.Origin) {
 		return m, reasonOrigin
+	}
+	if m.TS < 0 {
+		return m, reasonTS
 	}
 	switch m.T {
 	case typeLease:

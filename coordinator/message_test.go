@@ -1,7 +1,9 @@
 package coordinator
 
 import (
+	"bytes"
 	"maps"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -51,6 +53,9 @@ var badMessages = []struct {
 	{`{"v":1,"t":"sync","origin":"o","leases":[{"key":"","level":16,"ttl_ms":1000}]}`, reasonKey},
 	{`{"v":1,"t":"sync","origin":"o","leases":{}}`, reasonJSON},
 	{`{"v":1,"t":"lease","origin":"o","key":"` + strings.Repeat("k", DefaultMaxMessage) + `","level":16,"ttl_ms":1000}`, reasonSize},
+	{`{"v":1,"t":"hb","origin":"o","ts":-1}`, reasonTS},
+	{`{"v":1,"t":"hb","origin":"o","ts":"1"}`, reasonJSON},
+	{`{"v":1,"t":"hb","origin":"o","ts":1.5}`, reasonJSON},
 }
 
 var goodMessages = []string{
@@ -60,6 +65,9 @@ var goodMessages = []string{
 	`{"v":1,"t":"sync_req","origin":"o"}`,
 	`{"v":1,"t":"sync","origin":"o","leases":[]}`,
 	`{"v":1,"t":"sync","origin":"o","leases":[{"key":"k","level":64,"ttl_ms":1},{"key":"\u00e9\u2028","level":4,"ttl_ms":10}]}`,
+	// Signed: without a secret, ts and mac are ignored (any mac).
+	`{"v":1,"t":"hb","origin":"o","ts":1772366400000000,"mac":"WCMjIZcZ3aKZgpLEQV88hP-F57UY_3GSxnywrtIMM4A"}`,
+	`{"v":1,"t":"hb","origin":"o","ts":0,"mac":"x"}`,
 }
 
 func TestDecode(t *testing.T) {
@@ -80,7 +88,9 @@ func TestDecode(t *testing.T) {
 }
 
 // FuzzDecode: the decoder never panics, and whatever it accepts is within
-// the limits and survives re-encoding.
+// the limits and survives re-encoding. The signature check never panics
+// either, and accepts a signed seed unchanged only: no change to a signed
+// message verifies.
 func FuzzDecode(f *testing.F) {
 	for _, b := range badMessages {
 		f.Add([]byte(b.data))
@@ -90,13 +100,22 @@ func FuzzDecode(f *testing.F) {
 	}
 	f.Add(encodeLease("o", "\xff", 16, time.Second))
 	f.Add(encodeControl("o", typeHB))
+	sig, subjects, signed := signedSeeds()
+	for _, m := range signed {
+		f.Add(m)
+	}
 	lim := limits{maxMessage: 4096, maxKeyLen: 64, maxTTL: time.Minute}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		for _, subj := range subjects {
+			if sig.verify(subj, data) == reasonNone && !slices.ContainsFunc(signed, func(m []byte) bool { return bytes.Equal(m, data) }) {
+				t.Fatalf("%q verified on %s, and is no signed seed", data, subj)
+			}
+		}
 		m, r := decode(data, lim)
 		if r != reasonNone {
 			return
 		}
-		if len(data) > lim.maxMessage || m.V != 1 || m.Origin == "" || len(m.Origin) > maxOriginLen {
+		if len(data) > lim.maxMessage || m.V != 1 || m.Origin == "" || len(m.Origin) > maxOriginLen || m.TS < 0 {
 			t.Fatalf("accepted %q: %+v", data, m)
 		}
 		check := func(key string, level int, ttlMs int64) {
@@ -305,7 +324,7 @@ func TestConfig(t *testing.T) {
 	got := c.cfg
 	if got.Prefix != "hotkey" || got.Namespace != "default" || len(got.ID) != 16 || got.TTL != 3*time.Second ||
 		got.MaxTTL != time.Minute || got.Heartbeat != time.Second || got.MaxHotKeys != 10000 || got.MaxKeyLen != 512 ||
-		got.MaxPeers != 1024 || got.MaxMessage != 64<<10 || got.SyncWait != 500*time.Millisecond || got.Logger == nil || got.Now == nil {
+		got.MaxPeers != 1024 || got.MaxInstances != 64 || got.MaxClockSkew != 30*time.Second || got.Secret != nil || got.MaxMessage != 64<<10 || got.SyncWait != 500*time.Millisecond || got.Logger == nil || got.Now == nil {
 		t.Errorf("defaults: %+v", got)
 	}
 	if c.subjLease != "hotkey.default.lease" || c.subjHB != "hotkey.default.hb" || c.subjSync != "hotkey.default.sync" {
@@ -340,6 +359,13 @@ func TestConfig(t *testing.T) {
 		{Config{URLs: u, MaxHotKeys: -1}, "MaxHotKeys"},
 		{Config{URLs: u, MaxMessage: 1000}, "MaxMessage 1000 is too small"},
 		{Config{URLs: u, MaxKeyLen: 20000}, "MaxMessage 65536 is too small"},
+		{Config{URLs: u, MaxInstances: -1}, "MaxInstances -1 is negative"},
+		{Config{URLs: u, MaxPeers: 10, MaxInstances: 12}, "MaxInstances 12 is over MaxPeers+1 (11)"},
+		{Config{URLs: u, MaxClockSkew: -1}, "MaxClockSkew"},
+		{Config{URLs: u, MaxClockSkew: time.Millisecond}, "at least"},
+		{Config{URLs: u, Secret: []byte("short")}, "Secret is 5 bytes: want at least 16"},
+		{Config{URLs: u, Secret: []byte{}}, "Secret is 0 bytes"},
+		{Config{URLs: u, Secret: testSecret, MaxKeyLen: 100, MaxMessage: 1150}, "MaxMessage 1150 is too small"},
 	}
 	for _, b := range bad {
 		_, err := NewNATS(b.cfg)
@@ -350,8 +376,19 @@ func TestConfig(t *testing.T) {
 	if _, err := NewNATS(Config{URLs: u, Prefix: "acme-prod_1", Namespace: "eu", ID: "pod-7", MaxKeyLen: 100, MaxMessage: 1200}); err != nil {
 		t.Error(err)
 	}
+	// MaxInstances defaults to MaxPeers+1 when that is smaller; the secret
+	// is copied.
+	secret := bytes.Clone(testSecret)
+	c, err = NewNATS(Config{URLs: u, MaxPeers: 10, Secret: secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	secret[0] ^= 1
+	if c.cfg.MaxInstances != 11 || !bytes.Equal(c.cfg.Secret, testSecret) {
+		t.Errorf("MaxInstances %d, secret %q", c.cfg.MaxInstances, c.cfg.Secret)
+	}
 	// Validate defaults: the default lease message limit fits the default key.
-	if minMessage(DefaultMaxKeyLen) > DefaultMaxMessage {
+	if minMessage(DefaultMaxKeyLen, true) > DefaultMaxMessage {
 		t.Error("defaults inconsistent")
 	}
 }

@@ -1,6 +1,7 @@
 package coordinator
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -28,6 +29,8 @@ const (
 	DefaultMaxHotKeys     = 10000
 	DefaultMaxKeyLen      = 512
 	DefaultMaxPeers       = 1024
+	DefaultMaxInstances   = 64
+	DefaultMaxClockSkew   = 30 * time.Second
 	DefaultMaxMessage     = 64 << 10
 	DefaultSyncWait       = 500 * time.Millisecond
 	DefaultReconnectWait  = 500 * time.Millisecond
@@ -37,13 +40,16 @@ const (
 	MinInterval = 10 * time.Millisecond
 	// maxIDLen bounds Config.ID, which travels as a message's origin.
 	maxIDLen = maxOriginLen
+	// MinSecret is the shortest Secret accepted, in bytes.
+	MinSecret = 16
 	// maxTokenLen bounds Prefix and Namespace.
 	maxTokenLen = 64
 	// maxSyncQueue bounds the sync requests waiting for an answer; more are
 	// dropped (and counted).
 	maxSyncQueue = 16
 	// peerTimeout is how many heartbeat intervals a peer stays live without
-	// a heartbeat.
+	// a heartbeat, and within how many a new origin must be heard twice to
+	// count as a peer.
 	peerTimeout = 3
 )
 
@@ -94,9 +100,10 @@ type Config struct {
 	TTL time.Duration
 	// MaxTTL is the longest ttl accepted from a message (default 1 min).
 	MaxTTL time.Duration
-	// Heartbeat is the interval between heartbeats (default 1 s). A peer is
-	// live until 3 intervals pass without its heartbeat. At least
-	// MinInterval.
+	// Heartbeat is the interval between heartbeats (default 1 s). A new
+	// origin counts as a live peer once two of its heartbeats came within 3
+	// intervals (so one forged message cannot add a peer), and stays live
+	// until 3 intervals pass without its heartbeat. At least MinInterval.
 	Heartbeat time.Duration
 	// SyncWait is how long replies to a join sync are applied after the
 	// request (default 500 ms).
@@ -110,12 +117,44 @@ type Config struct {
 	// MaxKeyLen is the longest key accepted from a message, in bytes
 	// (default 512). Longer own keys are applied locally but not published.
 	MaxKeyLen int
-	// MaxPeers caps the peers tracked for membership (default 1024).
+	// MaxPeers caps the live peers tracked for membership (default 1024),
+	// and apart from them the origins heard once: when those are full, a
+	// new one takes the place of an arbitrary other.
 	MaxPeers int
+	// MaxInstances caps the instance count handed to the Handler
+	// (SetInstances), whatever the live count (default 64, or MaxPeers+1 if
+	// smaller; at most MaxPeers+1). That count divides the hot-key threshold
+	// and the local fallback share of every key, so the cap bounds what a
+	// client forging heartbeats can do to them: divide them by MaxInstances
+	// at worst, not by MaxPeers. Set it to the largest fleet a namespace
+	// runs: past it, each instance detects keys as if there were only
+	// MaxInstances instances (later) and its fallback share is
+	// limit/MaxInstances (larger than its part of the limit).
+	MaxInstances int
 	// MaxMessage is the largest message accepted or sent, in bytes (default
 	// 64 KiB); sync replies are split to fit. It must leave room for a
-	// lease of the longest key: at least 6×(MaxKeyLen+64)+128.
+	// lease of the longest key: at least 6×(MaxKeyLen+64)+128, and 79 more
+	// with a Secret.
 	MaxMessage int
+
+	// Secret, if set, is a key every instance of the namespace shares:
+	// each message published carries a stamp (Now) and an HMAC-SHA256 of
+	// the message, its subject and namespace (sign.go says exactly what),
+	// and received messages that are unsigned, wrongly signed, stamped more
+	// than MaxClockSkew from this instance's clock, or replayed, are dropped
+	// and counted in Stats.InvalidBy ("unsigned", "signature", "stale",
+	// "replay"). At least MinSecret bytes: use 32 random ones. Instances
+	// with and without it, or with different ones, ignore each other's
+	// messages. Without it, any client that may publish on the coordination
+	// subjects can forge leases and heartbeats: NATS permissions
+	// (docs/operations.md) are the first wall, the secret the second. The
+	// coordinator keeps a copy.
+	Secret []byte
+	// MaxClockSkew is how far a signed message's stamp may be from this
+	// instance's clock, either way, for it to be accepted (default 30 s):
+	// clock skew between hosts plus delivery delay must fit in it. Used only
+	// with Secret. At least MinInterval.
+	MaxClockSkew time.Duration
 
 	// Logger receives connection events at Info and Warn; invalid messages
 	// and rejections at Debug. Default: discard.
@@ -172,6 +211,7 @@ func (c Config) withDefaults() (Config, error) {
 		{"MaxTTL", &c.MaxTTL, DefaultMaxTTL},
 		{"Heartbeat", &c.Heartbeat, DefaultHeartbeat},
 		{"SyncWait", &c.SyncWait, DefaultSyncWait},
+		{"MaxClockSkew", &c.MaxClockSkew, DefaultMaxClockSkew},
 	}
 	for _, f := range durations {
 		if *f.d < 0 {
@@ -181,8 +221,8 @@ func (c Config) withDefaults() (Config, error) {
 			*f.d = f.def
 		}
 	}
-	if c.TTL < MinInterval || c.Heartbeat < MinInterval {
-		return c, fmt.Errorf("coordinator: TTL %v and Heartbeat %v must be at least %v", c.TTL, c.Heartbeat, MinInterval)
+	if c.TTL < MinInterval || c.Heartbeat < MinInterval || c.MaxClockSkew < MinInterval {
+		return c, fmt.Errorf("coordinator: TTL %v, Heartbeat %v and MaxClockSkew %v must be at least %v", c.TTL, c.Heartbeat, c.MaxClockSkew, MinInterval)
 	}
 	if c.TTL > c.MaxTTL {
 		return c, fmt.Errorf("coordinator: TTL %v is over MaxTTL %v: peers would reject these leases", c.TTL, c.MaxTTL)
@@ -205,7 +245,21 @@ func (c Config) withDefaults() (Config, error) {
 			*f.n = f.def
 		}
 	}
-	if min := minMessage(c.MaxKeyLen); c.MaxMessage < min {
+	switch {
+	case c.MaxInstances < 0:
+		return c, fmt.Errorf("coordinator: MaxInstances %d is negative", c.MaxInstances)
+	case c.MaxInstances == 0:
+		c.MaxInstances = min(DefaultMaxInstances, c.MaxPeers+1)
+	case c.MaxInstances > c.MaxPeers+1:
+		return c, fmt.Errorf("coordinator: MaxInstances %d is over MaxPeers+1 (%d)", c.MaxInstances, c.MaxPeers+1)
+	}
+	if c.Secret != nil {
+		if len(c.Secret) < MinSecret {
+			return c, fmt.Errorf("coordinator: Secret is %d bytes: want at least %d", len(c.Secret), MinSecret)
+		}
+		c.Secret = bytes.Clone(c.Secret)
+	}
+	if min := minMessage(c.MaxKeyLen, c.Secret != nil); c.MaxMessage < min {
 		return c, fmt.Errorf("coordinator: MaxMessage %d is too small for MaxKeyLen %d: want at least %d", c.MaxMessage, c.MaxKeyLen, min)
 	}
 	if c.Logger == nil {
@@ -219,8 +273,14 @@ func (c Config) withDefaults() (Config, error) {
 
 // minMessage is the smallest MaxMessage that holds a lease of a key of
 // maxKeyLen bytes, every byte escaped (6 bytes in JSON), and of the longest
-// origin.
-func minMessage(maxKeyLen int) int { return 6*(maxKeyLen+maxOriginLen) + 128 }
+// origin, signed or not.
+func minMessage(maxKeyLen int, signed bool) int {
+	n := 6*(maxKeyLen+maxOriginLen) + 128
+	if signed {
+		n += sealOverhead
+	}
+	return n
+}
 
 // validToken reports whether s is a subject token of 1 to maxTokenLen
 // letters, digits, '-' or '_'.
@@ -243,9 +303,12 @@ func validToken(s string) bool {
 // and renews it every TTL/3; every instance keeps a table of the leases it
 // hears, the level in force of a key being the highest level with an
 // unexpired lease (expiry = local receipt time + ttl). Heartbeats count the
-// live instances. A joining or reconnected instance asks the others for
-// their tables (join sync); without that it still converges within one
-// renewal period.
+// live instances: a new origin counts once heard twice within 3 heartbeat
+// intervals, and the count handed to the Handler is capped (MaxInstances).
+// A joining or reconnected instance asks the others for their tables (join
+// sync); without that it still converges within one renewal period. With a
+// Secret, messages are signed and unsigned, stale or replayed ones dropped
+// (sign.go).
 //
 // The table keeps, per key, this instance's own level and, for each level,
 // the latest expiry any peer's lease gave it; origins are not stored, so a
@@ -274,6 +337,9 @@ type NATS struct {
 	subjHB    string
 	subjSync  string
 	sweep     time.Duration // longest interval between expiry checks
+	sign      *signer       // nil without Secret
+	seenMsg   *replayGuard  // stamps on <prefix>.<ns>.*; nil without Secret
+	seenSync  *replayGuard  // stamps of sync replies; nil without Secret
 
 	// Set by Start, then read-only.
 	h        Handler
@@ -290,7 +356,8 @@ type NATS struct {
 	announce map[string]struct{}  // own keys to publish at once
 	syncQ    []string             // reply subjects of sync requests to answer
 	peers    map[string]time.Time // live peer → time of last heartbeat
-	live     int                  // live instances: 1 + len(peers)
+	once     map[string]time.Time // origin heard once, not live yet → time of that heartbeat
+	live     int                  // instances to hand the Handler: 1 + len(peers), at most MaxInstances
 	toldLive int                  // live count handed to the dispatcher
 
 	syncUntil atomic.Pointer[time.Time] // until when sync replies are applied; nil before Start
@@ -322,11 +389,17 @@ func NewNATS(cfg Config) (*NATS, error) {
 		sweep:     min(max(min(cfg.TTL, cfg.Heartbeat)/4, 5*time.Millisecond), 250*time.Millisecond),
 		announce:  make(map[string]struct{}),
 		peers:     make(map[string]time.Time),
+		once:      make(map[string]time.Time),
 		live:      1,
 		wakePub:   make(chan struct{}, 1),
 		wakeDisp:  make(chan struct{}, 1),
 		wakeSweep: make(chan struct{}, 1),
 		done:      make(chan struct{}),
+	}
+	if cfg.Secret != nil {
+		c.sign = &signer{secret: cfg.Secret, scope: cfg.Prefix + "." + cfg.Namespace}
+		c.seenMsg = newReplayGuard(cfg.MaxClockSkew, cfg.MaxPeers)
+		c.seenSync = newReplayGuard(cfg.MaxClockSkew, cfg.MaxPeers)
 	}
 	c.table = c.newTable()
 	return c, nil
@@ -463,19 +536,42 @@ func (c *NATS) applyLease(origin, key string, level int, ttlMs int64, now time.T
 	}
 }
 
-// heard records a heartbeat of peer origin. Called with c.mu held.
+// heard records a heartbeat of origin, received at now. A live peer's
+// stays live; another origin becomes a live peer at its second heartbeat
+// within the peer timeout, so that an origin heard once (one forged message)
+// never counts. Origins heard once are capped at MaxPeers like live peers:
+// a new one then takes the place of an arbitrary other, so that a flood of
+// them delays a real peer at most (a Secret stops such floods). Called
+// with c.mu held.
 func (c *NATS) heard(origin string, now time.Time) {
-	if _, ok := c.peers[origin]; !ok && len(c.peers) >= c.cfg.MaxPeers {
-		c.st.peersRejected.Add(1)
+	if _, ok := c.peers[origin]; ok {
+		c.peers[origin] = now
 		return
 	}
-	c.peers[origin] = now
-	c.setLive()
+	first, ok := c.once[origin]
+	if ok && now.Sub(first) < peerTimeout*c.cfg.Heartbeat {
+		if len(c.peers) >= c.cfg.MaxPeers {
+			c.st.peersRejected.Add(1)
+			return
+		}
+		delete(c.once, origin)
+		c.peers[origin] = now
+		c.setLive()
+		return
+	}
+	if !ok && len(c.once) >= c.cfg.MaxPeers {
+		for o := range c.once {
+			delete(c.once, o)
+			break
+		}
+		c.st.peersRejected.Add(1)
+	}
+	c.once[origin] = now
 }
 
 // setLive recomputes the live count. Called with c.mu held.
 func (c *NATS) setLive() {
-	if n := 1 + len(c.peers); n != c.live {
+	if n := min(1+len(c.peers), c.cfg.MaxInstances); n != c.live {
 		c.live = n
 		c.wake(c.wakeDisp)
 	}
@@ -492,7 +588,7 @@ func (c *NATS) wake(ch chan struct{}) {
 // onMsg receives the messages of <prefix>.<ns>.*: leases, heartbeats and
 // sync requests. It runs on the subscription's goroutine.
 func (c *NATS) onMsg(m *nats.Msg) {
-	msg, ok := c.receive(m, func(msg message) reason {
+	msg, now, ok := c.receive(m, c.seenMsg, func(msg message) reason {
 		switch {
 		case m.Subject == c.subjLease && msg.T == typeLease,
 			m.Subject == c.subjHB && msg.T == typeHB:
@@ -508,7 +604,6 @@ func (c *NATS) onMsg(m *nats.Msg) {
 	if !ok {
 		return
 	}
-	now := c.now()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -537,7 +632,7 @@ func (c *NATS) onSyncReply(m *nats.Msg) {
 		c.st.noResponders.Add(1)
 		return
 	}
-	msg, ok := c.receive(m, func(msg message) reason {
+	msg, now, ok := c.receive(m, c.seenSync, func(msg message) reason {
 		if msg.T != typeSync {
 			return reasonType
 		}
@@ -546,7 +641,6 @@ func (c *NATS) onSyncReply(m *nats.Msg) {
 	if !ok {
 		return
 	}
-	now := c.now()
 	if until := c.syncUntil.Load(); until == nil || now.After(*until) {
 		c.st.lateReplies.Add(1)
 		return
@@ -562,24 +656,49 @@ func (c *NATS) onSyncReply(m *nats.Msg) {
 	}
 }
 
-// receive counts and decodes m, and checks it further with check (its
-// type against the subject). It drops m, counted, if it is invalid or this
-// instance's own, and reports whether m is to be applied.
-func (c *NATS) receive(m *nats.Msg, check func(message) reason) (message, bool) {
+// receive counts m, checks its signature (with a Secret), decodes it, and
+// checks it further with check (its type against the subject). With a
+// Secret, it also checks the stamp: within MaxClockSkew of the clock, and
+// above the last one guard accepted from the origin. It drops m, counted,
+// if it is invalid or this instance's own, and reports whether m is to be
+// applied, with the time it was received at.
+func (c *NATS) receive(m *nats.Msg, guard *replayGuard, check func(message) reason) (message, time.Time, bool) {
+	now := c.now()
 	c.st.received.Add(1)
-	msg, r := decode(m.Data, c.lim)
+	var msg message
+	r := reasonNone
+	if c.sign != nil && len(m.Data) <= c.lim.maxMessage {
+		r = c.sign.verify(m.Subject, m.Data)
+	}
+	if r == reasonNone {
+		msg, r = decode(m.Data, c.lim)
+	}
 	if r == reasonNone {
 		r = check(msg)
 	}
+	if r == reasonNone && c.sign != nil && !fresh(msg.TS, now, c.cfg.MaxClockSkew) {
+		r = reasonStale
+	}
 	if r != reasonNone {
 		c.invalid(r, m.Subject)
-		return msg, false
+		return msg, now, false
 	}
 	if msg.Origin == c.cfg.ID {
 		c.st.own.Add(1)
-		return msg, false
+		return msg, now, false
 	}
-	return msg, true
+	if c.sign != nil {
+		r, full := guard.accept(msg.Origin, msg.TS, now)
+		if full {
+			c.st.dropped.Add(1)
+			return msg, now, false
+		}
+		if r != reasonNone {
+			c.invalid(r, m.Subject)
+			return msg, now, false
+		}
+	}
+	return msg, now, true
 }
 
 func (c *NATS) invalid(r reason, subject string) {
@@ -587,10 +706,18 @@ func (c *NATS) invalid(r reason, subject string) {
 	c.log.Debug("coordinator: invalid message dropped", "reason", r.String(), "subject", subject)
 }
 
-// publish sends one message; failures are counted, never returned: the
-// table heals by renewal and resync.
+// seal returns msg signed for subject, or msg itself without a Secret.
+func (c *NATS) seal(subject string, msg []byte) []byte {
+	if c.sign == nil {
+		return msg
+	}
+	return c.sign.seal(subject, msg, c.now())
+}
+
+// publish sends one message, signed with a Secret; failures are counted,
+// never returned: the table heals by renewal and resync.
 func (c *NATS) publish(subject string, data []byte) {
-	if err := c.nc.Publish(subject, data); err != nil {
+	if err := c.nc.Publish(subject, c.seal(subject, data)); err != nil {
 		c.st.publishErrors.Add(1)
 		return
 	}
@@ -602,7 +729,7 @@ func (c *NATS) publish(subject string, data []byte) {
 func (c *NATS) requestSync() {
 	until := c.now().Add(c.cfg.SyncWait)
 	c.syncUntil.Store(&until)
-	if err := c.nc.PublishRequest(c.subjSync, c.inbox, encodeControl(c.cfg.ID, typeSyncReq)); err != nil {
+	if err := c.nc.PublishRequest(c.subjSync, c.inbox, c.seal(c.subjSync, encodeControl(c.cfg.ID, typeSyncReq))); err != nil {
 		c.st.publishErrors.Add(1)
 		return
 	}
@@ -706,6 +833,9 @@ func (c *NATS) answerSync() {
 	if mp := c.nc.MaxPayload(); mp > 0 && int64(limit) > mp {
 		limit = int(mp)
 	}
+	if c.sign != nil {
+		limit -= sealOverhead
+	}
 	ch := newSyncChunker(c.cfg.ID, limit)
 	for _, it := range items {
 		ch.add(it.key, it.level, it.ttl)
@@ -752,7 +882,16 @@ func (c *NATS) sweepLocked(now time.Time) time.Duration {
 			delete(c.peers, p)
 		}
 	}
+	for p, first := range c.once {
+		if !first.After(dead) {
+			delete(c.once, p)
+		}
+	}
 	c.setLive()
+	if c.sign != nil {
+		c.seenMsg.sweep(now)
+		c.seenSync.sweep(now)
+	}
 	return next
 }
 
@@ -827,10 +966,10 @@ type Stats struct {
 	Received      uint64            // messages received, valid or not
 	Own           uint64            // own messages received back and ignored
 	Invalid       uint64            // invalid messages dropped: the sum of InvalidBy
-	InvalidBy     map[string]uint64 // invalid messages by reason: size, json, version, type, origin, key, level, ttl, reply
+	InvalidBy     map[string]uint64 // invalid messages by reason: size, json, version, type, origin, key, level, ttl, reply, ts; with a Secret also unsigned, signature, stale, replay
 	Rejected      uint64            // valid leases for a new key dropped because MaxHotKeys keys were held
-	PeersRejected uint64            // heartbeats of a new peer dropped because MaxPeers peers were live
-	Dropped       uint64            // messages lost to slow consumption, and sync requests left unanswered (too many queued)
+	PeersRejected uint64            // origins not made live peers because MaxPeers were live, or forgotten after one heartbeat because MaxPeers others were heard once
+	Dropped       uint64            // messages lost to slow consumption, sync requests left unanswered (too many queued), and signed messages of a new origin while MaxPeers origins' stamps were kept
 	LateReplies   uint64            // sync replies that came after SyncWait, not applied
 	Unpublished   uint64            // own leases applied here only: key not UTF-8 or over MaxKeyLen
 	SyncRequests  uint64            // join syncs sent (at Start and after each reconnect)
@@ -842,7 +981,8 @@ type Stats struct {
 	AsyncErrors   uint64            // asynchronous NATS errors, e.g. slow consumer (owned connections only)
 	Keys          int               // distinct keys in the lease table
 	OwnKeys       int               // keys this instance holds a lease for
-	Peers         int               // live peers, this instance excluded
+	Peers         int               // live peers, this instance excluded (the Handler is told min(1+Peers, MaxInstances))
+	PendingPeers  int               // origins heard once, live at their second heartbeat within 3 intervals
 }
 
 // counters are the atomic counters behind Stats.
@@ -881,7 +1021,7 @@ func (c *NATS) Stats() Stats {
 		}
 	}
 	c.mu.Lock()
-	s.Keys, s.OwnKeys, s.Peers = len(c.table.keys), len(c.table.own), len(c.peers)
+	s.Keys, s.OwnKeys, s.Peers, s.PendingPeers = len(c.table.keys), len(c.table.own), len(c.peers), len(c.once)
 	started := c.started
 	c.mu.Unlock()
 	if started {

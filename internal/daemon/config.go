@@ -40,6 +40,9 @@ type Config struct {
 	NATSCA       string
 	NATSCert     string
 	NATSKey      string
+	// NATSSecretFile names a file holding the coordinator's shared secret
+	// (coordinator.Config.Secret): read at start, never passed in argv.
+	NATSSecretFile string
 
 	HotThreshold float64
 	CoolDown     time.Duration
@@ -72,6 +75,7 @@ var flagDocs = []flagDoc{
 	{"nats-ca", "FILE", "PEM CA to verify the NATS server's certificate; turns TLS on (with --nats)"},
 	{"nats-cert", "FILE", "PEM client certificate for NATS, with --nats-key (with --nats)"},
 	{"nats-key", "FILE", "PEM key of --nats-cert"},
+	{"nats-secret-file", "FILE", "sign and check the daemons' coordination messages with the secret in FILE (at least 16 bytes, white space around it ignored; e.g. openssl rand -hex 32); every daemon needs the same, and drops the others' messages"},
 	{"hot-threshold", "RATE", "requests per second, over all daemons, at which a key is split in 4 (16 at 4x, 64 at 16x)"},
 	{"cool-down", "DURATION", "how long a split key's rate must stay under half its level's threshold before it is merged back a level"},
 	{"breaker-probe", "DURATION", "after the store fails (3 calls in a row), decisions follow each policy's on_store_failure; the store is probed again after DURATION, doubling up to 2m (or DURATION if longer)"},
@@ -112,6 +116,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.NATSCA, "nats-ca", "", "")
 	fs.StringVar(&cfg.NATSCert, "nats-cert", "", "")
 	fs.StringVar(&cfg.NATSKey, "nats-key", "", "")
+	fs.StringVar(&cfg.NATSSecretFile, "nats-secret-file", "", "")
 	fs.Float64Var(&cfg.HotThreshold, "hot-threshold", detector.DefaultConfig().Threshold, "")
 	fs.DurationVar(&cfg.CoolDown, "cool-down", detector.DefaultConfig().CoolDown, "")
 	fs.DurationVar(&cfg.BreakerProbe, "breaker-probe", DefaultBreakerProbe, "")

@@ -26,11 +26,12 @@ func TestParseArgsDefaults(t *testing.T) {
 
 func TestParseArgsEnv(t *testing.T) {
 	e := env(map[string]string{
-		"HOTKEYD_LISTEN":        "127.0.0.1:9000",
-		"HOTKEYD_HOT_THRESHOLD": "50",
-		"HOTKEYD_REDIS_CLUSTER": "a:1, b:2,,",
-		"HOTKEYD_LOG_LEVEL":     "debug",
-		"HOTKEYD_COOL_DOWN":     "5s",
+		"HOTKEYD_LISTEN":           "127.0.0.1:9000",
+		"HOTKEYD_HOT_THRESHOLD":    "50",
+		"HOTKEYD_REDIS_CLUSTER":    "a:1, b:2,,",
+		"HOTKEYD_LOG_LEVEL":        "debug",
+		"HOTKEYD_COOL_DOWN":        "5s",
+		"HOTKEYD_NATS_SECRET_FILE": "/run/secrets/hotkey",
 	})
 	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:9001", "--cool-down=7s"}, e, nil)
 	if err != nil {
@@ -39,7 +40,7 @@ func TestParseArgsEnv(t *testing.T) {
 	if cfg.Listen != "127.0.0.1:9001" || cfg.CoolDown != 7*time.Second {
 		t.Errorf("the flag must win over the environment: %+v", cfg)
 	}
-	if cfg.HotThreshold != 50 || strings.Join(cfg.RedisCluster, ";") != "a:1;b:2" || cfg.LogLevel != slog.LevelDebug {
+	if cfg.HotThreshold != 50 || strings.Join(cfg.RedisCluster, ";") != "a:1;b:2" || cfg.LogLevel != slog.LevelDebug || cfg.NATSSecretFile != "/run/secrets/hotkey" {
 		t.Errorf("environment not applied: %+v", cfg)
 	}
 }

@@ -4,6 +4,7 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -174,6 +175,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	if d.policies, err = loadPolicies(cfg.Policies); err != nil {
 		return nil, err
 	}
+	secret, err := readSecret(cfg.NATSSecretFile, log)
+	if err != nil {
+		return nil, err
+	}
 	d.readyz = &hotkey.Policy{Name: "hotkeyd_readyz", Limit: counter.Limit{Rate: 1 << 30, Period: time.Second}}
 	d.id = instanceID()
 
@@ -199,7 +204,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	build.Set(1)
 	d.reg.MustRegister(build)
 
-	if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Logger: log}); err != nil {
+	if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Logger: log, Secret: secret}); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	probe := cfg.BreakerProbe
@@ -299,6 +304,27 @@ func loadPolicies(file string) (Policies, error) {
 		return nil, fmt.Errorf("policies file %s refused: %w", file, err)
 	}
 	return ps, nil
+}
+
+// readSecret reads the coordinator's secret from file, without the white
+// space around it; nil for no file. It warns when others may read the file.
+func readSecret(file string, log *slog.Logger) ([]byte, error) {
+	if file == "" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(file)
+	if err != nil {
+		return nil, fmt.Errorf("secret file, set by %s: %w", flagName("nats-secret-file"), err)
+	}
+	secret := bytes.TrimSpace(data)
+	if len(secret) < coordinator.MinSecret {
+		return nil, fmt.Errorf("secret file %s, set by %s: %d bytes, want at least %d (e.g. openssl rand -hex 32 > %s)",
+			file, flagName("nats-secret-file"), len(secret), coordinator.MinSecret, file)
+	}
+	if fi, err := os.Stat(file); err == nil && fi.Mode().Perm()&0o077 != 0 {
+		log.Warn("the NATS secret file may be read by others than its owner", "file", file, "mode", fi.Mode().Perm().String())
+	}
+	return secret, nil
 }
 
 // listenError explains a failed listen, naming the flag to change.

@@ -7,6 +7,8 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -112,4 +114,62 @@ func (s *syncWriter) Write(p []byte) (int, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.w.Write(p)
+}
+
+// TestSecretFile: --nats-secret-file must name a readable file of at least
+// 16 bytes; with it, the daemon's coordinator drops unsigned messages.
+func TestSecretFile(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, content string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(content), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	start := func(file string) (*Daemon, error) {
+		cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--nats-secret-file", file}, env(nil), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return Start(context.Background(), cfg, slog.New(slog.DiscardHandler), "test")
+	}
+	for _, bad := range []struct{ file, msg string }{
+		{filepath.Join(dir, "missing"), "no such file"},
+		{write("short", "  too-short \n"), "9 bytes, want at least 16"},
+	} {
+		if _, err := start(bad.file); err == nil || !strings.Contains(err.Error(), "--nats-secret-file (HOTKEYD_NATS_SECRET_FILE)") || !strings.Contains(err.Error(), bad.msg) {
+			t.Errorf("%s: %v", bad.file, err)
+		}
+	}
+
+	d, err := start(write("secret", "0123456789abcdef0123456789abcdef\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+		defer cancel()
+		if err := d.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	}()
+	nc, err := nats.Connect(d.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if err := nc.Publish("hotkey.default.hb", []byte(`{"v":1,"t":"hb","origin":"forged"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for d.coord.Stats().InvalidBy["unsigned"] == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("unsigned heartbeat not refused: %+v", d.coord.Stats())
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
 }

@@ -1,0 +1,428 @@
+package coordinator
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+
+	"github.com/hotkeyd/hotkey/internal/natsserver"
+)
+
+// rawConn connects a plain client, as a forger would, closed at cleanup.
+func rawConn(t *testing.T, s *natsserver.Server) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(s.URL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// publishAll publishes each message of msgs on subject and flushes.
+func publishAll(t *testing.T, nc *nats.Conn, subject string, msgs ...[]byte) {
+	t.Helper()
+	for _, m := range msgs {
+		if err := nc.Publish(subject, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.FlushTimeout(patience); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// instancesTold returns every instance count r was told, in order.
+func instancesTold(r *recorder) []int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.insts)
+}
+
+// TestForgedPeers: one connection publishing heartbeats of thousands of
+// origins. Origins heard once never count; origins heard twice count up to
+// MaxPeers, but the instance count handed to the Handler stays at most
+// MaxInstances; once the forger stops, they lapse and the real peer is
+// still counted.
+func TestForgedPeers(t *testing.T) {
+	s := startServer(t, natsserver.Options{})
+	clk := newFakeClock()
+	cfg := clk.config("victim", s.URL())
+	c, r := startCoord(t, cfg)
+	_, rb := startCoord(t, clk.config("real", s.URL()))
+	waitMesh(t, 2, r, rb)
+	nc := rawConn(t, s)
+	const hb, forged = "hotkey.default.hb", 2000
+
+	// A lease of the forger's after its heartbeats: once it is in force, the
+	// heartbeats before it were handled (one publisher, one subscription: in
+	// order), and the dispatcher took the live count with it.
+	sentinel := func(i int) {
+		t.Helper()
+		k := "sentinel-" + strconv.Itoa(i)
+		publishAll(t, nc, "hotkey.default.lease", encodeLease("forger", k, 4, time.Minute))
+		waitFor(t, "the forger's heartbeats handled", func() bool { return r.level(k) == 4 })
+	}
+
+	// Each origin once.
+	start := time.Now()
+	var once [][]byte
+	for i := range forged {
+		once = append(once, encodeControl("once-"+strconv.Itoa(i), typeHB))
+	}
+	publishAll(t, nc, hb, once...)
+	sentinel(1)
+	st := c.Stats()
+	t.Logf("%d origins heard once, handled in %v: instances told %d (max %d), peers %d, heard once %d, rejected %d",
+		forged, time.Since(start), r.instances(), slices.Max(instancesTold(r)), st.Peers, st.PendingPeers, st.PeersRejected)
+	if r.instances() != 2 || slices.Max(instancesTold(r)) != 2 || st.Peers != 1 {
+		t.Errorf("origins heard once counted: instances %d (max %d), peers %d; want 2 and 1",
+			r.instances(), slices.Max(instancesTold(r)), st.Peers)
+	}
+	if st.PendingPeers > DefaultMaxPeers {
+		t.Errorf("%d origins heard once kept, cap %d", st.PendingPeers, DefaultMaxPeers)
+	}
+
+	// Each origin twice: they count as peers, up to MaxPeers, but the
+	// Handler is told at most MaxInstances.
+	start = time.Now()
+	var twice [][]byte
+	for i := range forged {
+		m := encodeControl("twice-"+strconv.Itoa(i), typeHB)
+		twice = append(twice, m, m)
+	}
+	publishAll(t, nc, hb, twice...)
+	sentinel(2)
+	st = c.Stats()
+	maxTold := slices.Max(instancesTold(r))
+	t.Logf("%d origins heard twice, handled in %v: instances told %d (max %d), peers %d, rejected %d",
+		forged, time.Since(start), r.instances(), maxTold, st.Peers, st.PeersRejected)
+	if r.instances() != DefaultMaxInstances || maxTold != DefaultMaxInstances || st.Peers != DefaultMaxPeers {
+		t.Errorf("instances told %d (max %d), peers %d; want %d, %d, %d",
+			r.instances(), maxTold, st.Peers, DefaultMaxInstances, DefaultMaxInstances, DefaultMaxPeers)
+	}
+
+	// The forger stops: its origins lapse after the peer timeout, the real
+	// peer, heard at every new instant, stays.
+	timeout := peerTimeout * cfg.Heartbeat
+	moves := 0
+	waitFor(t, "back to 2 instances", func() bool {
+		if r.instances() == 2 {
+			return true
+		}
+		clk.Advance(timeout - 1)
+		moves++
+		now := clk.Now()
+		waitFor(t, "the real peer heard after the clock moved", func() bool { return heardAt(c, "real").Equal(now) })
+		return false
+	})
+	if told := instancesTold(r); slices.Min(told[1:]) < 2 {
+		t.Errorf("the real peer stopped counting: instances told %v", told)
+	}
+	t.Logf("forged peers gone after %d moves of the clock; stats %+v", moves, c.Stats())
+}
+
+var (
+	testSecret  = []byte("0123456789abcdef-shared-secret!!")
+	otherSecret = []byte("another secret, 32 bytes long...")
+)
+
+// signedConfig returns clk's config with secret.
+func signedConfig(clk *fakeClock, id string, secret []byte, urls ...string) Config {
+	cfg := clk.config(id, urls...)
+	cfg.Secret = secret
+	return cfg
+}
+
+// waitInvalid waits until c counted n invalid messages in all.
+func waitInvalid(t *testing.T, c *NATS, n uint64) {
+	t.Helper()
+	waitFor(t, strconv.FormatUint(n, 10)+" invalid messages counted", func() bool { return c.Stats().Invalid >= n })
+}
+
+// TestSignedForgery: with a secret, forged leases and heartbeats, unsigned
+// or signed with another key, are dropped and counted, and change nothing;
+// a message signed with the secret is applied.
+func TestSignedForgery(t *testing.T) {
+	s := startServer(t, natsserver.Options{})
+	clk := newFakeClock()
+	c, r := startCoord(t, signedConfig(clk, "victim", testSecret, s.URL()))
+	nc := rawConn(t, s)
+	const lease, hb = "hotkey.default.lease", "hotkey.default.hb"
+	wrong := &signer{secret: otherSecret, scope: "hotkey.default"}
+	right := &signer{secret: testSecret, scope: "hotkey.default"}
+
+	forgedLease := encodeLease("forger", "victim-key", 64, time.Minute)
+	publishAll(t, nc, lease,
+		forgedLease, // unsigned
+		wrong.seal(lease, forgedLease, clk.Now()),               // another key
+		right.seal("hotkey.default.hb", forgedLease, clk.Now()), // signed for another subject
+		[]byte(`not json`),
+	)
+	var hbs [][]byte
+	for i := range 2000 {
+		hbs = append(hbs, encodeControl("forged-"+strconv.Itoa(i), typeHB))
+		if i%2 == 0 {
+			hbs = append(hbs, hbs[len(hbs)-1]) // twice
+		}
+	}
+	publishAll(t, nc, hb, hbs...)
+	const sent = 4 + 3000
+	waitInvalid(t, c, sent)
+	st := c.Stats()
+	want := map[string]uint64{"unsigned": 2 + 3000, "signature": 2}
+	if st.Invalid != sent || st.InvalidBy["unsigned"] != want["unsigned"] || st.InvalidBy["signature"] != want["signature"] {
+		t.Errorf("invalid %d by reason %v, want %d: %v", st.Invalid, st.InvalidBy, sent, want)
+	}
+	if r.level("victim-key") != 1 || r.instances() != 1 || st.Peers != 0 || st.PendingPeers != 0 || st.Keys != 0 {
+		t.Errorf("forged messages applied: level %d, instances %d, stats %+v", r.level("victim-key"), r.instances(), st)
+	}
+	t.Logf("forged: level of victim-key %d, instances %d; invalid by reason %v", r.level("victim-key"), r.instances(), st.InvalidBy)
+
+	// Signed with the secret: applied.
+	publishAll(t, nc, lease, right.seal(lease, forgedLease, clk.Now()))
+	d := waitFor(t, "a lease signed with the secret applied", func() bool { return r.level("victim-key") == 64 })
+	t.Logf("a lease signed with the secret applied in %v", d)
+}
+
+// TestSignedReplay: a signed message published again is refused, within
+// the clock window as a replay, past it as stale, and on another subject or
+// namespace for its signature. A replayed heartbeat of a gone peer does not
+// bring it back.
+func TestSignedReplay(t *testing.T) {
+	s := startServer(t, natsserver.Options{})
+	clk := newFakeClock()
+	// A recorder of a's messages, as anyone allowed to subscribe sees them.
+	spy := rawConn(t, s)
+	var mu sync.Mutex
+	caught := map[string][]byte{} // by type: the last message of a
+	if _, err := spy.Subscribe("hotkey.default.*", func(m *nats.Msg) {
+		if msg, r := decode(m.Data, testLimits); r == reasonNone && msg.Origin == "a" {
+			mu.Lock()
+			caught[msg.T] = m.Data
+			mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.FlushTimeout(patience); err != nil {
+		t.Fatal(err)
+	}
+	get := func(typ string) []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		return caught[typ]
+	}
+
+	cfgB := signedConfig(clk, "b", testSecret, s.URL())
+	b, rb := startCoord(t, cfgB)
+	a, ra := startCoord(t, signedConfig(clk, "a", testSecret, s.URL()))
+	other := signedConfig(clk, "o", testSecret, s.URL())
+	other.Namespace = "other"
+	o, _ := startCoord(t, other)
+	waitMesh(t, 2, ra, rb)
+	a.Announce("hot", xxhash.Sum64String("hot"), 64)
+	waitFor(t, "b has a's lease", func() bool { return rb.level("hot") == 64 })
+	waitFor(t, "the spy caught a's lease and heartbeat", func() bool { return get(typeLease) != nil && get(typeHB) != nil })
+	leaseMsg, hbMsg := get(typeLease), get(typeHB)
+	t.Logf("a signed lease: %s", leaseMsg)
+
+	// a goes; its lease lapses, its peer entry too: the clock moves past
+	// the lease's ttl and the peer timeout, well within MaxClockSkew, and
+	// on again by a second whenever a message a sent before closing was
+	// handled after it moved.
+	closeCoord(t, a, ra)
+	clk.Advance(10 * time.Second)
+	late := 0
+	waitFor(t, "b drops a", func() bool {
+		if rb.instances() == 1 && rb.level("hot") == 1 {
+			return true
+		}
+		if heardAt(b, "a").Equal(clk.Now()) || freshLease(cfgB.TTL, []string{"hot"}, b) {
+			clk.Advance(time.Second)
+			late++
+		}
+		return false
+	})
+	t.Logf("b dropped a (messages of a handled late: %d)", late)
+
+	nc := rawConn(t, s)
+	base := b.Stats().Invalid
+	// Within the window: replays.
+	publishAll(t, nc, "hotkey.default.lease", leaseMsg)
+	publishAll(t, nc, "hotkey.default.hb", hbMsg, hbMsg)
+	// On another subject, or namespace: a bad signature.
+	publishAll(t, nc, "hotkey.default.hb", leaseMsg)
+	publishAll(t, nc, "hotkey.other.lease", leaseMsg)
+	waitInvalid(t, b, base+4)
+	waitInvalid(t, o, 1)
+	// Past the window: stale.
+	clk.Advance(DefaultMaxClockSkew)
+	publishAll(t, nc, "hotkey.default.lease", leaseMsg)
+	publishAll(t, nc, "hotkey.default.hb", hbMsg)
+	waitInvalid(t, b, base+6)
+
+	st := b.Stats()
+	t.Logf("b: invalid by reason %v", st.InvalidBy)
+	if st.InvalidBy["replay"] != 3 || st.InvalidBy["signature"] != 1 || st.InvalidBy["stale"] != 2 {
+		t.Errorf("b: invalid by reason %v, want replay 3, signature 1, stale 2", st.InvalidBy)
+	}
+	if os := o.Stats(); os.InvalidBy["signature"] != 1 {
+		t.Errorf("o (namespace other): invalid by reason %v, want signature 1", os.InvalidBy)
+	}
+	if rb.level("hot") != 1 || rb.instances() != 1 || st.Peers != 0 || st.PendingPeers != 0 {
+		t.Errorf("replays applied: level %d, instances %d, stats %+v", rb.level("hot"), rb.instances(), st)
+	}
+}
+
+// TestSignedPeers: instances with the same secret converge, join sync
+// included, with sync replies split to fit a small MaxMessage; one with
+// another secret is ignored and ignores them; one without a secret accepts
+// their messages (it ignores the fields it does not know) while they drop
+// its.
+func TestSignedPeers(t *testing.T) {
+	s := startServer(t, natsserver.Options{})
+	clk := newFakeClock()
+	cfg := func(id string, secret []byte) Config {
+		c := signedConfig(clk, id, secret, s.URL())
+		c.MaxKeyLen = 64
+		c.MaxMessage = minMessage(c.MaxKeyLen, true)
+		return c
+	}
+	a, ra := startCoord(t, cfg("a", testSecret))
+	want := make(map[string]int)
+	for i := range 100 {
+		k := "signed-" + strconv.Itoa(i)
+		want[k] = levels[i%3]
+		a.Announce(k, xxhash.Sum64String(k), want[k])
+	}
+	waitFor(t, "a applies its own", func() bool { return ra.has(want) })
+	b, rb := startCoord(t, cfg("b", testSecret))
+	c, rc := startCoord(t, cfg("c", otherSecret))
+	d, rd := startCoord(t, cfg("d", nil))
+
+	start := time.Now()
+	waitFor(t, "b has a's keys", func() bool { return rb.has(want) })
+	waitMesh(t, 2, ra, rb)
+	t.Logf("a and b (same secret) converged in %v: b got %d sync replies", time.Since(start), b.Stats().SyncReplies)
+	waitFor(t, "d has a's keys", func() bool { return rd.has(want) })
+	waitMesh(t, 4, rd)
+	c.Announce("from-c", xxhash.Sum64String("from-c"), 64)
+	d.Announce("from-d", xxhash.Sum64String("from-d"), 64)
+	// c's messages reach a and b, and theirs c, all refused.
+	waitFor(t, "c's heartbeats refused by a and b", func() bool {
+		return a.Stats().InvalidBy["signature"] >= 2 && b.Stats().InvalidBy["signature"] >= 2 && c.Stats().InvalidBy["signature"] >= 2
+	})
+	waitFor(t, "d's heartbeats refused by a and b", func() bool {
+		return a.Stats().InvalidBy["unsigned"] >= 2 && b.Stats().InvalidBy["unsigned"] >= 2
+	})
+	waitFor(t, "d has c's key", func() bool { return rd.level("from-c") == 64 })
+	for _, x := range []struct {
+		name         string
+		r            *recorder
+		st           Stats
+		fromC, fromD int // levels wanted
+	}{{"a", ra, a.Stats(), 1, 1}, {"b", rb, b.Stats(), 1, 1}, {"c", rc, c.Stats(), 64, 1}} {
+		t.Logf("%s: instances %d, invalid by reason %v", x.name, x.r.instances(), x.st.InvalidBy)
+		if x.r.level("from-c") != x.fromC || x.r.level("from-d") != x.fromD {
+			t.Errorf("%s: from-c at %d, from-d at %d; want %d, %d", x.name, x.r.level("from-c"), x.r.level("from-d"), x.fromC, x.fromD)
+		}
+	}
+	if ra.instances() != 2 || rb.instances() != 2 || rc.instances() != 1 {
+		t.Errorf("instances: a %d, b %d, c %d; want 2, 2, 1", ra.instances(), rb.instances(), rc.instances())
+	}
+	if rc.has(map[string]int{"signed-1": 16}) {
+		t.Error("c applied a's lease")
+	}
+	if st := b.Stats(); st.SyncReplies < 2 || st.InvalidBy["stale"]+st.InvalidBy["replay"] != 0 {
+		t.Errorf("b: %d sync replies (want them split), stats %+v", st.SyncReplies, st)
+	}
+}
+
+// TestPermissionsExample runs the NATS permissions of docs/operations.md:
+// instances logged in as "hotkey" coordinate, join sync included, and a
+// client logged in as "gateway" can neither publish nor subscribe on the
+// coordination subjects.
+func TestPermissionsExample(t *testing.T) {
+	doc, err := os.ReadFile(filepath.Join("..", "docs", "operations.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, conf, ok := strings.Cut(string(doc), "```\nauthorization {")
+	conf, _, ok2 := strings.Cut(conf, "```")
+	if !ok || !ok2 {
+		t.Fatal("docs/operations.md has no authorization block")
+	}
+	file := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(file, []byte("authorization {"+conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	parsed, err := server.ProcessConfigFile(file)
+	if err != nil {
+		t.Fatalf("%s: %v", file, err)
+	}
+	s := startServer(t, natsserver.Options{Configure: func(o *server.Options) {
+		o.Users = parsed.Users
+	}})
+	clk := newFakeClock()
+	instance := func(id string) Config {
+		cfg := clk.config(id, s.URL())
+		cfg.User, cfg.Password = "hotkey", "instances-password"
+		return cfg
+	}
+	a, ra := startCoord(t, instance("a"))
+	a.Announce("allowed", xxhash.Sum64String("allowed"), 16)
+	waitFor(t, "a applies its own", func() bool { return ra.level("allowed") == 16 })
+	b, rb := startCoord(t, instance("b"))
+	waitMesh(t, 2, ra, rb)
+	waitFor(t, "b has a's key", func() bool { return rb.level("allowed") == 16 })
+	if st := b.Stats(); st.SyncReplies == 0 {
+		t.Errorf("b got no sync reply through the permissions: %+v", st)
+	}
+
+	errs := make(chan error, 10)
+	gw, err := nats.Connect(s.URL(), nats.UserInfo("gateway", "clients-password"),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errs <- err }))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gw.Close()
+	forged := [][2]string{
+		{"hotkey.default.hb", string(encodeControl("forged", typeHB))},
+		{"hotkey.default.lease", string(encodeLease("forged", "forced", 64, time.Minute))},
+	}
+	for _, f := range forged {
+		if err := gw.Publish(f[0], []byte(f[1])); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := gw.SubscribeSync("hotkey.default.*"); err != nil {
+		t.Fatal(err)
+	}
+	if err := gw.FlushTimeout(patience); err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		select {
+		case err := <-errs:
+			if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				t.Errorf("gateway: %v", err)
+			}
+			t.Logf("gateway: %v", err)
+		case <-time.After(patience):
+			t.Fatal("the server did not refuse the gateway's publishes and subscription")
+		}
+	}
+	if st := a.Stats(); st.Invalid != 0 || ra.level("forced") != 1 || ra.instances() != 2 {
+		t.Errorf("a: forced at %d, instances %d, stats %+v", ra.level("forced"), ra.instances(), st)
+	}
+}
