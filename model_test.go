@@ -64,6 +64,8 @@ type modelRun struct {
 	ops                int
 	admitted, refAdmit map[string][]modelEvent // by counter name
 	maxLevel           map[string]int
+	moves              map[string]int // changes of level of the counter; node map changes count for all
+	nodeMaps           int
 	violations         []string
 }
 
@@ -101,6 +103,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			t.Fatal(err)
 		}
 		defer e.Close()
+		e.seed = seed + uint64(i) // the subcounter walk, as the run's seed says
 		engines[i] = e
 	}
 	ref, err := New(counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now}), WithClock(clock.Now), WithoutDetector())
@@ -112,7 +115,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 	policies := modelPolicies()
 	varying := []Limit{policies[4].Limit, {Algorithm: TokenBucket, Rate: 640, Period: time.Minute, Burst: 160}}
 	keys := []string{"a", "b"}
-	m := &modelRun{ops: ops, admitted: map[string][]modelEvent{}, refAdmit: map[string][]modelEvent{}, maxLevel: map[string]int{}}
+	m := &modelRun{ops: ops, admitted: map[string][]modelEvent{}, refAdmit: map[string][]modelEvent{}, maxLevel: map[string]int{}, moves: map[string]int{}}
 	ctx := context.Background()
 	version := uint64(1)
 	for op := range ops {
@@ -133,6 +136,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			if err != nil {
 				t.Fatalf("op %d: %s cost %d: %v", op, name, n, err)
 			}
+			e.settle() // what a merge's decision left for the loop, done now
 			m.checkResult(op, name, r)
 			if r.Allowed {
 				m.admitted[name] = append(m.admitted[name], modelEvent{clock.Now(), n, p.Limit})
@@ -154,6 +158,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			p := policies[rng.IntN(len(policies))]
 			name := CounterName(p.Name, keys[rng.IntN(len(keys))])
 			level := []int{1, 4, 16, 64}[rng.IntN(4)]
+			m.moves[name]++
 			for _, e := range engines {
 				handler{e}.SetLevel(name, hashKey(name), level)
 			}
@@ -165,6 +170,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 		case x < 99: // the store's node map changes
 			version++
 			store.p.Store(newPlacement(1+rng.IntN(4), version))
+			m.nodeMaps++
 		default: // the varying policy's limit changes
 			policies[4] = &Policy{Name: "varying", Limit: varying[rng.IntN(2)]}
 		}
@@ -234,19 +240,30 @@ func checkModel(t testing.TB, m *modelRun) (worst float64) {
 			}
 		}
 		var total, ref int64
+		varied := false
 		for _, ev := range evs {
 			total += ev.units
+			varied = varied || ev.lim != evs[0].lim
 		}
 		for _, ev := range m.refAdmit[name] {
 			ref += ev.units
+			varied = varied || ev.lim != evs[0].lim
 		}
 		if ref > 0 {
 			worst = max(worst, float64(total)/float64(ref))
 		}
 		// Against the unsplit reference on the same stream: 2%, or one
-		// unit per subcounter per period the run lasted.
+		// unit per subcounter for each period the run lasted and each move
+		// of the usage (a move rounds each new subcounter's seed). Not across limit
+		// changes: the reference's debt from a large cost the split key
+		// refused under one limit blocks units worth less under the next,
+		// so totals in units do not compare; the bounds above still hold.
+		if varied {
+			continue
+		}
 		periods := int64(end.Sub(start) / period)
-		if slack := max(ref/50, int64(level)*periods); total > ref+slack {
+		moves := int64(m.moves[name] + m.nodeMaps)
+		if slack := max(ref/50, int64(level)*(periods+moves)); total > ref+slack {
 			m.violate("%s admitted %d units in all, the unsplit reference %d (slack %d)", name, total, ref, slack)
 		}
 	}
