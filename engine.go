@@ -119,8 +119,10 @@ type Engine struct {
 	log       *slog.Logger
 	refuse    refusals
 	settleNow chan struct{} // wakes the loop to settle merged and refused keys
-	stop      chan struct{} // closed by Close
-	done      chan struct{} // closed when the event loop has stopped
+	life      context.Context
+	endLife   context.CancelFunc // called by Close: ends the loop's store calls
+	stop      chan struct{}      // closed by Close
+	done      chan struct{}      // closed when the event loop has stopped
 	closed    atomic.Bool
 }
 
@@ -180,6 +182,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 		return nil, fmt.Errorf("hotkey: coordinator: %w", err)
 	}
 	e.stop, e.done = make(chan struct{}), make(chan struct{})
+	e.life, e.endLife = context.WithCancel(context.Background())
 	if e.detect != nil {
 		e.detect.Start()
 	}
@@ -261,6 +264,7 @@ type handler struct{ e *Engine }
 // to the unsplit counter.
 func (h handler) SetLevel(key string, hash uint64, level int) {
 	e := h.e
+	e.dropRefused(key) // a newer level replaces one the table refused
 	static := e.staticLevel(key)
 	switch {
 	case level > static:
@@ -276,7 +280,6 @@ func (h handler) SetLevel(key string, hash uint64, level int) {
 		e.table.Set(key, hash, static, static, e.placement())
 		level = static
 	default:
-		e.dropRefused(key)
 		if !e.table.Merge(key, hash) {
 			return
 		}
@@ -372,7 +375,9 @@ func (e *Engine) Decide(ctx context.Context, key string, p *Policy, n int64) (Re
 // CounterName returns the name of the counter that Decide charges for key
 // under a policy named policy: policy + "|" + key, or key alone for an
 // unnamed policy (and for AllowN). A policy name must not hold '|', so that
-// names cannot collide.
+// two policies' counters never share a name; an AllowN key that holds '|'
+// (say "login|bob") names the same counter as Decide's for that policy and
+// key, so keep such keys out of AllowN where policies are in use.
 func CounterName(policy, key string) string {
 	if policy == "" {
 		return key
@@ -451,7 +456,13 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 	if ent == nil {
 		return e.decide(ctx, key, hash, lim, n)
 	}
-	if m, _ := ent.Memo().(Limit); m != lim {
+	// The counters that hold the key's usage were last written under the
+	// limit of the decision before: a move reads them under it.
+	prev, ok := ent.Memo().(Limit)
+	if !ok {
+		prev = lim
+	}
+	if !ok || prev != lim {
 		ent.SetMemo(lim) // for settle, should no decision come after a merge
 	}
 	// The counters of the level a cost of 1 fits, under the store's
@@ -461,12 +472,15 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 	level := shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, 1)
 	if e.reshard != nil && !ent.Holds(level, p) {
 		if err := ent.Transfer(level, p, func(from int, fromP shard.Placement, to int) error {
-			return e.transfer(ctx, ent, lim, from, fromP, to, p)
+			return e.transfer(ctx, ent, prev, lim, from, fromP, to, p)
 		}); err != nil {
 			return Result{}, err
 		}
 	}
-	if ent.Level() == shard.Level1 && e.table.Remove(ent) { // merged back, its usage moved
+	// Merged back: out of the table once its usage is on the unsplit
+	// counter (a merge that came during this decision's move leaves it to
+	// the next decision or to settle).
+	if ent.Level() == shard.Level1 && (e.reshard == nil || ent.Holds(shard.Level1, nil)) && e.table.Remove(ent) {
 		e.wakeSettle() // room for a refused key
 	}
 	if level == shard.Level1 {
@@ -481,15 +495,27 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 	return e.decideSplit(ctx, ent, level, p, lim, n)
 }
 
-// transfer moves the usage of ent's key under lim from its counters at
-// level from, named under placement fromP, to those at level to under toP
-// (see counter.Resharder).
-func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, lim Limit, from int, fromP shard.Placement, to int, toP shard.Placement) error {
+// transfer moves the usage of ent's key from its counters at level from,
+// named under placement fromP and written under fromLim, to those at level
+// to under toP, under lim (see counter.Resharder). Counters written under
+// another algorithm or period hold no usage lim can read: nothing moves.
+func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Limit, from int, fromP shard.Placement, to int, toP shard.Placement) error {
+	src, dst := shards(ent, fromLim, from, fromP), shards(ent, lim, to, toP)
+	if len(src) == 0 || len(dst) == 0 || fromLim.Algorithm != lim.Algorithm || fromLim.Period != lim.Period {
+		return nil
+	}
 	ok, probe := e.brk.allow()
 	if !ok {
 		return ErrBreakerOpen
 	}
-	err := e.reshard.Reshard(ctx, shards(ent, lim, from, fromP), shards(ent, lim, to, toP))
+	err := e.reshard.Reshard(ctx, src, dst)
+	if errors.Is(err, counter.ErrInvalidReshard) {
+		// Not the store's failure, and no retry would do better: leave
+		// the usage behind rather than fail every decision on the key.
+		e.brk.abandon(probe)
+		e.log.Warn("hot key usage not moved", "key", ent.Key, "from", from, "to", to, "error", err)
+		return nil
+	}
 	e.brk.report(ctx, probe, err)
 	if err != nil {
 		return fmt.Errorf("hotkey: moving %q from %d to %d counters: %w", ent.Key, from, to, err)
@@ -498,12 +524,18 @@ func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, lim Limit, from
 }
 
 // shards returns ent's counters at level under placement p, each with its
-// share of lim. Transfers are rare: the names are not cached.
+// share of lim, less those whose share is nothing (lim too small to split
+// that many ways: no decision ever used them under it). Transfers are rare:
+// the names are not cached.
 func shards(ent *shard.Entry, lim Limit, level int, p shard.Placement) []counter.Shard {
 	names := shard.Names(ent.Key, ent.Hash, level, p)
-	out := make([]counter.Shard, level)
-	for i := range out {
-		out[i] = counter.Shard{Name: names[i], Hash: shard.SubHash(ent.Hash, level, i), Limit: subLimit(lim, level, i)}
+	out := make([]counter.Shard, 0, level)
+	for i := range level {
+		sub := subLimit(lim, level, i)
+		if sub.Validate() != nil {
+			continue
+		}
+		out = append(out, counter.Shard{Name: names[i], Hash: shard.SubHash(ent.Hash, level, i), Limit: sub})
 	}
 	return out
 }
@@ -618,6 +650,9 @@ func (e *Engine) take(ctx context.Context, name string, hash uint64, lim Limit, 
 // cache answers tells nothing of the store. While it is open, storeTake
 // fails with ErrBreakerOpen but for the one call that probes.
 func (e *Engine) storeTake(ctx context.Context, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return counter.Result{}, err // over before the store was asked: no verdict on it
+	}
 	ok, probe := e.brk.allow()
 	if !ok {
 		return counter.Result{}, ErrBreakerOpen
@@ -681,6 +716,7 @@ func (e *Engine) Close() error {
 	if e.detect != nil {
 		e.detect.Close()
 	}
+	e.endLife()
 	close(e.stop)
 	<-e.done
 	return e.coord.Close()

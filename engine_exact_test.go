@@ -52,6 +52,9 @@ func TestSplitAllPromotion(t *testing.T) {
 			before := admitAll(t, e, key, lim, 1, 10_000)
 			handler{e}.SetLevel(key, hashKey(key), shard.Level16)
 			after := admitAll(t, e, key, lim, 1, 10_000)
+			if r, err := e.Allow(context.Background(), key, lim); err != nil || r.Shards != shard.Level16 {
+				t.Fatalf("after the promotion: %+v, %v; want a decision on 16 subcounters", r, err)
+			}
 			t.Logf("admitted %d at the static level 4, then %d at 16 with no time passing", before, after)
 			if before != 1600 || after != 0 {
 				t.Errorf("admitted %d at level 4 and %d after the promotion to 16, want 1600 and 0", before, after)
@@ -101,6 +104,9 @@ func TestPlacementChange(t *testing.T) {
 			lim := Limit{Algorithm: alg, Rate: 1600, Period: time.Hour}
 			handler{e}.SetLevel(key, hashKey(key), shard.Level16)
 			before := admitAll(t, e, key, lim, 1, 10_000)
+			if r, err := e.Allow(context.Background(), key, lim); err != nil || r.Shards != shard.Level16 {
+				t.Fatalf("%+v, %v; want a decision on 16 subcounters", r, err)
+			}
 			store.p.Store(newPlacement(4, 2)) // a node joins
 			after := admitAll(t, e, key, lim, 1, 10_000)
 			store.p.Store(newPlacement(3, 3)) // and leaves
@@ -259,9 +265,46 @@ func TestCostBands(t *testing.T) {
 			if units > 6400 {
 				t.Errorf("admitted %d units, over the limit of 6400", units)
 			}
-			if units < 200 {
-				t.Errorf("admitted %d units: the cost-1 requests should pass", units)
+			if units < 200 || refused == 0 {
+				t.Errorf("admitted %d units, refused %d: the cost-1 requests should pass, the others be refused", units, refused)
+			}
+			if r, err := e.Allow(context.Background(), key, lim); err != nil || r.Shards != shard.Level64 {
+				t.Errorf("%+v, %v; want a decision on 64 subcounters", r, err)
 			}
 		})
+	}
+}
+
+// TestLimitLoweredBelowLevel: a split key's limit lowered below its level
+// (fewer units than subcounters) moves its usage to the counters the new
+// limit fits, reading the old ones under the limit that wrote them; it never
+// fails decisions nor counts against the store's breaker.
+func TestLimitLoweredBelowLevel(t *testing.T) {
+	checkLeaks(t)
+	clock := newFakeClock()
+	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
+	e, err := New(store, WithClock(clock.Now), WithoutDetector(), WithBreaker(1, time.Hour, time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	key := "lowered"
+	handler{e}.SetLevel(key, hashKey(key), shard.Level64)
+	high := Limit{Rate: 6400, Period: time.Hour}
+	if got := admitAll(t, e, key, high, 1, 100); got != 100 {
+		t.Fatalf("admitted %d of 100 under 6400/hour", got)
+	}
+	low := Limit{Rate: 50, Period: time.Hour}
+	r, err := e.Allow(context.Background(), key, low)
+	if err != nil || r.Degraded {
+		t.Fatalf("under 50/hour: %+v, %v", r, err)
+	}
+	more := admitAll(t, e, key, low, 1, 100)
+	t.Logf("100 of 6400/hour used at level 64; under 50/hour: first %v, then %d more admitted, on %d shards; breaker %v", r.Allowed, more, r.Shards, e.BreakerState())
+	if e.BreakerState() != BreakerClosed {
+		t.Error("the breaker opened on a limit change")
+	}
+	if r.Allowed || more != 0 {
+		t.Errorf("under 50/hour after 100 used: admitted %v then %d, want none", r.Allowed, more)
 	}
 }

@@ -82,7 +82,9 @@ func WithMaxKeyLen(n int) Option {
 }
 
 // WithSplitAll splits every key at level (4, 16 or 64): static
-// probabilistic splitting, the baseline adaptive splitting improves on.
+// probabilistic splitting, the baseline adaptive splitting improves on. A
+// cost over one subcounter's share of a limit (its burst over the level) is
+// then always refused: see the README's guarantees.
 func WithSplitAll(level int) Option {
 	return func(o *options) error {
 		if !shard.ValidLevel(level) {
@@ -93,7 +95,8 @@ func WithSplitAll(level int) Option {
 	}
 }
 
-// WithSplitKeys splits the given keys at level (4, 16 or 64), always.
+// WithSplitKeys splits the given keys at level (4, 16 or 64), always. As
+// for WithSplitAll, a cost over one subcounter's share is refused.
 func WithSplitKeys(level int, keys ...string) Option {
 	return func(o *options) error {
 		if !shard.ValidLevel(level) || level == shard.Level1 {
@@ -214,9 +217,11 @@ func WithCoordinator(c coordinator.Coordinator) Option {
 	}
 }
 
-// WithLevelHook sets a function called, on the coordinator's goroutine,
-// each time the level in force of a key changes on this engine: 4, 16 or 64,
-// or 1 when the key is merged back. It must return quickly.
+// WithLevelHook sets a function called each time the level in force of a
+// key changes on this engine: 4, 16 or 64, or 1 when the key is merged back.
+// It is called on the coordinator's goroutine, or on the engine's own when
+// it applies a level the split table had no room for earlier; calls do not
+// overlap for one key, but may for two. It must return quickly.
 func WithLevelHook(f func(key string, level int)) Option {
 	return func(o *options) error {
 		o.levelHook = f

@@ -63,7 +63,8 @@ func (e *Engine) wakeSettle() {
 // under the limit they were last decided with, and takes them out of the
 // table; then it applies the levels refused while the table was full, as
 // far as there is room. It reports whether a move failed and must be tried
-// again. Only the engine's loop calls it.
+// again. The engine's loop calls it; it is safe to call concurrently (tests
+// call it to settle at once).
 func (e *Engine) settle() (retry bool) {
 	var merged []*shard.Entry
 	e.table.Range(func(ent *shard.Entry) bool {
@@ -78,9 +79,9 @@ func (e *Engine) settle() (retry bool) {
 			// which notes its limit first.
 			lim, ok := ent.Memo().(Limit)
 			if ok {
-				ctx, cancel := context.WithTimeout(context.Background(), settleTimeout)
+				ctx, cancel := context.WithTimeout(e.life, settleTimeout)
 				err := ent.Transfer(shard.Level1, nil, func(from int, fromP shard.Placement, to int) error {
-					return e.transfer(ctx, ent, lim, from, fromP, to, nil)
+					return e.transfer(ctx, ent, lim, lim, from, fromP, to, nil)
 				})
 				cancel()
 				if err != nil {
@@ -95,6 +96,10 @@ func (e *Engine) settle() (retry bool) {
 	e.refuse.mu.Lock()
 	defer e.refuse.mu.Unlock()
 	for key, r := range e.refuse.keys {
+		if e.table.Lookup(key, r.hash) != nil {
+			delete(e.refuse.keys, key) // split since, at a newer level
+			continue
+		}
 		held, p := e.heldOutside(key, r.hash)
 		if !e.table.Set(key, r.hash, r.level, held, p) {
 			continue

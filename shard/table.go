@@ -183,8 +183,8 @@ func (t *Table) Lookup(key string, hash uint64) *Entry {
 
 // Set splits key at level, or changes its level if it is already split. A
 // key new to the table gets an entry whose usage is held at level held
-// under placement p: 1 for a key whose usage is on its unsplit counter, a
-// static level for a key split from the start. It reports false, changing
+// under placement p: 1 for a key whose usage is on its unsplit counter, or
+// the level (and placement) whose counters hold it, e.g. a static split's. It reports false, changing
 // nothing, when the table is full or level is not a valid level above 1.
 func (t *Table) Set(key string, hash uint64, level, held int, p Placement) bool {
 	if !ValidLevel(level) || level == Level1 {

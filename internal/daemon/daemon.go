@@ -204,7 +204,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	build.Set(1)
 	d.reg.MustRegister(build)
 
-	if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Logger: log, Secret: secret}); err != nil {
+	// Hot keys are counter names, policy|key: room for the longest.
+	maxName := maxPolicyName + 1 + hotkey.DefaultMaxKeyLen
+	if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	probe := cfg.BreakerProbe
