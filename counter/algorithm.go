@@ -139,7 +139,8 @@ func (s *state) takeFixedWindow(now int64, lim Limit, n int64) Result {
 	}
 	reset := time.Duration((w+1)*p - now)
 	if s.b+n > lim.Rate {
-		return Result{Limit: lim.Rate, Remaining: lim.Rate - s.b, RetryAfter: reset, ResetAfter: reset}
+		// s.b exceeds Rate if the limit was lowered in this window.
+		return Result{Limit: lim.Rate, Remaining: max(0, lim.Rate-s.b), RetryAfter: reset, ResetAfter: reset}
 	}
 	s.b += n
 	s.expires = (w + 1) * p
@@ -161,7 +162,7 @@ func (s *state) takeSlidingLog(now int64, lim Limit, n int64) Result {
 		oldest := s.log[used+n-lim.Rate-1]
 		return Result{
 			Limit:      lim.Rate,
-			Remaining:  lim.Rate - used,
+			Remaining:  max(0, lim.Rate-used), // used > Rate once the limit is lowered
 			RetryAfter: time.Duration(oldest + p - now),
 			ResetAfter: time.Duration(s.log[used-1] + p - now),
 		}

@@ -165,7 +165,7 @@ for i = 1, #KEYS do
 		redis.call('SET', k, string.format('%.0f %.0f', w, cur), 'PX', math.ceil(reset / 1000))
 	end
 	j = 4 * i - 4
-	out[j + 1], out[j + 2], out[j + 3], out[j + 4] = ok, rate - cur, retry, reset
+	out[j + 1], out[j + 2], out[j + 3], out[j + 4] = ok, math.max(0, rate - cur), retry, reset
 end
 return out
 `
@@ -190,7 +190,7 @@ for i = 1, #KEYS do
 		local x = used + n - rate - 1
 		local oldest = redis.call('ZRANGE', k, x, x, 'WITHSCORES')
 		local newest = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
-		out[j + 1], out[j + 2], out[j + 3], out[j + 4] = 0, rate - used, oldest[2] + p - now, newest[2] + p - now
+		out[j + 1], out[j + 2], out[j + 3], out[j + 4] = 0, math.max(0, rate - used), oldest[2] + p - now, newest[2] + p - now
 	else
 		local added = 0
 		while added < n do
