@@ -9,7 +9,7 @@ import (
 // state is one counter's state in the memory store. Field use depends on the
 // algorithm; all instants are Unix nanoseconds.
 type state struct {
-	// TokenBucket: a is the TAT.
+	// TokenBucket: a is the TAT, b its fraction of a ns (see gcra.go).
 	// SlidingWindow, FixedWindow: a is the window index, b the current
 	// window's count, c the previous window's count.
 	a, b, c int64
@@ -35,38 +35,21 @@ func (s *state) take(now int64, lim Limit, n int64) Result {
 }
 
 func (s *state) takeGCRA(now int64, lim Limit, n int64) Result {
-	capacity := lim.Capacity()
-	// Instants stay int64: a float64 near 1.8e18 ns is only exact to 256 ns.
-	// The emission interval is rounded to a whole ns once, and the burst
-	// tolerance is a whole number of them, so that a full burst always fits
-	// (rounding each request's increment separately could add up past the
-	// tolerance and refuse the burst's last unit).
-	unit := gcraUnit(lim.Period.Nanoseconds(), lim.Rate)
-	tolerance := unit * capacity
-	tat := max(s.a, now)
-	newTAT := tat + n*unit
-	if allowAt := newTAT - tolerance; now < allowAt {
-		return Result{
-			Limit:      capacity,
-			Remaining:  max(0, (tolerance-(tat-now))/unit),
-			RetryAfter: time.Duration(allowAt - now),
-			ResetAfter: time.Duration(tat - now),
-		}
+	g := newGCRA(lim.Period.Nanoseconds(), lim, n)
+	// The TAT is a, with b/2^32 ns more (see gcra.go); one at or behind now
+	// counts as now.
+	tat := fixed{now, 0}
+	if s.a > now || s.a == now && s.b > 0 {
+		tat = fixed{s.a, s.b}
 	}
-	s.a = newTAT
-	s.expires = newTAT
-	return Result{
-		Allowed:    true,
-		Limit:      capacity,
-		Remaining:  max(0, (tolerance-(newTAT-now))/unit),
-		ResetAfter: time.Duration(newTAT - now),
+	d := tat.sub(fixed{now, 0})
+	ok := g.decide(d)
+	if ok {
+		tat = tat.add(g.inc)
+		s.a, s.b = tat.w, tat.f
+		s.expires = tat.ceil()
 	}
-}
-
-// gcraUnit is the token bucket's emission interval, period/rate, rounded to
-// a whole tick (ns in memory, µs in Redis), at least 1.
-func gcraUnit(period, rate int64) int64 {
-	return max(1, int64(math.Round(float64(period)/float64(rate))))
+	return g.result(d, ok, time.Nanosecond)
 }
 
 func (s *state) takeSlidingWindow(now int64, lim Limit, n int64) Result {

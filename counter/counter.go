@@ -10,7 +10,9 @@
 //     cost n advances the TAT by n emission intervals (Period/Rate) and is
 //     admitted when the new TAT is no further than Burst intervals ahead of
 //     now. It allows bursts of up to Burst and a sustained Rate per Period, at
-//     the cost of one integer of state. The default choice.
+//     the cost of one timestamp of state. The interval is kept to 2^-32 of
+//     the store's tick (see gcra.go), so a rate is enforced as given even when
+//     it does not divide its period. The default choice.
 //   - SlidingWindow, the sliding-window counter: two fixed windows (current and
 //     previous), with the previous one weighted by how much of it still lies
 //     inside the sliding window. Two integers of state; the estimate assumes the
@@ -148,6 +150,12 @@ type Result struct {
 	RetryAfter time.Duration
 	// ResetAfter is how long until the counter is back to full capacity.
 	ResetAfter time.Duration
+	// NextAfter is how long until a request of cost 1 could pass: 0 when
+	// one could now. It is the store's own figure, rounded as the store
+	// rounds its decisions, so that a caller remembering a denial (the
+	// engine's deny cache) agrees with the store. Only TokenBucket sets it;
+	// it is 0 for the other algorithms.
+	NextAfter time.Duration
 }
 
 // Store runs the algorithms on named counters. Implementations are safe for

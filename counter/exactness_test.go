@@ -1,12 +1,129 @@
 package counter
 
 import (
+	"context"
 	"fmt"
+	"math/rand/v2"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Tests that no rounding, expiry or stored value hands out more than a
 // limit, and that no figure of a Result is out of range.
+
+// scriptAt runs lim's take script once on keys at the instant now (µs),
+// TIME replaced by arguments as TestRedisScriptsMatchMemory does, taking n
+// from each key. The keys must be distinct.
+func scriptAt(t *testing.T, client redis.UniversalClient, keys []string, lim Limit, n, now int64) []Result {
+	t.Helper()
+	src := strings.Replace(scripts[lim.Algorithm], "redis.call('TIME')", "{ARGV[#ARGV - 1], ARGV[#ARGV]}", 1)
+	calls := make([]call, len(keys))
+	var args []any
+	for i := range calls {
+		calls[i].setArgs(lim, n)
+		if lim.Algorithm != TokenBucket || i == 0 {
+			args = calls[i].appendArgs(args)
+		}
+	}
+	v, err := redis.NewScript(src).Run(context.Background(), client, keys, append(args, now/1e6, now%1e6)...).Int64Slice()
+	if err != nil {
+		t.Fatalf("script: %v", err)
+	}
+	w := replyWidth[lim.Algorithm]
+	g := group{alg: lim.Algorithm}
+	for i := range calls {
+		g.calls = append(g.calls, &calls[i])
+	}
+	if len(v) < w*len(keys) || g.fractions(v[w*len(keys):]) != nil {
+		t.Fatalf("reply %v: want %d integers, then (index, fraction) pairs", v, w*len(keys))
+	}
+	out := make([]Result, len(keys))
+	for i := range calls {
+		out[i] = calls[i].decode(v[i*w : (i+1)*w])
+	}
+	return out
+}
+
+// TestTokenBucketFullBurstResetAfter checks the emission interval of rates
+// that do not divide the period: a full burst taken from a fresh bucket
+// must take one period to refill, on every store, give or take two ticks
+// (ns in memory, µs on Redis). The check holds whatever time passes, since
+// one Take is decided at one instant.
+func TestTokenBucketFullBurstResetAfter(t *testing.T) {
+	for _, h := range harnesses(t) {
+		t.Run(h.name, func(t *testing.T) {
+			for _, lim := range []Limit{
+				{Rate: 700_000, Period: time.Second},
+				{Rate: 1_500_000, Period: time.Second},
+				{Rate: 3, Period: time.Second},
+				{Rate: 7, Period: time.Minute},
+				{Rate: 999_999, Period: time.Second},
+				{Rate: 300, Period: time.Second, Burst: 20_000},
+			} {
+				r := h.take(t, uniqueKey(t), lim, lim.Capacity())
+				want := time.Duration(float64(lim.Period) * float64(lim.Capacity()) / float64(lim.Rate))
+				tick := time.Duration(2)
+				if !h.exact {
+					tick = 2 * time.Microsecond
+				}
+				if !r.Allowed || r.ResetAfter < want || r.ResetAfter > want+tick {
+					t.Errorf("%d per %v, burst %d: a full burst gave %+v, want refilled in %v (+%v)",
+						lim.Rate, lim.Period, lim.Capacity(), r, want, tick)
+				}
+			}
+		})
+	}
+}
+
+// TestTokenBucketEmptiedBucketRefill empties a bucket of 700k/s and finds
+// the largest cost admitted 100 ms later, on fixed instants: 70,000 units
+// were emitted, less a hair of the interval rounded up, so 69,999 and not
+// one more, on both stores alike.
+func TestTokenBucketEmptiedBucketRefill(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	lim := Limit{Rate: 700_000, Period: time.Second}
+	const later = 100 * time.Millisecond
+	mem := NewMemoryStore(MemoryConfig{})
+	stores := []struct {
+		name string
+		take func(key string, n int64, at time.Time) Result
+	}{
+		{"memory", func(key string, n int64, at time.Time) Result { return mem.TakeAt(at, key, 0, lim, n) }},
+		{"redis", func(key string, n int64, at time.Time) Result {
+			return scriptAt(t, client, []string{key}, lim, n, at.UnixMicro())[0]
+		}},
+	}
+	for _, s := range stores {
+		admits := func(n int64) bool {
+			key := testKey(t)
+			if r := s.take(key, lim.Capacity(), t0); !r.Allowed || r.Remaining != 0 {
+				t.Fatalf("%s: emptying a fresh bucket gave %+v", s.name, r)
+			}
+			return s.take(key, n, t0.Add(later)).Allowed
+		}
+		lo, hi := int64(0), lim.Capacity() // admits(lo), !admits(hi+1) unknown
+		if admits(hi) {
+			lo = hi
+		}
+		for lo < hi {
+			mid := (lo + hi + 1) / 2
+			if admits(mid) {
+				lo = mid
+			} else {
+				hi = mid - 1
+			}
+		}
+		t.Logf("%s: %d admitted %v after emptying", s.name, lo, later)
+		if lo != 69_999 {
+			t.Errorf("%s: the largest cost admitted %v after emptying a bucket of %d/s is %d, want 69999",
+				s.name, later, lim.Rate, lo)
+		}
+	}
+}
 
 // sane reports what is wrong with r as a result under lim, if anything.
 func sane(r Result, lim Limit) string {
@@ -45,6 +162,57 @@ func TestLimitLoweredBehaviour(t *testing.T) {
 					}
 				}
 				t.Logf("%v: lowest remaining %d", alg, worst)
+			}
+		})
+	}
+}
+
+// TestRedisTokenBucketMatchesMemory runs the token-bucket script on fixed
+// instants against the memory store, as TestRedisScriptsMatchMemory does,
+// for rates that do not divide their period, some faster than a unit per
+// µs: the decisions and Remaining must be the same, the durations within a
+// µs (the stores' ticks differ), NextAfter included. Keys expire on the
+// server's clock, not the faked one, so every burst lasts 2 s or more: no
+// key expires while the test runs, however loaded the machine.
+func TestRedisTokenBucketMatchesMemory(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	for _, lim := range []Limit{
+		{Rate: 700_000, Period: time.Second, Burst: 1_400_000},
+		{Rate: 1_500_000, Period: time.Second, Burst: 3_000_000},
+		{Rate: 3, Period: time.Second, Burst: 6},
+		{Rate: 7, Period: time.Minute, Burst: 5},
+		{Rate: 300, Period: time.Second, Burst: 20_000},
+	} {
+		t.Run(fmt.Sprintf("%d/%v/%d", lim.Rate, lim.Period, lim.Burst), func(t *testing.T) {
+			mem := NewMemoryStore(MemoryConfig{})
+			counters := []string{testKey(t), testKey(t)}
+			rng := rand.New(rand.NewPCG(7, uint64(lim.Rate)))
+			now := t0.UnixMicro()
+			span := lim.Period.Microseconds() * lim.Capacity() / lim.Rate / 4
+			allowed, takes, next := 0, 0, 0
+			for i := range 300 {
+				now += rng.Int64N(span + 1)
+				n := []int64{1, 1 + rng.Int64N(lim.Capacity()), lim.Capacity()}[rng.IntN(3)]
+				keys := counters[:1+rng.IntN(len(counters))]
+				got := scriptAt(t, client, keys, lim, n, now)
+				for j, key := range keys {
+					want := mem.TakeAt(time.UnixMicro(now), key, 0, lim, n)
+					if got[j].Allowed != want.Allowed || got[j].Remaining != want.Remaining ||
+						!nearMicro(got[j].RetryAfter, want.RetryAfter) || !nearMicro(got[j].ResetAfter, want.ResetAfter) ||
+						!nearMicro(got[j].NextAfter, want.NextAfter) {
+						t.Fatalf("step %d, key %d (n=%d): redis %+v, memory %+v", i, j, n, got[j], want)
+					}
+					if takes++; want.Allowed {
+						allowed++
+					}
+					if want.NextAfter > 0 {
+						next++
+					}
+				}
+			}
+			if allowed < takes/10 || allowed > takes*9/10 || next == 0 {
+				t.Errorf("%d of %d allowed, %d with a next unit due: want a mix of decisions", allowed, takes, next)
 			}
 		})
 	}

@@ -14,16 +14,19 @@ import (
 // script's keys must live on one node, in one slot). ARGV holds (see
 // appendArgs):
 //
-//   - token bucket: inc, tol, once for all its keys: the TAT increment of
-//     the cost and the burst tolerance, in whole µs (computed in Go, as
-//     takeGCRA does). The store groups Takes by these two and never sends a
-//     key twice in one script call (worker.group);
+//   - token bucket: inc, tol, once for all its keys: the TAT increment of the
+//     cost and the burst tolerance, each as whole µs and a fraction of 2^-32
+//     µs (computed in Go by newGCRA, as the memory store computes them). The
+//     store groups Takes by these and never sends a key twice in one script
+//     call (worker.group);
 //   - window algorithms, per key: rate, period in µs, cost n.
 //
-// The reply holds replyWidth integers per key: for the token bucket d =
-// max(TAT, now) - now when allowed and -1-d when denied, from which
-// gcraResult derives the Result; for the others {allowed (0/1), remaining,
-// retry_after_us, reset_after_us}.
+// The reply holds replyWidth integers per key: for the token bucket the TAT
+// found, d = max(TAT, now) - now, in whole µs w (w when allowed, -1-w when
+// denied), followed, for each key whose d has a fraction (only rates that do
+// not divide their period make one), by the key's index and that fraction
+// (see group.fractions), from which gcra.result derives the Result; for the
+// others {allowed (0/1), remaining, retry_after_us, reset_after_us}.
 //
 // Instants are near 1.7e15 µs: exact in a Lua double. Redis formats number
 // arguments of redis.call with %.17g, so they pass exactly; tostring and
@@ -49,7 +52,9 @@ var scripts = [numAlgorithms]string{
 // replyWidth is the number of reply integers per key of each script.
 var replyWidth = [numAlgorithms]int{TokenBucket: 1, SlidingWindow: 4, FixedWindow: 4, SlidingLog: 4}
 
-// gcraScript mirrors takeGCRA's decision. State: the TAT.
+// gcraScript mirrors takeGCRA's decision. State: the TAT as whole µs,
+// followed, when its fraction is not 0, by a space and the fraction in
+// units of 2^-32 µs.
 //
 // Setting an expiry is the dearest part of a write (the expires table is
 // updated twice), so the TAT's expiry is moved only when the TAT enters a
@@ -64,28 +69,42 @@ var replyWidth = [numAlgorithms]int{TokenBucket: 1, SlidingWindow: 4, FixedWindo
 const gcraScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
-local floor = math.floor
+local floor, format = math.floor, string.format
 local vals = redis.call('MGET', unpack(KEYS))
-local out = {}
-local inc, tol = tonumber(ARGV[1]), tonumber(ARGV[2])
+local out, m = {}, #KEYS
+local iw, ifr, tw, tfr = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local F = 4294967296
+local span = tw
+if tfr > 0 then span = span + 1 end
+if span < 1000 then span = 1000 end
 for i = 1, #KEYS do
-	local k = KEYS[i]
-	local old = tonumber(vals[i])
-	local tat = old or now
-	if tat < now then tat = now end
-	local new = tat + inc
-	if now < new - tol then
-		out[i] = -1 - (tat - now)
-	else
-		local span = tol
-		if span < 1000 then span = 1000 end
-		local b = floor(new / span)
-		if old and floor(old / span) == b then
-			redis.call('SET', k, new, 'KEEPTTL')
-		else
-			redis.call('SET', k, new, 'PX', floor(((b + 2) * span - now) / 1000) + 1)
+	local v = vals[i]
+	local w, f, old = now, 0, nil
+	if v then
+		local a = tonumber(v)
+		if not a then
+			local as, fs = string.match(v, '^(%d+) (%d+)$')
+			a, f = tonumber(as), tonumber(fs) or 0
 		end
-		out[i] = tat - now
+		old = a
+		if a and (a > now or a == now and f > 0) then w = a else f = 0 end
+	end
+	if f > 0 then out[m + 1], out[m + 2], m = i, f, m + 2 end
+	local nw, nf = w + iw, f + ifr
+	if nf >= F then nw, nf = nw + 1, nf - F end
+	local e = nw - tw - now
+	if e > 0 or (e == 0 and nf > tfr) then
+		out[i] = -1 - (w - now)
+	else
+		local b = floor(nw / span)
+		local val = nw
+		if nf > 0 then val = format('%.0f %.0f', nw, nf) end
+		if old and floor(old / span) == b then
+			redis.call('SET', KEYS[i], val, 'KEEPTTL')
+		else
+			redis.call('SET', KEYS[i], val, 'PX', floor(((b + 2) * span - now) / 1000) + 1)
+		end
+		out[i] = w - now
 	end
 end
 return out
@@ -210,24 +229,27 @@ return out
 `
 
 // setArgs sets c's algorithm and script arguments for a Take of n units
-// under lim. The store resolves time to whole µs: a period is rounded down to
-// µs (at least 1), and a token bucket faster than one unit per µs is not
-// enforced exactly.
+// under lim. The store resolves time to whole µs: a period is rounded up to
+// µs, and a token bucket's interval is kept to 2^-32 µs (see gcra.go).
 func (c *call) setArgs(lim Limit, n int64) {
-	c.alg, c.capacity = lim.Algorithm, lim.Capacity()
-	c.rate, c.period, c.n = lim.Rate, max(1, lim.Period.Microseconds()), n
-	if c.alg == TokenBucket { // takeGCRA's arithmetic, in µs
-		unit := gcraUnit(c.period, c.rate)
-		c.interval = float64(unit)
-		c.tol = unit * c.capacity
-		c.inc = unit * n
+	c.alg, c.frac = lim.Algorithm, 0
+	c.rate, c.period, c.n = lim.Rate, micros(lim.Period), n
+	c.gcra = gcra{capacity: lim.Capacity()}
+	if c.alg == TokenBucket {
+		c.gcra = newGCRA(c.period, lim, n)
 	}
+}
+
+// micros is d in whole µs, rounded up (a shorter period would admit more),
+// at least 1.
+func micros(d time.Duration) int64 {
+	return max(1, (d.Nanoseconds()+999)/1000)
 }
 
 // appendArgs appends c's script arguments to args.
 func (c *call) appendArgs(args []any) []any {
 	if c.alg == TokenBucket {
-		return append(args, &c.inc, &c.tol)
+		return append(args, &c.inc.w, &c.inc.f, &c.tol.w, &c.tol.f)
 	}
 	return append(args, &c.rate, &c.period, &c.n)
 }
@@ -235,8 +257,12 @@ func (c *call) appendArgs(args []any) []any {
 // decode turns c's part of a script reply (replyWidth[c.alg] integers) into
 // a Result.
 func (c *call) decode(v []int64) Result {
-	if c.alg == TokenBucket {
-		return gcraResult(c.interval, c.tol, c.inc, c.capacity, v[0])
+	if c.alg == TokenBucket { // the TAT found, from now; see gcraScript
+		d, allowed := v[0], v[0] >= 0
+		if !allowed {
+			d = -1 - d
+		}
+		return c.result(fixed{d, c.frac}, allowed, time.Microsecond)
 	}
 	return Result{
 		Allowed:    v[0] == 1,
@@ -245,19 +271,4 @@ func (c *call) decode(v []int64) Result {
 		RetryAfter: time.Duration(v[2]) * time.Microsecond,
 		ResetAfter: time.Duration(v[3]) * time.Microsecond,
 	}
-}
-
-// gcraResult completes gcraScript's decision d (see there) with takeGCRA's
-// arithmetic, in µs.
-func gcraResult(interval float64, tolerance, inc, capacity, d int64) Result {
-	res := Result{Allowed: d >= 0, Limit: capacity}
-	if res.Allowed {
-		d += inc // the new TAT, from now
-	} else {
-		d = -1 - d
-		res.RetryAfter = time.Duration(d+inc-tolerance) * time.Microsecond
-	}
-	res.Remaining = max(0, int64(float64(tolerance-d)/interval))
-	res.ResetAfter = time.Duration(d) * time.Microsecond
-	return res
 }

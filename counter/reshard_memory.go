@@ -149,8 +149,8 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 		// Σ max(0, TAT_i-now)·rate_i; float64, as takeGCRA's interval is.
 		var d float64
 		for _, sh := range from {
-			if c := s.peek(sh, t, false); c.a > t {
-				d += float64(c.a-t) * float64(sh.Limit.Rate)
+			if c := s.peek(sh, t, false); c.a > t || c.a == t && c.b > 0 {
+				d += (float64(c.a-t) + float64(c.b)/fracOne) * float64(sh.Limit.Rate)
 			}
 		}
 		tat := t + int64(math.Round(d/float64(plan.total)))
@@ -159,8 +159,10 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 		}
 		for _, sh := range to {
 			s.seed(sh, t, func(c *state) {
-				c.a = max(c.a, tat)
-				c.expires = max(c.expires, c.a) // takeGCRA's expiry: the TAT
+				if tat > c.a {
+					c.a, c.b = tat, 0
+				}
+				c.expires = max(c.expires, fixed{c.a, c.b}.ceil()) // takeGCRA's expiry: the TAT
 			})
 		}
 	case SlidingWindow, FixedWindow:

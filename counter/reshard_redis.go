@@ -40,28 +40,36 @@ var reshardScripts = [numAlgorithms]*redis.Script{
 	SlidingLog:    redis.NewScript(slidingLogSeedScript),
 }
 
-// gcraSeedScript raises KEYS[1]'s TAT to its seed. ARGV: tol (µs, as
-// setArgs computes it, for the expiry), total (Σ rate over to), then one
+// gcraSeedScript raises KEYS[1]'s TAT to its seed. ARGV: tol (whole µs,
+// rounded up from setArgs', for the expiry), total (Σ rate over to), then one
 // (TAT, rate) pair per counter of from that holds a value: the value as GET
-// read it, parsed here with tonumber as gcraScript parses it. The seed is
-// now + Σ max(0, TAT_i - now)·rate_i / total; the expiry is set as
-// gcraScript sets it. Replies 1 if it wrote, else 0.
+// read it, read here as gcraScript reads it. The seed is now + Σ max(0,
+// TAT_i - now)·rate_i / total; the expiry is set as gcraScript sets it.
+// Replies 1 if it wrote, else 0.
 const gcraSeedScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local floor = math.floor
+local F = 4294967296
+local function tat(v) -- whole µs and fraction, as gcraScript reads v
+	if type(v) ~= 'string' then return nil end
+	local a, f = tonumber(v), 0
+	if not a then
+		local as, fs = string.match(v, '^(%d+) (%d+)$')
+		a, f = tonumber(as), tonumber(fs) or 0
+	end
+	return a, f
+end
 local k = KEYS[1]
 local tol, total = tonumber(ARGV[1]), tonumber(ARGV[2])
 local d = 0
 for i = 3, #ARGV - 1, 2 do
-	local tat = tonumber(ARGV[i])
-	if tat and tat > now then d = d + (tat - now) * tonumber(ARGV[i + 1]) end
+	local a, f = tat(ARGV[i])
+	if a and (a > now or a == now and f > 0) then d = d + (a - now + f / F) * tonumber(ARGV[i + 1]) end
 end
 local new = now + floor(d / total + 0.5)
 if new <= now then return 0 end
-local v = redis.pcall('GET', k)
-local old
-if type(v) == 'string' then old = tonumber(v) end
+local old = tat(redis.pcall('GET', k))
 if old and old >= new then return 0 end
 local span = tol
 if span < 1000 then span = 1000 end
@@ -210,7 +218,7 @@ type seedCall struct {
 }
 
 func (s *RedisStore) reshard(ctx context.Context, plan reshardPlan, from, to []Shard) error {
-	p := max(1, plan.period.Microseconds()) // as setArgs rounds it
+	p := micros(plan.period) // as setArgs rounds it
 	vals, logs, err := s.readFrom(ctx, plan.alg, from)
 	if err != nil {
 		return err
@@ -230,7 +238,7 @@ func (s *RedisStore) reshard(ctx context.Context, plan reshardPlan, from, to []S
 		for _, sh := range to {
 			var c call
 			c.setArgs(sh.Limit, 1)
-			args := append([]any{c.tol, plan.total}, tats...)
+			args := append([]any{c.tol.ceil(), plan.total}, tats...)
 			seeds = append(seeds, seedCall{s.cfg.Prefix + sh.Name, args})
 		}
 	case SlidingWindow, FixedWindow:
