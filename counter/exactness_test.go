@@ -125,6 +125,47 @@ func TestTokenBucketEmptiedBucketRefill(t *testing.T) {
 	}
 }
 
+// TestRedisTokenBucketTTLAfterToleranceGrows raises a key's tolerance
+// (burst 10 → 1000 at 1000/s) and checks that its TTL covers its TAT plus
+// the new tolerance: a TTL left from the small tolerance would let the key
+// expire with its TAT ahead, and a full burst pass again. It runs 50 times,
+// the script's clock (faked, as in scriptAt) 20 ms further each time so
+// that the TATs fall at every phase of the store's expiry spans. An expiry
+// is set relative to the script's clock, so the PTTL read after the Take
+// is the TTL the Take left, less the real time the two took.
+func TestRedisTokenBucketTTLAfterToleranceGrows(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	ctx := context.Background()
+	small := Limit{Rate: 1000, Period: time.Second, Burst: 10}
+	large := Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+	tol := time.Second // large's
+	short, worst := 0, time.Duration(1<<62)
+	for i := range 50 {
+		key := testKey(t)
+		now := t0.UnixMicro() + int64(i)*20_000
+		scriptAt(t, client, []string{key}, small, 10, now)
+		start := time.Now()
+		r := scriptAt(t, client, []string{key}, large, 500, now)[0]
+		ttl, err := client.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		elapsed := time.Since(start)
+		if !r.Allowed {
+			t.Fatalf("500 of a fresh burst of 1000 denied: %+v", r)
+		}
+		if margin := ttl - (r.ResetAfter + tol - elapsed); margin < -time.Millisecond {
+			short++
+			worst = min(worst, ttl)
+		}
+	}
+	t.Logf("%d of 50 keys got a TTL short of TAT + tolerance", short)
+	if short > 0 {
+		t.Errorf("%d of 50 keys got a TTL short of TAT + tolerance (shortest %v, TAT about 510 ms ahead)", short, worst)
+	}
+}
+
 // sane reports what is wrong with r as a result under lim, if anything.
 func sane(r Result, lim Limit) string {
 	switch {
@@ -215,5 +256,60 @@ func TestRedisTokenBucketMatchesMemory(t *testing.T) {
 				t.Errorf("%d of %d allowed, %d with a next unit due: want a mix of decisions", allowed, takes, next)
 			}
 		})
+	}
+}
+
+// TestRedisTokenBucketExpiryCovers takes from keys under limits whose
+// tolerance goes up and down, and checks after every admission that the
+// key's expiry covers its TAT plus the tolerance and exceeds it by at most
+// 1.5 expiry spans (see gcraScript), however the key was written before.
+// It runs on the server's clock, pausing now and then so that TATs fall
+// behind it too; the checks hold whatever time passes between the Take
+// and the PTTL read, since both figures run down together.
+func TestRedisTokenBucketExpiryCovers(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	s := newTestStore(t, client, RedisConfig{})
+	ctx := context.Background()
+	lims := []Limit{
+		{Rate: 1000, Period: time.Second, Burst: 10},
+		{Rate: 1000, Period: time.Second, Burst: 1000},
+		{Rate: 700_000, Period: time.Second, Burst: 35_000},
+		{Rate: 3, Period: time.Second},
+		{Rate: 100, Period: 10 * time.Second, Burst: 20},
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	keys := []string{testKey(t), testKey(t), testKey(t)}
+	checked := 0
+	for i := range 300 {
+		if i%2 == 1 {
+			time.Sleep(time.Duration(rng.Int64N(int64(10 * time.Millisecond))))
+		}
+		lim := lims[rng.IntN(len(lims))]
+		n := 1 + rng.Int64N(lim.Capacity()/20+1)
+		key := keys[rng.IntN(len(keys))]
+		start := time.Now()
+		r := mustTake(t, s, key, lim, n)
+		ttl, err := client.PTTL(ctx, s.cfg.Prefix+key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		elapsed := time.Since(start)
+		if !r.Allowed {
+			continue
+		}
+		checked++
+		var c call
+		c.setArgs(lim, n)
+		tol := time.Duration(c.tol.ceil()) * time.Microsecond
+		span := time.Millisecond << c.level
+		if lo, hi := r.ResetAfter+tol-elapsed-time.Millisecond, r.ResetAfter+span*3/2+time.Millisecond; ttl < lo || ttl > hi {
+			t.Fatalf("step %d: %d per %v, burst %d: TTL %v with the TAT %v ahead: want between %v and %v",
+				i, lim.Rate, lim.Period, lim.Capacity(), ttl, r.ResetAfter, lo, hi)
+		}
+	}
+	t.Logf("%d admissions checked", checked)
+	if checked < 30 {
+		t.Errorf("only %d admissions checked", checked)
 	}
 }

@@ -219,6 +219,7 @@ type call struct {
 	// so that building a command allocates nothing per call.
 	rate, period, n int64 // period in µs
 	gcra                  // the token bucket's figures in µs, and the capacity
+	level           int64 // token bucket: its expiry span's level (spanLevel)
 	frac            int64 // token bucket: the fraction of the TAT found, from the reply
 
 	res  Result

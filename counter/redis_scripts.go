@@ -1,6 +1,7 @@
 package counter
 
 import (
+	"math/bits"
 	"time"
 )
 
@@ -14,11 +15,11 @@ import (
 // script's keys must live on one node, in one slot). ARGV holds (see
 // appendArgs):
 //
-//   - token bucket: inc, tol, once for all its keys: the TAT increment of the
-//     cost and the burst tolerance, each as whole µs and a fraction of 2^-32
-//     µs (computed in Go by newGCRA, as the memory store computes them). The
-//     store groups Takes by these and never sends a key twice in one script
-//     call (worker.group);
+//   - token bucket: inc, tol and the expiry span's level, once for all its
+//     keys: the TAT increment of the cost and the burst tolerance, each as
+//     whole µs and a fraction of 2^-32 µs (computed in Go by newGCRA, as the
+//     memory store computes them). The store groups Takes by these and never
+//     sends a key twice in one script call (worker.group);
 //   - window algorithms, per key: rate, period in µs, cost n.
 //
 // The reply holds replyWidth integers per key: for the token bucket the TAT
@@ -54,40 +55,58 @@ var replyWidth = [numAlgorithms]int{TokenBucket: 1, SlidingWindow: 4, FixedWindo
 
 // gcraScript mirrors takeGCRA's decision. State: the TAT as whole µs,
 // followed, when its fraction is not 0, by a space and the fraction in
-// units of 2^-32 µs.
+// units of 2^-32 µs, then by k+1 spaces, k being the level of the expiry
+// span that the key's expiry was set for (a number with blanks after it
+// still reads as one with tonumber).
 //
 // Setting an expiry is the dearest part of a write (the expires table is
-// updated twice), so the TAT's expiry is moved only when the TAT enters a
-// new span of tol µs (a burst's worth): the key then expires at the end of
-// the span after next (set as PX from now, so that tests can fake TIME),
-// and writes within the span keep that expiry (KEEPTTL). Since a TAT stays
-// in its span until it leaves it, the key outlives its TAT, and it expires
-// at most 2·tol after it. A burst of writes thus moves the expiry once, not
-// once per write. All reads are one MGET, which answers nil for a key
-// holding another algorithm's state, so such a key starts afresh; the keys
-// of one call are distinct, so no write needs reading back.
+// updated twice and the command rewritten for replication), so a write
+// keeps the key's expiry while it can. The expiry span is 1 ms·2^k, the
+// least of at least the tolerance (the level k comes from Go, spanLevel).
+// A write that moves the expiry sets it, from now (so that tests can fake
+// TIME), to the end of the TAT's half-span plus a span: at least one span,
+// so at least the tolerance, past the TAT, and at most 1.5 spans, so less
+// than three tolerances. A write whose TAT stays in the half-span of the
+// TAT it replaces, at the same level, keeps that expiry, which still covers
+// the TAT plus the tolerance. A value at another level (the limit changed)
+// or in another format moves it. A plain write within the half-span only
+// overwrites the TAT's digits (SETRANGE), which keeps the expiry and the
+// level's blanks without building a string. A burst of writes thus moves
+// the expiry once, not once per write.
+//
+// All reads are one MGET, which answers nil for a key holding another
+// algorithm's state, so such a key starts afresh; the keys of one call are
+// distinct, so no write needs reading back.
 const gcraScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local floor, format = math.floor, string.format
 local vals = redis.call('MGET', unpack(KEYS))
 local out, m = {}, #KEYS
-local iw, ifr, tw, tfr = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local F = 4294967296
-local span = tw
-if tfr > 0 then span = span + 1 end
-if span < 1000 then span = 1000 end
+local iw, ifr, tw, tfr, k = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
+local F, MAXT = 4294967296, 9007199254740992
+local span = 1000 * 2 ^ k
+local half = span / 2
+local blanks = string.rep(' ', k + 1)
+local whole, frac, len = '%.0f' .. blanks, '%.0f %.0f' .. blanks, 17 + k
 for i = 1, #KEYS do
 	local v = vals[i]
-	local w, f, old = now, 0, nil
+	local w, f, old, plain = now, 0, false, false
 	if v then
 		local a = tonumber(v)
-		if not a then
-			local as, fs = string.match(v, '^(%d+) (%d+)$')
-			a, f = tonumber(as), tonumber(fs) or 0
+		if a then
+			if a > now then w = a end
+			if #v == len then old, plain = a, true end
+		else
+			local as, fs = string.match(v, '^(%d+) (%d+) +$')
+			a, f = tonumber(as), tonumber(fs)
+			if a then
+				if #v == #as + #fs + len - 15 then old = a end
+				if a < now then f = 0 else w = a end
+			else
+				f = 0
+			end
 		end
-		old = a
-		if a and (a > now or a == now and f > 0) then w = a else f = 0 end
 	end
 	if f > 0 then out[m + 1], out[m + 2], m = i, f, m + 2 end
 	local nw, nf = w + iw, f + ifr
@@ -96,13 +115,22 @@ for i = 1, #KEYS do
 	if e > 0 or (e == 0 and nf > tfr) then
 		out[i] = -1 - (w - now)
 	else
-		local b = floor(nw / span)
-		local val = nw
-		if nf > 0 then val = format('%.0f %.0f', nw, nf) end
-		if old and floor(old / span) == b then
-			redis.call('SET', KEYS[i], val, 'KEEPTTL')
+		local b = floor(nw / half)
+		if old and floor(old / half) == b then
+			if plain and nf == 0 and nw < MAXT then
+				redis.call('SETRANGE', KEYS[i], 0, nw)
+			elseif nf == 0 then
+				redis.call('SET', KEYS[i], format(whole, nw), 'KEEPTTL')
+			else
+				redis.call('SET', KEYS[i], format(frac, nw, nf), 'KEEPTTL')
+			end
 		else
-			redis.call('SET', KEYS[i], val, 'PX', floor(((b + 2) * span - now) / 1000) + 1)
+			local px = floor(((b + 1) * half + span - now) / 1000) + 1
+			if nf == 0 then
+				redis.call('SET', KEYS[i], format(whole, nw), 'PX', px)
+			else
+				redis.call('SET', KEYS[i], format(frac, nw, nf), 'PX', px)
+			end
 		end
 		out[i] = w - now
 	end
@@ -237,6 +265,7 @@ func (c *call) setArgs(lim Limit, n int64) {
 	c.gcra = gcra{capacity: lim.Capacity()}
 	if c.alg == TokenBucket {
 		c.gcra = newGCRA(c.period, lim, n)
+		c.level = spanLevel(c.tol)
 	}
 }
 
@@ -246,10 +275,20 @@ func micros(d time.Duration) int64 {
 	return max(1, (d.Nanoseconds()+999)/1000)
 }
 
+// maxSpanLevel caps gcraScript's expiry span at 1 ms·2^42, 139 years.
+const maxSpanLevel = 42
+
+// spanLevel is the level k of gcraScript's expiry span for a tolerance of
+// tol µs: the least k with 1 ms·2^k ≥ tol, at most maxSpanLevel.
+func spanLevel(tol fixed) int64 {
+	m := (tol.ceil() + 999) / 1000 // ms, rounded up
+	return min(maxSpanLevel, int64(bits.Len64(uint64(max(1, m)-1))))
+}
+
 // appendArgs appends c's script arguments to args.
 func (c *call) appendArgs(args []any) []any {
 	if c.alg == TokenBucket {
-		return append(args, &c.inc.w, &c.inc.f, &c.tol.w, &c.tol.f)
+		return append(args, &c.inc.w, &c.inc.f, &c.tol.w, &c.tol.f, &c.level)
 	}
 	return append(args, &c.rate, &c.period, &c.n)
 }

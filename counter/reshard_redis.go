@@ -44,8 +44,10 @@ var reshardScripts = [numAlgorithms]*redis.Script{
 // rounded up from setArgs', for the expiry), total (Σ rate over to), then one
 // (TAT, rate) pair per counter of from that holds a value: the value as GET
 // read it, read here as gcraScript reads it. The seed is now + Σ max(0,
-// TAT_i - now)·rate_i / total; the expiry is set as gcraScript sets it.
-// Replies 1 if it wrote, else 0.
+// TAT_i - now)·rate_i / total; it is written as a whole µs with no span
+// level, so the next take sets its own expiry, and it expires at the end of
+// the tol-long span after next, which covers it and the tolerance. Replies
+// 1 if it wrote, else 0.
 const gcraSeedScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -55,7 +57,7 @@ local function tat(v) -- whole µs and fraction, as gcraScript reads v
 	if type(v) ~= 'string' then return nil end
 	local a, f = tonumber(v), 0
 	if not a then
-		local as, fs = string.match(v, '^(%d+) (%d+)$')
+		local as, fs = string.match(v, '^(%d+) (%d+) +$')
 		a, f = tonumber(as), tonumber(fs) or 0
 	end
 	return a, f
@@ -71,14 +73,9 @@ local new = now + floor(d / total + 0.5)
 if new <= now then return 0 end
 local old = tat(redis.pcall('GET', k))
 if old and old >= new then return 0 end
-local span = tol
-if span < 1000 then span = 1000 end
+local span = math.max(tol, 1000)
 local b = floor(new / span)
-if old and floor(old / span) == b then
-	redis.call('SET', k, new, 'KEEPTTL')
-else
-	redis.call('SET', k, new, 'PX', floor(((b + 2) * span - now) / 1000) + 1)
-end
+redis.call('SET', k, new, 'PX', floor(((b + 2) * span - now) / 1000) + 1)
 return 1
 `
 
