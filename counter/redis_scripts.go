@@ -34,9 +34,12 @@ import (
 // string concatenation print only 14 significant digits, so instants that
 // go into strings are formatted with string.format('%.0f', x).
 //
-// A key holding another algorithm's state (the limit changed algorithm) is
-// read as absent and overwritten: the counter starts afresh, and one such key
-// cannot fail the other decisions of its batch.
+// A key holding another algorithm's state (the limit changed algorithm), or
+// a value no script writes (not a number, not finite, not whole, negative,
+// or beyond 2^53, where a double stops being exact), is read as absent and
+// overwritten: the counter starts afresh, and one such key can fail neither
+// the other decisions of its batch (a script error would fail them all) nor,
+// through a non-finite expiry, its own.
 //
 // Server CPU per decision bounds the store's throughput, so the scripts do
 // as little as they can: few redis.call's (a denied take writes nothing;
@@ -95,12 +98,12 @@ for i = 1, #KEYS do
 	if v then
 		local a = tonumber(v)
 		if a then
-			if a > now then w = a end
+			if a > now and a < MAXT and a % 1 == 0 then w = a end
 			if #v == len then old, plain = a, true end
 		else
 			local as, fs = string.match(v, '^(%d+) (%d+) +$')
 			a, f = tonumber(as), tonumber(fs)
-			if a then
+			if a and a < MAXT and f < F then
 				if #v == #as + #fs + len - 15 then old = a end
 				if a < now then f = 0 else w = a end
 			else
@@ -125,7 +128,7 @@ for i = 1, #KEYS do
 				redis.call('SET', KEYS[i], format(frac, nw, nf), 'KEEPTTL')
 			end
 		else
-			local px = floor(((b + 1) * half + span - now) / 1000) + 1
+			local px = math.min(floor(((b + 1) * half + span - now) / 1000) + 1, 1e15)
 			if nf == 0 then
 				redis.call('SET', KEYS[i], format(whole, nw), 'PX', px)
 			else
@@ -141,10 +144,12 @@ return out
 // slidingWindowScript mirrors takeSlidingWindow, slidingRetry and
 // firstAfter. State: "w cur prev", expiring two periods after window w
 // starts. floor(prev·left/p) is exact while rate × period in µs < 2^53.
+// The pattern admits digits only; a count of 2^53 or more is read as absent.
 const slidingWindowScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local floor, ceil = math.floor, math.ceil
+local MAXC = 9007199254740992
 local function firstAfter(count, k, p)
 	if count <= k then return 0 end
 	return floor(p - (k + 1) * p / count) + 1
@@ -158,11 +163,13 @@ for i = 1, #KEYS do
 	local v = redis.pcall('GET', k)
 	if type(v) == 'string' then
 		local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
-		a = tonumber(a)
-		if a == w then
-			cur, prev = tonumber(b), tonumber(c)
-		elseif a == w - 1 then
-			prev = tonumber(b)
+		a, b, c = tonumber(a), tonumber(b), tonumber(c)
+		if a and b < MAXC and c < MAXC then
+			if a == w then
+				cur, prev = b, c
+			elseif a == w - 1 then
+				prev = b
+			end
 		end
 	end
 	local elapsed = now - w * p
@@ -190,7 +197,7 @@ return out
 `
 
 // fixedWindowScript mirrors takeFixedWindow. State: "w count", expiring at
-// the end of window w.
+// the end of window w; a count of 2^53 or more is read as absent.
 const fixedWindowScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -203,7 +210,8 @@ for i = 1, #KEYS do
 	local v = redis.pcall('GET', k)
 	if type(v) == 'string' then
 		local a, b = string.match(v, '^(%d+) (%d+)$')
-		if tonumber(a) == w then cur = tonumber(b) end
+		b = tonumber(b)
+		if tonumber(a) == w and b < 9007199254740992 then cur = b end
 	end
 	local reset = (w + 1) * p - now
 	local ok, retry = 0, reset
@@ -219,7 +227,9 @@ return out
 
 // slidingLogScript mirrors takeSlidingLog. State: a sorted set of admitted
 // instants (members made unique with a sequence number), expiring one
-// period after the newest.
+// period after the newest. An entry more than a period ahead of now is no
+// instant a take wrote (+inf, say, whose waits would not be finite): it is
+// dropped with the entries that left the window.
 const slidingLogScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -230,6 +240,8 @@ for i = 1, #KEYS do
 	local rate, p, n = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])
 	if type(redis.pcall('ZREMRANGEBYSCORE', k, '-inf', now - p)) == 'table' then
 		redis.call('DEL', k) -- another algorithm's state
+	else
+		redis.call('ZREMRANGEBYSCORE', k, '(' .. string.format('%.0f', now + p), '+inf')
 	end
 	local used = redis.call('ZCARD', k)
 	j = 4 * i - 4
