@@ -13,8 +13,8 @@ type state struct {
 	// SlidingWindow, FixedWindow: a is the window index, b the current
 	// window's count, c the previous window's count.
 	a, b, c int64
-	// log holds SlidingLog's admitted instants, oldest first.
-	log []int64
+	// log holds SlidingLog's admitted units, oldest first (slidinglog.go).
+	log []logEntry
 	// expires is when the state no longer matters (a fresh counter would
 	// decide the same).
 	expires int64
@@ -132,27 +132,19 @@ func (s *state) takeFixedWindow(now int64, lim Limit, n int64) Result {
 
 func (s *state) takeSlidingLog(now int64, lim Limit, n int64) Result {
 	p := int64(lim.Period)
-	drop := 0
-	for drop < len(s.log) && s.log[drop] <= now-p {
-		drop++
-	}
-	if drop > 0 {
-		s.log = s.log[:copy(s.log, s.log[drop:])]
-	}
-	used := int64(len(s.log))
+	s.logDrop(now - p)
+	used := s.logUnits()
 	if used+n > lim.Rate {
-		// The (used+n-Rate)-th oldest entry must leave the window first.
-		oldest := s.log[used+n-lim.Rate-1]
+		// The (used+n-Rate)-th oldest unit must leave the window first.
 		return Result{
 			Limit:      lim.Rate,
 			Remaining:  max(0, lim.Rate-used), // used > Rate once the limit is lowered
-			RetryAfter: time.Duration(oldest + p - now),
-			ResetAfter: time.Duration(s.log[used-1] + p - now),
+			RetryAfter: time.Duration(s.logOldest(used+n-lim.Rate) + p - now),
+			ResetAfter: time.Duration(max(0, s.logNewest()+p-now)),
 		}
 	}
-	for range n {
-		s.log = append(s.log, now)
-	}
-	s.expires = now + p
-	return Result{Allowed: true, Limit: lim.Rate, Remaining: lim.Rate - used - n, ResetAfter: time.Duration(p)}
+	s.logAdd(now, n, p)
+	newest := s.logNewest() // now, or the end of its slot
+	s.expires = newest + p
+	return Result{Allowed: true, Limit: lim.Rate, Remaining: lim.Rate - used - n, ResetAfter: time.Duration(newest + p - now)}
 }

@@ -22,9 +22,14 @@
 //     can send Rate requests at the end of one window and Rate more at the start
 //     of the next, so up to 2× Rate can pass within one Period across a
 //     boundary.
-//   - SlidingLog: one timestamp per admitted request over the last Period.
-//     Exact, and memory grows with Rate, so it is meant for low limits such as
-//     logins; Rate is capped at MaxLogRate.
+//   - SlidingLog: the admitted requests of the last Period, each with its
+//     instant. Exact, and its state grows with the requests (on Redis with
+//     the units: one sorted-set member each), so it is meant for low limits
+//     such as logins; Rate is capped at MaxLogRate. The memory store keeps a
+//     request as one entry whatever its cost and bounds a log's entries: a
+//     log busier than maxLogEntries/2 requests per period rounds instants up
+//     to a slot of the period, which may deny a little early, never admit
+//     more (see slidinglog.go).
 //
 // Time: the memory store reads an injected clock; the Redis store takes time
 // from redis.call('TIME'), so client clocks never decide.
@@ -69,8 +74,8 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	return 0, fmt.Errorf("%w: %q", ErrUnknownAlgorithm, s)
 }
 
-// MaxLogRate caps Rate for SlidingLog, whose state holds one entry per
-// admitted request.
+// MaxLogRate caps Rate for SlidingLog, whose Redis state holds one entry
+// per admitted unit.
 const MaxLogRate = 100_000
 
 // Errors returned for invalid limits. Store errors are wrapped separately.
