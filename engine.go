@@ -631,16 +631,12 @@ func (e *Engine) take(ctx context.Context, name string, hash uint64, lim Limit, 
 	case err != nil:
 	case !r.Allowed:
 		e.deny.add(id, n, e.opt.clock(), r)
-	case r.Remaining == 0 && lim.Algorithm == counter.TokenBucket:
-		// The admission emptied the bucket: no unit is due before the
-		// TAT is within the tolerance less one unit of now. Remember
-		// that as a denial too, or a key over its limit would cost a
-		// store call per unit admitted plus one per unit refused.
-		// Other instances can only empty the bucket further.
-		interval := float64(lim.Period) / float64(lim.Rate)
-		if wait := r.ResetAfter - time.Duration(float64(lim.Capacity()-1)*interval); wait > 0 {
-			e.deny.add(id, 1, e.opt.clock(), counter.Result{Limit: r.Limit, RetryAfter: wait, ResetAfter: r.ResetAfter})
-		}
+	case r.NextAfter > 0:
+		// The admission emptied the bucket: the store says when its next
+		// unit is due. Remember that as a denial too, or a key over its
+		// limit would cost a store call per unit admitted plus one per
+		// unit refused. Other instances can only empty the bucket further.
+		e.deny.add(id, 1, e.opt.clock(), counter.Result{Limit: r.Limit, RetryAfter: r.NextAfter, ResetAfter: r.ResetAfter})
 	}
 	return r, err
 }

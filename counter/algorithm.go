@@ -9,12 +9,12 @@ import (
 // state is one counter's state in the memory store. Field use depends on the
 // algorithm; all instants are Unix nanoseconds.
 type state struct {
-	// TokenBucket: a is the TAT.
+	// TokenBucket: a is the TAT, b its fraction of a ns (see gcra.go).
 	// SlidingWindow, FixedWindow: a is the window index, b the current
 	// window's count, c the previous window's count.
 	a, b, c int64
-	// log holds SlidingLog's admitted instants, oldest first.
-	log []int64
+	// log holds SlidingLog's admitted units, oldest first (slidinglog.go).
+	log []logEntry
 	// expires is when the state no longer matters (a fresh counter would
 	// decide the same).
 	expires int64
@@ -35,38 +35,21 @@ func (s *state) take(now int64, lim Limit, n int64) Result {
 }
 
 func (s *state) takeGCRA(now int64, lim Limit, n int64) Result {
-	capacity := lim.Capacity()
-	// Instants stay int64: a float64 near 1.8e18 ns is only exact to 256 ns.
-	// The emission interval is rounded to a whole ns once, and the burst
-	// tolerance is a whole number of them, so that a full burst always fits
-	// (rounding each request's increment separately could add up past the
-	// tolerance and refuse the burst's last unit).
-	unit := gcraUnit(lim.Period.Nanoseconds(), lim.Rate)
-	tolerance := unit * capacity
-	tat := max(s.a, now)
-	newTAT := tat + n*unit
-	if allowAt := newTAT - tolerance; now < allowAt {
-		return Result{
-			Limit:      capacity,
-			Remaining:  max(0, (tolerance-(tat-now))/unit),
-			RetryAfter: time.Duration(allowAt - now),
-			ResetAfter: time.Duration(tat - now),
-		}
+	g := newGCRA(lim.Period.Nanoseconds(), lim, n)
+	// The TAT is a, with b/2^32 ns more (see gcra.go); one at or behind now
+	// counts as now.
+	tat := fixed{now, 0}
+	if s.a > now || s.a == now && s.b > 0 {
+		tat = fixed{s.a, s.b}
 	}
-	s.a = newTAT
-	s.expires = newTAT
-	return Result{
-		Allowed:    true,
-		Limit:      capacity,
-		Remaining:  max(0, (tolerance-(newTAT-now))/unit),
-		ResetAfter: time.Duration(newTAT - now),
+	d := tat.sub(fixed{now, 0})
+	ok := g.decide(d)
+	if ok {
+		tat = tat.add(g.inc)
+		s.a, s.b = tat.w, tat.f
+		s.expires = tat.ceil()
 	}
-}
-
-// gcraUnit is the token bucket's emission interval, period/rate, rounded to
-// a whole tick (ns in memory, µs in Redis), at least 1.
-func gcraUnit(period, rate int64) int64 {
-	return max(1, int64(math.Round(float64(period)/float64(rate))))
+	return g.result(d, ok, time.Nanosecond)
 }
 
 func (s *state) takeSlidingWindow(now int64, lim Limit, n int64) Result {
@@ -139,7 +122,8 @@ func (s *state) takeFixedWindow(now int64, lim Limit, n int64) Result {
 	}
 	reset := time.Duration((w+1)*p - now)
 	if s.b+n > lim.Rate {
-		return Result{Limit: lim.Rate, Remaining: lim.Rate - s.b, RetryAfter: reset, ResetAfter: reset}
+		// s.b exceeds Rate if the limit was lowered in this window.
+		return Result{Limit: lim.Rate, Remaining: max(0, lim.Rate-s.b), RetryAfter: reset, ResetAfter: reset}
 	}
 	s.b += n
 	s.expires = (w + 1) * p
@@ -148,27 +132,19 @@ func (s *state) takeFixedWindow(now int64, lim Limit, n int64) Result {
 
 func (s *state) takeSlidingLog(now int64, lim Limit, n int64) Result {
 	p := int64(lim.Period)
-	drop := 0
-	for drop < len(s.log) && s.log[drop] <= now-p {
-		drop++
-	}
-	if drop > 0 {
-		s.log = s.log[:copy(s.log, s.log[drop:])]
-	}
-	used := int64(len(s.log))
+	s.logDrop(now - p)
+	used := s.logUnits()
 	if used+n > lim.Rate {
-		// The (used+n-Rate)-th oldest entry must leave the window first.
-		oldest := s.log[used+n-lim.Rate-1]
+		// The (used+n-Rate)-th oldest unit must leave the window first.
 		return Result{
 			Limit:      lim.Rate,
-			Remaining:  lim.Rate - used,
-			RetryAfter: time.Duration(oldest + p - now),
-			ResetAfter: time.Duration(s.log[used-1] + p - now),
+			Remaining:  max(0, lim.Rate-used), // used > Rate once the limit is lowered
+			RetryAfter: time.Duration(s.logOldest(used+n-lim.Rate) + p - now),
+			ResetAfter: time.Duration(max(0, s.logNewest()+p-now)),
 		}
 	}
-	for range n {
-		s.log = append(s.log, now)
-	}
-	s.expires = now + p
-	return Result{Allowed: true, Limit: lim.Rate, Remaining: lim.Rate - used - n, ResetAfter: time.Duration(p)}
+	s.logAdd(now, n, p)
+	newest := s.logNewest() // now, or the end of its slot
+	s.expires = newest + p
+	return Result{Allowed: true, Limit: lim.Rate, Remaining: lim.Rate - used - n, ResetAfter: time.Duration(newest + p - now)}
 }

@@ -10,7 +10,9 @@
 //     cost n advances the TAT by n emission intervals (Period/Rate) and is
 //     admitted when the new TAT is no further than Burst intervals ahead of
 //     now. It allows bursts of up to Burst and a sustained Rate per Period, at
-//     the cost of one integer of state. The default choice.
+//     the cost of one timestamp of state. The interval is kept to 2^-32 of
+//     the store's tick (see gcra.go), so a rate is enforced as given even when
+//     it does not divide its period. The default choice.
 //   - SlidingWindow, the sliding-window counter: two fixed windows (current and
 //     previous), with the previous one weighted by how much of it still lies
 //     inside the sliding window. Two integers of state; the estimate assumes the
@@ -20,9 +22,14 @@
 //     can send Rate requests at the end of one window and Rate more at the start
 //     of the next, so up to 2× Rate can pass within one Period across a
 //     boundary.
-//   - SlidingLog: one timestamp per admitted request over the last Period.
-//     Exact, and memory grows with Rate, so it is meant for low limits such as
-//     logins; Rate is capped at MaxLogRate.
+//   - SlidingLog: the admitted requests of the last Period, each with its
+//     instant. Exact, and its state grows with the requests (on Redis with
+//     the units: one sorted-set member each), so it is meant for low limits
+//     such as logins; Rate is capped at MaxLogRate. The memory store keeps a
+//     request as one entry whatever its cost and bounds a log's entries: a
+//     log busier than maxLogEntries/2 requests per period rounds instants up
+//     to a slot of the period, which may deny a little early, never admit
+//     more (see slidinglog.go).
 //
 // Time: the memory store reads an injected clock; the Redis store takes time
 // from redis.call('TIME'), so client clocks never decide.
@@ -67,8 +74,8 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 	return 0, fmt.Errorf("%w: %q", ErrUnknownAlgorithm, s)
 }
 
-// MaxLogRate caps Rate for SlidingLog, whose state holds one entry per
-// admitted request.
+// MaxLogRate caps Rate for SlidingLog, whose Redis state holds one entry
+// per admitted unit.
 const MaxLogRate = 100_000
 
 // Errors returned for invalid limits. Store errors are wrapped separately.
@@ -148,6 +155,12 @@ type Result struct {
 	RetryAfter time.Duration
 	// ResetAfter is how long until the counter is back to full capacity.
 	ResetAfter time.Duration
+	// NextAfter is how long until a request of cost 1 could pass: 0 when
+	// one could now. It is the store's own figure, rounded as the store
+	// rounds its decisions, so that a caller remembering a denial (the
+	// engine's deny cache) agrees with the store. Only TokenBucket sets it;
+	// it is 0 for the other algorithms.
+	NextAfter time.Duration
 }
 
 // Store runs the algorithms on named counters. Implementations are safe for

@@ -228,15 +228,16 @@ func checkLoad(cmd *redis.StringCmd, sha any) error {
 // (ctx done, store closed) is left to the garbage collector, because a worker
 // may still write to it.
 type call struct {
-	ctx      context.Context
-	key      string // prefixed counter name
-	alg      Algorithm
-	capacity int64
+	ctx context.Context
+	key string // prefixed counter name
+	alg Algorithm
 
 	// Script arguments (see redis_scripts.go), passed to go-redis by pointer
 	// so that building a command allocates nothing per call.
-	inc, tol, rate, period, n int64   // µs for inc, tol and period
-	interval                  float64 // token bucket: µs per unit, to decode the reply
+	rate, period, n int64 // period in µs
+	gcra                  // the token bucket's figures in µs, and the capacity
+	level           int64 // token bucket: its expiry span's level (spanLevel)
+	frac            int64 // token bucket: the fraction of the TAT found, from the reply
 
 	res  Result
 	err  error
@@ -348,13 +349,16 @@ type worker struct {
 	// Token-bucket grouping (see group): the calls of each script call, the
 	// script calls of each (inc, tol), and how often a key was seen.
 	tb      [][]*call
-	classes map[[2]int64][]int
+	classes map[tbClass][]int
 	seen    map[tbKey]int
 }
 
+// tbClass is the token-bucket arguments a script call carries once.
+type tbClass struct{ inc, tol fixed }
+
 type tbKey struct {
-	key      string
-	inc, tol int64
+	key string
+	tbClass
 }
 
 // group is the calls that share one EVALSHA.
@@ -491,14 +495,14 @@ func (w *worker) groupTokenBucket(calls []*call) {
 		return
 	}
 	if w.classes == nil {
-		w.classes, w.seen = make(map[[2]int64][]int), make(map[tbKey]int)
+		w.classes, w.seen = make(map[tbClass][]int), make(map[tbKey]int)
 	}
 	clear(w.classes)
 	clear(w.seen)
 	used := 0
 	for _, c := range calls {
-		cls := [2]int64{c.inc, c.tol}
-		k := tbKey{c.key, c.inc, c.tol}
+		cls := tbClass{c.inc, c.tol}
+		k := tbKey{c.key, cls}
 		nth := w.seen[k] // the key's nth appearance goes to the class's nth call
 		w.seen[k] = nth + 1
 		list := w.classes[cls]
@@ -560,8 +564,13 @@ func (w *worker) exec(groups []group) {
 func (g *group) finish() {
 	v, err := g.cmd.Val(), g.cmd.Err()
 	width := replyWidth[g.alg]
-	if err == nil && len(v) != width*len(g.calls) {
+	n := width * len(g.calls)
+	switch {
+	case err != nil:
+	case len(v) < n || g.alg != TokenBucket && len(v) != n:
 		err = errBadReply
+	case g.alg == TokenBucket:
+		err = g.fractions(v[n:])
 	}
 	for i, c := range g.calls {
 		if err != nil {
@@ -570,4 +579,20 @@ func (g *group) finish() {
 			c.finish(c.decode(v[i*width:(i+1)*width]), nil)
 		}
 	}
+}
+
+// fractions hands the fractions of the TATs a token-bucket script found to
+// their calls: v holds (1-based index, fraction) pairs (see gcraScript).
+func (g *group) fractions(v []int64) error {
+	if len(v)%2 != 0 {
+		return errBadReply
+	}
+	for i := 0; i < len(v); i += 2 {
+		k, f := v[i]-1, v[i+1]
+		if k < 0 || k >= int64(len(g.calls)) || f < 0 || f >= fracOne {
+			return errBadReply
+		}
+		g.calls[k].frac = f
+	}
+	return nil
 }

@@ -27,15 +27,16 @@ import (
 //     previous window's, for SlidingWindow) are summed, a counter whose state
 //     is of an older window read as the take path reads it, and each sum is
 //     split into shares that add up to it exactly (see shares).
-//   - SlidingLog: the entries of from still inside the window are handed out
-//     in time order, interleaved so that each counter of to gets its share of
-//     them and of every stretch of time (see spread).
+//   - SlidingLog: the units of from still inside the window, each at its
+//     entry's instant, are handed out in time order, interleaved so that each
+//     counter of to gets its share of them and of every stretch of time (see
+//     spread).
 //
 // A counter of to is raised to its seed, never lowered: a token-bucket TAT
 // becomes the later of the two, a window count the larger of the two (within
 // the current window; a counter of an older window is first aged as a take
 // would age it), and a log short of its seed gets the newest of its seeded
-// entries until it holds as many live entries as the seed. Seeding writes the
+// units until it holds as many live units as the seed. Seeding writes the
 // expiry a take would write. A counter with no usage to seed is not written.
 
 // ErrInvalidReshard is returned (wrapped) by Reshard when from or to is
@@ -149,8 +150,8 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 		// Σ max(0, TAT_i-now)·rate_i; float64, as takeGCRA's interval is.
 		var d float64
 		for _, sh := range from {
-			if c := s.peek(sh, t, false); c.a > t {
-				d += float64(c.a-t) * float64(sh.Limit.Rate)
+			if c := s.peek(sh, t, false); c.a > t || c.a == t && c.b > 0 {
+				d += (float64(c.a-t) + float64(c.b)/fracOne) * float64(sh.Limit.Rate)
 			}
 		}
 		tat := t + int64(math.Round(d/float64(plan.total)))
@@ -159,8 +160,10 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 		}
 		for _, sh := range to {
 			s.seed(sh, t, func(c *state) {
-				c.a = max(c.a, tat)
-				c.expires = max(c.expires, c.a) // takeGCRA's expiry: the TAT
+				if tat > c.a {
+					c.a, c.b = tat, 0
+				}
+				c.expires = max(c.expires, fixed{c.a, c.b}.ceil()) // takeGCRA's expiry: the TAT
 			})
 		}
 	case SlidingWindow, FixedWindow:
@@ -204,9 +207,9 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 			})
 		}
 	case SlidingLog:
-		var log []int64
+		var log []int64 // one instant per unit
 		for _, sh := range from {
-			log = append(log, s.peek(sh, t, true).log...)
+			log = appendUnits(log, s.peek(sh, t, true).log)
 		}
 		slices.Sort(log)
 		counts := shares(int64(len(log)), to, plan.total)
@@ -220,19 +223,17 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 			}
 			seed := seeds[j]
 			s.seed(sh, t, func(c *state) {
-				live := c.log[:0] // drop what takeSlidingLog would drop
-				for _, at := range c.log {
-					if at > t-p {
-						live = append(live, at)
+				c.logDrop(t - p) // as takeSlidingLog drops
+				if need := int64(len(seed)) - c.logUnits(); need > 0 {
+					units := appendUnits(slices.Clone(seed[len(seed)-int(need):]), c.log) // the newest of the seed
+					slices.Sort(units)
+					c.log = c.log[:0]
+					for _, at := range units { // as takes would log them, bounded alike
+						c.logAdd(at, 1, p)
 					}
 				}
-				c.log = live
-				if need := len(seed) - len(c.log); need > 0 {
-					c.log = append(c.log, seed[len(seed)-need:]...) // the newest
-					slices.Sort(c.log)
-				}
 				// takeSlidingLog's expiry: a period after the newest entry
-				c.expires = max(c.expires, c.log[len(c.log)-1]+p)
+				c.expires = max(c.expires, c.logNewest()+p)
 			})
 		}
 	}
@@ -253,13 +254,23 @@ func (s *MemoryStore) peek(sh Shard, t int64, log bool) state {
 	out := state{a: c.a, b: c.b, c: c.c, expires: c.expires}
 	if log {
 		cut := t - int64(sh.Limit.Period)
-		for _, at := range c.log {
-			if at > cut {
-				out.log = append(out.log, at)
+		for _, e := range c.log {
+			if e.at > cut {
+				out.log = append(out.log, e)
 			}
 		}
 	}
 	return out
+}
+
+// appendUnits appends the instant of every unit of log to dst.
+func appendUnits(dst []int64, log []logEntry) []int64 {
+	for _, e := range log {
+		for range e.n {
+			dst = append(dst, e.at)
+		}
+	}
+	return dst
 }
 
 // seed runs f on sh's state at t under its stripe's lock, creating the

@@ -40,37 +40,44 @@ var reshardScripts = [numAlgorithms]*redis.Script{
 	SlidingLog:    redis.NewScript(slidingLogSeedScript),
 }
 
-// gcraSeedScript raises KEYS[1]'s TAT to its seed. ARGV: tol (µs, as
-// setArgs computes it, for the expiry), total (Σ rate over to), then one
+// gcraSeedScript raises KEYS[1]'s TAT to its seed. ARGV: tol (whole µs,
+// rounded up from setArgs', for the expiry), total (Σ rate over to), then one
 // (TAT, rate) pair per counter of from that holds a value: the value as GET
-// read it, parsed here with tonumber as gcraScript parses it. The seed is
-// now + Σ max(0, TAT_i - now)·rate_i / total; the expiry is set as
-// gcraScript sets it. Replies 1 if it wrote, else 0.
+// read it, read here as gcraScript reads it (a value no take writes counts
+// as unused). The seed is now + Σ max(0, TAT_i - now)·rate_i / total; it is
+// written as a whole µs with no span level, so the next take sets its own
+// expiry, and it expires at the end of the tol-long span after next, which
+// covers it and the tolerance. Replies 1 if it wrote, else 0.
 const gcraSeedScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local floor = math.floor
+local F, MAXT = 4294967296, 9007199254740992
+local function tat(v) -- whole µs and fraction, as gcraScript reads v; nil if no take wrote it
+	if type(v) ~= 'string' then return nil end
+	local a, f = tonumber(v), 0
+	if not a then
+		local as, fs = string.match(v, '^(%d+) (%d+) +$')
+		a, f = tonumber(as), tonumber(fs)
+		if not (a and f < F) then return nil end
+	end
+	if a >= 0 and a < MAXT and a % 1 == 0 then return a, f end
+	return nil
+end
 local k = KEYS[1]
 local tol, total = tonumber(ARGV[1]), tonumber(ARGV[2])
 local d = 0
 for i = 3, #ARGV - 1, 2 do
-	local tat = tonumber(ARGV[i])
-	if tat and tat > now then d = d + (tat - now) * tonumber(ARGV[i + 1]) end
+	local a, f = tat(ARGV[i])
+	if a and (a > now or a == now and f > 0) then d = d + (a - now + f / F) * tonumber(ARGV[i + 1]) end
 end
-local new = now + floor(d / total + 0.5)
+local new = math.min(now + floor(d / total + 0.5), MAXT - 1)
 if new <= now then return 0 end
-local v = redis.pcall('GET', k)
-local old
-if type(v) == 'string' then old = tonumber(v) end
+local old = tat(redis.pcall('GET', k))
 if old and old >= new then return 0 end
-local span = tol
-if span < 1000 then span = 1000 end
+local span = math.max(tol, 1000)
 local b = floor(new / span)
-if old and floor(old / span) == b then
-	redis.call('SET', k, new, 'KEEPTTL')
-else
-	redis.call('SET', k, new, 'PX', floor(((b + 2) * span - now) / 1000) + 1)
-end
+redis.call('SET', k, new, 'PX', math.min(floor(((b + 2) * span - now) / 1000) + 1, 1e15))
 return 1
 `
 
@@ -94,11 +101,13 @@ local cur, prev = 0, 0
 local v = redis.pcall('GET', k)
 if type(v) == 'string' then
 	local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
-	a = tonumber(a)
-	if a == w then
-		cur, prev = tonumber(b), tonumber(c)
-	elseif a == w - 1 then
-		prev = tonumber(b)
+	a, b, c = tonumber(a), tonumber(b), tonumber(c)
+	if a and b < 9007199254740992 and c < 9007199254740992 then
+		if a == w then
+			cur, prev = b, c
+		elseif a == w - 1 then
+			prev = b
+		end
 	end
 end
 if scur <= cur and sprev <= prev then return 0 end
@@ -123,7 +132,8 @@ local cur = 0
 local v = redis.pcall('GET', k)
 if type(v) == 'string' then
 	local a, b = string.match(v, '^(%d+) (%d+)$')
-	if tonumber(a) == w then cur = tonumber(b) end
+	b = tonumber(b)
+	if tonumber(a) == w and b < 9007199254740992 then cur = b end
 end
 if seed <= cur then return 0 end
 redis.call('SET', k, string.format('%.0f %.0f', w, seed), 'PX', math.ceil(((w + 1) * p - now) / 1000))
@@ -136,8 +146,9 @@ return 1
 // seed; if the log then holds fewer entries than the seed, the newest seeded
 // entries not in it are added (ZADD NX: members are unique, so one entry is
 // never added twice) until it holds as many. A key holding another
-// algorithm's state is replaced, as slidingLogScript replaces it. The log
-// expires a period after its newest entry, as slidingLogScript has it.
+// algorithm's state is replaced, and an entry more than a period ahead
+// dropped, as slidingLogScript does. The log expires a period after its
+// newest entry, as slidingLogScript has it.
 // Replies 1 if it wrote, else 0.
 const slidingLogSeedScript = `
 local t = redis.call('TIME')
@@ -147,6 +158,8 @@ local p = tonumber(ARGV[1])
 local cut = now - p
 if type(redis.pcall('ZREMRANGEBYSCORE', k, '-inf', cut)) == 'table' then
 	redis.call('DEL', k) -- another algorithm's state
+else
+	redis.call('ZREMRANGEBYSCORE', k, '(' .. string.format('%.0f', now + p), '+inf')
 end
 local live = {} -- ARGV indices of the seeded entries still inside the window
 for i = 2, #ARGV - 1, 2 do
@@ -210,7 +223,7 @@ type seedCall struct {
 }
 
 func (s *RedisStore) reshard(ctx context.Context, plan reshardPlan, from, to []Shard) error {
-	p := max(1, plan.period.Microseconds()) // as setArgs rounds it
+	p := micros(plan.period) // as setArgs rounds it
 	vals, logs, err := s.readFrom(ctx, plan.alg, from)
 	if err != nil {
 		return err
@@ -230,7 +243,7 @@ func (s *RedisStore) reshard(ctx context.Context, plan reshardPlan, from, to []S
 		for _, sh := range to {
 			var c call
 			c.setArgs(sh.Limit, 1)
-			args := append([]any{c.tol, plan.total}, tats...)
+			args := append([]any{c.tol.ceil(), plan.total}, tats...)
 			seeds = append(seeds, seedCall{s.cfg.Prefix + sh.Name, args})
 		}
 	case SlidingWindow, FixedWindow:
@@ -278,8 +291,10 @@ func (s *RedisStore) reshard(ctx context.Context, plan reshardPlan, from, to []S
 		var log []int64
 		for _, l := range logs {
 			for _, z := range l {
-				if at := int64(z.Score); at > now-p {
-					log = append(log, at)
+				// As slidingLogScript counts entries: those in the window,
+				// and none more than a period ahead (+inf, say).
+				if z.Score > float64(now-p) && z.Score <= float64(now+p) {
+					log = append(log, int64(z.Score))
 				}
 			}
 		}
@@ -390,7 +405,8 @@ func (s *RedisStore) pipeSeeds(ctx context.Context, script *redis.Script, seeds 
 }
 
 // parseCounts parses a window state "w count [previous]" of n fields as
-// the window scripts' patterns do (^(%d+) (%d+)( (%d+))?$).
+// the window scripts do: digits only (^(%d+) (%d+)( (%d+))?$), each field
+// below 2^53.
 func parseCounts(v string, n int) ([]int64, bool) {
 	f := strings.Split(v, " ")
 	if len(f) != n {
@@ -402,7 +418,7 @@ func parseCounts(v string, n int) ([]int64, bool) {
 			return nil, false
 		}
 		x, err := strconv.ParseInt(s, 10, 64)
-		if err != nil {
+		if err != nil || x >= 1<<53 {
 			return nil, false
 		}
 		out[i] = x

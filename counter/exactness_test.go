@@ -1,0 +1,570 @@
+package counter
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Tests that no rounding, expiry or stored value hands out more than a
+// limit, and that no figure of a Result is out of range.
+
+// scriptAt runs lim's take script once on keys at the instant now (µs),
+// TIME replaced by arguments as TestRedisScriptsMatchMemory does, taking n
+// from each key. The keys must be distinct.
+func scriptAt(t *testing.T, client redis.UniversalClient, keys []string, lim Limit, n, now int64) []Result {
+	t.Helper()
+	src := strings.Replace(scripts[lim.Algorithm], "redis.call('TIME')", "{ARGV[#ARGV - 1], ARGV[#ARGV]}", 1)
+	calls := make([]call, len(keys))
+	var args []any
+	for i := range calls {
+		calls[i].setArgs(lim, n)
+		if lim.Algorithm != TokenBucket || i == 0 {
+			args = calls[i].appendArgs(args)
+		}
+	}
+	v, err := redis.NewScript(src).Run(context.Background(), client, keys, append(args, now/1e6, now%1e6)...).Int64Slice()
+	if err != nil {
+		t.Fatalf("script: %v", err)
+	}
+	w := replyWidth[lim.Algorithm]
+	g := group{alg: lim.Algorithm}
+	for i := range calls {
+		g.calls = append(g.calls, &calls[i])
+	}
+	if len(v) < w*len(keys) || g.fractions(v[w*len(keys):]) != nil {
+		t.Fatalf("reply %v: want %d integers, then (index, fraction) pairs", v, w*len(keys))
+	}
+	out := make([]Result, len(keys))
+	for i := range calls {
+		out[i] = calls[i].decode(v[i*w : (i+1)*w])
+	}
+	return out
+}
+
+// TestTokenBucketFullBurstResetAfter checks the emission interval of rates
+// that do not divide the period: a full burst taken from a fresh bucket
+// must take one period to refill, on every store, give or take two ticks
+// (ns in memory, µs on Redis). The check holds whatever time passes, since
+// one Take is decided at one instant.
+func TestTokenBucketFullBurstResetAfter(t *testing.T) {
+	for _, h := range harnesses(t) {
+		t.Run(h.name, func(t *testing.T) {
+			for _, lim := range []Limit{
+				{Rate: 700_000, Period: time.Second},
+				{Rate: 1_500_000, Period: time.Second},
+				{Rate: 3, Period: time.Second},
+				{Rate: 7, Period: time.Minute},
+				{Rate: 999_999, Period: time.Second},
+				{Rate: 300, Period: time.Second, Burst: 20_000},
+			} {
+				r := h.take(t, uniqueKey(t), lim, lim.Capacity())
+				want := time.Duration(float64(lim.Period) * float64(lim.Capacity()) / float64(lim.Rate))
+				tick := time.Duration(2)
+				if !h.exact {
+					tick = 2 * time.Microsecond
+				}
+				if !r.Allowed || r.ResetAfter < want || r.ResetAfter > want+tick {
+					t.Errorf("%d per %v, burst %d: a full burst gave %+v, want refilled in %v (+%v)",
+						lim.Rate, lim.Period, lim.Capacity(), r, want, tick)
+				}
+			}
+		})
+	}
+}
+
+// TestTokenBucketEmptiedBucketRefill empties a bucket of 700k/s and finds
+// the largest cost admitted 100 ms later, on fixed instants: 70,000 units
+// were emitted, less a hair of the interval rounded up, so 69,999 and not
+// one more, on both stores alike.
+func TestTokenBucketEmptiedBucketRefill(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	lim := Limit{Rate: 700_000, Period: time.Second}
+	const later = 100 * time.Millisecond
+	mem := NewMemoryStore(MemoryConfig{})
+	stores := []struct {
+		name string
+		take func(key string, n int64, at time.Time) Result
+	}{
+		{"memory", func(key string, n int64, at time.Time) Result { return mem.TakeAt(at, key, 0, lim, n) }},
+		{"redis", func(key string, n int64, at time.Time) Result {
+			return scriptAt(t, client, []string{key}, lim, n, at.UnixMicro())[0]
+		}},
+	}
+	for _, s := range stores {
+		admits := func(n int64) bool {
+			key := testKey(t)
+			if r := s.take(key, lim.Capacity(), t0); !r.Allowed || r.Remaining != 0 {
+				t.Fatalf("%s: emptying a fresh bucket gave %+v", s.name, r)
+			}
+			return s.take(key, n, t0.Add(later)).Allowed
+		}
+		lo, hi := int64(0), lim.Capacity() // admits(lo), !admits(hi+1) unknown
+		if admits(hi) {
+			lo = hi
+		}
+		for lo < hi {
+			mid := (lo + hi + 1) / 2
+			if admits(mid) {
+				lo = mid
+			} else {
+				hi = mid - 1
+			}
+		}
+		t.Logf("%s: %d admitted %v after emptying", s.name, lo, later)
+		if lo != 69_999 {
+			t.Errorf("%s: the largest cost admitted %v after emptying a bucket of %d/s is %d, want 69999",
+				s.name, later, lim.Rate, lo)
+		}
+	}
+}
+
+// TestRedisTokenBucketTTLAfterToleranceGrows raises a key's tolerance
+// (burst 10 → 1000 at 1000/s) and checks that its TTL covers its TAT plus
+// the new tolerance: a TTL left from the small tolerance would let the key
+// expire with its TAT ahead, and a full burst pass again. It runs 50 times,
+// the script's clock (faked, as in scriptAt) 20 ms further each time so
+// that the TATs fall at every phase of the store's expiry spans. An expiry
+// is set relative to the script's clock, so the PTTL read after the Take
+// is the TTL the Take left, less the real time the two took.
+func TestRedisTokenBucketTTLAfterToleranceGrows(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	ctx := context.Background()
+	small := Limit{Rate: 1000, Period: time.Second, Burst: 10}
+	large := Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+	tol := time.Second // large's
+	short, worst := 0, time.Duration(1<<62)
+	for i := range 50 {
+		key := testKey(t)
+		now := t0.UnixMicro() + int64(i)*20_000
+		scriptAt(t, client, []string{key}, small, 10, now)
+		start := time.Now()
+		r := scriptAt(t, client, []string{key}, large, 500, now)[0]
+		ttl, err := client.PTTL(ctx, key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		elapsed := time.Since(start)
+		if !r.Allowed {
+			t.Fatalf("500 of a fresh burst of 1000 denied: %+v", r)
+		}
+		if margin := ttl - (r.ResetAfter + tol - elapsed); margin < -time.Millisecond {
+			short++
+			worst = min(worst, ttl)
+		}
+	}
+	t.Logf("%d of 50 keys got a TTL short of TAT + tolerance", short)
+	if short > 0 {
+		t.Errorf("%d of 50 keys got a TTL short of TAT + tolerance (shortest %v, TAT about 510 ms ahead)", short, worst)
+	}
+}
+
+// poisons are stored values no take script writes, per algorithm; w is the
+// current window of a period of longPeriod, so that window states look
+// current.
+func poisons(alg Algorithm, w int64) []string {
+	switch alg {
+	case TokenBucket:
+		return []string{"nan", "inf", "-inf", "1e400", "-1e400", "1e300", "99999999999999999999",
+			"-5", "1.5", "0x7fffffffffffffff", " nan ", "9007199254740993"}
+	case SlidingWindow:
+		return []string{
+			fmt.Sprintf("%d 99999999999999999999 0", w), fmt.Sprintf("%d 0 99999999999999999999", w),
+			fmt.Sprintf("%d %s 0", w, strings.Repeat("9", 400)), fmt.Sprintf("%d 0 %s", w, strings.Repeat("9", 400)),
+			fmt.Sprintf("%d 9007199254740993 0", w),
+		}
+	case FixedWindow:
+		return []string{
+			fmt.Sprintf("%d 99999999999999999999", w), fmt.Sprintf("%d %s", w, strings.Repeat("9", 400)),
+			fmt.Sprintf("%d 9007199254740993", w),
+		}
+	}
+	return []string{"+inf", "1e300", "9007199254740993"} // log scores
+}
+
+// poison writes v to key as alg's foreign state: a string, or for the log a
+// sorted set holding one entry of score v.
+func poison(ctx context.Context, client redis.UniversalClient, alg Algorithm, key, v string) error {
+	if alg != SlidingLog {
+		return client.Set(ctx, key, v, 0).Err()
+	}
+	if err := client.Del(ctx, key).Err(); err != nil {
+		return err
+	}
+	return client.Do(ctx, "zadd", key, v, "x").Err()
+}
+
+// sane reports what is wrong with r as a result under lim, if anything.
+func sane(r Result, lim Limit) string {
+	switch {
+	case r.Remaining < 0 || r.Remaining > r.Limit:
+		return fmt.Sprintf("remaining %d of %d", r.Remaining, r.Limit)
+	case r.Limit != lim.Capacity():
+		return fmt.Sprintf("limit %d, want %d", r.Limit, lim.Capacity())
+	case r.RetryAfter < 0 || !r.Allowed && r.RetryAfter == 0 || r.Allowed && r.RetryAfter != 0:
+		return fmt.Sprintf("retry-after %v when allowed=%v", r.RetryAfter, r.Allowed)
+	case r.ResetAfter < 0:
+		return fmt.Sprintf("reset-after %v", r.ResetAfter)
+	}
+	return ""
+}
+
+// TestRedisPoisonedState writes values no script writes (non-finite,
+// unparsable, out of range) to counters and takes from them while 16
+// goroutines take from other counters, batched with them. A poisoned
+// counter must start afresh, and cost nothing to the Takes on other keys.
+func TestRedisPoisonedState(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	s := newTestStore(t, client, RedisConfig{})
+	ctx := context.Background()
+	tm, err := client.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := tm.UnixMicro() / longPeriod.Microseconds()
+	total, failed := 0, 0
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			lim := Limit{Algorithm: alg, Rate: MaxLogRate, Period: longPeriod}
+			base := testKey(t)
+			var otherErrs, poisonedBad atomic.Int64
+			var firstErr atomic.Value
+			stop := make(chan struct{})
+			var wg sync.WaitGroup
+			for g := range 16 {
+				wg.Go(func() {
+					for i := range 200 {
+						r, err := s.Take(ctx, fmt.Sprintf("%s:other:%d:%d", base, g, i%50), 0, lim, 1)
+						if err != nil {
+							otherErrs.Add(1)
+							firstErr.CompareAndSwap(nil, err.Error())
+						} else if msg := sane(r, lim); msg != "" {
+							t.Errorf("other key: %s", msg)
+						}
+					}
+				})
+			}
+			var pg sync.WaitGroup
+			for p := range 4 {
+				pg.Go(func() {
+					vals := poisons(alg, w)
+					for i := 0; ; i++ {
+						select {
+						case <-stop:
+							return
+						default:
+						}
+						v := vals[i%len(vals)]
+						key := fmt.Sprintf("%s:poisoned:%d", base, p)
+						if err := poison(ctx, client, alg, s.cfg.Prefix+key, v); err != nil {
+							t.Error(err)
+							return
+						}
+						r, err := s.Take(ctx, key, 0, lim, 1)
+						if err != nil || !r.Allowed || r.Remaining != lim.Rate-1 || sane(r, lim) != "" {
+							if poisonedBad.Add(1) <= 3 {
+								t.Logf("poisoned with %q: %+v, %v; want a fresh counter", v, r, err)
+							}
+						}
+					}
+				})
+			}
+			wg.Wait()
+			close(stop)
+			pg.Wait()
+			total += 16 * 200
+			failed += int(otherErrs.Load())
+			if n := otherErrs.Load(); n > 0 {
+				t.Errorf("%d of %d Takes on other keys failed, first: %v", n, 16*200, firstErr.Load())
+			}
+			if n := poisonedBad.Load(); n > 0 {
+				t.Errorf("%d Takes on poisoned keys did not start afresh", n)
+			}
+		})
+	}
+	t.Logf("%d of %d Takes on other keys failed", failed, total)
+}
+
+// TestRedisReshardPoisonedState reshards from and onto counters holding
+// poisoned values: they count as unused, as Take reads them, and the
+// Reshard neither fails nor writes an expiry that is not a positive number.
+func TestRedisReshardPoisonedState(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	s := newTestStore(t, client, RedisConfig{})
+	ctx := context.Background()
+	tm, err := client.Time(ctx).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := tm.UnixMicro() / longPeriod.Microseconds()
+	errs, runs := 0, 0
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+		lim := Limit{Algorithm: alg, Rate: 100, Period: longPeriod, Burst: 100}
+		for _, v := range poisons(alg, w) {
+			for _, side := range []string{"from", "to"} {
+				base := testKey(t)
+				used, bad := shardOf(base+":used", lim), shardOf(base+":bad", lim)
+				if got := countAdmitted(t, s, used.Name, lim, 60); got != 60 {
+					t.Fatalf("%v: drain admitted %d of 60", alg, got)
+				}
+				kids := children(base, Limit{Algorithm: alg, Rate: 200, Period: longPeriod, Burst: 200}, 4)
+				from := []Shard{used, bad}
+				poisoned := bad
+				if side == "to" {
+					from = []Shard{used, shardOf(base+":unused", lim)}
+					poisoned = kids[0]
+				}
+				if err := poison(ctx, client, alg, s.cfg.Prefix+poisoned.Name, v); err != nil {
+					t.Fatal(err)
+				}
+				runs++
+				if err := s.Reshard(ctx, from, kids); err != nil {
+					errs++
+					t.Errorf("%v: %s holding %q: Reshard: %v", alg, side, v, err)
+					continue
+				}
+				// 60 used of the pair's 200, split over four of 50: 15 each.
+				for _, c := range kids {
+					if got := countAdmitted(t, s, c.Name, c.Limit, 50); got != 35 {
+						t.Errorf("%v: %s holding %q: %s admitted %d, want 35", alg, side, v, c.Name, got)
+					}
+				}
+			}
+		}
+	}
+	t.Logf("%d of %d Reshards failed", errs, runs)
+}
+
+// countAdmitted takes 1 from key k times and returns how many passed.
+func countAdmitted(t *testing.T, s Store, key string, lim Limit, k int) int {
+	t.Helper()
+	n := 0
+	for range k {
+		if mustTake(t, s, key, lim, 1).Allowed {
+			n++
+		}
+	}
+	return n
+}
+
+// TestLimitLoweredBehaviour uses up a limit of 100 and lowers it to 50:
+// on every store and algorithm, no figure of the Results may leave its
+// range (remaining in [0, limit], retry-after and reset-after not negative).
+func TestLimitLoweredBehaviour(t *testing.T) {
+	for _, h := range harnesses(t) {
+		t.Run(h.name, func(t *testing.T) {
+			for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+				high := Limit{Algorithm: alg, Rate: 100, Period: longPeriod, Burst: 100}
+				low := Limit{Algorithm: alg, Rate: 50, Period: longPeriod, Burst: 50}
+				key := uniqueKey(t)
+				if got := h.takeAll(t, key, high, 100); got != 100 {
+					t.Fatalf("%v: admitted %d of 100", alg, got)
+				}
+				worst := int64(0)
+				for range 3 {
+					r := h.take(t, key, low, 1)
+					worst = min(worst, r.Remaining)
+					if msg := sane(r, low); msg != "" || r.Allowed {
+						t.Errorf("%v: after lowering the limit: %+v: %s", alg, r, msg)
+					}
+				}
+				t.Logf("%v: lowest remaining %d", alg, worst)
+			}
+		})
+	}
+}
+
+// TestRedisTokenBucketMatchesMemory runs the token-bucket script on fixed
+// instants against the memory store, as TestRedisScriptsMatchMemory does,
+// for rates that do not divide their period, some faster than a unit per
+// µs: the decisions and Remaining must be the same, the durations within a
+// µs (the stores' ticks differ), NextAfter included. Keys expire on the
+// server's clock, not the faked one, so every burst lasts 2 s or more: no
+// key expires while the test runs, however loaded the machine.
+func TestRedisTokenBucketMatchesMemory(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	for _, lim := range []Limit{
+		{Rate: 700_000, Period: time.Second, Burst: 1_400_000},
+		{Rate: 1_500_000, Period: time.Second, Burst: 3_000_000},
+		{Rate: 3, Period: time.Second, Burst: 6},
+		{Rate: 7, Period: time.Minute, Burst: 5},
+		{Rate: 300, Period: time.Second, Burst: 20_000},
+	} {
+		t.Run(fmt.Sprintf("%d/%v/%d", lim.Rate, lim.Period, lim.Burst), func(t *testing.T) {
+			mem := NewMemoryStore(MemoryConfig{})
+			counters := []string{testKey(t), testKey(t)}
+			rng := rand.New(rand.NewPCG(7, uint64(lim.Rate)))
+			now := t0.UnixMicro()
+			span := lim.Period.Microseconds() * lim.Capacity() / lim.Rate / 4
+			allowed, takes, next := 0, 0, 0
+			for i := range 300 {
+				now += rng.Int64N(span + 1)
+				n := []int64{1, 1 + rng.Int64N(lim.Capacity()), lim.Capacity()}[rng.IntN(3)]
+				keys := counters[:1+rng.IntN(len(counters))]
+				got := scriptAt(t, client, keys, lim, n, now)
+				for j, key := range keys {
+					want := mem.TakeAt(time.UnixMicro(now), key, 0, lim, n)
+					if got[j].Allowed != want.Allowed || got[j].Remaining != want.Remaining ||
+						!nearMicro(got[j].RetryAfter, want.RetryAfter) || !nearMicro(got[j].ResetAfter, want.ResetAfter) ||
+						!nearMicro(got[j].NextAfter, want.NextAfter) {
+						t.Fatalf("step %d, key %d (n=%d): redis %+v, memory %+v", i, j, n, got[j], want)
+					}
+					if takes++; want.Allowed {
+						allowed++
+					}
+					if want.NextAfter > 0 {
+						next++
+					}
+				}
+			}
+			if allowed < takes/10 || allowed > takes*9/10 || next == 0 {
+				t.Errorf("%d of %d allowed, %d with a next unit due: want a mix of decisions", allowed, takes, next)
+			}
+		})
+	}
+}
+
+// TestRedisTokenBucketExpiryCovers takes from keys under limits whose
+// tolerance goes up and down, and checks after every admission that the
+// key's expiry covers its TAT plus the tolerance and exceeds it by at most
+// 1.5 expiry spans (see gcraScript), however the key was written before.
+// It runs on the server's clock, pausing now and then so that TATs fall
+// behind it too; the checks hold whatever time passes between the Take
+// and the PTTL read, since both figures run down together.
+func TestRedisTokenBucketExpiryCovers(t *testing.T) {
+	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
+	s := newTestStore(t, client, RedisConfig{})
+	ctx := context.Background()
+	lims := []Limit{
+		{Rate: 1000, Period: time.Second, Burst: 10},
+		{Rate: 1000, Period: time.Second, Burst: 1000},
+		{Rate: 700_000, Period: time.Second, Burst: 35_000},
+		{Rate: 3, Period: time.Second},
+		{Rate: 100, Period: 10 * time.Second, Burst: 20},
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	keys := []string{testKey(t), testKey(t), testKey(t)}
+	checked := 0
+	for i := range 300 {
+		if i%2 == 1 {
+			time.Sleep(time.Duration(rng.Int64N(int64(10 * time.Millisecond))))
+		}
+		lim := lims[rng.IntN(len(lims))]
+		n := 1 + rng.Int64N(lim.Capacity()/20+1)
+		key := keys[rng.IntN(len(keys))]
+		start := time.Now()
+		r := mustTake(t, s, key, lim, n)
+		ttl, err := client.PTTL(ctx, s.cfg.Prefix+key).Result()
+		if err != nil {
+			t.Fatal(err)
+		}
+		elapsed := time.Since(start)
+		if !r.Allowed {
+			continue
+		}
+		checked++
+		var c call
+		c.setArgs(lim, n)
+		tol := time.Duration(c.tol.ceil()) * time.Microsecond
+		span := time.Millisecond << c.level
+		if lo, hi := r.ResetAfter+tol-elapsed-time.Millisecond, r.ResetAfter+span*3/2+time.Millisecond; ttl < lo || ttl > hi {
+			t.Fatalf("step %d: %d per %v, burst %d: TTL %v with the TAT %v ahead: want between %v and %v",
+				i, lim.Rate, lim.Period, lim.Capacity(), ttl, r.ResetAfter, lo, hi)
+		}
+	}
+	t.Logf("%d admissions checked", checked)
+	if checked < 30 {
+		t.Errorf("only %d admissions checked", checked)
+	}
+}
+
+// heapAfterGC returns the live heap.
+func heapAfterGC() int64 {
+	runtime.GC()
+	runtime.GC() // what sync.Pools dropped at the first
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}
+
+// TestMemorySlidingLogBounded measures what sliding-log counters hold in
+// the memory store: a request costs one entry whatever its cost, and a
+// log's entries are bounded whatever its traffic.
+func TestMemorySlidingLogBounded(t *testing.T) {
+	lim := Limit{Algorithm: SlidingLog, Rate: MaxLogRate, Period: time.Minute}
+	s := NewMemoryStore(MemoryConfig{MaxKeys: 1 << 12, Stripes: 1})
+	const keys = 256
+	before := heapAfterGC()
+	for i := range keys {
+		if r := s.TakeAt(t0, fmt.Sprint("full", i), 0, lim, lim.Rate); !r.Allowed {
+			t.Fatalf("a full cost on a fresh log: %+v", r)
+		}
+	}
+	perKey := (heapAfterGC() - before) / keys
+	t.Logf("a request of cost %d: %d bytes held", lim.Rate, perKey)
+	if perKey > 1024 {
+		t.Errorf("a request of cost %d holds %d bytes, want at most 1 KiB", lim.Rate, perKey)
+	}
+
+	// One counter, a request of cost 1 every 3 ms for a period: 20,000
+	// requests at as many instants.
+	busyLim := Limit{Algorithm: SlidingLog, Rate: 20_000, Period: time.Minute}
+	before = heapAfterGC()
+	at := t0
+	for range busyLim.Rate {
+		at = at.Add(busyLim.Period / time.Duration(busyLim.Rate))
+		s.TakeAt(at, "busy", 0, busyLim, 1)
+	}
+	busy := heapAfterGC() - before
+	t.Logf("%d requests of cost 1 in a period: %d bytes held", busyLim.Rate, busy)
+	if busy > 32<<10 {
+		t.Errorf("%d requests in a period hold %d bytes, want at most 32 KiB", busyLim.Rate, busy)
+	}
+	runtime.KeepAlive(s)
+}
+
+// TestMemorySlidingLogBusyStillExact sends a log twice its rate for three
+// periods, at instants the log must round to slots: no window of a period
+// may hold more than the rate, and the log admits nearly the rate per
+// period all the same.
+func TestMemorySlidingLogBusyStillExact(t *testing.T) {
+	lim := Limit{Algorithm: SlidingLog, Rate: 2_000, Period: time.Second}
+	s := NewMemoryStore(MemoryConfig{})
+	step := lim.Period / time.Duration(2*lim.Rate)
+	var admitted []time.Time
+	for i := range 6 * lim.Rate {
+		at := t0.Add(time.Duration(i) * step)
+		if s.TakeAt(at, "k", 0, lim, 1).Allowed {
+			admitted = append(admitted, at)
+		}
+	}
+	// Every window (a-p, a] ending at an admission holds at most Rate.
+	lo := 0
+	for hi, a := range admitted {
+		for !admitted[lo].After(a.Add(-lim.Period)) {
+			lo++
+		}
+		if n := hi - lo + 1; n > int(lim.Rate) {
+			t.Fatalf("%d admitted in the period up to %v, limit %d", n, a.Sub(t0), lim.Rate)
+		}
+	}
+	want := 3 * int(lim.Rate)
+	t.Logf("%d admitted in 3 periods at twice the rate", len(admitted))
+	if len(admitted) < want*99/100 {
+		t.Errorf("%d admitted in 3 periods at twice the rate, want at least %d", len(admitted), want*99/100)
+	}
+}

@@ -1,0 +1,54 @@
+package hotkey
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+)
+
+// TestDenyCacheAgreesWithStore empties a token bucket through an engine
+// with the deny cache and through one without, then asks both once for one
+// unit a little later: the cache must deny exactly what the store denies,
+// for rates whose interval is not a whole tick as well.
+func TestDenyCacheAgreesWithStore(t *testing.T) {
+	ctx := context.Background()
+	disagreed := 0
+	for _, lim := range []Limit{
+		{Rate: 700_000, Period: time.Second},
+		{Rate: 1_500_000, Period: time.Second},
+		{Rate: 3, Period: time.Second},
+		{Rate: 300, Period: time.Second, Burst: 20_000},
+	} {
+		clock := newFakeClock()
+		cached, _ := newMemoryEngine(t, clock)
+		plain, _ := newMemoryEngine(t, clock, WithDenyCache(0))
+		interval := time.Duration(int64(lim.Period) / lim.Rate)
+		for i := range 16 {
+			key := fmt.Sprintf("k%d", i)
+			for _, e := range []*Engine{cached, plain} {
+				if r, err := e.AllowN(ctx, key, lim, lim.Capacity()); err != nil || !r.Allowed {
+					t.Fatalf("emptying: %+v, %v", r, err)
+				}
+			}
+			// Instants around the first unit's, and past it.
+			wait := interval*time.Duration(i)/8 + time.Duration(i%3)
+			clock.Advance(wait)
+			rc, err := cached.Allow(ctx, key, lim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			rp, err := plain.Allow(ctx, key, lim)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if rc.Allowed != rp.Allowed {
+				disagreed++
+				t.Errorf("%d per %v: %v after emptying, the deny cache says allowed=%v (retry-after %v), the store %v",
+					lim.Rate, lim.Period, wait, rc.Allowed, rc.RetryAfter, rp.Allowed)
+			}
+			clock.Advance(time.Hour) // refills every bucket
+		}
+	}
+	t.Logf("%d of 64 decisions disagreed", disagreed)
+}
