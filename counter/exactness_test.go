@@ -17,6 +17,28 @@ import (
 // Tests that no rounding, expiry or stored value hands out more than a
 // limit, and that no figure of a Result is out of range.
 
+// patient is the configuration of these tests' Redis stores: a round trip
+// may take long on a loaded machine, and a timeout is not what they test.
+var patient = RedisConfig{Timeout: time.Minute}
+
+// patientHarnesses are harnesses (store_test.go) whose Redis stores are
+// patient.
+func patientHarnesses(t *testing.T) []*harness {
+	hs := []*harness{memoryHarness()}
+	for _, c := range []struct {
+		name   string
+		client redis.UniversalClient
+	}{
+		{"redis", redis.NewClient(&redis.Options{Addr: testRedisAddr})},
+		{"cluster", redis.NewClusterClient(&redis.ClusterOptions{Addrs: testClusterAddrs})},
+	} {
+		t.Cleanup(func() { c.client.Close() })
+		s := newTestStore(t, c.client, patient)
+		hs = append(hs, &harness{name: c.name, store: s, sleep: time.Sleep, now: time.Now, period: time.Second})
+	}
+	return hs
+}
+
 // scriptAt runs lim's take script once on keys at the instant now (µs),
 // TIME replaced by arguments as TestRedisScriptsMatchMemory does, taking n
 // from each key. The keys must be distinct.
@@ -56,7 +78,7 @@ func scriptAt(t *testing.T, client redis.UniversalClient, keys []string, lim Lim
 // (ns in memory, µs on Redis). The check holds whatever time passes, since
 // one Take is decided at one instant.
 func TestTokenBucketFullBurstResetAfter(t *testing.T) {
-	for _, h := range harnesses(t) {
+	for _, h := range patientHarnesses(t) {
 		t.Run(h.name, func(t *testing.T) {
 			for _, lim := range []Limit{
 				{Rate: 700_000, Period: time.Second},
@@ -226,7 +248,7 @@ func sane(r Result, lim Limit) string {
 func TestRedisPoisonedState(t *testing.T) {
 	checkLeaks(t)
 	client := newTestClient(t, testRedisAddr)
-	s := newTestStore(t, client, RedisConfig{})
+	s := newTestStore(t, client, patient)
 	ctx := context.Background()
 	tm, err := client.Time(ctx).Result()
 	if err != nil {
@@ -302,7 +324,7 @@ func TestRedisPoisonedState(t *testing.T) {
 func TestRedisReshardPoisonedState(t *testing.T) {
 	checkLeaks(t)
 	client := newTestClient(t, testRedisAddr)
-	s := newTestStore(t, client, RedisConfig{})
+	s := newTestStore(t, client, patient)
 	ctx := context.Background()
 	tm, err := client.Time(ctx).Result()
 	if err != nil {
@@ -363,7 +385,7 @@ func countAdmitted(t *testing.T, s Store, key string, lim Limit, k int) int {
 // on every store and algorithm, no figure of the Results may leave its
 // range (remaining in [0, limit], retry-after and reset-after not negative).
 func TestLimitLoweredBehaviour(t *testing.T) {
-	for _, h := range harnesses(t) {
+	for _, h := range patientHarnesses(t) {
 		t.Run(h.name, func(t *testing.T) {
 			for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 				high := Limit{Algorithm: alg, Rate: 100, Period: longPeriod, Burst: 100}
@@ -447,7 +469,7 @@ func TestRedisTokenBucketMatchesMemory(t *testing.T) {
 func TestRedisTokenBucketExpiryCovers(t *testing.T) {
 	checkLeaks(t)
 	client := newTestClient(t, testRedisAddr)
-	s := newTestStore(t, client, RedisConfig{})
+	s := newTestStore(t, client, patient)
 	ctx := context.Background()
 	lims := []Limit{
 		{Rate: 1000, Period: time.Second, Burst: 10},
