@@ -307,7 +307,9 @@ func TestNATSTransferRedis(t *testing.T) {
 			key := fmt.Sprintf("tr:%v:%x", alg, rand.Uint64())
 			lim := Limit{Algorithm: alg, Rate: limit, Period: time.Second}
 			split, refc, periods := runFleetTransitions(t, f, ref, driver, key, lim)
-			if !checkTransitions(t, split, refc, limit, periods) {
+			spread := f.spread(key)
+			t.Logf("instances applied each level change within %v of each other", spread)
+			if !checkTransitions(t, split, refc, limit, periods, float64(spread)/float64(lim.Period), fleetWorkers) {
 				t.Error("split key handed out free quota across its transitions")
 			}
 		})
@@ -331,7 +333,7 @@ func runFleetTransitions(t *testing.T, f *fleet, ref *Engine, driver *coordinato
 	work := make(chan int, 1024)
 	var wg sync.WaitGroup
 	var failed error
-	for range 16 {
+	for range fleetWorkers {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -373,6 +375,44 @@ func runFleetTransitions(t *testing.T, f *fleet, ref *Engine, driver *coordinato
 	}
 	return split, refc, periods
 }
+
+// spread returns the longest time between the first and the last engine
+// applying one of key's level changes, from what the engines applied so
+// far (other keys' changes are dropped).
+func (f *fleet) spread(key string) time.Duration {
+	byEngine := map[int][]time.Time{}
+	for {
+		select {
+		case a := <-f.applied:
+			if a.key == key {
+				byEngine[a.engine] = append(byEngine[a.engine], a.at)
+			}
+			continue
+		default:
+		}
+		break
+	}
+	var longest time.Duration
+	for i := 0; ; i++ {
+		var first, last time.Time
+		for e := range f.engines {
+			if i >= len(byEngine[e]) {
+				return longest
+			}
+			at := byEngine[e][i]
+			if first.IsZero() || at.Before(first) {
+				first = at
+			}
+			if at.After(last) {
+				last = at
+			}
+		}
+		longest = max(longest, last.Sub(first))
+	}
+}
+
+// fleetWorkers is how many callers runFleetTransitions has deciding at once.
+const fleetWorkers = 16
 
 // nopHandler is the Handler of a coordinator that only announces.
 type nopHandler struct{}
