@@ -466,8 +466,8 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 		ent.SetMemo(lim) // for settle, should no decision come after a merge
 	}
 	// The counters of the level a cost of 1 fits, under the store's
-	// current placement, hold the key's usage; a larger cost may need
-	// fewer, larger subcounters.
+	// current placement, hold the key's usage; a larger cost must fit one
+	// of them (below).
 	p := e.placement()
 	level := shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, 1)
 	if e.reshard != nil && !ent.Holds(level, p) {
