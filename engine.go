@@ -548,13 +548,20 @@ func (e *Engine) entry(key string, hash uint64) *shard.Entry {
 	if ent := e.table.Lookup(key, hash); ent != nil {
 		return ent
 	}
-	slot := &e.splits[hash&(splitCacheSize-1)]
-	if ent := slot.Load(); ent != nil && ent.Hash == hash && ent.Key == key {
+	if ent := e.cached(key, hash); ent != nil {
 		return ent
 	}
 	ent := shard.NewEntry(key, hash, e.opt.splitAll, e.opt.splitAll, e.placement())
-	slot.Store(ent)
+	e.splits[hash&(splitCacheSize-1)].Store(ent)
 	return ent
+}
+
+// cached returns key's entry in the split cache (WithSplitAll), or nil.
+func (e *Engine) cached(key string, hash uint64) *shard.Entry {
+	if ent := e.splits[hash&(splitCacheSize-1)].Load(); ent != nil && ent.Hash == hash && ent.Key == key {
+		return ent
+	}
+	return nil
 }
 
 // heldOutside returns the level and placement whose counters hold the
@@ -565,7 +572,7 @@ func (e *Engine) heldOutside(key string, hash uint64) (int, shard.Placement) {
 	if e.splits == nil {
 		return shard.Level1, nil
 	}
-	if ent := e.splits[hash&(splitCacheSize-1)].Load(); ent != nil && ent.Hash == hash && ent.Key == key {
+	if ent := e.cached(key, hash); ent != nil {
 		return ent.HeldAt()
 	}
 	return e.opt.splitAll, e.placement()

@@ -147,13 +147,7 @@ func TestSecretFile(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
-		defer cancel()
-		if err := d.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	}()
+	defer shutdown(t, d)
 	nc, err := nats.Connect(d.NATSURL())
 	if err != nil {
 		t.Fatal(err)

@@ -39,13 +39,7 @@ func TestPoliciesIndependentHTTP(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		ctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
-		defer cancel()
-		if err := d.Shutdown(ctx); err != nil {
-			t.Errorf("shutdown: %v", err)
-		}
-	}()
+	defer shutdown(t, d)
 	client := &http.Client{Transport: &http.Transport{}}
 	defer client.CloseIdleConnections()
 	allow := func(body string) AllowResponse {
@@ -84,5 +78,15 @@ func TestPoliciesIndependentHTTP(t *testing.T) {
 	}
 	if r := allow(`{"key":"user_1"}`); !r.Allowed || r.Limit != 100 || r.Remaining < 100-11 {
 		t.Errorf("default after the run: %+v, want its own 100 less at most its 11", r)
+	}
+}
+
+// shutdown shuts d down within ShutdownTimeout, failing t if it cannot.
+func shutdown(t *testing.T, d *Daemon) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	if err := d.Shutdown(ctx); err != nil {
+		t.Errorf("shutdown: %v", err)
 	}
 }
