@@ -26,15 +26,20 @@ type Entry struct {
 	level atomic.Int32
 	seq   atomic.Uint64
 	names [4]atomic.Pointer[nameSet] // by levelIndex
-	// held and heldV say which counters hold the key's usage: those of
-	// level held, named under the placement of version heldV (the level
-	// and placement the last state transfer moved it to). Written under
-	// mu, with heldP, the placement itself.
-	held  atomic.Int32
-	heldV atomic.Uint64
-	heldP Placement
-	mu    sync.Mutex // serialises state transfers; guards heldP
-	memo  atomic.Value
+	// held says which counters hold the key's usage (where the last state
+	// transfer moved it), read whole: a level and a placement read apart
+	// could pair the old level with the new placement mid-transfer and
+	// name counters that hold nothing. Written under mu.
+	held atomic.Pointer[heldAt]
+	mu   sync.Mutex // serialises state transfers
+	memo atomic.Value
+}
+
+// heldAt is where a key's usage is: the counters of level under p.
+type heldAt struct {
+	level int
+	p     Placement
+	v     uint64 // p's version
 }
 
 type nameSet struct {
@@ -55,30 +60,28 @@ func version(p Placement) uint64 {
 // that just got hot, or a static level for a key split from the start. p
 // may be nil: one node.
 func NewEntry(key string, hash uint64, level, held int, p Placement) *Entry {
-	e := &Entry{Key: key, Hash: hash, heldP: p}
+	e := &Entry{Key: key, Hash: hash}
 	e.level.Store(int32(level))
-	e.held.Store(int32(held))
-	e.heldV.Store(version(p))
+	e.held.Store(&heldAt{held, p, version(p)})
 	return e
 }
 
 // Held returns the level whose counters hold the key's usage.
-func (e *Entry) Held() int { return int(e.held.Load()) }
+func (e *Entry) Held() int { return e.held.Load().level }
 
 // HeldAt returns the level and placement whose counters hold the key's
 // usage.
 func (e *Entry) HeldAt() (int, Placement) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return e.Held(), e.heldP
+	h := e.held.Load()
+	return h.level, h.p
 }
 
 // Holds reports whether the counters of level under p hold the key's
 // usage. The unsplit counter is named by the key alone, whatever the
 // placement.
 func (e *Entry) Holds(level int, p Placement) bool {
-	held := e.Held()
-	return held == level && (held == Level1 || e.heldV.Load() == version(p))
+	h := e.held.Load()
+	return h.level == level && (level == Level1 || h.v == version(p))
 }
 
 // Transfer moves the key's usage to the counters of level to under
@@ -96,12 +99,11 @@ func (e *Entry) Transfer(to int, p Placement, move func(from int, fromP Placemen
 	if e.Holds(to, p) {
 		return nil
 	}
-	if err := move(e.Held(), e.heldP, to); err != nil {
+	h := e.held.Load()
+	if err := move(h.level, h.p, to); err != nil {
 		return err
 	}
-	e.heldP = p
-	e.heldV.Store(version(p))
-	e.held.Store(int32(to))
+	e.held.Store(&heldAt{to, p, version(p)})
 	return nil
 }
 
