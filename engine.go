@@ -258,19 +258,21 @@ func (e *Engine) loop() {
 type handler struct{ e *Engine }
 
 // SetLevel implements coordinator.Handler. A key split statically
-// (WithSplitKeys, WithSplitAll) never goes below its static level. A full
-// table (WithMaxHotKeys) leaves further keys unsplit. A key merged back
-// stays in the table, at level 1, until a decision has moved its usage back
-// to the unsplit counter.
+// (WithSplitKeys, WithSplitAll) never goes below its static level. When the
+// table is full (WithMaxHotKeys), the level waits, and the table comes to
+// hold the highest-ranked keys (see settle). A key merged back stays in the
+// table, at level 1, until its usage is back on the unsplit counter.
 func (h handler) SetLevel(key string, hash uint64, level int) {
 	e := h.e
-	e.dropRefused(key) // a newer level replaces one the table refused
+	e.refuse.mu.Lock()
+	defer e.refuse.mu.Unlock()
+	delete(e.refuse.keys, key) // a newer level replaces one the table refused
 	static := e.staticLevel(key)
 	switch {
 	case level > static:
 		held, p := e.heldOutside(key, hash)
 		if !e.table.Set(key, hash, level, held, p) {
-			e.refused(key, hash, level)
+			e.refusedLocked(key, hash, level)
 			return
 		}
 	case static > shard.Level1:
@@ -605,7 +607,9 @@ func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level int, p
 		return Result{}, err
 	}
 	if !r.Allowed && e.opt.secondChance {
-		j := shard.SecondChance(i, level, rand.Uint64())
+		// Which other one: drawn from the instance's seed and the deny, so
+		// it adds nothing random to a run on a simulated clock.
+		j := shard.SecondChance(i, level, shard.Mix(e.seed^ent.Hash^uint64(r.RetryAfter)))
 		// A failed probe leaves the first answer standing.
 		if r2, err := e.take(ctx, names[j], shard.SubHash(ent.Hash, level, j), subLimit(lim, level, j), n); err == nil &&
 			(r2.Allowed || r2.RetryAfter < r.RetryAfter) {

@@ -119,10 +119,10 @@ func TestPlacementChange(t *testing.T) {
 	}
 }
 
-// TestRefusedSplitApplied: with the table full, a key's split is refused;
-// once a merged key has left the table, the refused key is split. A merged
-// key no decision comes for has its usage moved back all the same, so a
-// long period keeps it.
+// TestRefusedSplitApplied: with the table full, a key ranked after the one
+// it holds (at a lower level) has its split refused; once a merged key has
+// left the table, the refused key is split. A merged key no decision comes
+// for has its usage moved back all the same, so a long period keeps it.
 func TestRefusedSplitApplied(t *testing.T) {
 	checkLeaks(t)
 	clock := newFakeClock()
@@ -134,11 +134,11 @@ func TestRefusedSplitApplied(t *testing.T) {
 	defer e.Close()
 	h := handler{e}
 	lim := Limit{Rate: 1600, Period: time.Hour}
-	h.SetLevel("a", hashKey("a"), shard.Level16)
+	h.SetLevel("a", hashKey("a"), shard.Level64)
 	if got := admitAll(t, e, "a", lim, 1, 10_000); got != 1600 {
-		t.Fatalf("a admitted %d at level 16, want 1600", got)
+		t.Fatalf("a admitted %d at level 64, want 1600", got)
 	}
-	h.SetLevel("b", hashKey("b"), shard.Level16) // no room: refused
+	h.SetLevel("b", hashKey("b"), shard.Level16) // no room, and a ranks first: refused
 	if e.Level("b") != 1 {
 		t.Fatalf("b at level %d with the table full", e.Level("b"))
 	}
@@ -153,6 +153,74 @@ func TestRefusedSplitApplied(t *testing.T) {
 	}
 	if r, err := e.Allow(context.Background(), "b", lim); err != nil || r.Shards != shard.Level16 {
 		t.Errorf("b decided on %d shards (%v), want 16", r.Shards, err)
+	}
+}
+
+// TestFullTableRanks: engines whose tables are full hold the same keys
+// whatever the order they heard the levels in (the higher level first, then
+// the lower hash), so no key is split on one and unsplit on another, where
+// the two would admit its limit twice. A key that makes room comes back when
+// room returns, and its usage moves each time.
+func TestFullTableRanks(t *testing.T) {
+	checkLeaks(t)
+	clock := newFakeClock()
+	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
+	var engines [2]*Engine
+	for i := range engines {
+		e, err := New(store, WithClock(clock.Now), WithoutDetector(), WithMaxHotKeys(1))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer e.Close()
+		engines[i] = e
+	}
+	// x and y at the same level: the lower hash ranks first.
+	x, y := "x", "y"
+	if hashKey(x) > hashKey(y) {
+		x, y = y, x
+	}
+	set := func(e *Engine, key string, level int) {
+		handler{e}.SetLevel(key, hashKey(key), level)
+		e.settle()
+	}
+	lim := Limit{Rate: 1600, Period: time.Hour}
+	set(engines[0], y, shard.Level16)
+	if got := admitAll(t, engines[0], y, lim, 1, 10_000); got != 1600 {
+		t.Fatalf("%s admitted %d at level 16, want 1600", y, got)
+	}
+	set(engines[0], x, shard.Level16) // y makes room for x
+	set(engines[1], x, shard.Level16)
+	set(engines[1], y, shard.Level16) // refused: x ranks first
+	for i, e := range engines {
+		if e.Level(x) != shard.Level16 || e.Level(y) != shard.Level1 {
+			t.Errorf("engine %d: %s at level %d, %s at %d; want 16 and 1", i, x, e.Level(x), y, e.Level(y))
+		}
+	}
+	if got := admitAll(t, engines[1], y, lim, 1, 10_000); got != 0 {
+		t.Errorf("%s admitted %d more once unsplit, want 0: its usage did not move back", y, got)
+	}
+	// A higher level outranks a lower hash, in either order.
+	set(engines[0], y, shard.Level64)
+	set(engines[1], y, shard.Level64)
+	for i, e := range engines {
+		if e.Level(x) != shard.Level1 || e.Level(y) != shard.Level64 {
+			t.Errorf("engine %d: %s at level %d, %s at %d; want 1 and 64", i, x, e.Level(x), y, e.Level(y))
+		}
+	}
+	if got := admitAll(t, engines[0], y, lim, 1, 10_000); got != 0 {
+		t.Errorf("%s admitted %d more at level 64, want 0: its usage did not move", y, got)
+	}
+	// y cools: x comes back.
+	for _, e := range engines {
+		set(e, y, shard.Level1)
+	}
+	for i, e := range engines {
+		if e.Level(x) != shard.Level16 || e.Level(y) != shard.Level1 {
+			t.Errorf("engine %d: %s at level %d, %s at %d; want 16 and 1", i, x, e.Level(x), y, e.Level(y))
+		}
+	}
+	if got := admitAll(t, engines[0], y, lim, 1, 10_000); got != 0 {
+		t.Errorf("%s admitted %d more once merged, want 0", y, got)
 	}
 }
 

@@ -173,6 +173,9 @@ func WithClock(clock func() time.Time) Option {
 }
 
 // WithMaxHotKeys caps the number of split keys tracked (default 10000).
+// When more keys are hot, the table holds those of the highest level, then
+// of the lowest hash, the same on every instance; the others stay unsplit
+// and wait, in a bounded list, for room.
 func WithMaxHotKeys(n int) Option {
 	return func(o *options) error {
 		if n <= 0 {

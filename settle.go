@@ -1,7 +1,10 @@
 package hotkey
 
 import (
+	"cmp"
 	"context"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -17,11 +20,14 @@ const (
 )
 
 // refusals holds the levels the table refused for want of room, latest
-// level per key, at most as many keys as the table holds: settle applies
-// them as merged keys leave. Without it a key refused once stays unsplit
-// until its lease changes level, since a coordinator says a level once.
+// level per key: settle applies them as room comes. Without it a key
+// refused once stays unsplit until its lease changes level, since a
+// coordinator says a level once. Its mutex also serialises every change of
+// which keys the table holds (SetLevel, and settle's ranking and
+// re-admission), so that a ranking never acts on a level SetLevel has
+// replaced meanwhile.
 type refusals struct {
-	mu   sync.Mutex // guards keys
+	mu   sync.Mutex // guards keys, and the table's membership
 	keys map[string]refusal
 }
 
@@ -30,25 +36,56 @@ type refusal struct {
 	level int
 }
 
-// refused notes that the table had no room for key at level.
-func (e *Engine) refused(key string, hash uint64, level int) {
-	e.refuse.mu.Lock()
-	defer e.refuse.mu.Unlock()
-	if _, ok := e.refuse.keys[key]; ok || len(e.refuse.keys) < max(e.opt.maxHotKeys, 1) {
-		if e.refuse.keys == nil {
-			e.refuse.keys = map[string]refusal{}
-		}
-		e.refuse.keys[key] = refusal{hash, level}
-	}
-	e.log.Warn("hot key not split: the split table is full", "key", key, "level", level, "max_hot_keys", e.opt.maxHotKeys)
-	e.wakeSettle()
+// refusalsCap is how many refused levels wait at most: twice the table,
+// and at least 1,024 (a refusal costs its key and 16 bytes).
+func (e *Engine) refusalsCap() int { return max(2*e.opt.maxHotKeys, 1024) }
+
+// ranked is a key the table holds or was refused, for ranking.
+type ranked struct {
+	key   string
+	hash  uint64
+	level int
+	held  bool // in the table, rather than refused
 }
 
-// dropRefused forgets a refused level of key: the key went cold.
-func (e *Engine) dropRefused(key string) {
-	e.refuse.mu.Lock()
-	defer e.refuse.mu.Unlock()
-	delete(e.refuse.keys, key)
+// outranks orders keys competing for a full table: the higher level first,
+// then the lower hash, then the key. Every instance ranks alike, so instances
+// told the same levels, in whatever order, hold the same keys: otherwise
+// one would decide a key on its subcounters while another decides it on the
+// unsplit counter, and together they would admit up to twice its limit.
+func outranks(a, b ranked) int {
+	if c := cmp.Compare(b.level, a.level); c != 0 {
+		return c
+	}
+	if c := cmp.Compare(a.hash, b.hash); c != 0 {
+		return c
+	}
+	return strings.Compare(a.key, b.key)
+}
+
+// refusedLocked notes that the table had no room for key at level; the
+// caller holds e.refuse.mu. At most refusalsCap levels wait: past that,
+// the lowest-ranked is forgotten, so what waits is still what would rank
+// first.
+func (e *Engine) refusedLocked(key string, hash uint64, level int) {
+	e.log.Warn("hot key not split yet: the split table is full", "key", key, "level", level, "max_hot_keys", e.opt.maxHotKeys)
+	e.wakeSettle()
+	if e.refuse.keys == nil {
+		e.refuse.keys = map[string]refusal{}
+	}
+	if _, ok := e.refuse.keys[key]; !ok && len(e.refuse.keys) >= e.refusalsCap() {
+		last := ranked{key: key, hash: hash, level: level}
+		for k, r := range e.refuse.keys {
+			if c := (ranked{key: k, hash: r.hash, level: r.level}); outranks(c, last) > 0 {
+				last = c
+			}
+		}
+		if last.key == key {
+			return
+		}
+		delete(e.refuse.keys, last.key)
+	}
+	e.refuse.keys[key] = refusal{hash, level}
 }
 
 // wakeSettle asks the engine's loop to settle now.
@@ -59,13 +96,19 @@ func (e *Engine) wakeSettle() {
 	}
 }
 
-// settle moves the usage of merged keys back to their unsplit counters,
+// settle makes the table hold the highest-ranked keys it was told of (see
+// outranks): when refused keys outrank keys it holds, it merges those.
+// Then it moves the usage of merged keys back to their unsplit counters,
 // under the limit they were last decided with, and takes them out of the
-// table; then it applies the levels refused while the table was full, as
-// far as there is room. It reports whether a move failed and must be tried
+// table; then it applies the refused levels, highest-ranked first, as far
+// as there is room. It reports whether a move failed and must be tried
 // again. The engine's loop calls it; it is safe to call concurrently (tests
 // call it to settle at once).
 func (e *Engine) settle() (retry bool) {
+	e.refuse.mu.Lock()
+	e.rankLocked()
+	e.refuse.mu.Unlock()
+
 	var merged []*shard.Entry
 	e.table.Range(func(ent *shard.Entry) bool {
 		if ent.Level() == shard.Level1 {
@@ -95,17 +138,57 @@ func (e *Engine) settle() (retry bool) {
 
 	e.refuse.mu.Lock()
 	defer e.refuse.mu.Unlock()
+	waiting := make([]ranked, 0, len(e.refuse.keys))
 	for key, r := range e.refuse.keys {
-		if e.table.Lookup(key, r.hash) != nil {
-			delete(e.refuse.keys, key) // split since, at a newer level
+		waiting = append(waiting, ranked{key, r.hash, r.level, false})
+	}
+	slices.SortFunc(waiting, outranks)
+	for _, r := range waiting {
+		if e.table.Lookup(r.key, r.hash) != nil {
+			delete(e.refuse.keys, r.key) // split since, at a newer level
 			continue
 		}
-		held, p := e.heldOutside(key, r.hash)
-		if !e.table.Set(key, r.hash, r.level, held, p) {
+		held, p := e.heldOutside(r.key, r.hash)
+		if !e.table.Set(r.key, r.hash, r.level, held, p) {
 			continue
 		}
-		delete(e.refuse.keys, key)
-		e.applied(key, r.level)
+		delete(e.refuse.keys, r.key)
+		e.applied(r.key, r.level)
 	}
 	return retry
+}
+
+// rankLocked merges the keys the table holds that refused keys outrank,
+// when there is not room for all: their levels wait with the refused ones,
+// and come back if room does. Keys split statically stay, and keys being
+// merged are leaving anyway. The caller holds e.refuse.mu.
+func (e *Engine) rankLocked() {
+	if len(e.refuse.keys) == 0 || e.opt.maxHotKeys <= 0 {
+		return
+	}
+	room := e.opt.maxHotKeys
+	var all []ranked
+	e.table.Range(func(ent *shard.Entry) bool {
+		switch level := ent.Level(); {
+		case level == shard.Level1:
+		case e.staticLevel(ent.Key) > shard.Level1:
+			room--
+		default:
+			all = append(all, ranked{ent.Key, ent.Hash, level, true})
+		}
+		return true
+	})
+	for key, r := range e.refuse.keys {
+		all = append(all, ranked{key, r.hash, r.level, false})
+	}
+	if len(all) <= room {
+		return // all fit once the merged keys are out
+	}
+	slices.SortFunc(all, outranks)
+	for _, r := range all[max(room, 0):] {
+		if r.held && e.table.Merge(r.key, r.hash) {
+			e.refuse.keys[r.key] = refusal{r.hash, r.level}
+			e.applied(r.key, shard.Level1)
+		}
+	}
 }
