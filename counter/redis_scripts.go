@@ -83,16 +83,23 @@ var replyWidth = [numAlgorithms]int{TokenBucket: 1, SlidingWindow: 4, FixedWindo
 const gcraScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
-local floor, format = math.floor, string.format
-local vals = redis.call('MGET', unpack(KEYS))
-local out, m = {}, #KEYS
+-- Globals are read once, into locals: a global read per key is a table
+-- lookup per key.
+local floor, format, tonumber, call, keys = math.floor, string.format, tonumber, redis.call, KEYS
+local vals = call('MGET', unpack(keys))
+local out, m = {}, #keys
 local iw, ifr, tw, tfr, k = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
 local F, MAXT = 4294967296, 9007199254740992
 local span = 1000 * 2 ^ k
 local half = span / 2
-local blanks = string.rep(' ', k + 1)
-local whole, frac, len = '%.0f' .. blanks, '%.0f %.0f' .. blanks, 17 + k
-for i = 1, #KEYS do
+local len = 17 + k
+-- text is the value of TAT nw and fraction nf, built only by the writes
+-- that need it (most overwrite the digits of the value there).
+local function text(nw, nf)
+	local s = nf == 0 and format('%.0f', nw) or format('%.0f %.0f', nw, nf)
+	return s .. string.rep(' ', k + 1)
+end
+for i = 1, #keys do
 	local v = vals[i]
 	local w, f, old, plain = now, 0, false, false
 	if v then
@@ -118,22 +125,15 @@ for i = 1, #KEYS do
 	if e > 0 or (e == 0 and nf > tfr) then
 		out[i] = -1 - (w - now)
 	else
-		local b = floor(nw / half)
-		if old and floor(old / half) == b then
+		local lo = nw - nw % half -- the start of nw's half-span
+		if old and old - old % half == lo then
 			if plain and nf == 0 and nw < MAXT then
-				redis.call('SETRANGE', KEYS[i], 0, nw)
-			elseif nf == 0 then
-				redis.call('SET', KEYS[i], format(whole, nw), 'KEEPTTL')
+				call('SETRANGE', keys[i], 0, nw)
 			else
-				redis.call('SET', KEYS[i], format(frac, nw, nf), 'KEEPTTL')
+				call('SET', keys[i], text(nw, nf), 'KEEPTTL')
 			end
 		else
-			local px = math.min(floor(((b + 1) * half + span - now) / 1000) + 1, 1e15)
-			if nf == 0 then
-				redis.call('SET', KEYS[i], format(whole, nw), 'PX', px)
-			else
-				redis.call('SET', KEYS[i], format(frac, nw, nf), 'PX', px)
-			end
+			call('SET', keys[i], text(nw, nf), 'PX', math.min(floor((lo + half + span - now) / 1000) + 1, 1e15))
 		end
 		out[i] = w - now
 	end
