@@ -281,6 +281,7 @@ func (h handler) SetLevel(key string, hash uint64, level int) {
 		}
 		e.table.Set(key, hash, static, static, e.placement())
 		level = static
+		e.wakeSettle() // a key promoted under WithSplitAll leaves the table
 	default:
 		if !e.table.Merge(key, hash) {
 			return
@@ -482,7 +483,7 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 	// Merged back: out of the table once its usage is on the unsplit
 	// counter (a merge that came during this decision's move leaves it to
 	// the next decision or to settle).
-	if ent.Level() == shard.Level1 && (e.reshard == nil || ent.Holds(shard.Level1, nil)) && e.table.Remove(ent) {
+	if ent.Level() == shard.Level1 && (e.reshard == nil || ent.Holds(shard.Level1, nil)) && e.table.Remove(ent, shard.Level1) {
 		e.wakeSettle() // room for a refused key
 	}
 	if level == shard.Level1 {

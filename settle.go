@@ -45,7 +45,18 @@ type ranked struct {
 	key   string
 	hash  uint64
 	level int
-	held  bool // in the table, rather than refused
+	ent   *shard.Entry // its entry if the table holds it, else nil
+}
+
+// floor is the level a cooled key returns to: its static split, the
+// unsplit counter if none.
+func (e *Engine) floor() int { return max(e.opt.splitAll, shard.Level1) }
+
+// leaving reports whether ent is back at its floor and leaves the table
+// once its usage is there. A key of WithSplitKeys stays: its entry is its
+// static split.
+func (e *Engine) leaving(ent *shard.Entry) bool {
+	return ent.Level() == e.floor() && e.opt.splitKeys[ent.Key] == 0
 }
 
 // outranks orders keys competing for a full table: the higher level first,
@@ -109,22 +120,26 @@ func (e *Engine) settle() (retry bool) {
 	e.rankLocked()
 	e.refuse.mu.Unlock()
 
-	var merged []*shard.Entry
+	var cooled []*shard.Entry
 	e.table.Range(func(ent *shard.Entry) bool {
-		if ent.Level() == shard.Level1 {
-			merged = append(merged, ent)
+		if e.leaving(ent) {
+			cooled = append(cooled, ent)
 		}
 		return true
 	})
-	for _, ent := range merged {
-		if e.reshard != nil && !ent.Holds(shard.Level1, nil) {
-			// A key's usage leaves the unsplit counter only in a decision,
-			// which notes its limit first.
+	to, p := e.floor(), e.placement()
+	if to == shard.Level1 {
+		p = nil
+	}
+	for _, ent := range cooled {
+		if e.reshard != nil && !ent.Holds(to, p) {
+			// A key's usage leaves its floor only in a decision, which
+			// notes its limit first; with none, it is still there.
 			lim, ok := ent.Memo().(Limit)
 			if ok {
 				ctx, cancel := context.WithTimeout(e.life, settleTimeout)
-				err := ent.Transfer(shard.Level1, nil, func(from int, fromP shard.Placement, to int) error {
-					return e.transfer(ctx, ent, lim, lim, from, fromP, to, nil)
+				err := ent.Transfer(to, p, func(from int, fromP shard.Placement, to int) error {
+					return e.transfer(ctx, ent, lim, lim, from, fromP, to, p)
 				})
 				cancel()
 				if err != nil {
@@ -133,20 +148,26 @@ func (e *Engine) settle() (retry bool) {
 				}
 			}
 		}
-		e.table.Remove(ent)
+		if e.table.Remove(ent, to) && e.splits != nil {
+			// Under WithSplitAll the split cache keeps the key's state: its
+			// entry knows where its usage is.
+			e.splits[ent.Hash&(splitCacheSize-1)].Store(ent)
+		}
 	}
 
 	e.refuse.mu.Lock()
 	defer e.refuse.mu.Unlock()
 	waiting := make([]ranked, 0, len(e.refuse.keys))
 	for key, r := range e.refuse.keys {
-		waiting = append(waiting, ranked{key, r.hash, r.level, false})
+		waiting = append(waiting, ranked{key, r.hash, r.level, nil})
 	}
 	slices.SortFunc(waiting, outranks)
 	for _, r := range waiting {
-		if e.table.Lookup(r.key, r.hash) != nil {
-			delete(e.refuse.keys, r.key) // split since, at a newer level
-			continue
+		if ent := e.table.Lookup(r.key, r.hash); ent != nil {
+			if !e.leaving(ent) {
+				delete(e.refuse.keys, r.key) // split since, at a newer level
+			}
+			continue // lowered to make room: it waits until it is out
 		}
 		held, p := e.heldOutside(r.key, r.hash)
 		if !e.table.Set(r.key, r.hash, r.level, held, p) {
@@ -158,10 +179,11 @@ func (e *Engine) settle() (retry bool) {
 	return retry
 }
 
-// rankLocked merges the keys the table holds that refused keys outrank,
-// when there is not room for all: their levels wait with the refused ones,
-// and come back if room does. Keys split statically stay, and keys being
-// merged are leaving anyway. The caller holds e.refuse.mu.
+// rankLocked lowers the keys the table holds that refused keys outrank to
+// their floor (merges them), when there is not room for all: their levels
+// wait with the refused ones, and come back if room does. Keys of
+// WithSplitKeys stay, and keys at their floor are leaving anyway. The
+// caller holds e.refuse.mu.
 func (e *Engine) rankLocked() {
 	if len(e.refuse.keys) == 0 || e.opt.maxHotKeys <= 0 {
 		return
@@ -169,26 +191,26 @@ func (e *Engine) rankLocked() {
 	room := e.opt.maxHotKeys
 	var all []ranked
 	e.table.Range(func(ent *shard.Entry) bool {
-		switch level := ent.Level(); {
-		case level == shard.Level1:
-		case e.staticLevel(ent.Key) > shard.Level1:
+		switch {
+		case e.opt.splitKeys[ent.Key] > 0:
 			room--
-		default:
-			all = append(all, ranked{ent.Key, ent.Hash, level, true})
+		case !e.leaving(ent):
+			all = append(all, ranked{ent.Key, ent.Hash, ent.Level(), ent})
 		}
 		return true
 	})
 	for key, r := range e.refuse.keys {
-		all = append(all, ranked{key, r.hash, r.level, false})
+		all = append(all, ranked{key, r.hash, r.level, nil})
 	}
 	if len(all) <= room {
 		return // all fit once the merged keys are out
 	}
 	slices.SortFunc(all, outranks)
 	for _, r := range all[max(room, 0):] {
-		if r.held && e.table.Merge(r.key, r.hash) {
+		if r.ent != nil {
+			r.ent.SetLevel(e.floor())
 			e.refuse.keys[r.key] = refusal{r.hash, r.level}
-			e.applied(r.key, shard.Level1)
+			e.applied(r.key, e.floor())
 		}
 	}
 }

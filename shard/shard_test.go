@@ -216,7 +216,7 @@ func TestTable(t *testing.T) {
 		t.Error("Lookup matched on hash alone")
 	}
 	tb.Merge("a", h("a"))
-	tb.Remove(e)
+	tb.Remove(e, Level1)
 	if tb.Lookup("a", h("a")) != nil || tb.Len() != 1 {
 		t.Errorf("after Merge and Remove: len %d", tb.Len())
 	}
@@ -363,11 +363,14 @@ func TestTableMerge(t *testing.T) {
 		t.Fatal("Merge of a key not in the table reported true")
 	}
 	tb.Set("k", 7, Level4, Level1, nil) // split again before any decision
-	if tb.Remove(e) || tb.Lookup("k", 7) != e {
+	if tb.Remove(e, Level1) || tb.Lookup("k", 7) != e {
 		t.Fatal("Remove took out a key split again")
 	}
+	if tb.Remove(e, Level16) || tb.Lookup("k", 7) != e {
+		t.Fatal("Remove at 16 took out a key at level 4")
+	}
 	tb.Merge("k", 7)
-	if !tb.Remove(e) || tb.Len() != 0 {
+	if !tb.Remove(e, Level1) || tb.Len() != 0 {
 		t.Fatalf("Remove of a merged key: table has %d keys, want 0", tb.Len())
 	}
 	n := 0

@@ -228,12 +228,13 @@ func (t *Table) Merge(key string, hash uint64) bool {
 }
 
 // Remove takes e out of the table if e is still the entry of its key and is
-// at level 1 (no split came back meanwhile). It reports whether it did.
-func (t *Table) Remove(e *Entry) bool {
+// at level (the level it was lowered to: no raise came meanwhile). It
+// reports whether it did.
+func (t *Table) Remove(e *Entry, level int) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	old := *t.m.Load()
-	if old[e.Hash] != e || e.Level() != Level1 {
+	if old[e.Hash] != e || e.Level() != level {
 		return false
 	}
 	m := make(map[uint64]*Entry, len(old))
