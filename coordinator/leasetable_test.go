@@ -397,7 +397,7 @@ func TestPeerLiveness(t *testing.T) {
 				if b.peer == "" {
 					c.sweepLocked(t0.Add(b.at))
 				} else {
-					c.heard(b.peer, t0.Add(b.at))
+					c.heardLocked(b.peer, t0.Add(b.at))
 				}
 			}
 			c.sweepLocked(t0.Add(tt.give[len(tt.give)-1].at))

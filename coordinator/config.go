@@ -1,0 +1,421 @@
+package coordinator
+
+import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Defaults of Config.
+const (
+	DefaultPrefix         = "hotkey"
+	DefaultNamespace      = "default"
+	DefaultTTL            = 3 * time.Second
+	DefaultMaxTTL         = time.Minute
+	DefaultHeartbeat      = time.Second
+	DefaultMaxHotKeys     = 10000
+	DefaultMaxKeyLen      = 512
+	DefaultMaxPeers       = 1024
+	DefaultMaxInstances   = 64
+	DefaultMaxClockSkew   = 30 * time.Second
+	DefaultMaxMessage     = 64 << 10
+	DefaultSyncWait       = 500 * time.Millisecond
+	DefaultReconnectWait  = 500 * time.Millisecond
+	DefaultConnectTimeout = 2 * time.Second
+
+	// MinInterval is the shortest TTL and Heartbeat accepted.
+	MinInterval = 10 * time.Millisecond
+	// maxIDLen bounds Config.ID, which travels as a message's origin.
+	maxIDLen = maxOriginLen
+	// MinSecret is the shortest Secret accepted, in bytes.
+	MinSecret = 16
+	// maxTokenLen bounds Prefix and Namespace.
+	maxTokenLen = 64
+	// maxSyncQueue bounds the sync requests waiting for an answer; more are
+	// dropped (and counted).
+	maxSyncQueue = 16
+	// peerTimeout is how many heartbeat intervals a peer stays live without
+	// a heartbeat, and within how many a new origin must be heard twice to
+	// count as a peer.
+	peerTimeout = 3
+)
+
+// Config configures a NATS coordinator. Zero fields take the defaults
+// given; NewNATS rejects invalid values with an error saying which.
+type Config struct {
+	// Conn is an established connection to use. The coordinator does not
+	// own it: Close leaves it open, and connection events (reconnects) are
+	// noticed by polling, within a heartbeat. Set either Conn or URLs.
+	Conn *nats.Conn
+	// URLs are the servers to dial (nats:// or tls://, several for a
+	// cluster). The coordinator owns that connection: it reconnects
+	// forever (waiting ReconnectWait between rounds over the servers), and
+	// Close closes it.
+	URLs []string
+
+	// Credentials for dialing, at most one kind: User and Password, Token,
+	// an nkey seed file, or a credentials (JWT) file.
+	User, Password string
+	Token          string
+	NkeySeedFile   string
+	CredsFile      string
+	// TLS for dialing: CAFile verifies the server (PEM); CertFile and
+	// KeyFile (PEM) are a client certificate, for servers that verify
+	// clients. Either turns TLS on.
+	CAFile            string
+	CertFile, KeyFile string
+	// ConnectTimeout bounds dialing one server (default 2 s).
+	ConnectTimeout time.Duration
+	// ReconnectWait is the pause before a server is tried again after a
+	// failed attempt (default 500 ms; nats.go adds jitter).
+	ReconnectWait time.Duration
+	// NATSOptions are applied last when dialing, to set anything else.
+	NATSOptions []nats.Option
+
+	// Prefix and Namespace name the subjects: <Prefix>.<Namespace>.lease,
+	// .hb and .sync. Instances share leases only within one namespace.
+	// Each is 1 to 64 of A-Z a-z 0-9 - _ (defaults "hotkey", "default").
+	Prefix    string
+	Namespace string
+	// ID names this instance in messages; unique per instance, 1 to 64
+	// bytes of UTF-8 (default 16 random hex digits).
+	ID string
+
+	// TTL is the time to live of this instance's leases (default 3 s),
+	// renewed every TTL/3 while the key stays announced. At least
+	// MinInterval and at most MaxTTL.
+	TTL time.Duration
+	// MaxTTL is the longest ttl accepted from a message (default 1 min).
+	MaxTTL time.Duration
+	// Heartbeat is the interval between heartbeats (default 1 s). A new
+	// origin counts as a live peer once two of its heartbeats came within 3
+	// intervals (so one forged message cannot add a peer), and stays live
+	// until 3 intervals pass without its heartbeat. At least MinInterval.
+	Heartbeat time.Duration
+	// SyncWait is how long replies to a join sync are applied after the
+	// request (default 500 ms).
+	SyncWait time.Duration
+
+	// MaxHotKeys caps the distinct keys in the lease table, own and peers'
+	// (default 10000). A peer's lease for a new key is dropped while the
+	// table is full; an own lease for a new key evicts a key held only by
+	// peers.
+	MaxHotKeys int
+	// MaxKeyLen is the longest key accepted from a message, in bytes
+	// (default 512). Longer own keys are applied locally but not published.
+	MaxKeyLen int
+	// MaxPeers caps the live peers tracked for membership (default 1024),
+	// and apart from them the origins heard once: when those are full, a
+	// new one takes the place of an arbitrary other.
+	MaxPeers int
+	// MaxInstances caps the instance count handed to the Handler
+	// (SetInstances), whatever the live count (default 64, or MaxPeers+1 if
+	// smaller; at most MaxPeers+1). That count divides the hot-key threshold
+	// and the local fallback share of every key, so the cap bounds what a
+	// client forging heartbeats can do to them: divide them by MaxInstances
+	// at worst, not by MaxPeers. Set it to the largest fleet a namespace
+	// runs: past it, each instance detects keys as if there were only
+	// MaxInstances instances (later) and its fallback share is
+	// limit/MaxInstances (larger than its part of the limit).
+	MaxInstances int
+	// MaxMessage is the largest message accepted or sent, in bytes (default
+	// 64 KiB); sync replies are split to fit. It must leave room for a
+	// lease of the longest key: at least 6×(MaxKeyLen+64)+128, and 79 more
+	// with a Secret.
+	MaxMessage int
+
+	// Secret, if set, is a key every instance of the namespace shares:
+	// each message published carries a stamp (Now) and an HMAC-SHA256 of
+	// the message, its subject and namespace (sign.go says exactly what),
+	// and received messages that are unsigned, wrongly signed, stamped more
+	// than MaxClockSkew from this instance's clock, or replayed, are dropped
+	// and counted in Stats.InvalidBy ("unsigned", "signature", "stale",
+	// "replay"). At least MinSecret bytes: use 32 random ones. Instances
+	// with and without it, or with different ones, ignore each other's
+	// messages. Without it, any client that may publish on the coordination
+	// subjects can forge leases and heartbeats: NATS permissions
+	// (docs/operations.md) are the first wall, the secret the second. The
+	// coordinator keeps a copy.
+	Secret []byte
+	// MaxClockSkew is how far a signed message's stamp may be from this
+	// instance's clock, either way, for it to be accepted (default 30 s):
+	// clock skew between hosts plus delivery delay must fit in it. Used only
+	// with Secret. At least MinInterval.
+	MaxClockSkew time.Duration
+
+	// Logger receives connection events at Info and Warn; invalid messages
+	// and rejections at Debug. Default: discard.
+	Logger *slog.Logger
+
+	// Now is the clock read for every decision about time: when leases
+	// expire, whether a sync reply came within SyncWait, when a peer is no
+	// longer live. Nil means time.Now; it must be safe for concurrent use.
+	// Only the wake-ups run on real timers: renewals every TTL/3,
+	// heartbeats, and expiry checks every quarter of TTL or Heartbeat
+	// (whichever is shorter; at most 250 ms). A clock that tests move by
+	// hand takes effect at the next expiry check after it moved.
+	Now func() time.Time
+}
+
+// withDefaults returns c with zero fields set to their defaults, or an error
+// naming the first invalid field.
+func (c Config) withDefaults() (Config, error) {
+	if err := checkConnConfig(&c); err != nil {
+		return c, err
+	}
+	if c.ConnectTimeout == 0 {
+		c.ConnectTimeout = DefaultConnectTimeout
+	}
+	if c.ReconnectWait == 0 {
+		c.ReconnectWait = DefaultReconnectWait
+	}
+	if c.Prefix == "" {
+		c.Prefix = DefaultPrefix
+	}
+	if c.Namespace == "" {
+		c.Namespace = DefaultNamespace
+	}
+	if !validToken(c.Prefix) {
+		return c, fmt.Errorf("coordinator: Prefix %q: want 1 to %d of A-Z a-z 0-9 - _", c.Prefix, maxTokenLen)
+	}
+	if !validToken(c.Namespace) {
+		return c, fmt.Errorf("coordinator: Namespace %q: want 1 to %d of A-Z a-z 0-9 - _", c.Namespace, maxTokenLen)
+	}
+	if c.ID == "" {
+		var b [8]byte
+		_, _ = rand.Read(b[:])
+		c.ID = hex.EncodeToString(b[:])
+	}
+	if len(c.ID) > maxIDLen || !utf8.ValidString(c.ID) {
+		return c, fmt.Errorf("coordinator: ID %q: want 1 to %d bytes of UTF-8", c.ID, maxIDLen)
+	}
+	durations := []struct {
+		name string
+		d    *time.Duration
+		def  time.Duration
+	}{
+		{"TTL", &c.TTL, DefaultTTL},
+		{"MaxTTL", &c.MaxTTL, DefaultMaxTTL},
+		{"Heartbeat", &c.Heartbeat, DefaultHeartbeat},
+		{"SyncWait", &c.SyncWait, DefaultSyncWait},
+		{"MaxClockSkew", &c.MaxClockSkew, DefaultMaxClockSkew},
+	}
+	for _, f := range durations {
+		if *f.d < 0 {
+			return c, fmt.Errorf("coordinator: %s %v is negative", f.name, *f.d)
+		}
+		if *f.d == 0 {
+			*f.d = f.def
+		}
+	}
+	if c.TTL < MinInterval || c.Heartbeat < MinInterval || c.MaxClockSkew < MinInterval {
+		return c, fmt.Errorf("coordinator: TTL %v, Heartbeat %v and MaxClockSkew %v must be at least %v", c.TTL, c.Heartbeat, c.MaxClockSkew, MinInterval)
+	}
+	if c.TTL > c.MaxTTL {
+		return c, fmt.Errorf("coordinator: TTL %v is over MaxTTL %v: peers would reject these leases", c.TTL, c.MaxTTL)
+	}
+	ints := []struct {
+		name string
+		n    *int
+		def  int
+	}{
+		{"MaxHotKeys", &c.MaxHotKeys, DefaultMaxHotKeys},
+		{"MaxKeyLen", &c.MaxKeyLen, DefaultMaxKeyLen},
+		{"MaxPeers", &c.MaxPeers, DefaultMaxPeers},
+		{"MaxMessage", &c.MaxMessage, DefaultMaxMessage},
+	}
+	for _, f := range ints {
+		if *f.n < 0 {
+			return c, fmt.Errorf("coordinator: %s %d is negative", f.name, *f.n)
+		}
+		if *f.n == 0 {
+			*f.n = f.def
+		}
+	}
+	switch {
+	case c.MaxInstances < 0:
+		return c, fmt.Errorf("coordinator: MaxInstances %d is negative", c.MaxInstances)
+	case c.MaxInstances == 0:
+		c.MaxInstances = min(DefaultMaxInstances, c.MaxPeers+1)
+	case c.MaxInstances > c.MaxPeers+1:
+		return c, fmt.Errorf("coordinator: MaxInstances %d is over MaxPeers+1 (%d)", c.MaxInstances, c.MaxPeers+1)
+	}
+	if c.Secret != nil {
+		if len(c.Secret) < MinSecret {
+			return c, fmt.Errorf("coordinator: Secret is %d bytes: want at least %d", len(c.Secret), MinSecret)
+		}
+		c.Secret = bytes.Clone(c.Secret)
+	}
+	if min := minMessage(c.MaxKeyLen, c.Secret != nil); c.MaxMessage < min {
+		return c, fmt.Errorf("coordinator: MaxMessage %d is too small for MaxKeyLen %d: want at least %d", c.MaxMessage, c.MaxKeyLen, min)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Now == nil {
+		c.Now = time.Now
+	}
+	return c, nil
+}
+
+// minMessage is the smallest MaxMessage that holds a lease of a key of
+// maxKeyLen bytes, every byte escaped (6 bytes in JSON), and of the longest
+// origin, signed or not.
+func minMessage(maxKeyLen int, signed bool) int {
+	n := 6*(maxKeyLen+maxOriginLen) + 128
+	if signed {
+		n += sealOverhead
+	}
+	return n
+}
+
+// validToken reports whether s is a subject token of 1 to maxTokenLen
+// letters, digits, '-' or '_'.
+func validToken(s string) bool {
+	if s == "" || len(s) > maxTokenLen {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		b := s[i]
+		if !('a' <= b && b <= 'z' || 'A' <= b && b <= 'Z' || '0' <= b && b <= '9' || b == '-' || b == '_') {
+			return false
+		}
+	}
+	return true
+}
+
+// checkConnConfig checks the connection part of a Config: either a
+// connection the caller owns, or URLs and the options to dial them.
+func checkConnConfig(c *Config) error {
+	dialing := len(c.URLs) > 0 || c.User != "" || c.Password != "" || c.Token != "" ||
+		c.NkeySeedFile != "" || c.CredsFile != "" || c.CAFile != "" || c.CertFile != "" ||
+		c.KeyFile != "" || len(c.NATSOptions) > 0
+	if c.Conn != nil {
+		if dialing {
+			return errors.New("coordinator: Config.Conn is set, so URLs, credentials, TLS files and NATSOptions must be empty (they apply only when the coordinator dials NATS itself)")
+		}
+		return nil
+	}
+	if len(c.URLs) == 0 {
+		return errors.New("coordinator: Config needs Conn or at least one URL")
+	}
+	for _, u := range c.URLs {
+		if strings.TrimSpace(u) == "" {
+			return errors.New("coordinator: empty URL in Config.URLs")
+		}
+	}
+	auth := 0
+	for _, set := range []bool{c.User != "" || c.Password != "", c.Token != "", c.NkeySeedFile != "", c.CredsFile != ""} {
+		if set {
+			auth++
+		}
+	}
+	if auth > 1 {
+		return errors.New("coordinator: set at most one of User/Password, Token, NkeySeedFile and CredsFile")
+	}
+	if c.Password != "" && c.User == "" {
+		return errors.New("coordinator: Config.Password needs Config.User")
+	}
+	if (c.CertFile == "") != (c.KeyFile == "") {
+		return errors.New("coordinator: Config.CertFile and Config.KeyFile go together")
+	}
+	if c.ReconnectWait < 0 || c.ConnectTimeout < 0 {
+		return errors.New("coordinator: ReconnectWait and ConnectTimeout must not be negative")
+	}
+	return nil
+}
+
+// dialOptions returns the nats.go options for a connection the coordinator
+// owns. The handlers report connection events to c.
+func (c *NATS) dialOptions() ([]nats.Option, error) {
+	cfg := &c.cfg
+	opts := []nats.Option{
+		nats.Name("hotkey " + cfg.ID),
+		nats.Timeout(cfg.ConnectTimeout),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(cfg.ReconnectWait),
+		// Nothing is buffered while disconnected: publishes fail (and are
+		// counted), and every own lease is published again on reconnect,
+		// so no stale lease is replayed.
+		nats.ReconnectBufSize(-1),
+		// Own messages are not echoed back.
+		nats.NoEcho(),
+		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			if nc.IsClosed() { // our own Close
+				return
+			}
+			c.st.disconnects.Add(1)
+			c.log.Warn("coordinator: disconnected from NATS", "err", err)
+		}),
+		nats.ReconnectHandler(func(nc *nats.Conn) {
+			c.log.Info("coordinator: reconnected to NATS", "url", redact(nc.ConnectedUrl()))
+			c.wake(c.wakePub)
+		}),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			c.st.asyncErrors.Add(1)
+			c.log.Warn("coordinator: NATS error", "err", err)
+		}),
+	}
+	auth, err := cfg.AuthOptions()
+	if err != nil {
+		return nil, err
+	}
+	opts = append(opts, auth...)
+	return append(opts, cfg.NATSOptions...), nil
+}
+
+// AuthOptions returns the nats.go options for the credentials and TLS
+// files c names (User and Password, Token, NkeySeedFile or CredsFile;
+// CAFile, CertFile and KeyFile), for a program that dials its own
+// connection with them and passes it as Config.Conn. The only error is an
+// nkey seed file that cannot be read.
+func (c Config) AuthOptions() ([]nats.Option, error) {
+	var opts []nats.Option
+	switch {
+	case c.User != "":
+		opts = append(opts, nats.UserInfo(c.User, c.Password))
+	case c.Token != "":
+		opts = append(opts, nats.Token(c.Token))
+	case c.NkeySeedFile != "":
+		o, err := nats.NkeyOptionFromSeed(c.NkeySeedFile)
+		if err != nil {
+			return nil, fmt.Errorf("coordinator: nkey seed file %s: %w", c.NkeySeedFile, err)
+		}
+		opts = append(opts, o)
+	case c.CredsFile != "":
+		opts = append(opts, nats.UserCredentials(c.CredsFile))
+	}
+	if c.CAFile != "" {
+		opts = append(opts, nats.RootCAs(c.CAFile))
+	}
+	if c.CertFile != "" {
+		opts = append(opts, nats.ClientCert(c.CertFile, c.KeyFile))
+	}
+	return opts, nil
+}
+
+// redact hides the password of a URL with user info, for errors and logs.
+func redact(u string) string {
+	p, err := url.Parse(u)
+	if err != nil || p.User == nil {
+		return u
+	}
+	return p.Redacted()
+}
+
+func redactAll(us []string) string {
+	r := make([]string, len(us))
+	for i, u := range us {
+		r[i] = redact(u)
+	}
+	return strings.Join(r, ",")
+}

@@ -1,0 +1,177 @@
+package coordinator
+
+import (
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// applyLeaseLocked merges a lease of peer origin, received at now, into the
+// table. The caller holds c.mu.
+func (c *NATS) applyLeaseLocked(origin, key string, level int, ttlMs int64, now time.Time) {
+	if !c.table.applyLease(origin, key, level, time.Duration(ttlMs)*time.Millisecond, now) {
+		c.st.rejected.Add(1)
+	}
+}
+
+// heardLocked records a heartbeat of origin, received at now. A live peer's
+// stays live; another origin becomes a live peer at its second heartbeat
+// within the peer timeout, so that an origin heard once (one forged message)
+// never counts. Origins heard once are capped at MaxPeers like live peers:
+// a new one then takes the place of an arbitrary other, so that a flood of
+// them delays a real peer at most (a Secret stops such floods). The caller
+// holds c.mu.
+func (c *NATS) heardLocked(origin string, now time.Time) {
+	if _, ok := c.peers[origin]; ok {
+		c.peers[origin] = now
+		return
+	}
+	first, ok := c.once[origin]
+	if ok && now.Sub(first) < peerTimeout*c.cfg.Heartbeat {
+		if len(c.peers) >= c.cfg.MaxPeers {
+			c.st.peersRejected.Add(1)
+			return
+		}
+		delete(c.once, origin)
+		c.peers[origin] = now
+		c.setLiveLocked()
+		return
+	}
+	if !ok && len(c.once) >= c.cfg.MaxPeers {
+		for o := range c.once {
+			delete(c.once, o)
+			break
+		}
+		c.st.peersRejected.Add(1)
+	}
+	c.once[origin] = now
+}
+
+// setLiveLocked recomputes the live count. The caller holds c.mu.
+func (c *NATS) setLiveLocked() {
+	if n := min(1+len(c.peers), c.cfg.MaxInstances); n != c.live {
+		c.live = n
+		c.wake(c.wakeDisp)
+	}
+}
+
+// onMsg receives the messages of <prefix>.<ns>.*: leases, heartbeats and
+// sync requests. It runs on the subscription's goroutine.
+func (c *NATS) onMsg(m *nats.Msg) {
+	msg, now, ok := c.receive(m, c.seenMsg, func(msg message) reason {
+		switch {
+		case m.Subject == c.subjLease && msg.T == typeLease,
+			m.Subject == c.subjHB && msg.T == typeHB:
+		case m.Subject == c.subjSync && msg.T == typeSyncReq:
+			if m.Reply == "" {
+				return reasonReply
+			}
+		default:
+			return reasonType
+		}
+		return reasonNone
+	})
+	if !ok {
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	switch msg.T {
+	case typeLease:
+		c.applyLeaseLocked(msg.Origin, msg.Key, msg.Level, msg.TTLms, now)
+	case typeHB:
+		c.heardLocked(msg.Origin, now)
+	case typeSyncReq:
+		if len(c.syncQ) >= maxSyncQueue {
+			c.st.dropped.Add(1)
+			return
+		}
+		c.syncQ = append(c.syncQ, m.Reply)
+		c.wake(c.wakePub)
+	}
+}
+
+// onSyncReply receives replies to this instance's sync requests.
+func (c *NATS) onSyncReply(m *nats.Msg) {
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		// The server's "no responders": nobody else is subscribed to the
+		// sync subject (yet).
+		c.st.noResponders.Add(1)
+		return
+	}
+	msg, now, ok := c.receive(m, c.seenSync, func(msg message) reason {
+		if msg.T != typeSync {
+			return reasonType
+		}
+		return reasonNone
+	})
+	if !ok {
+		return
+	}
+	if until := c.syncUntil.Load(); until == nil || now.After(*until) {
+		c.st.lateReplies.Add(1)
+		return
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return
+	}
+	c.st.syncReplies.Add(1)
+	for _, l := range msg.Leases {
+		c.applyLeaseLocked(msg.Origin, l.Key, l.Level, l.TTLms, now)
+	}
+}
+
+// receive counts m, checks its signature (with a Secret), decodes it, and
+// checks it further with check (its type against the subject). With a
+// Secret, it also checks the stamp: within MaxClockSkew of the clock, and
+// above the last one guard accepted from the origin. It drops m, counted,
+// if it is invalid or this instance's own, and reports whether m is to be
+// applied, with the time it was received at.
+func (c *NATS) receive(m *nats.Msg, guard *replayGuard, check func(message) reason) (message, time.Time, bool) {
+	now := c.now()
+	c.st.received.Add(1)
+	var msg message
+	r := reasonNone
+	if c.sign != nil && len(m.Data) <= c.lim.maxMessage {
+		r = c.sign.verify(m.Subject, m.Data)
+	}
+	if r == reasonNone {
+		msg, r = decode(m.Data, c.lim)
+	}
+	if r == reasonNone {
+		r = check(msg)
+	}
+	if r == reasonNone && c.sign != nil && !fresh(msg.TS, now, c.cfg.MaxClockSkew) {
+		r = reasonStale
+	}
+	if r != reasonNone {
+		c.invalid(r, m.Subject)
+		return msg, now, false
+	}
+	if msg.Origin == c.cfg.ID {
+		c.st.own.Add(1)
+		return msg, now, false
+	}
+	if c.sign != nil {
+		r, full := guard.accept(msg.Origin, msg.TS, now)
+		if full {
+			c.st.dropped.Add(1)
+			return msg, now, false
+		}
+		if r != reasonNone {
+			c.invalid(r, m.Subject)
+			return msg, now, false
+		}
+	}
+	return msg, now, true
+}
+
+func (c *NATS) invalid(r reason, subject string) {
+	c.st.invalid[r].Add(1)
+	c.log.Debug("coordinator: invalid message dropped", "reason", r.String(), "subject", subject)
+}

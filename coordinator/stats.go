@@ -1,0 +1,110 @@
+package coordinator
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// Stats are a coordinator's counters since Start, for metrics.
+type Stats struct {
+	Published     uint64            // messages published: leases, heartbeats, sync requests and answers
+	PublishErrors uint64            // publishes nats.go refused (disconnected, closed, too large); renewal and resync repair them
+	Received      uint64            // messages received, valid or not
+	Own           uint64            // own messages received back and ignored
+	Invalid       uint64            // invalid messages dropped: the sum of InvalidBy
+	InvalidBy     map[string]uint64 // invalid messages by reason: size, json, version, type, origin, key, level, ttl, reply, ts; with a Secret also unsigned, signature, stale, replay
+	Rejected      uint64            // valid leases for a new key dropped because MaxHotKeys keys were held
+	PeersRejected uint64            // origins not made live peers because MaxPeers were live, or forgotten after one heartbeat because MaxPeers others were heard once
+	Dropped       uint64            // messages lost to slow consumption, sync requests left unanswered (too many queued), and signed messages of a new origin while MaxPeers origins' stamps were kept
+	LateReplies   uint64            // sync replies that came after SyncWait, not applied
+	Unpublished   uint64            // own leases applied here only: key not UTF-8 or over MaxKeyLen
+	SyncRequests  uint64            // join syncs sent (at Start and after each reconnect)
+	SyncAnswered  uint64            // peers' sync requests answered
+	SyncReplies   uint64            // sync reply messages applied
+	NoResponders  uint64            // sync requests nobody else was subscribed to (the server said so)
+	Reconnects    uint64            // reconnections handled (own leases republished, table resynced)
+	Disconnects   uint64            // disconnections seen (owned connections only)
+	AsyncErrors   uint64            // asynchronous NATS errors, e.g. slow consumer (owned connections only)
+	Keys          int               // distinct keys in the lease table
+	OwnKeys       int               // keys this instance holds a lease for
+	Peers         int               // live peers, this instance excluded (the Handler is told min(1+Peers, MaxInstances))
+	PendingPeers  int               // origins heard once, live at their second heartbeat within 3 intervals
+}
+
+// counters are the atomic counters behind Stats.
+type counters struct {
+	published, publishErrors, received, own, rejected, peersRejected atomic.Uint64
+	dropped, lateReplies, unpublished, syncRequests, syncAnswered    atomic.Uint64
+	syncReplies, noResponders, reconnects, disconnects, asyncErrors  atomic.Uint64
+	invalid                                                          [numReasons]atomic.Uint64
+}
+
+// Stats returns the coordinator's counters.
+func (c *NATS) Stats() Stats {
+	s := Stats{
+		Published:     c.st.published.Load(),
+		PublishErrors: c.st.publishErrors.Load(),
+		Received:      c.st.received.Load(),
+		Own:           c.st.own.Load(),
+		InvalidBy:     make(map[string]uint64),
+		Rejected:      c.st.rejected.Load(),
+		PeersRejected: c.st.peersRejected.Load(),
+		Dropped:       c.st.dropped.Load(),
+		LateReplies:   c.st.lateReplies.Load(),
+		Unpublished:   c.st.unpublished.Load(),
+		SyncRequests:  c.st.syncRequests.Load(),
+		SyncAnswered:  c.st.syncAnswered.Load(),
+		SyncReplies:   c.st.syncReplies.Load(),
+		NoResponders:  c.st.noResponders.Load(),
+		Reconnects:    c.st.reconnects.Load(),
+		Disconnects:   c.st.disconnects.Load(),
+		AsyncErrors:   c.st.asyncErrors.Load(),
+	}
+	for r := reasonNone + 1; r < numReasons; r++ {
+		if n := c.st.invalid[r].Load(); n > 0 {
+			s.InvalidBy[r.String()] = n
+			s.Invalid += n
+		}
+	}
+	c.mu.Lock()
+	s.Keys, s.OwnKeys, s.Peers, s.PendingPeers = len(c.table.keys), len(c.table.own), len(c.peers), len(c.once)
+	started := c.started
+	c.mu.Unlock()
+	if started {
+		for _, sub := range []*nats.Subscription{c.sub, c.inboxSub} {
+			if n, err := sub.Dropped(); err == nil {
+				s.Dropped += uint64(n)
+			}
+		}
+	}
+	return s
+}
+
+// Lease is one key of the lease table, as Leases reports it.
+type Lease struct {
+	Key string
+	// Level is the level in force: 4, 16 or 64.
+	Level int
+	// ExpiresIn is how long the lease holding Level lasts unless renewed:
+	// the latest-expiring lease at that level, this instance's own
+	// included (renewed every TTL/3 while its detector finds the key hot).
+	ExpiresIn time.Duration
+	// Origin is the ID of the instance whose lease that is. For a lease
+	// learned by join sync it is the instance that answered.
+	Origin string
+}
+
+// Leases returns the keys split now (level in force above 1), each with
+// the lease that holds its level, ordered by level (highest first), then
+// key. It reads the table under the coordinator's lock: meant for status
+// pages, not for the decision path.
+func (c *NATS) Leases() []Lease {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.started {
+		return nil
+	}
+	return c.table.leases(c.now())
+}
