@@ -78,6 +78,7 @@ func (p *Proxy) Cut() {
 	open := make([]*pair, 0, len(p.conns))
 	for c := range p.conns {
 		open = append(open, c)
+		delete(p.conns, c) // no longer forwarded, whenever its goroutines end
 	}
 	p.mu.Unlock()
 	for _, c := range open {
