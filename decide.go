@@ -1,0 +1,386 @@
+package hotkey
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/shard"
+)
+
+// The decision path, top to bottom. Allow, AllowN and Decide go through
+// allow: it checks the input, names the counter (policy|key), hashes it
+// once and feeds the detector, then decideStore picks the counters: the
+// unsplit one (decide), or for a split key one of its subcounters
+// (decideSplit), after moving the key's usage if its level or the store's
+// node map changed (transfer). take asks the deny cache, then the store
+// through the breaker (storeTake). When the store cannot answer, fallback
+// decides as the policy says.
+
+// Allow is AllowN(ctx, key, lim, 1).
+func (e *Engine) Allow(ctx context.Context, key string, lim Limit) (Result, error) {
+	return e.AllowN(ctx, key, lim, 1)
+}
+
+// AllowN decides whether n units for key fit in lim, and charges them if so.
+// Bad input returns a typed error (ErrEmptyKey, ErrKeyTooLong,
+// ErrInvalidCost, ErrCostExceedsBurst, or a limit error). When the store
+// cannot answer, the engine's fallback decides (WithFallback; by default a
+// local memory store at lim divided by the live instances): see Decide.
+// AllowN blocks only on the store.
+func (e *Engine) AllowN(ctx context.Context, key string, lim Limit, n int64) (Result, error) {
+	return e.allow(ctx, key, lim, n, e.opt.fallback, nil)
+}
+
+// Decide decides whether n units for key fit in p's limit, and charges
+// them if so. The counter is the policy's own: named p.Name + "|" + key when
+// p.Name is set (see CounterName), so two policies on one key never share
+// state, and the hot-key detector, the split table and the coordinator see
+// that name. When the store cannot answer (the call fails, ctx's deadline
+// passes first, or the circuit breaker around it is open), p.OnStoreFailure
+// decides, and the result says Degraded; only FallbackError returns the
+// store's error (wrapping ErrStoreUnavailable). A call cut by ctx's deadline
+// counts as a failure of the store toward the breaker; one cut by ctx's
+// cancellation returns ctx's error and counts as nothing. Bad input returns
+// a typed error, as for AllowN.
+func (e *Engine) Decide(ctx context.Context, key string, p *Policy, n int64) (Result, error) {
+	if p == nil {
+		return Result{}, errors.New("hotkey: nil policy")
+	}
+	return e.allow(ctx, key, p.Limit, n, p.OnStoreFailure, p)
+}
+
+// allow is the decision path; p, if not nil, names the policy, its counters'
+// namespace, and holds its allowlist.
+func (e *Engine) allow(ctx context.Context, key string, lim Limit, n int64, fb Fallback, p *Policy) (Result, error) {
+	if err := e.check(key, lim, n); err != nil {
+		e.metrics.rejectInput(p)
+		return Result{}, err
+	}
+	name := key
+	if p != nil && p.Name != "" {
+		if strings.IndexByte(p.Name, '|') >= 0 {
+			e.metrics.rejectInput(p)
+			return Result{}, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
+		}
+		name = CounterName(p.Name, key)
+	}
+	hash := hashKey(name)
+	if e.detect != nil {
+		e.detect.Observe(hash, name)
+	}
+	r, err := e.decideStore(ctx, name, hash, lim, n)
+	if err == nil {
+		e.metrics.decided(p, r, false)
+		return r, nil
+	}
+	if errors.Is(ctx.Err(), context.Canceled) { // the caller left: nobody to answer
+		e.metrics.failed(p)
+		return Result{}, err
+	}
+	if !errors.Is(err, ErrBreakerOpen) {
+		e.metrics.storeFailure()
+	}
+	return e.fallback(ctx, key, name, hash, lim, n, fb, p, err)
+}
+
+// fallback decides without the store, as fb says, for key (on the
+// allowlist) whose counter is name; cause is why.
+func (e *Engine) fallback(ctx context.Context, key, name string, hash uint64, lim Limit, n int64, fb Fallback, p *Policy, cause error) (Result, error) {
+	capacity := lim.Capacity()
+	r := Result{Limit: capacity, Shards: 1, Degraded: true}
+	switch {
+	case fb == FallbackError:
+		e.metrics.failed(p)
+		return Result{}, fmt.Errorf("%w: %w", ErrStoreUnavailable, cause)
+	case fb == FallbackOpen || fb == FallbackClosed && p.allowlisted(key):
+		r.Allowed, r.Remaining = true, capacity-n
+	case fb == FallbackClosed:
+		r.RetryAfter = lim.Period
+	default: // FallbackLocal: this instance's share of the limit
+		share := lim
+		inst := int64(max(1, e.Instances()))
+		share.Rate = max(1, lim.Rate/inst)
+		if share.Algorithm == counter.TokenBucket {
+			share.Burst = max(1, capacity/inst)
+		}
+		if n > share.Capacity() {
+			r.RetryAfter = lim.Period
+			break
+		}
+		lr, _ := e.local.Take(ctx, name, hash, share, n) // the memory store does not fail
+		r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter = lr.Allowed, lr.Remaining, lr.RetryAfter, lr.ResetAfter
+	}
+	e.metrics.decided(p, r, true)
+	return r, nil
+}
+
+// decideStore decides on the store: the key whole, or split.
+func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
+	ent := e.entry(key, hash)
+	if ent == nil {
+		return e.decide(ctx, key, hash, lim, n)
+	}
+	// The counters that hold the key's usage were last written under the
+	// limit of the decision before: a move reads them under it.
+	prev, ok := ent.Memo().(Limit)
+	if !ok {
+		prev = lim
+	}
+	if !ok || prev != lim {
+		ent.SetMemo(lim) // for settle, should no decision come after a merge
+	}
+	// The counters of the level a cost of 1 fits, under the store's
+	// current placement, hold the key's usage; a larger cost must fit one
+	// of them (below).
+	p := e.placement()
+	level := shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, 1)
+	if e.reshard != nil && !ent.Holds(level, p) {
+		if err := ent.Transfer(level, p, func(from int, fromP shard.Placement, to int) error {
+			return e.transfer(ctx, ent, prev, lim, from, fromP, to, p)
+		}); err != nil {
+			return Result{}, err
+		}
+	}
+	// Merged back: out of the table once its usage is on the unsplit
+	// counter (a merge that came during this decision's move leaves it to
+	// the next decision or to settle).
+	if ent.Level() == shard.Level1 && (e.reshard == nil || ent.Holds(shard.Level1, nil)) && e.table.Remove(ent, shard.Level1) {
+		e.wakeSettle() // room for a refused key
+	}
+	if level == shard.Level1 {
+		return e.decide(ctx, key, hash, lim, n)
+	}
+	if n > 1 && shard.Fit(level, lim.Rate, lim.Capacity(), e.opt.minShare, n) < level {
+		// No subcounter holding the key's usage can take n. Fewer, larger
+		// counters would take it from quota nobody has charged: refuse,
+		// as a key whose every subcounter is full would.
+		return Result{Limit: lim.Capacity(), RetryAfter: lim.Period, ResetAfter: lim.Period, Shards: level}, nil
+	}
+	return e.decideSplit(ctx, ent, level, p, lim, n)
+}
+
+// transfer moves the usage of ent's key from its counters at level from,
+// named under placement fromP and written under fromLim, to those at level
+// to under toP, under lim (see counter.Resharder). Counters written under
+// another algorithm or period hold no usage lim can read: nothing moves.
+func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Limit, from int, fromP shard.Placement, to int, toP shard.Placement) error {
+	src, dst := shards(ent, fromLim, from, fromP), shards(ent, lim, to, toP)
+	if len(src) == 0 || len(dst) == 0 || fromLim.Algorithm != lim.Algorithm || fromLim.Period != lim.Period {
+		return nil
+	}
+	ok, probe := e.brk.allow()
+	if !ok {
+		return ErrBreakerOpen
+	}
+	err := e.reshard.Reshard(ctx, src, dst)
+	if errors.Is(err, counter.ErrInvalidReshard) {
+		// Not the store's failure, and no retry would do better: leave
+		// the usage behind rather than fail every decision on the key.
+		e.brk.abandon(probe)
+		e.log.Warn("hot key usage not moved", "key", ent.Key, "from", from, "to", to, "error", err)
+		return nil
+	}
+	e.brk.report(ctx, probe, err)
+	if err != nil {
+		return fmt.Errorf("hotkey: moving %q from %d to %d counters: %w", ent.Key, from, to, err)
+	}
+	return nil
+}
+
+// shards returns ent's counters at level under placement p, each with its
+// share of lim, less those whose share is nothing (lim too small to split
+// that many ways: no decision ever used them under it). Transfers are rare:
+// the names are not cached.
+func shards(ent *shard.Entry, lim Limit, level int, p shard.Placement) []counter.Shard {
+	names := shard.Names(ent.Key, ent.Hash, level, p)
+	out := make([]counter.Shard, 0, level)
+	for i := range level {
+		sub := subLimit(lim, level, i)
+		if sub.Validate() != nil {
+			continue
+		}
+		out = append(out, counter.Shard{Name: names[i], Hash: shard.SubHash(ent.Hash, level, i), Limit: sub})
+	}
+	return out
+}
+
+// entry returns the split state of key, or nil if the key is not split.
+func (e *Engine) entry(key string, hash uint64) *shard.Entry {
+	if e.splits == nil {
+		return e.table.Lookup(key, hash)
+	}
+	if ent := e.table.Lookup(key, hash); ent != nil {
+		return ent
+	}
+	if ent := e.cached(key, hash); ent != nil {
+		return ent
+	}
+	ent := shard.NewEntry(key, hash, e.opt.splitAll, e.opt.splitAll, e.placement())
+	e.splits[hash&(splitCacheSize-1)].Store(ent)
+	return ent
+}
+
+// cached returns key's entry in the split cache (WithSplitAll), or nil.
+func (e *Engine) cached(key string, hash uint64) *shard.Entry {
+	if ent := e.splits[hash&(splitCacheSize-1)].Load(); ent != nil && ent.Hash == hash && ent.Key == key {
+		return ent
+	}
+	return nil
+}
+
+// heldOutside returns the level and placement whose counters hold the
+// usage of key, not in the table: under WithSplitAll, what its entry in the
+// split cache holds (the static level, or the level a limit's shares fit),
+// else the unsplit counter.
+func (e *Engine) heldOutside(key string, hash uint64) (int, shard.Placement) {
+	if e.splits == nil {
+		return shard.Level1, nil
+	}
+	if ent := e.cached(key, hash); ent != nil {
+		return ent.HeldAt()
+	}
+	return e.opt.splitAll, e.placement()
+}
+
+// placement returns the store's current placement, nil for one node.
+func (e *Engine) placement() shard.Placement {
+	if e.placer == nil {
+		return nil
+	}
+	return e.placer.Placement()
+}
+
+// decide takes n from the unsplit counter key.
+func (e *Engine) decide(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
+	r, err := e.take(ctx, key, hash, lim, n)
+	if err != nil {
+		return Result{}, err
+	}
+	return Result{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining, RetryAfter: r.RetryAfter, ResetAfter: r.ResetAfter, Shards: 1}, nil
+}
+
+// decideSplit takes n from one of the level subcounters of ent, named
+// under p, and on a deny probes a second one.
+func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level int, p shard.Placement, lim Limit, n int64) (Result, error) {
+	names := ent.Names(level, p)
+	i := ent.Pick(level, e.opt.selection, e.seed)
+	r, err := e.take(ctx, names[i], shard.SubHash(ent.Hash, level, i), subLimit(lim, level, i), n)
+	if err != nil {
+		return Result{}, err
+	}
+	if !r.Allowed && e.opt.secondChance {
+		// Which other one: drawn from the instance's seed and the deny, so
+		// it adds nothing random to a run on a simulated clock.
+		j := shard.SecondChance(i, level, shard.Mix(e.seed^ent.Hash^uint64(r.RetryAfter)))
+		// A failed probe leaves the first answer standing.
+		if r2, err := e.take(ctx, names[j], shard.SubHash(ent.Hash, level, j), subLimit(lim, level, j), n); err == nil &&
+			(r2.Allowed || r2.RetryAfter < r.RetryAfter) {
+			r = r2
+		}
+	}
+	capacity := lim.Capacity()
+	return Result{
+		Allowed:    r.Allowed,
+		Limit:      capacity,
+		Remaining:  min(capacity, r.Remaining*int64(level)),
+		RetryAfter: r.RetryAfter,
+		ResetAfter: r.ResetAfter,
+		Shards:     level,
+	}, nil
+}
+
+// take asks the store for n from counter name, unless the deny cache knows
+// it denies.
+func (e *Engine) take(ctx context.Context, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
+	if e.deny == nil {
+		return e.storeTake(ctx, name, hash, lim, n)
+	}
+	id := denyID(hash, lim)
+	if r, ok := e.deny.lookup(id, n, e.opt.clock); ok {
+		return r, nil
+	}
+	r, err := e.storeTake(ctx, name, hash, lim, n)
+	switch {
+	case err != nil:
+	case !r.Allowed:
+		e.deny.add(id, n, e.opt.clock(), r)
+	case r.NextAfter > 0:
+		// The admission emptied the bucket: the store says when its next
+		// unit is due. Remember that as a denial too, or a key over its
+		// limit would cost a store call per unit admitted plus one per
+		// unit refused. Other instances can only empty the bucket further.
+		e.deny.add(id, 1, e.opt.clock(), counter.Result{Limit: r.Limit, RetryAfter: r.NextAfter, ResetAfter: r.ResetAfter})
+	}
+	return r, err
+}
+
+// storeTake is one Take on the store, timed when metrics are kept.
+// The circuit breaker counts store calls, not decisions: a decision the deny
+// cache answers tells nothing of the store. While it is open, storeTake
+// fails with ErrBreakerOpen but for the one call that probes.
+func (e *Engine) storeTake(ctx context.Context, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
+	if err := ctx.Err(); err != nil {
+		return counter.Result{}, err // over before the store was asked: no verdict on it
+	}
+	ok, probe := e.brk.allow()
+	if !ok {
+		return counter.Result{}, ErrBreakerOpen
+	}
+	var start time.Time
+	if e.metrics != nil {
+		start = time.Now()
+	}
+	r, err := e.store.Take(ctx, name, hash, lim, n)
+	e.metrics.storeCall(start)
+	e.brk.report(ctx, probe, err)
+	return r, err
+}
+
+// subLimit is subcounter i's share of lim split n ways: rate and burst are
+// each split with remainders to the first subcounters.
+func subLimit(lim Limit, n, i int) Limit {
+	capacity := lim.Capacity()
+	lim.Rate = shard.Share(lim.Rate, n, i)
+	if lim.Algorithm == counter.TokenBucket {
+		lim.Burst = shard.Share(capacity, n, i)
+	}
+	return lim
+}
+
+func (e *Engine) check(key string, lim Limit, n int64) error {
+	if e.closed.Load() {
+		return ErrClosed
+	}
+	if err := e.checkKey(key); err != nil {
+		return err
+	}
+	if err := lim.Validate(); err != nil {
+		return err
+	}
+	if n <= 0 {
+		return fmt.Errorf("%w: %d", ErrInvalidCost, n)
+	}
+	if c := lim.Capacity(); n > c {
+		return fmt.Errorf("%w: %d > %d", ErrCostExceedsBurst, n, c)
+	}
+	return nil
+}
+
+func (e *Engine) checkKey(key string) error {
+	switch {
+	case key == "":
+		return ErrEmptyKey
+	case len(key) > e.opt.maxKeyLen:
+		return fmt.Errorf("%w: %d bytes > %d", ErrKeyTooLong, len(key), e.opt.maxKeyLen)
+	}
+	return nil
+}
+
+// hashKey is the one hash of a key: xxhash64.
+func hashKey(key string) uint64 { return xxhash.Sum64String(key) }

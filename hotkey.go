@@ -1,0 +1,99 @@
+// Package hotkey is a rate-limiting engine that survives hot keys.
+//
+// Cold keys cost one counter in the store. A split key is spread over 4, 16
+// or 64 subcounters, each enforcing its share of the limit, so one key at
+// tens of thousands of requests per second no longer lands on one Redis
+// counter. A decision hashes the key once; that hash feeds the split-table
+// lookup, the choice of subcounter and the store's striping.
+//
+// Keys are split when the hot-key detector (package detector) finds them hot
+// on this instance, and merged back when they cool; WithSplitAll and
+// WithSplitKeys split keys statically as well.
+package hotkey
+
+import (
+	"errors"
+	"time"
+
+	"github.com/hotkeyd/hotkey/counter"
+)
+
+// Limit is a rate limit; see counter.Limit.
+type Limit = counter.Limit
+
+// Algorithm names a rate-limiting algorithm; see counter.Algorithm.
+type Algorithm = counter.Algorithm
+
+// Store is where counters live; see counter.Store.
+type Store = counter.Store
+
+// The algorithms.
+const (
+	TokenBucket   = counter.TokenBucket
+	SlidingWindow = counter.SlidingWindow
+	FixedWindow   = counter.FixedWindow
+	SlidingLog    = counter.SlidingLog
+)
+
+// PerSecond returns a token-bucket limit of rate per second with a burst of rate.
+func PerSecond(rate int64) Limit { return counter.PerSecond(rate) }
+
+// PerMinute returns a token-bucket limit of rate per minute with a burst of rate.
+func PerMinute(rate int64) Limit { return counter.PerMinute(rate) }
+
+// Errors for bad input. Limit errors (counter.ErrInvalidLimit and the like)
+// are re-exported here; store errors come back wrapped as the store made them.
+var (
+	ErrEmptyKey         = errors.New("empty key")
+	ErrKeyTooLong       = errors.New("key too long")
+	ErrClosed           = errors.New("engine closed")
+	ErrInvalidCost      = counter.ErrInvalidCost
+	ErrCostExceedsBurst = counter.ErrCostExceedsBurst
+	ErrInvalidLimit     = counter.ErrInvalidLimit
+	ErrInvalidPeriod    = counter.ErrInvalidPeriod
+	ErrInvalidBurst     = counter.ErrInvalidBurst
+	ErrUnknownAlgorithm = counter.ErrUnknownAlgorithm
+	ErrLimitTooLarge    = counter.ErrLimitTooLarge
+	// ErrStoreUnavailable wraps the cause when the store cannot answer and
+	// the fallback is FallbackError.
+	ErrStoreUnavailable = errors.New("store unavailable")
+	// ErrBreakerOpen is the cause while the circuit breaker is open.
+	ErrBreakerOpen = errors.New("circuit breaker open")
+	// ErrUnknownFallback is returned by ParseFallback.
+	ErrUnknownFallback = errors.New("unknown fallback")
+	// ErrInvalidPolicyName: a policy's name holds '|', which separates it
+	// from the key in counter names.
+	ErrInvalidPolicyName = errors.New("invalid policy name")
+)
+
+// Result is the outcome of one decision.
+type Result struct {
+	Allowed bool
+	// Limit is the key's capacity: its burst (token bucket) or rate.
+	Limit int64
+	// Remaining estimates how much more the key would admit now. For a split
+	// key it is N × the remaining of the subcounter that decided.
+	Remaining int64
+	// RetryAfter is how long until a denied request could pass; 0 if allowed.
+	RetryAfter time.Duration
+	// ResetAfter is how long until the counter is back to full.
+	ResetAfter time.Duration
+	// Shards is the number of subcounters the key was split into (1 if not).
+	Shards int
+	// Degraded says the store could not answer and the policy's fallback
+	// decided (see Fallback).
+	Degraded bool
+}
+
+// CounterName returns the name of the counter that Decide charges for key
+// under a policy named policy: policy + "|" + key, or key alone for an
+// unnamed policy (and for AllowN). A policy name must not hold '|', so that
+// two policies' counters never share a name; an AllowN key that holds '|'
+// (say "login|bob") names the same counter as Decide's for that policy and
+// key, so keep such keys out of AllowN where policies are in use.
+func CounterName(policy, key string) string {
+	if policy == "" {
+		return key
+	}
+	return policy + "|" + key
+}
