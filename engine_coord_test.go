@@ -8,6 +8,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/internal/testwait"
 )
 
 // checkLeaks fails t if goroutines started during the test outlive its
@@ -65,7 +66,7 @@ func TestCoordinatorLevels(t *testing.T) {
 	if r, err := e.Allow(ctx, "k", lim); err != nil || r.Shards != 1 {
 		t.Fatalf("merged: %+v, %v", r, err)
 	}
-	waitFor(t, patience, "the merged key out of the table", func() bool { return e.table.Len() == 0 })
+	testwait.For(t, patience, "the merged key out of the table", func() bool { return e.table.Len() == 0 })
 	if got := log.of("k"); len(got) != 6 || got[5] != 1 {
 		t.Fatalf("level hook saw %v, want 4 16 64 16 4 1", got)
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/testwait"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -143,7 +144,7 @@ func TestRefusedSplitApplied(t *testing.T) {
 		t.Fatalf("b at level %d with the table full", e.Level("b"))
 	}
 	h.SetLevel("a", hashKey("a"), shard.Level1) // a cools: no decision comes for it
-	took := waitFor(t, patience, "b split once a left the table", func() bool { return e.Level("b") == shard.Level16 })
+	took := testwait.For(t, patience, "b split once a left the table", func() bool { return e.Level("b") == shard.Level16 })
 	t.Logf("b split %v after a merged", took)
 	if e.Level("a") != 1 || e.table.Lookup("a", hashKey("a")) != nil {
 		t.Fatalf("a at level %d, in the table: %v", e.Level("a"), e.table.Lookup("a", hashKey("a")) != nil)

@@ -15,6 +15,7 @@ import (
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/internal/testwait"
 )
 
 // fleet is 3 engines on a 3-node NATS cluster, engine i on node i first,
@@ -109,21 +110,7 @@ func (f *fleet) add(t *testing.T, node int, store counter.Store, opts ...Option)
 // route, a reconnect, a message, a breaker probe) before it fails. It only
 // bounds a hang: a loaded 2-core machine can take seconds where a quiet one
 // takes milliseconds, so the figures are logged, never asserted.
-const patience = 60 * time.Second
-
-// waitFor polls cond until it holds or limit passes, and says how long it
-// took.
-func waitFor(t *testing.T, limit time.Duration, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > limit {
-			t.Fatalf("%s: not within %v", what, limit)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	return time.Since(start)
-}
+const patience = testwait.Patience
 
 func memoryStores() counter.Store { return counter.NewMemoryStore(counter.MemoryConfig{}) }
 
@@ -132,7 +119,7 @@ func memoryStores() counter.Store { return counter.NewMemoryStore(counter.Memory
 func TestNATSConvergence(t *testing.T) {
 	checkLeaks(t)
 	f := startFleet(t, 3, memoryStores)
-	waitFor(t, patience, "membership", func() bool {
+	testwait.For(t, patience, "membership", func() bool {
 		for _, e := range f.engines {
 			if e.Instances() != 3 {
 				return false
@@ -148,7 +135,7 @@ func TestNATSConvergence(t *testing.T) {
 		want[key] = levels[i%3]
 		f.coords[rand.IntN(3)].Announce(key, hashKey(key), want[key])
 	}
-	took := waitFor(t, patience, "200 hot keys on every engine", func() bool {
+	took := testwait.For(t, patience, "200 hot keys on every engine", func() bool {
 		for _, e := range f.engines {
 			for k, l := range want {
 				if e.Level(k) != l {
@@ -180,13 +167,13 @@ func TestNATSJoin(t *testing.T) {
 		key := fmt.Sprintf("join:%d", i)
 		f.coords[i%2].Announce(key, hashKey(key), 16)
 	}
-	waitFor(t, patience, "keys on the first engines", func() bool {
+	testwait.For(t, patience, "keys on the first engines", func() bool {
 		return f.engines[0].Level("join:19") == 16 && f.engines[1].Level("join:0") == 16
 	})
 	start := time.Now()
 	late := f.add(t, 2, memoryStores())
 	started := time.Since(start)
-	took := waitFor(t, patience, "the table on a late engine", func() bool {
+	took := testwait.For(t, patience, "the table on a late engine", func() bool {
 		for i := range 20 {
 			if late.Level(fmt.Sprintf("join:%d", i)) != 16 {
 				return false
@@ -214,7 +201,7 @@ func TestNATSFaults(t *testing.T) {
 	ctx := context.Background()
 	lim := PerSecond(100_000)
 	f.coords[0].Announce("f1", hashKey("f1"), 16)
-	waitFor(t, patience, "f1 everywhere", func() bool { return f.engines[2].Level("f1") == 16 })
+	testwait.For(t, patience, "f1 everywhere", func() bool { return f.engines[2].Level("f1") == 16 })
 
 	// Node 0, under engine 0, goes down: engine 0 reconnects elsewhere and
 	// renews its lease through another node. A lease it sent before (at
@@ -230,7 +217,7 @@ func TestNATSFaults(t *testing.T) {
 		}
 		return false
 	}
-	took := waitFor(t, patience, "a renewal of f1 through another node", func() bool {
+	took := testwait.For(t, patience, "a renewal of f1 through another node", func() bool {
 		return f.coords[0].Stats().Reconnects > 0 && renewed(f.coords[1]) && renewed(f.coords[2])
 	})
 	t.Logf("engine 0 renewed f1 through another node %v after its node went down", took)
@@ -240,14 +227,14 @@ func TestNATSFaults(t *testing.T) {
 		}
 	}
 	f.coords[0].Announce("f2", hashKey("f2"), 4)
-	waitFor(t, patience, "f2 from the moved engine", func() bool { return f.engines[1].Level("f2") == 4 })
+	testwait.For(t, patience, "f2 from the moved engine", func() bool { return f.engines[1].Level("f2") == 4 })
 
 	// All of NATS down: no decision fails, and an instance still splits
 	// what it finds hot itself.
 	f.cluster.Shutdown(1)
 	f.cluster.Shutdown(2)
 	f.coords[1].Announce("f3", hashKey("f3"), 64)
-	waitFor(t, patience, "with NATS down, f3 on the engine that found it hot", func() bool { return f.engines[1].Level("f3") == 64 })
+	testwait.For(t, patience, "with NATS down, f3 on the engine that found it hot", func() bool { return f.engines[1].Level("f3") == 64 })
 	for range 1000 {
 		for i, e := range f.engines {
 			if _, err := e.Allow(ctx, "f3", lim); err != nil {
@@ -265,7 +252,7 @@ func TestNATSFaults(t *testing.T) {
 	if err := f.cluster.WaitMeshed(); err != nil {
 		t.Fatal(err)
 	}
-	took = waitFor(t, patience, "f3 everywhere after NATS came back", func() bool {
+	took = testwait.For(t, patience, "f3 everywhere after NATS came back", func() bool {
 		return f.engines[0].Level("f3") == 64 && f.engines[2].Level("f3") == 64
 	})
 	t.Logf("table reconverged %v after the cluster was meshed again (renewal period %v)", took, cfg.TTL/3)
@@ -299,7 +286,7 @@ func TestNATSTransferRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ref.Close()
-	waitFor(t, patience, "membership", func() bool { return f.engines[0].Instances() == 4 })
+	testwait.For(t, patience, "membership", func() bool { return f.engines[0].Instances() == 4 })
 
 	const limit = 320
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow} {
@@ -430,7 +417,7 @@ func TestNATSDetectorSplitsEverywhere(t *testing.T) {
 	cfg.Threshold = 200 // global: 600/s here, with 3 instances
 	cfg.CoolDown = 300 * time.Millisecond
 	hot := f.add(t, 2, memoryStores(), WithDetector(cfg))
-	waitFor(t, patience, "membership", func() bool { return hot.Instances() == 3 })
+	testwait.For(t, patience, "membership", func() bool { return hot.Instances() == 3 })
 	ctx := context.Background()
 	lim := PerSecond(1_000_000)
 	deadline := time.Now().Add(20 * time.Second)
@@ -443,7 +430,7 @@ func TestNATSDetectorSplitsEverywhere(t *testing.T) {
 		}
 	}
 	t.Logf("split on the other instances at levels %d and %d", f.engines[0].Level("d"), f.engines[1].Level("d"))
-	waitFor(t, patience, "merged everywhere once cold", func() bool {
+	testwait.For(t, patience, "merged everywhere once cold", func() bool {
 		return f.engines[0].Level("d") == 1 && f.engines[1].Level("d") == 1 && hot.Level("d") == 1
 	})
 }

@@ -6,7 +6,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -172,32 +171,25 @@ func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
 
 func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 	e := c.e
-	counts := map[int]int{shard.Level4: 0, shard.Level16: 0, shard.Level64: 0}
-	e.table.Range(func(ent *shard.Entry) bool {
-		if l := ent.Level(); l > shard.Level1 {
-			counts[l]++
-		}
-		return true
-	})
+	st := e.Stats()
 	for _, l := range []int{shard.Level4, shard.Level16, shard.Level64} {
-		ch <- prometheus.MustNewConstMetric(descHotKeys, prometheus.GaugeValue, float64(counts[l]), levelLabel(l))
+		ch <- prometheus.MustNewConstMetric(descHotKeys, prometheus.GaugeValue, float64(st.HotKeys[l]), levelLabel(l))
 	}
 	open := 0.0
-	if e.BreakerState() == BreakerOpen {
+	if st.Breaker == BreakerOpen {
 		open = 1
 	}
 	ch <- prometheus.MustNewConstMetric(descBreaker, prometheus.GaugeValue, open)
-	ch <- prometheus.MustNewConstMetric(descPeers, prometheus.GaugeValue, float64(e.Instances()-1))
+	ch <- prometheus.MustNewConstMetric(descPeers, prometheus.GaugeValue, float64(st.Instances-1))
 	if s, ok := e.store.(skewer); ok {
 		if d, ok := s.ClockSkew(); ok {
 			ch <- prometheus.MustNewConstMetric(descSkew, prometheus.GaugeValue, d.Seconds())
 		}
 	}
-	if n, ok := e.coord.(*coordinator.NATS); ok {
-		st := n.Stats()
+	if cs := st.Coordinator; cs != nil {
 		for kind, v := range map[string]uint64{
-			"published": st.Published, "received": st.Received, "invalid": st.Invalid,
-			"rejected": st.Rejected, "dropped": st.Dropped, "publish_errors": st.PublishErrors,
+			"published": cs.Published, "received": cs.Received, "invalid": cs.Invalid,
+			"rejected": cs.Rejected, "dropped": cs.Dropped, "publish_errors": cs.PublishErrors,
 		} {
 			ch <- prometheus.MustNewConstMetric(descCoord, prometheus.CounterValue, float64(v), kind)
 		}

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/internal/testwait"
 )
 
 // startErr builds and starts a coordinator with cfg, returning Start's
@@ -238,7 +239,7 @@ func TestTLS(t *testing.T) {
 	_, rb := startCoord(t, cfg("tls-b"))
 	waitMesh(t, 2, ra, rb)
 	a.Announce("secure", 0, 16)
-	waitFor(t, "lease over TLS", func() bool { return rb.level("secure") == 16 })
+	testwait.For(t, patience, "lease over TLS", func() bool { return rb.level("secure") == 16 })
 
 	fails := []struct {
 		name string

@@ -43,6 +43,15 @@ type Coordinator interface {
 	Close() error
 }
 
+// Reporter is implemented by coordinators that can say what they hold: the
+// leases in force and their counters since Start. NATS is one; Local keeps
+// nothing to report. Meant for status pages and metrics (see
+// hotkey.Engine.HotKeys and Stats), not for the decision path.
+type Reporter interface {
+	Leases() []Lease
+	Stats() Stats
+}
+
 // Local is the coordinator of a lone instance: the level in force of a key is
 // the one its own detector last announced, and there is one instance. The
 // zero value is ready to use.

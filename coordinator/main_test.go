@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/internal/testwait"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -208,22 +209,7 @@ func closeCoord(t *testing.T, c *NATS, r *recorder) {
 
 // patience bounds every wait for an event: what takes milliseconds on an
 // idle machine may take seconds on a loaded one.
-const patience = 30 * time.Second
-
-// waitFor polls cond every few milliseconds until it holds, and fails t
-// (with what) if it does not within patience. It returns the time it
-// took, for logs: how long is up to the machine, not a property of the code.
-func waitFor(t *testing.T, what string, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > patience {
-			t.Fatalf("%s: not within %v", what, patience)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-	return time.Since(start)
-}
+const patience = testwait.Patience
 
 // startServer starts a standalone server, shut down at cleanup.
 func startServer(t *testing.T, opts natsserver.Options) *natsserver.Server {

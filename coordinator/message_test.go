@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/internal/testwait"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -230,7 +231,7 @@ func TestBadMessages(t *testing.T) {
 	// instant, however long it takes to arrive.
 	replies := func(what string, want func(Stats) bool) {
 		t.Helper()
-		waitFor(t, what, func() bool { return want(c.Stats()) })
+		testwait.For(t, patience, what, func() bool { return want(c.Stats()) })
 	}
 	pub(c.inbox, `{"v":1,"t":"sync","origin":"o","leases":[{"key":"synced","level":16,"ttl_ms":60000}]}`)
 	replies("a sync reply at once applied", func(st Stats) bool { return st.SyncReplies == 1 })
@@ -263,14 +264,14 @@ func TestBadMessages(t *testing.T) {
 	if err := nc.FlushTimeout(patience); err != nil {
 		t.Fatal(err)
 	}
-	d := waitFor(t, "all received", func() bool {
+	d := testwait.For(t, patience, "all received", func() bool {
 		st := c.Stats()
 		return st.Received+st.Dropped >= uint64(sent)
 	})
 	// A message is counted as received before it is handled: let the last
 	// ones be handled.
 	// "synced" holds one key of the table.
-	waitFor(t, "the flood handled", func() bool {
+	testwait.For(t, patience, "the flood handled", func() bool {
 		st := c.Stats()
 		return uint64(st.Keys)-1+st.Rejected >= flood
 	})
@@ -294,7 +295,7 @@ func TestBadMessages(t *testing.T) {
 	if m := maxKeys.Load(); m > int64(cfg.MaxHotKeys) {
 		t.Errorf("table grew to %d keys, cap %d", m, cfg.MaxHotKeys)
 	}
-	waitFor(t, "handler told of the accepted keys", func() bool {
+	testwait.For(t, patience, "handler told of the accepted keys", func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return len(r.levels) == cfg.MaxHotKeys

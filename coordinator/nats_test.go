@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/internal/testwait"
 )
 
 var levels = []int{4, 16, 64}
@@ -23,7 +24,7 @@ var levels = []int{4, 16, 64}
 // leases, heartbeats and sync alike) have spread to every server.
 func waitMesh(t *testing.T, n int, rs ...*recorder) time.Duration {
 	t.Helper()
-	return waitFor(t, fmt.Sprintf("%d instances seen", n), func() bool {
+	return testwait.For(t, patience, fmt.Sprintf("%d instances seen", n), func() bool {
 		for _, r := range rs {
 			if r.instances() != n {
 				return false
@@ -59,7 +60,7 @@ func TestConvergence(t *testing.T) {
 		}
 	}
 	for i, r := range rs {
-		d := waitFor(t, r.name+" has all 200 keys", func() bool { return r.has(want) })
+		d := testwait.For(t, patience, r.name+" has all 200 keys", func() bool { return r.has(want) })
 		t.Logf("instance %d has all 200 keys %v after the last Announce (%v after the first)", i, d, time.Since(start))
 	}
 	for _, c := range cs {
@@ -164,11 +165,11 @@ func TestLeaseLapse(t *testing.T) {
 	// would have been told.
 	const k1 = "renewed"
 	b.Announce(k1, 0, 16)
-	waitFor(t, "all at 16", func() bool { return told(k1, 16, rs...) })
+	testwait.For(t, patience, "all at 16", func() bool { return told(k1, 16, rs...) })
 	calls := setLevelCalls(rs...)
 	for range 4 {
 		clk.Advance(ttl / 2)
-		waitFor(t, "b's lease renewed after the clock moved", func() bool {
+		testwait.For(t, patience, "b's lease renewed after the clock moved", func() bool {
 			for _, x := range all {
 				if l := leaseOf(x, k1); l.Level != 16 || l.ExpiresIn != ttl {
 					return false
@@ -194,7 +195,7 @@ func TestLeaseLapse(t *testing.T) {
 	}
 	clk.Advance(1)
 	late := 0
-	d := waitFor(t, "all at 1 once b's dropped lease lapsed", func() bool {
+	d := testwait.For(t, patience, "all at 1 once b's dropped lease lapsed", func() bool {
 		if told(k1, 1, rs...) {
 			return true
 		}
@@ -212,11 +213,11 @@ func TestLeaseLapse(t *testing.T) {
 	const k2 = "max"
 	aAt := clk.Now()
 	a.Announce(k2, 0, 16)
-	waitFor(t, "all at a's 16", func() bool { return told(k2, 16, rs...) })
+	testwait.For(t, patience, "all at a's 16", func() bool { return told(k2, 16, rs...) })
 	clk.Advance(time.Second)
 	cAt := clk.Now()
 	c.Announce(k2, 0, 64)
-	waitFor(t, "all at c's 64", func() bool { return told(k2, 64, rs...) })
+	testwait.For(t, patience, "all at c's 64", func() bool { return told(k2, 64, rs...) })
 	c.Announce(k2, 0, 1)
 	clk.Advance(cAt.Add(cfgC.TTL - 1).Sub(clk.Now()))
 	if !inForce(k2, 64, all...) {
@@ -228,7 +229,7 @@ func TestLeaseLapse(t *testing.T) {
 			t.Errorf("%s: once c's 64 lapsed, lease %+v, want a's at 16", x.ID(), l)
 		}
 	}
-	waitFor(t, "all told a's 16 once c's 64 lapsed", func() bool { return told(k2, 16, rs...) })
+	testwait.For(t, patience, "all told a's 16 once c's 64 lapsed", func() bool { return told(k2, 16, rs...) })
 
 	// Last lease dropped: level 1 everywhere at its expiry, and nothing
 	// left in the tables.
@@ -241,7 +242,7 @@ func TestLeaseLapse(t *testing.T) {
 	if !inForce(k2, 1, all...) {
 		t.Errorf("a's dropped 16 held past its ttl: %+v, %+v, %+v", leaseOf(a, k2), leaseOf(b, k2), leaseOf(c, k2))
 	}
-	waitFor(t, "all told 1 once a's 16 lapsed", func() bool { return told(k2, 1, rs...) })
+	testwait.For(t, patience, "all told 1 once a's 16 lapsed", func() bool { return told(k2, 1, rs...) })
 	for _, x := range all {
 		if s := x.Stats(); s.Keys != 0 || s.OwnKeys != 0 {
 			t.Errorf("%s: %d keys (%d own) left", x.ID(), s.Keys, s.OwnKeys)
@@ -287,7 +288,7 @@ func TestMembership(t *testing.T) {
 	timeout := peerTimeout * cfg.Heartbeat
 	st := a.Stats()
 	fromB := st.Received - st.Own
-	waitFor(t, "10 more heartbeats of b", func() bool { st := a.Stats(); return st.Received-st.Own >= fromB+10 })
+	testwait.For(t, patience, "10 more heartbeats of b", func() bool { st := a.Stats(); return st.Received-st.Own >= fromB+10 })
 	if ra.instances() != 3 || rb.instances() != 3 {
 		t.Errorf("c dropped while the clock stood still: a counts %d, b %d instances", ra.instances(), rb.instances())
 	}
@@ -296,14 +297,14 @@ func TestMembership(t *testing.T) {
 	// instant before it moves again, until c is gone: twice, or more if a
 	// heartbeat c sent before closing was handled after the clock moved.
 	moves := 0
-	d := waitFor(t, "back to 2", func() bool {
+	d := testwait.For(t, patience, "back to 2", func() bool {
 		if ra.instances() == 2 && rb.instances() == 2 {
 			return true
 		}
 		clk.Advance(timeout - 1)
 		moves++
 		now := clk.Now()
-		waitFor(t, "a and b heard each other after the clock moved", func() bool {
+		testwait.For(t, patience, "a and b heard each other after the clock moved", func() bool {
 			return heardAt(a, "b").Equal(now) && heardAt(b, "a").Equal(now)
 		})
 		return false
@@ -358,12 +359,12 @@ func TestJoinSync(t *testing.T) {
 		want[k] = levels[i%3]
 		a.Announce(k, xxhash.Sum64String(k), want[k])
 	}
-	waitFor(t, "a applies its own", func() bool { return ra.has(want) })
-	waitFor(t, "a's leases went through the server", func() bool { return leases.Load() >= 50 })
+	testwait.For(t, patience, "a applies its own", func() bool { return ra.has(want) })
+	testwait.For(t, patience, "a's leases went through the server", func() bool { return leases.Load() >= 50 })
 
 	start := time.Now()
 	b, rb := startCoord(t, long("b"))
-	d := waitFor(t, "b synced", func() bool { return rb.has(want) })
+	d := testwait.For(t, patience, "b synced", func() bool { return rb.has(want) })
 	t.Logf("b got 50 leases by sync %v after Start began (%v after it returned)", time.Since(start), d)
 	if st := b.Stats(); st.SyncReplies == 0 || st.SyncRequests != 1 {
 		t.Errorf("b stats %+v", st)
@@ -376,7 +377,7 @@ func TestJoinSync(t *testing.T) {
 	ra.closed.Store(true)
 	start = time.Now()
 	c, rc := startCoord(t, long("c"))
-	d = waitFor(t, "c synced from b", func() bool { return rc.has(want) })
+	d = testwait.For(t, patience, "c synced from b", func() bool { return rc.has(want) })
 	t.Logf("c got a's 50 leases relayed by b %v after Start began (%v after it returned)", time.Since(start), d)
 	if st := c.Stats(); st.SyncReplies == 0 {
 		t.Errorf("c stats %+v", st)
@@ -413,14 +414,14 @@ func TestFaults(t *testing.T) {
 		announce("fault-"+strconv.Itoa(i), 16)
 	}
 	peersHave := func() bool { return ry.has(want) && rz.has(want) }
-	waitFor(t, "peers have x's keys", peersHave)
+	testwait.For(t, patience, "peers have x's keys", peersHave)
 
 	// x's node goes away: x reconnects to another and re-announces.
 	cl.Shutdown(j)
-	d := waitFor(t, "x reconnected", func() bool { return x.Stats().Reconnects >= 1 })
+	d := testwait.For(t, patience, "x reconnected", func() bool { return x.Stats().Reconnects >= 1 })
 	t.Logf("x reconnected to %s %v after its node %d stopped", x.nc.ConnectedUrl(), d, j)
 	announce("after-failover", 64)
-	d = waitFor(t, "peers see a key announced after failover", peersHave)
+	d = testwait.For(t, patience, "peers see a key announced after failover", peersHave)
 	t.Logf("key announced after failover seen by peers in %v", d)
 	// Two ttls later on the clock, the keys are still held, renewed through
 	// the new node: the clock moves ttl/2 at a time, each time followed by
@@ -428,7 +429,7 @@ func TestFaults(t *testing.T) {
 	calls := setLevelCalls(ry, rz)
 	for range 4 {
 		clk.Advance(ttl / 2)
-		waitFor(t, "x's leases renewed after the clock moved", func() bool {
+		testwait.For(t, patience, "x's leases renewed after the clock moved", func() bool {
 			for _, p := range []*NATS{y, z} {
 				for k, l := range want {
 					if got := leaseOf(p, k); got.Level != l || got.ExpiresIn != ttl {
@@ -449,7 +450,7 @@ func TestFaults(t *testing.T) {
 		cl.Shutdown(i)
 	}
 	announce("while-down", 64)
-	d = waitFor(t, "x applies a key announced while NATS is down", func() bool { return rx.level("while-down") == 64 })
+	d = testwait.For(t, patience, "x applies a key announced while NATS is down", func() bool { return rx.level("while-down") == 64 })
 	t.Logf("while NATS is down, x applied its own key in %v", d)
 	x.Announce("while-down-dropped", 0, 4) // announced and dropped while down
 	x.Announce("while-down-dropped", 0, 1)
@@ -459,7 +460,7 @@ func TestFaults(t *testing.T) {
 	clk.Advance(ttl)
 	keys := slices.Collect(maps.Keys(want))
 	late := 0
-	waitFor(t, "peers let x's leases lapse", func() bool {
+	testwait.For(t, patience, "peers let x's leases lapse", func() bool {
 		if ry.level("fault-0") == 1 && rz.level("after-failover") == 1 {
 			return true
 		}
@@ -483,9 +484,9 @@ func TestFaults(t *testing.T) {
 		}
 	}
 	restarted := time.Since(restart)
-	waitFor(t, "x reconnected again", func() bool { return x.Stats().Reconnects > before.Reconnects })
+	testwait.For(t, patience, "x reconnected again", func() bool { return x.Stats().Reconnects > before.Reconnects })
 	reconnected := time.Since(restart)
-	waitFor(t, "peers reconverged", peersHave)
+	testwait.For(t, patience, "peers reconverged", peersHave)
 	t.Logf("NATS back: 3 nodes restarted and meshed in %v; x reconnected %v and peers had all %d keys %v after the first restart began (renewal period %v)",
 		restarted, reconnected, len(want), time.Since(restart), ttl/3)
 	if ry.level("while-down-dropped") != 1 {
@@ -519,7 +520,7 @@ func TestBorrowedConn(t *testing.T) {
 	_, rb := startCoord(t, Config{Conn: nc2, ID: "b", TTL: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond})
 	waitMesh(t, 2, ra, rb)
 	a.Announce("borrowed", 0, 4)
-	waitFor(t, "b sees a's key", func() bool { return rb.level("borrowed") == 4 })
+	testwait.For(t, patience, "b sees a's key", func() bool { return rb.level("borrowed") == 4 })
 	closeCoord(t, a, ra)
 	if nc1.IsClosed() {
 		t.Fatal("Close closed a borrowed connection")
@@ -557,7 +558,7 @@ func TestLifecycle(t *testing.T) {
 	c.Announce("k", 0, 1) // nothing to drop
 	c.Announce("bad-\xff", 0, 16)
 	c.Announce(string(make([]byte, 600)), 0, 16) // longer than MaxKeyLen
-	waitFor(t, "unpublishable keys applied locally", func() bool {
+	testwait.For(t, patience, "unpublishable keys applied locally", func() bool {
 		return r.level("bad-\xff") == 16 && r.level(string(make([]byte, 600))) == 16
 	})
 	if st := c.Stats(); st.Unpublished != 2 || st.Keys != 2 {
@@ -600,12 +601,12 @@ func TestOwnKeyEvictsPeerKey(t *testing.T) {
 		_ = nc.Publish("hotkey.default.lease", encodeLease("peer", "peer-"+strconv.Itoa(i), 4, time.Minute))
 	}
 	// Counted as received before handled: wait for all 20 to be handled.
-	waitFor(t, "peer leases handled", func() bool { st := c.Stats(); return uint64(st.Keys)+st.Rejected >= 20 })
+	testwait.For(t, patience, "peer leases handled", func() bool { st := c.Stats(); return uint64(st.Keys)+st.Rejected >= 20 })
 	if st := c.Stats(); st.Keys != 10 || st.Rejected != 10 {
 		t.Fatalf("stats %+v", st)
 	}
 	c.Announce("mine", 0, 64)
-	waitFor(t, "own key in force", func() bool { return r.level("mine") == 64 })
+	testwait.For(t, patience, "own key in force", func() bool { return r.level("mine") == 64 })
 	if st := c.Stats(); st.Keys != 10 {
 		t.Errorf("%d keys, cap 10", st.Keys)
 	}
@@ -640,13 +641,13 @@ func TestLowerTogether(t *testing.T) {
 		k := "lower-" + strconv.Itoa(round)
 		h := xxhash.Sum64String(k)
 		cs[0].Announce(k, h, change[0])
-		waitFor(t, "all at the first level", func() bool { return told(k, change[0], rs...) })
+		testwait.For(t, patience, "all at the first level", func() bool { return told(k, change[0], rs...) })
 		clk.Advance(time.Second) // the lease ages, so a lapse at ttl from now would be wrong
 		cs[0].Announce(k, h, change[1])
 		if change[1] > 1 {
 			// The lower lease goes out at once, ttl before the old one
 			// lapses: let it arrive.
-			waitFor(t, "peers hold the lower lease", func() bool {
+			testwait.For(t, patience, "peers hold the lower lease", func() bool {
 				return peerLease(cs[1], k, change[1]) && peerLease(cs[2], k, change[1])
 			})
 		}
@@ -660,7 +661,7 @@ func TestLowerTogether(t *testing.T) {
 		}
 		at := make([]time.Duration, 3)
 		start := time.Now()
-		waitFor(t, "all told the lower level", func() bool {
+		testwait.For(t, patience, "all told the lower level", func() bool {
 			done := true
 			for i, r := range rs {
 				if at[i] == 0 && r.level(k) == change[1] {

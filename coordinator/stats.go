@@ -108,3 +108,5 @@ func (c *NATS) Leases() []Lease {
 	}
 	return c.table.leases(c.now())
 }
+
+var _ Reporter = (*NATS)(nil)

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/internal/testwait"
 )
 
 // rawConn connects a plain client, as a forger would, closed at cleanup.
@@ -70,7 +71,7 @@ func TestForgedPeers(t *testing.T) {
 		t.Helper()
 		k := "sentinel-" + strconv.Itoa(i)
 		publishAll(t, nc, "hotkey.default.lease", encodeLease("forger", k, 4, time.Minute))
-		waitFor(t, "the forger's heartbeats handled", func() bool { return r.level(k) == 4 })
+		testwait.For(t, patience, "the forger's heartbeats handled", func() bool { return r.level(k) == 4 })
 	}
 
 	// Each origin once.
@@ -115,14 +116,14 @@ func TestForgedPeers(t *testing.T) {
 	// peer, heard at every new instant, stays.
 	timeout := peerTimeout * cfg.Heartbeat
 	moves := 0
-	waitFor(t, "back to 2 instances", func() bool {
+	testwait.For(t, patience, "back to 2 instances", func() bool {
 		if r.instances() == 2 {
 			return true
 		}
 		clk.Advance(timeout - 1)
 		moves++
 		now := clk.Now()
-		waitFor(t, "the real peer heard after the clock moved", func() bool { return heardAt(c, "real").Equal(now) })
+		testwait.For(t, patience, "the real peer heard after the clock moved", func() bool { return heardAt(c, "real").Equal(now) })
 		return false
 	})
 	if told := instancesTold(r); slices.Min(told[1:]) < 2 {
@@ -146,7 +147,7 @@ func signedConfig(clk *fakeClock, id string, secret []byte, urls ...string) Conf
 // waitInvalid waits until c counted n invalid messages in all.
 func waitInvalid(t *testing.T, c *NATS, n uint64) {
 	t.Helper()
-	waitFor(t, strconv.FormatUint(n, 10)+" invalid messages counted", func() bool { return c.Stats().Invalid >= n })
+	testwait.For(t, patience, strconv.FormatUint(n, 10)+" invalid messages counted", func() bool { return c.Stats().Invalid >= n })
 }
 
 // TestSignedForgery: with a secret, forged leases and heartbeats, unsigned
@@ -190,7 +191,7 @@ func TestSignedForgery(t *testing.T) {
 
 	// Signed with the secret: applied.
 	publishAll(t, nc, lease, right.seal(lease, forgedLease, clk.Now()))
-	d := waitFor(t, "a lease signed with the secret applied", func() bool { return r.level("victim-key") == 64 })
+	d := testwait.For(t, patience, "a lease signed with the secret applied", func() bool { return r.level("victim-key") == 64 })
 	t.Logf("a lease signed with the secret applied in %v", d)
 }
 
@@ -231,8 +232,8 @@ func TestSignedReplay(t *testing.T) {
 	o, _ := startCoord(t, other)
 	waitMesh(t, 2, ra, rb)
 	a.Announce("hot", xxhash.Sum64String("hot"), 64)
-	waitFor(t, "b has a's lease", func() bool { return rb.level("hot") == 64 })
-	waitFor(t, "the spy caught a's lease and heartbeat", func() bool { return get(typeLease) != nil && get(typeHB) != nil })
+	testwait.For(t, patience, "b has a's lease", func() bool { return rb.level("hot") == 64 })
+	testwait.For(t, patience, "the spy caught a's lease and heartbeat", func() bool { return get(typeLease) != nil && get(typeHB) != nil })
 	leaseMsg, hbMsg := get(typeLease), get(typeHB)
 	t.Logf("a signed lease: %s", leaseMsg)
 
@@ -243,7 +244,7 @@ func TestSignedReplay(t *testing.T) {
 	closeCoord(t, a, ra)
 	clk.Advance(10 * time.Second)
 	late := 0
-	waitFor(t, "b drops a", func() bool {
+	testwait.For(t, patience, "b drops a", func() bool {
 		if rb.instances() == 1 && rb.level("hot") == 1 {
 			return true
 		}
@@ -305,27 +306,27 @@ func TestSignedPeers(t *testing.T) {
 		want[k] = levels[i%3]
 		a.Announce(k, xxhash.Sum64String(k), want[k])
 	}
-	waitFor(t, "a applies its own", func() bool { return ra.has(want) })
+	testwait.For(t, patience, "a applies its own", func() bool { return ra.has(want) })
 	b, rb := startCoord(t, cfg("b", testSecret))
 	c, rc := startCoord(t, cfg("c", otherSecret))
 	d, rd := startCoord(t, cfg("d", nil))
 
 	start := time.Now()
-	waitFor(t, "b has a's keys", func() bool { return rb.has(want) })
+	testwait.For(t, patience, "b has a's keys", func() bool { return rb.has(want) })
 	waitMesh(t, 2, ra, rb)
 	t.Logf("a and b (same secret) converged in %v: b got %d sync replies", time.Since(start), b.Stats().SyncReplies)
-	waitFor(t, "d has a's keys", func() bool { return rd.has(want) })
+	testwait.For(t, patience, "d has a's keys", func() bool { return rd.has(want) })
 	waitMesh(t, 4, rd)
 	c.Announce("from-c", xxhash.Sum64String("from-c"), 64)
 	d.Announce("from-d", xxhash.Sum64String("from-d"), 64)
 	// c's messages reach a and b, and theirs c, all refused.
-	waitFor(t, "c's heartbeats refused by a and b", func() bool {
+	testwait.For(t, patience, "c's heartbeats refused by a and b", func() bool {
 		return a.Stats().InvalidBy["signature"] >= 2 && b.Stats().InvalidBy["signature"] >= 2 && c.Stats().InvalidBy["signature"] >= 2
 	})
-	waitFor(t, "d's heartbeats refused by a and b", func() bool {
+	testwait.For(t, patience, "d's heartbeats refused by a and b", func() bool {
 		return a.Stats().InvalidBy["unsigned"] >= 2 && b.Stats().InvalidBy["unsigned"] >= 2
 	})
-	waitFor(t, "d has c's key", func() bool { return rd.level("from-c") == 64 })
+	testwait.For(t, patience, "d has c's key", func() bool { return rd.level("from-c") == 64 })
 	for _, x := range []struct {
 		name         string
 		r            *recorder
@@ -381,10 +382,10 @@ func TestPermissionsExample(t *testing.T) {
 	}
 	a, ra := startCoord(t, instance("a"))
 	a.Announce("allowed", xxhash.Sum64String("allowed"), 16)
-	waitFor(t, "a applies its own", func() bool { return ra.level("allowed") == 16 })
+	testwait.For(t, patience, "a applies its own", func() bool { return ra.level("allowed") == 16 })
 	b, rb := startCoord(t, instance("b"))
 	waitMesh(t, 2, ra, rb)
-	waitFor(t, "b has a's key", func() bool { return rb.level("allowed") == 16 })
+	testwait.For(t, patience, "b has a's key", func() bool { return rb.level("allowed") == 16 })
 	if st := b.Stats(); st.SyncReplies == 0 {
 		t.Errorf("b got no sync reply through the permissions: %+v", st)
 	}

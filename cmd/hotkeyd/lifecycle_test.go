@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/hotkeyd/hotkey/internal/testwait"
 )
 
 // TestSIGTERM: under load over HTTP and NATS, and with an idle connection
@@ -62,7 +64,7 @@ func TestSIGTERM(t *testing.T) {
 			}
 		}
 	}()
-	waitFor(t, "some decisions", time.Minute, func() bool { return ok.Load() > 200 })
+	testwait.For(t, time.Minute, "some decisions", func() bool { return ok.Load() > 200 })
 	// A connection that never sends a request (HTTP clients dial ahead)
 	// must not hold the shutdown up.
 	idle, err := net.Dial("tcp", strings.TrimPrefix(d.base, "http://"))

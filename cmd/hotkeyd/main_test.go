@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+
+	"github.com/hotkeyd/hotkey/internal/testwait"
 )
 
 // The tests run the real binary, built once here, as a subprocess on free
@@ -192,7 +194,7 @@ func tryStart(t testing.TB, o daemonOpts) (*proc, error) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	// The "serving" line may come just after /healthz first answers.
-	waitFor(t, "the serving log line", 30*time.Second, func() bool {
+	testwait.For(t, 30*time.Second, "the serving log line", func() bool {
 		m := idRe.FindStringSubmatch(d.stderr.String())
 		if m != nil {
 			d.id = m[1]
@@ -321,19 +323,6 @@ func (d *proc) hotKeys(t testing.TB) hotKeys {
 	var h hotKeys
 	r.json(t, &h)
 	return h
-}
-
-// waitFor polls cond every 20 ms until it holds or timeout passes.
-func waitFor(t testing.TB, what string, timeout time.Duration, cond func() bool) time.Duration {
-	t.Helper()
-	start := time.Now()
-	for !cond() {
-		if time.Since(start) > timeout {
-			t.Fatalf("%s: not after %v", what, timeout)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return time.Since(start)
 }
 
 // writeFile writes a file under a test's temporary directory.

@@ -113,16 +113,10 @@ type HotKeys struct {
 }
 
 func (d *Daemon) handleHotKeys(w http.ResponseWriter, r *http.Request) {
-	leases := d.coord.Leases()
-	out := HotKeys{Peers: max(0, d.engine.Instances()-1), HotKeys: make([]HotKey, 0, len(leases))}
-	for _, l := range leases {
-		// Counters are named policy|key (hotkey.CounterName); policy
-		// names hold no '|'.
-		policy, key, ok := strings.Cut(l.Key, "|")
-		if !ok {
-			policy, key = "", l.Key
-		}
-		out.HotKeys = append(out.HotKeys, HotKey{Policy: policy, Key: key, Level: l.Level, ExpiresInMs: ceilDiv(l.ExpiresIn, time.Millisecond), Origin: l.Origin})
+	hot := d.engine.HotKeys()
+	out := HotKeys{Peers: max(0, d.engine.Instances()-1), HotKeys: make([]HotKey, 0, len(hot))}
+	for _, h := range hot {
+		out.HotKeys = append(out.HotKeys, HotKey{Policy: h.Policy, Key: h.Key, Level: h.Level, ExpiresInMs: ceilDiv(h.ExpiresIn, time.Millisecond), Origin: h.Origin})
 	}
 	writeJSON(w, http.StatusOK, out)
 }
