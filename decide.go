@@ -198,14 +198,14 @@ func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Li
 // that many ways: no decision ever used them under it). Transfers are rare:
 // the names are not cached.
 func shards(ent *shard.Entry, lim Limit, level int, p shard.Placement) []counter.Shard {
-	names := shard.Names(ent.Key, ent.Hash, level, p)
 	out := make([]counter.Shard, 0, level)
 	for i := range level {
 		sub := subLimit(lim, level, i)
 		if sub.Validate() != nil {
 			continue
 		}
-		out = append(out, counter.Shard{Name: names[i], Hash: shard.SubHash(ent.Hash, level, i), Limit: sub})
+		name, hash := ent.Sub(level, i, p)
+		out = append(out, counter.Shard{Name: name, Hash: hash, Limit: sub})
 	}
 	return out
 }
@@ -268,9 +268,9 @@ func (e *Engine) decide(ctx context.Context, key string, hash uint64, lim Limit,
 // decideSplit takes n from one of the level subcounters of ent, named
 // under p, and on a deny probes a second one.
 func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level int, p shard.Placement, lim Limit, n int64) (Result, error) {
-	names := ent.Names(level, p)
 	i := ent.Pick(level, e.opt.selection, e.seed)
-	r, err := e.take(ctx, names[i], shard.SubHash(ent.Hash, level, i), subLimit(lim, level, i), n)
+	name, hash := ent.Sub(level, i, p)
+	r, err := e.take(ctx, name, hash, subLimit(lim, level, i), n)
 	if err != nil {
 		return Result{}, err
 	}
@@ -279,7 +279,8 @@ func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level int, p
 		// it adds nothing random to a run on a simulated clock.
 		j := shard.SecondChance(i, level, shard.Mix(e.seed^ent.Hash^uint64(r.RetryAfter)))
 		// A failed probe leaves the first answer standing.
-		if r2, err := e.take(ctx, names[j], shard.SubHash(ent.Hash, level, j), subLimit(lim, level, j), n); err == nil &&
+		name, hash = ent.Sub(level, j, p)
+		if r2, err := e.take(ctx, name, hash, subLimit(lim, level, j), n); err == nil &&
 			(r2.Allowed || r2.RetryAfter < r.RetryAfter) {
 			r = r2
 		}

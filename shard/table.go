@@ -138,6 +138,12 @@ func (e *Entry) Names(n int, p Placement) []string {
 	return s.names
 }
 
+// Sub returns the name and hash of subcounter i of the key's n under p:
+// what a store and the deny cache know it by.
+func (e *Entry) Sub(n, i int, p Placement) (name string, hash uint64) {
+	return e.Names(n, p)[i], SubHash(e.Hash, n, i)
+}
+
 // Pick returns the subcounter, in [0, n), for the next decision on the key.
 // seed is a per-instance random value, so instances do not march in step.
 func (e *Entry) Pick(n int, sel Selection, seed uint64) int {
