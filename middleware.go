@@ -97,7 +97,7 @@ func (e *Engine) Middleware(cfg MiddlewareConfig) func(http.Handler) http.Handle
 			switch {
 			case res.Allowed:
 				next.ServeHTTP(w, req)
-			case res.Degraded && cfg.Policy.OnStoreFailure == FallbackClosed:
+			case cfg.Policy.Unavailable(res):
 				http.Error(w, "rate limiter unavailable", http.StatusServiceUnavailable)
 			default:
 				http.Error(w, "too many requests", http.StatusTooManyRequests)

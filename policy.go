@@ -83,3 +83,10 @@ func (p *Policy) name() string {
 	}
 	return p.Name
 }
+
+// Unavailable reports whether r denies only because the store could not
+// answer and p fails closed (FallbackClosed): the service is unavailable
+// (HTTP 503) rather than the key over its limit (429).
+func (p *Policy) Unavailable(r Result) bool {
+	return r.Degraded && !r.Allowed && p.OnStoreFailure == FallbackClosed
+}

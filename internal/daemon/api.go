@@ -190,7 +190,7 @@ func (d *Daemon) decide(ctx context.Context, req AllowRequest) (AllowResponse, *
 	if err != nil {
 		return AllowResponse{}, p, res, d.decisionError(ctx, req, p, err)
 	}
-	if res.Degraded && !res.Allowed && p.OnStoreFailure == hotkey.FallbackClosed {
+	if p.Unavailable(res) {
 		return AllowResponse{}, p, res, errorf(http.StatusServiceUnavailable,
 			"the counter store is unavailable and policy %q fails closed (on_store_failure: closed): only its allowlisted keys pass until the store is back", p.Name)
 	}
