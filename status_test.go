@@ -18,7 +18,7 @@ type reporting struct {
 }
 
 func (r *reporting) Leases() []coordinator.Lease { return r.leases }
-func (r *reporting) Stats() coordinator.Stats   { return coordinator.Stats{Published: 7} }
+func (r *reporting) Stats() coordinator.Stats    { return coordinator.Stats{Published: 7} }
 
 // TestHotKeysAndStats: HotKeys lists the keys split here, by policy and
 // key, with the lease of each where the coordinator keeps leases; Stats
