@@ -2,7 +2,6 @@ package hotkey
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
@@ -49,12 +48,12 @@ type Engine struct {
 // Close leaves it open.
 func New(store Store, opts ...Option) (*Engine, error) {
 	if store == nil {
-		return nil, errors.New("hotkey: nil store")
+		return nil, fmt.Errorf("hotkey: %w: nil store", ErrInvalidConfig)
 	}
 	o := defaultOptions()
 	for _, opt := range opts {
 		if err := opt(&o); err != nil {
-			return nil, fmt.Errorf("hotkey: %w", err)
+			return nil, fmt.Errorf("hotkey: %w: %w", ErrInvalidConfig, err)
 		}
 	}
 	e := &Engine{store: store, opt: o, seed: rand.Uint64(), table: shard.NewTable(o.maxHotKeys), log: o.logger, settleNow: make(chan struct{}, 1)}
@@ -79,7 +78,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 			return nil, fmt.Errorf("hotkey: split key: %w", err)
 		}
 		if !e.table.Set(k, hashKey(k), level, shard.Level1, nil) {
-			return nil, fmt.Errorf("hotkey: more split keys than max hot keys (%d)", o.maxHotKeys)
+			return nil, fmt.Errorf("hotkey: %w: more split keys than max hot keys (%d)", ErrInvalidConfig, o.maxHotKeys)
 		}
 	}
 	if rs, ok := store.(counter.Resharder); ok && o.transfer {
@@ -89,7 +88,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	if o.detect {
 		d, err := detector.New(o.detector, time.Now())
 		if err != nil {
-			return nil, fmt.Errorf("hotkey: %w", err)
+			return nil, fmt.Errorf("hotkey: %w: %w", ErrInvalidConfig, err)
 		}
 		e.detect = d
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/internal/redistest"
 	"github.com/hotkeyd/hotkey/shard"
 )
@@ -88,12 +89,12 @@ func TestBadInput(t *testing.T) {
 	if _, err := e.Allow(context.Background(), strings.Repeat("k", 512), ok); err != nil {
 		t.Errorf("key of exactly the max length: %v", err)
 	}
-	if _, err := New(nil); err == nil {
-		t.Error("New(nil store) succeeded")
+	if _, err := New(nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("New(nil store): %v, want ErrInvalidConfig", err)
 	}
-	for _, opt := range []Option{WithSplitAll(3), WithSplitKeys(1, "a"), WithMaxKeyLen(0), WithMinShare(0), WithDenyCache(-1), WithClock(nil), WithMaxHotKeys(0), WithSelection(9)} {
-		if _, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), opt); err == nil {
-			t.Error("New accepted an invalid option")
+	for _, opt := range []Option{WithSplitAll(3), WithSplitKeys(1, "a"), WithMaxKeyLen(0), WithMinShare(0), WithDenyCache(-1), WithClock(nil), WithMaxHotKeys(0), WithSelection(9), WithDetector(detector.Config{Threshold: -1})} {
+		if _, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), opt); !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New with an invalid option: %v, want ErrInvalidConfig", err)
 		}
 	}
 }

@@ -64,6 +64,10 @@ var (
 	// ErrInvalidPolicyName: a policy's name holds '|', which separates it
 	// from the key in counter names.
 	ErrInvalidPolicyName = errors.New("invalid policy name")
+	// ErrInvalidConfig is in every error New returns for an option it
+	// refuses (errors.Is), as detector.ErrInvalidConfig is for a refused
+	// detector configuration.
+	ErrInvalidConfig = errors.New("invalid config")
 )
 
 // Result is the outcome of one decision.

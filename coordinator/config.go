@@ -7,13 +7,25 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"strings"
 	"time"
 	"unicode/utf8"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/hotkeyd/hotkey/internal/redact"
 )
+
+// ErrInvalidConfig is in every error NewNATS and Config.AuthOptions return
+// for a Config they refuse (errors.Is); the error's text says which field
+// and why.
+var ErrInvalidConfig = errors.New("coordinator: invalid config")
+
+// configError is a refused Config: errors.Is finds ErrInvalidConfig and the
+// cause in it, and its text is the cause's.
+type configError struct{ error }
+
+func (e configError) Unwrap() []error { return []error{ErrInvalidConfig, e.error} }
 
 // Defaults of Config.
 const (
@@ -357,7 +369,7 @@ func (c *NATS) dialOptions() ([]nats.Option, error) {
 			c.log.Warn("coordinator: disconnected from NATS", "err", err)
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			c.log.Info("coordinator: reconnected to NATS", "url", redact(nc.ConnectedUrl()))
+			c.log.Info("coordinator: reconnected to NATS", "url", redact.URL(nc.ConnectedUrl()))
 			c.wake(c.wakePub)
 		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
@@ -388,7 +400,7 @@ func (c Config) AuthOptions() ([]nats.Option, error) {
 	case c.NkeySeedFile != "":
 		o, err := nats.NkeyOptionFromSeed(c.NkeySeedFile)
 		if err != nil {
-			return nil, fmt.Errorf("coordinator: nkey seed file %s: %w", c.NkeySeedFile, err)
+			return nil, configError{fmt.Errorf("coordinator: nkey seed file %s: %w", c.NkeySeedFile, err)}
 		}
 		opts = append(opts, o)
 	case c.CredsFile != "":
@@ -401,21 +413,4 @@ func (c Config) AuthOptions() ([]nats.Option, error) {
 		opts = append(opts, nats.ClientCert(c.CertFile, c.KeyFile))
 	}
 	return opts, nil
-}
-
-// redact hides the password of a URL with user info, for errors and logs.
-func redact(u string) string {
-	p, err := url.Parse(u)
-	if err != nil || p.User == nil {
-		return u
-	}
-	return p.Redacted()
-}
-
-func redactAll(us []string) string {
-	r := make([]string, len(us))
-	for i, u := range us {
-		r[i] = redact(u)
-	}
-	return strings.Join(r, ",")
 }

@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"bytes"
+	"errors"
 	"maps"
 	"slices"
 	"strconv"
@@ -370,8 +371,8 @@ func TestConfig(t *testing.T) {
 	}
 	for _, b := range bad {
 		_, err := NewNATS(b.cfg)
-		if err == nil || !strings.Contains(err.Error(), b.want) {
-			t.Errorf("%+v: error %v, want %q", b.cfg, err, b.want)
+		if err == nil || !strings.Contains(err.Error(), b.want) || !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("%+v: error %v, want %q and ErrInvalidConfig", b.cfg, err, b.want)
 		}
 	}
 	if _, err := NewNATS(Config{URLs: u, Prefix: "acme-prod_1", Namespace: "eu", ID: "pod-7", MaxKeyLen: 100, MaxMessage: 1200}); err != nil {

@@ -11,6 +11,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/hotkeyd/hotkey/internal/redact"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -93,7 +94,7 @@ var _ Coordinator = (*NATS)(nil)
 func NewNATS(cfg Config) (*NATS, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
-		return nil, err
+		return nil, configError{err}
 	}
 	subj := cfg.Prefix + "." + cfg.Namespace + "."
 	c := &NATS{
@@ -180,7 +181,7 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 			return 0, err
 		}
 		if c.nc, err = nats.Connect(strings.Join(c.cfg.URLs, ","), opts...); err != nil {
-			return 0, fmt.Errorf("coordinator: connect to NATS at %s: %w", redactAll(c.cfg.URLs), err)
+			return 0, fmt.Errorf("coordinator: connect to NATS at %s: %w", redact.URLs(c.cfg.URLs), err)
 		}
 		c.owned = true
 	}

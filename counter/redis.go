@@ -51,6 +51,9 @@ func DefaultRedisConfig() RedisConfig {
 var (
 	ErrStoreClosed   = errors.New("store closed")
 	ErrInvalidPrefix = errors.New("redis prefix must not contain '{' or '}'")
+	// ErrInvalidConfig is in every error NewRedisStore returns for a
+	// RedisConfig it refuses (errors.Is).
+	ErrInvalidConfig = errors.New("invalid store config")
 	errBadReply      = errors.New("unexpected script reply")
 )
 
@@ -100,7 +103,7 @@ func NewRedisStore(ctx context.Context, client redis.UniversalClient, cfg RedisC
 		cfg.Prefix = def.Prefix
 	}
 	if strings.ContainsAny(cfg.Prefix, "{}") {
-		return nil, fmt.Errorf("redis store: %w: %q", ErrInvalidPrefix, cfg.Prefix)
+		return nil, fmt.Errorf("redis store: %w: %w: %q", ErrInvalidConfig, ErrInvalidPrefix, cfg.Prefix)
 	}
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = def.Timeout

@@ -174,8 +174,8 @@ func TestRedisUnknownAlgorithm(t *testing.T) {
 func TestRedisInvalidPrefix(t *testing.T) {
 	checkLeaks(t)
 	_, err := NewRedisStore(context.Background(), newTestClient(t, testRedisAddr), RedisConfig{Prefix: "a{b}:"})
-	if !errors.Is(err, ErrInvalidPrefix) {
-		t.Fatalf("err = %v, want ErrInvalidPrefix", err)
+	if !errors.Is(err, ErrInvalidPrefix) || !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("err = %v, want ErrInvalidPrefix and ErrInvalidConfig", err)
 	}
 }
 

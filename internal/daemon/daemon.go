@@ -14,7 +14,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"net/url"
 	"os"
 	"os/signal"
 	"regexp"
@@ -38,6 +37,7 @@ import (
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/internal/redact"
 )
 
 // Timeouts of the daemon.
@@ -254,7 +254,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	store := "memory"
 	switch {
 	case cfg.Redis != "":
-		store = "redis " + redactURL(cfg.Redis)
+		store = "redis " + redact.URL(cfg.Redis)
 	case len(cfg.RedisCluster) > 0:
 		store = "redis cluster " + strings.Join(cfg.RedisCluster, ",")
 	}
@@ -354,7 +354,7 @@ func (d *Daemon) startNATS() error {
 			}
 		}),
 		nats.ReconnectHandler(func(nc *nats.Conn) {
-			d.log.Info("reconnected to NATS", "url", redactURL(nc.ConnectedUrl()))
+			d.log.Info("reconnected to NATS", "url", redact.URL(nc.ConnectedUrl()))
 		}),
 		nats.ClosedHandler(func(*nats.Conn) { close(d.ncClosed) }),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
@@ -388,7 +388,7 @@ func (d *Daemon) startNATS() error {
 		if d.ns != nil {
 			return fmt.Errorf("connect to the embedded NATS server at %s: %w", d.natsURL, err)
 		}
-		return fmt.Errorf("connect to NATS at %s, set by %s: %w", redactURLs(d.natsURL), flagName("nats"), err)
+		return fmt.Errorf("connect to NATS at %s, set by %s: %w", redact.URLs(strings.Split(d.natsURL, ",")), flagName("nats"), err)
 	}
 	d.nc = nc
 	return nil
@@ -451,7 +451,7 @@ func (d *Daemon) openStore(ctx context.Context) error {
 	case cfg.Redis != "":
 		opt, err := redis.ParseURL(cfg.Redis)
 		if err != nil {
-			return fmt.Errorf("%s %s: %w", flagName("redis"), redactURL(cfg.Redis), err)
+			return fmt.Errorf("%s %s: %w", flagName("redis"), redact.URL(cfg.Redis), err)
 		}
 		if opt.DialTimeout == 0 {
 			opt.DialTimeout = redisDial
@@ -465,7 +465,7 @@ func (d *Daemon) openStore(ctx context.Context) error {
 		opt.ContextTimeoutEnabled = true
 		opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 		d.redis = redis.NewClient(opt)
-		what = fmt.Sprintf("Redis at %s, set by %s", redactURL(cfg.Redis), flagName("redis"))
+		what = fmt.Sprintf("Redis at %s, set by %s", redact.URL(cfg.Redis), flagName("redis"))
 	case len(cfg.RedisCluster) > 0:
 		d.redis = redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs:                    cfg.RedisCluster,
@@ -489,23 +489,6 @@ func (d *Daemon) openStore(ctx context.Context) error {
 	}
 	d.store = s
 	return nil
-}
-
-// redactURL hides the password of a URL, for logs and errors.
-func redactURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
-		return s
-	}
-	return u.Redacted()
-}
-
-func redactURLs(s string) string {
-	parts := strings.Split(s, ",")
-	for i, p := range parts {
-		parts[i] = redactURL(strings.TrimSpace(p))
-	}
-	return strings.Join(parts, ",")
 }
 
 // Shutdown stops the daemon gracefully: HTTP stops accepting and finishes
