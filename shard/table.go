@@ -66,9 +66,6 @@ func NewEntry(key string, hash uint64, level, held int, p Placement) *Entry {
 	return e
 }
 
-// Held returns the level whose counters hold the key's usage.
-func (e *Entry) Held() int { return e.held.Load().level }
-
 // HeldAt returns the level and placement whose counters hold the key's
 // usage.
 func (e *Entry) HeldAt() (int, Placement) {
