@@ -35,7 +35,7 @@ func (s *state) take(now int64, lim Limit, n int64) Result {
 }
 
 func (s *state) takeGCRA(now int64, lim Limit, n int64) Result {
-	g := newGCRA(lim.Period.Nanoseconds(), lim, n)
+	g := newGCRA(lim.Period.Nanoseconds(), lim, n, fracBits)
 	// The TAT is a, with b/2^32 ns more (see gcra.go); one at or behind now
 	// counts as now.
 	tat := fixed{now, 0}

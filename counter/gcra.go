@@ -13,10 +13,11 @@ import (
 // memory, µs on Redis) with a fraction of fracBits bits, so that the
 // emission interval Period/Rate is kept exact to 2^-32 of a tick: a rate
 // that does not divide its period is enforced at its rate, not at the rate
-// of a whole-tick interval. The one rounding is of the interval, upwards:
-// it makes a bucket slower by less than 2^-32 of a tick per unit, never
-// faster. The burst tolerance is a whole number of intervals, so a full
-// burst always fits, whatever the costs it is taken in.
+// of a whole-tick interval. The one rounding is of the interval, upwards,
+// to the store's grid of 2^-b tick (b = 32 in memory; on Redis b depends on
+// the tolerance, see redisGCRA): it makes a bucket slower by less than one
+// grid step per unit, never faster. The burst tolerance is a whole number of
+// intervals, so a full burst always fits, whatever the costs it is taken in.
 
 // fracBits is the number of fraction bits of a fixed.
 const fracBits = 32
@@ -88,10 +89,20 @@ type gcra struct {
 	capacity       int64
 }
 
+// onGrid is a, a ≥ 0, rounded up to a multiple of 2^-b tick, 0 ≤ b ≤ fracBits.
+func (a fixed) onGrid(b int) fixed {
+	step := int64(1) << (fracBits - b)
+	return fixed{a.w, 0}.add(fixed{0, (a.f + step - 1) &^ (step - 1)}) // may carry
+}
+
+// units is a in units of 2^-b tick: a is on that grid (onGrid), and below
+// 2^63 of its units.
+func (a fixed) units(b int) int64 { return a.w<<b | a.f>>(fracBits-b) }
+
 // newGCRA returns the figures of a Take of n under lim, period being
-// lim.Period in ticks (at least 1).
-func newGCRA(period int64, lim Limit, n int64) gcra {
-	unit := interval(max(1, period), max(1, lim.Rate))
+// lim.Period in ticks (at least 1), on a grid of 2^-b tick.
+func newGCRA(period int64, lim Limit, n int64, b int) gcra {
+	unit := interval(max(1, period), max(1, lim.Rate)).onGrid(b)
 	c := lim.Capacity()
 	return gcra{unit: unit, inc: unit.mul(n), tol: unit.mul(c), capacity: c}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -240,7 +241,7 @@ type call struct {
 	rate, period, n int64 // period in µs
 	gcra                  // the token bucket's figures in µs, and the capacity
 	level           int64 // token bucket: its expiry span's level (spanLevel)
-	frac            int64 // token bucket: the fraction of the TAT found, from the reply
+	incArg, tolArg  int64 // token bucket: gcraScript's arguments
 
 	res  Result
 	err  error
@@ -345,23 +346,25 @@ func (s *RedisStore) refresh() {
 type worker struct {
 	s      *RedisStore
 	batch  []*call
-	byAlg  [numAlgorithms][]*call
 	groups []group
 	args   []any // arguments of every command of a round trip
 
-	// Token-bucket grouping (see group): the calls of each script call, the
-	// script calls of each (inc, tol), and how often a key was seen.
-	tb      [][]*call
-	classes map[tbClass][]int
-	seen    map[tbKey]int
+	// Grouping (see group), reused from batch to batch: the calls of each
+	// run, the runs of each script call, and the calls in script-call order.
+	runOf   map[runKey]int
+	callOf  map[runKey]int
+	runs    [][]*call
+	scripts [][]int
+	order   []*call
 }
 
-// tbClass is the token-bucket arguments a script call carries once.
-type tbClass struct{ inc, tol fixed }
-
-type tbKey struct {
-	key string
-	tbClass
+// runKey is what the calls of a run share, or with no key what the runs of
+// one script call share: the algorithm, the token-bucket arguments a script
+// call carries once, and the key.
+type runKey struct {
+	alg      Algorithm
+	inc, tol fixed
+	key      string
 }
 
 // group is the calls that share one EVALSHA.
@@ -464,65 +467,63 @@ func (w *worker) run() {
 	}
 }
 
-// group splits calls into script calls: by algorithm when one script call
-// may carry many keys, else one per call. Token-bucket calls are grouped
-// further by their arguments (inc, tol), which a script call then carries
-// once, and a key repeated in the batch goes to another script call, so
-// that a script never sees a key twice.
+// group splits calls into script calls. The calls on one key, with one
+// algorithm and for the token bucket one (inc, tol), form a run, sent in one
+// script call, next to each other and in their order: the script decides
+// them one after the other, and a hot key's calls in a batch cost one
+// script call, not one each. A script call carries the runs of one
+// algorithm and, for the token bucket, one (inc, tol), which it carries
+// once; on a Cluster or Ring, where a script's keys must share a slot, it
+// carries one run.
 func (w *worker) group(calls []*call) []group {
-	w.groups = w.groups[:0]
-	if !w.s.multiKey {
-		for i, c := range calls {
-			w.groups = append(w.groups, group{alg: c.alg, calls: calls[i : i+1]})
-		}
-		return w.groups
+	if w.runOf == nil {
+		w.runOf, w.callOf = make(map[runKey]int), make(map[runKey]int)
 	}
-	for a := range w.byAlg {
-		w.byAlg[a] = w.byAlg[a][:0]
-	}
+	clear(w.runOf)
+	clear(w.callOf)
+	runs, scripts := 0, 0
 	for _, c := range calls {
-		w.byAlg[c.alg] = append(w.byAlg[c.alg], c)
-	}
-	for a, cs := range w.byAlg {
-		if a == int(TokenBucket) {
-			w.groupTokenBucket(cs)
-		} else if len(cs) > 0 {
-			w.groups = append(w.groups, group{alg: Algorithm(a), calls: cs})
+		rk := runKey{alg: c.alg, key: c.key}
+		if c.alg == TokenBucket {
+			rk.inc, rk.tol = c.inc, c.tol
 		}
+		r, ok := w.runOf[rk]
+		if !ok {
+			r = runs
+			w.runOf[rk] = r
+			if runs == len(w.runs) {
+				w.runs = append(w.runs, nil)
+			}
+			w.runs[r] = w.runs[r][:0]
+			runs++
+			sk := rk
+			if w.s.multiKey {
+				sk.key = ""
+			}
+			g, ok := w.callOf[sk]
+			if !ok {
+				g = scripts
+				w.callOf[sk] = g
+				if scripts == len(w.scripts) {
+					w.scripts = append(w.scripts, nil)
+				}
+				w.scripts[g] = w.scripts[g][:0]
+				scripts++
+			}
+			w.scripts[g] = append(w.scripts[g], r)
+		}
+		w.runs[r] = append(w.runs[r], c)
+	}
+	w.groups, w.order = w.groups[:0], slices.Grow(w.order[:0], len(calls))
+	for _, rs := range w.scripts[:scripts] {
+		start := len(w.order)
+		for _, r := range rs {
+			w.order = append(w.order, w.runs[r]...)
+		}
+		cs := w.order[start:len(w.order):len(w.order)]
+		w.groups = append(w.groups, group{alg: cs[0].alg, calls: cs})
 	}
 	return w.groups
-}
-
-func (w *worker) groupTokenBucket(calls []*call) {
-	if len(calls) == 0 {
-		return
-	}
-	if w.classes == nil {
-		w.classes, w.seen = make(map[tbClass][]int), make(map[tbKey]int)
-	}
-	clear(w.classes)
-	clear(w.seen)
-	used := 0
-	for _, c := range calls {
-		cls := tbClass{c.inc, c.tol}
-		k := tbKey{c.key, cls}
-		nth := w.seen[k] // the key's nth appearance goes to the class's nth call
-		w.seen[k] = nth + 1
-		list := w.classes[cls]
-		if nth == len(list) {
-			if used == len(w.tb) {
-				w.tb = append(w.tb, nil)
-			}
-			w.tb[used] = w.tb[used][:0]
-			list = append(list, used)
-			w.classes[cls] = list
-			used++
-		}
-		w.tb[list[nth]] = append(w.tb[list[nth]], c)
-	}
-	for _, cs := range w.tb[:used] {
-		w.groups = append(w.groups, group{alg: TokenBucket, calls: cs})
-	}
 }
 
 // exec sends one EVALSHA per group, pipelined when there are several, in
@@ -570,10 +571,8 @@ func (g *group) finish() {
 	n := width * len(g.calls)
 	switch {
 	case err != nil:
-	case len(v) < n || g.alg != TokenBucket && len(v) != n:
+	case len(v) != n:
 		err = errBadReply
-	case g.alg == TokenBucket:
-		err = g.fractions(v[n:])
 	}
 	for i, c := range g.calls {
 		if err != nil {
@@ -582,20 +581,4 @@ func (g *group) finish() {
 			c.finish(c.decode(v[i*width:(i+1)*width]), nil)
 		}
 	}
-}
-
-// fractions hands the fractions of the TATs a token-bucket script found to
-// their calls: v holds (1-based index, fraction) pairs (see gcraScript).
-func (g *group) fractions(v []int64) error {
-	if len(v)%2 != 0 {
-		return errBadReply
-	}
-	for i := 0; i < len(v); i += 2 {
-		k, f := v[i]-1, v[i+1]
-		if k < 0 || k >= int64(len(g.calls)) || f < 0 || f >= fracOne {
-			return errBadReply
-		}
-		g.calls[k].frac = f
-	}
-	return nil
 }

@@ -9,30 +9,30 @@ import (
 // Algorithm. Each mirrors its Go function in algorithm.go, in integer
 // microseconds, with time from redis.call('TIME'): client clocks never decide.
 //
-// A script decides for any number of counters, KEYS[1..K], one after the
+// A script decides for any number of Takes, on KEYS[1..K], one after the
 // other at the same instant, so a batch of Takes on one standalone server
-// costs one EVALSHA, one TIME and one reply (on a Cluster or Ring K is 1: a
-// script's keys must live on one node, in one slot). ARGV holds (see
-// appendArgs):
+// costs one EVALSHA, one TIME and one reply (on a Cluster or Ring the keys
+// of a script call are one key: they must live on one node, in one slot).
+// A key's Takes in a batch come next to each other, and each sees the
+// state the one before left. ARGV holds (see appendArgs):
 //
-//   - token bucket: inc, tol and the expiry span's level, once for all its
-//     keys: the TAT increment of the cost and the burst tolerance, each as
-//     whole µs and a fraction of 2^-32 µs (computed in Go by newGCRA, as the
-//     memory store computes them). The store groups Takes by these and never
-//     sends a key twice in one script call (worker.group);
+//   - token bucket: inc and tol·64 + k, once for all its keys: the TAT
+//     increment of the cost and the burst tolerance, in the units of the
+//     limit's grid, and the level k of its expiry span (computed in Go by
+//     redisGCRA, with the memory store's arithmetic; see the token bucket's
+//     state below). The store groups Takes by these (worker.group);
 //   - window algorithms, per key: rate, period in µs, cost n.
 //
 // The reply holds replyWidth integers per key: for the token bucket the TAT
-// found, d = max(TAT, now) - now, in whole µs w (w when allowed, -1-w when
-// denied), followed, for each key whose d has a fraction (only rates that do
-// not divide their period make one), by the key's index and that fraction
-// (see group.fractions), from which gcra.result derives the Result; for the
-// others {allowed (0/1), remaining, retry_after_us, reset_after_us}.
+// found, d = max(TAT, now) - now, in grid units (d when allowed, -1-d when
+// denied), from which gcra.result derives the Result; for the others
+// {allowed (0/1), remaining, retry_after_us, reset_after_us}.
 //
-// Instants are near 1.7e15 µs: exact in a Lua double. Redis formats number
-// arguments of redis.call with %.17g, so they pass exactly; tostring and
-// string concatenation print only 14 significant digits, so instants that
-// go into strings are formatted with string.format('%.0f', x).
+// Instants are near 1.8e15 µs, and grid units below 2^53: exact in a Lua
+// double. Redis formats number arguments of redis.call in full, but 7.2.0
+// to 7.2.4 in exponent form from 8 trailing zeros (intArg); tostring and
+// string concatenation print only 14 significant digits; so numbers that go
+// into strings are formatted with string.format('%.0f', x).
 //
 // A key holding another algorithm's state (the limit changed algorithm), or
 // a value no script writes (not a number, not finite, not whole, negative,
@@ -56,86 +56,157 @@ var scripts = [numAlgorithms]string{
 // replyWidth is the number of reply integers per key of each script.
 var replyWidth = [numAlgorithms]int{TokenBucket: 1, SlidingWindow: 4, FixedWindow: 4, SlidingLog: 4}
 
-// gcraScript mirrors takeGCRA's decision. State: the TAT as whole µs,
-// followed, when its fraction is not 0, by a space and the fraction in
-// units of 2^-32 µs, then by k+1 spaces, k being the level of the expiry
-// span that the key's expiry was set for (a number with blanks after it
-// still reads as one with tonumber).
+// intArg defines int(x), the integer x as an argument of redis.call: from
+// 1e8 up it is formatted here, since Redis 7.2.0 to 7.2.4 pass a number
+// with 8 trailing zeros or more in exponent form ("1e+08", which no integer
+// argument accepts; redis/redis#13113).
+const intArg = `
+local function int(x)
+	if x < 1e8 then return x end
+	return string.format('%.0f', x)
+end
+`
+
+// The token bucket's state on Redis, read and written by gcraScript and
+// gcraSeedScript.
+//
+// A limit's Takes run on a grid of U = 2^b units per µs (redisGCRA): b = 36
+// - k, at most 32 and at least 0, k being the level of the limit's expiry
+// span (1 ms·2^k, at least the tolerance). Grid units keep the fraction
+// of a TAT whose interval does not divide the period, and keep the TAT one
+// number: the tolerance is below 2^46 units, and inc and tol·64 + k pass
+// exactly as Lua doubles.
+//
+// A state is a number of 16 digits, O = 2e15 plus the TAT's place in a
+// cycle of M = floor(7e15/U)·U units, then k+1 blanks (tonumber reads a
+// number with blanks after it; the blanks tell the level). While its key
+// lives, a TAT is within a few spans of now (the expiry ends at most 1.5
+// spans past it), and M/2 is at least 25 spans, so its place in the cycle
+// and now give it back exactly. The fixed width lets a write overwrite the
+// digits alone (SETRANGE); one tonumber reads a state.
+
+// gcraGrid sets U, C (the cycle in µs), M and base (now's place in the
+// cycle, in units) for the level k at the instant now.
+const gcraGrid = `
+local U = 2 ^ math.max(0, 36 - k)
+local C = math.floor(7e15 / U)
+local M, base = C * U, (now % C) * U
+`
+
+// gcraOffset is a Lua function, offset(v, now, unit): the TAT that the value
+// v holds, less now, in units of unit per µs, rounded up (capped at ±2^52,
+// far beyond any tolerance); nil if v holds none. A state of any level is
+// read on its own grid; a number below O as whole µs and a pair "w f  " as
+// whole µs and 2^-32 µs: the two forms written before the grid. gcraScript
+// calls it for a value it does not read itself, which is rare, so the
+// function is made only then (making it costs as much as a few keys).
+const gcraOffset = `function(v, now, unit)
+	local O, a, x = 2e15, tonumber(v), nil
+	if a then
+		if a < 0 or a >= 9e15 or a % 1 ~= 0 then return nil end
+		if a < O then
+			x = (a - now) * unit
+		else
+			local k = #v - 17
+			if k < 4 or k > 37 then return nil end` + gcraGrid + `
+			if a - O >= M then return nil end
+			local y = a - O - base
+			if y >= M / 2 then y = y - M elseif y < -M / 2 then y = y + M end
+			x = math.ceil(y * (unit / U))
+		end
+	else
+		local w, f = string.match(v, '^(%d+) (%d+) +$')
+		w, f = tonumber(w), tonumber(f)
+		if not (w and w < O and f < 4294967296) then return nil end
+		x = (w - now) * unit + math.ceil(f * unit / 4294967296)
+	end
+	return math.max(-4503599627370496, math.min(x, 4503599627370496))
+end`
+
+// gcraScript mirrors takeGCRA's decision, in grid units.
+// ARGV: inc, the TAT increment of the cost, and tol·64 + k, tol being the
+// burst tolerance (see call.setArgs). The reply per key is the TAT found,
+// d = max(TAT, now) - now in grid units: d when allowed, -1-d when denied.
+//
+// The common read is one tonumber and a few comparisons: a state at the
+// limit's level (its length says so) whose number is in the cycle.
+// Anything else goes through gcraOffset, and a value no take writes reads
+// as absent.
 //
 // Setting an expiry is the dearest part of a write (the expires table is
 // updated twice and the command rewritten for replication), so a write
-// keeps the key's expiry while it can. The expiry span is 1 ms·2^k, the
-// least of at least the tolerance (the level k comes from Go, spanLevel).
-// A write that moves the expiry sets it, from now (so that tests can fake
-// TIME), to the end of the TAT's half-span plus a span: at least one span,
-// so at least the tolerance, past the TAT, and at most 1.5 spans, so less
-// than three tolerances. A write whose TAT stays in the half-span of the
-// TAT it replaces, at the same level, keeps that expiry, which still covers
-// the TAT plus the tolerance. A value at another level (the limit changed)
-// or in another format moves it. A plain write within the half-span only
-// overwrites the TAT's digits (SETRANGE), which keeps the expiry and the
-// level's blanks without building a string. A burst of writes thus moves
-// the expiry once, not once per write.
+// keeps the key's expiry while it can. A write that moves the expiry sets
+// it, from now (so that tests can fake TIME), to the end of the TAT's
+// half-span plus a span: at least one span, so at least the tolerance, past
+// the TAT, and at most 1.5 spans. A write whose TAT stays in the half-span
+// of the TAT it replaces, at the same level, keeps that expiry, which still
+// covers the TAT plus the tolerance, and overwrites the state's digits
+// alone (SETRANGE), keeping its blanks. A burst of writes thus moves the
+// expiry once, not once per write.
 //
 // All reads are one MGET, which answers nil for a key holding another
-// algorithm's state, so such a key starts afresh; the keys of one call are
-// distinct, so no write needs reading back.
+// algorithm's state, so such a key starts afresh. A key may come several
+// times, its takes next to each other: they decide one after the other, as
+// separate calls at the same instant would, and write once.
 const gcraScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 -- Globals are read once, into locals: a global read per key is a table
 -- lookup per key.
-local floor, format, tonumber, call, keys = math.floor, string.format, tonumber, redis.call, KEYS
+local floor, ceil, format, tonumber, call, keys = math.floor, math.ceil, string.format, tonumber, redis.call, KEYS
 local vals = call('MGET', unpack(keys))
-local out, m = {}, #keys
-local iw, ifr, tw, tfr, k = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])
-local F, MAXT = 4294967296, 9007199254740992
+local inc, tol = tonumber(ARGV[1]), tonumber(ARGV[2])
+local k = tol % 64
+tol = (tol - k) / 64` + gcraGrid + `
+local O, H, top = 2e15, M / 2, M - base
 local span = 1000 * 2 ^ k
 local half = span / 2
+-- Half-spans in units: a TAT x units from now is r + x units into now's.
+local halfU, r = half * U, (now % half) * U
 local len = 17 + k
--- text is the value of TAT nw and fraction nf, built only by the writes
--- that need it (most overwrite the digits of the value there).
-local function text(nw, nf)
-	local s = nf == 0 and format('%.0f', nw) or format('%.0f %.0f', nw, nf)
-	return s .. string.rep(' ', k + 1)
-end
+local out = {}
+-- The takes on one key come one after the other (worker.group): each decides
+-- on the TAT x that the one before left, and the last TAT is written once.
+local x, x0, same, moved
 for i = 1, #keys do
-	local v = vals[i]
-	local w, f, old, plain = now, 0, false, false
-	if v then
-		local a = tonumber(v)
-		if a then
-			if a > now and a < MAXT and a % 1 == 0 then w = a end
-			if #v == len then old, plain = a, true end
-		else
-			local as, fs = string.match(v, '^(%d+) (%d+) +$')
-			a, f = tonumber(as), tonumber(fs)
-			if a and a < MAXT and f < F then
-				if #v == #as + #fs + len - 15 then old = a end
-				if a < now then f = 0 else w = a end
+	local key = keys[i]
+	if key ~= keys[i - 1] then
+		local v = vals[i]
+		x, same, moved = nil, false, false
+		if v then
+			local a = tonumber(v)
+			if a and #v == len and a >= O and a - O < M and a % 1 == 0 then
+				x, same = a - O - base, true
+				if x >= H then x = x - M elseif x < -H then x = x + M end
 			else
-				f = 0
+				x = (` + gcraOffset + `)(v, now, U)
 			end
 		end
+		x0 = x
 	end
-	if f > 0 then out[m + 1], out[m + 2], m = i, f, m + 2 end
-	local nw, nf = w + iw, f + ifr
-	if nf >= F then nw, nf = nw + 1, nf - F end
-	local e = nw - tw - now
-	if e > 0 or (e == 0 and nf > tfr) then
-		out[i] = -1 - (w - now)
+	local d = 0
+	if x and x > 0 then d = x end
+	local new = d + inc
+	if new > tol then
+		out[i] = -1 - d
 	else
-		local lo = nw - nw % half -- the start of nw's half-span
-		if old and old - old % half == lo then
-			if plain and nf == 0 and nw < MAXT then
-				call('SETRANGE', keys[i], 0, nw)
-			else
-				call('SET', keys[i], text(nw, nf), 'KEEPTTL')
-			end
-		else
-			call('SET', keys[i], text(nw, nf), 'PX', math.min(floor((lo + half + span - now) / 1000) + 1, 1e15))
+		x, moved, out[i] = new, true, d
+	end
+	if moved and key ~= keys[i + 1] then
+		local s = x < top and O + base + x or O + x - top
+		if same then
+			local a, b = r + x0, r + x
+			-- A number with 8 trailing zeros or more may reach SETRANGE in
+			-- exponent form (intArg): such a one is written whole.
+			same = a - a % halfU == b - b % halfU and s % 100000000 ~= 0
 		end
-		out[i] = w - now
+		if same then
+			call('SETRANGE', key, 0, s)
+		else
+			local at = now + ceil(x / U) -- whole µs, at or after the TAT
+			local lo = at - at % half -- the start of its half-span
+			call('SET', key, format('%.0f', s) .. string.rep(' ', k + 1), 'PX', format('%.0f', floor((lo + half + span - now) / 1000) + 1))
+		end
 	end
 end
 return out
@@ -145,7 +216,7 @@ return out
 // firstAfter. State: "w cur prev", expiring two periods after window w
 // starts. floor(prev·left/p) is exact while rate × period in µs < 2^53.
 // The pattern admits digits only; a count of 2^53 or more is read as absent.
-const slidingWindowScript = `
+const slidingWindowScript = intArg + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local floor, ceil = math.floor, math.ceil
@@ -186,7 +257,7 @@ for i = 1, #KEYS do
 	else
 		cur = cur + n
 		rem = rate - est - n
-		redis.call('SET', k, string.format('%.0f %.0f %.0f', w, cur, prev), 'PX', ceil((left + p) / 1000))
+		redis.call('SET', k, string.format('%.0f %.0f %.0f', w, cur, prev), 'PX', int(ceil((left + p) / 1000)))
 	end
 	local reset = 0
 	if cur > 0 then reset = left + p elseif prev > 0 then reset = left end
@@ -198,7 +269,7 @@ return out
 
 // fixedWindowScript mirrors takeFixedWindow. State: "w count", expiring at
 // the end of window w; a count of 2^53 or more is read as absent.
-const fixedWindowScript = `
+const fixedWindowScript = intArg + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local out = {}
@@ -217,7 +288,7 @@ for i = 1, #KEYS do
 	local ok, retry = 0, reset
 	if cur + n <= rate then
 		ok, retry, cur = 1, 0, cur + n
-		redis.call('SET', k, string.format('%.0f %.0f', w, cur), 'PX', math.ceil(reset / 1000))
+		redis.call('SET', k, string.format('%.0f %.0f', w, cur), 'PX', int(math.ceil(reset / 1000)))
 	end
 	j = 4 * i - 4
 	out[j + 1], out[j + 2], out[j + 3], out[j + 4] = ok, math.max(0, rate - cur), retry, reset
@@ -230,7 +301,7 @@ return out
 // period after the newest. An entry more than a period ahead of now is no
 // instant a take wrote (+inf, say, whose waits would not be finite): it is
 // dropped with the entries that left the window.
-const slidingLogScript = `
+const slidingLogScript = intArg + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local ts = string.format('%.0f', now)
@@ -261,7 +332,7 @@ for i = 1, #KEYS do
 			end
 			redis.call('ZADD', k, unpack(args))
 		end
-		redis.call('PEXPIRE', k, math.ceil(p / 1000))
+		redis.call('PEXPIRE', k, int(math.ceil(p / 1000)))
 		out[j + 1], out[j + 2], out[j + 3], out[j + 4] = 1, rate - used - n, 0, p
 	end
 end
@@ -272,12 +343,18 @@ return out
 // under lim. The store resolves time to whole µs: a period is rounded up to
 // µs, and a token bucket's interval is kept to 2^-32 µs (see gcra.go).
 func (c *call) setArgs(lim Limit, n int64) {
-	c.alg, c.frac = lim.Algorithm, 0
+	c.alg = lim.Algorithm
 	c.rate, c.period, c.n = lim.Rate, micros(lim.Period), n
 	c.gcra = gcra{capacity: lim.Capacity()}
 	if c.alg == TokenBucket {
-		c.gcra = newGCRA(c.period, lim, n)
-		c.level = spanLevel(c.tol)
+		c.gcra, c.level = redisGCRA(c.period, lim, n)
+		b := gridBits(c.level)
+		tol := c.tol.units(b)
+		c.incArg = tol + 1 // any inc beyond the tolerance is denied alike
+		if !c.tol.less(c.inc) {
+			c.incArg = c.inc.units(b)
+		}
+		c.tolArg = tol<<6 | c.level
 	}
 }
 
@@ -287,20 +364,51 @@ func micros(d time.Duration) int64 {
 	return max(1, (d.Nanoseconds()+999)/1000)
 }
 
-// maxSpanLevel caps gcraScript's expiry span at 1 ms·2^42, 139 years.
-const maxSpanLevel = 42
+// The levels of gcraScript's expiry span, 1 ms·2^k: at least 16 ms, which
+// keeps the grid at most 2^32 units per µs, and at most 2^37 ms (4.4
+// years), which keeps tol·64 + k below 2^53.
+const (
+	minSpanLevel = 4
+	maxSpanLevel = 37
+)
+
+// gridBits is b, the grid of a limit whose span level is k having 2^b units
+// per µs (see gcraGrid).
+func gridBits(k int64) int { return int(max(0, 36-k)) }
 
 // spanLevel is the level k of gcraScript's expiry span for a tolerance of
-// tol µs: the least k with 1 ms·2^k ≥ tol, at most maxSpanLevel.
+// tol µs: the least k with 1 ms·2^k ≥ tol, within the levels above.
 func spanLevel(tol fixed) int64 {
 	m := (tol.ceil() + 999) / 1000 // ms, rounded up
-	return min(maxSpanLevel, int64(bits.Len64(uint64(max(1, m)-1))))
+	return min(maxSpanLevel, max(minSpanLevel, int64(bits.Len64(uint64(max(1, m)-1)))))
+}
+
+// redisGCRA returns the figures of a Redis Take of n under lim, period being
+// lim.Period in µs, and the level of its expiry span. The interval is
+// rounded up to the grid of that level, which may lengthen the tolerance
+// into the next level, whose grid is then used. A tolerance beyond the
+// highest level's span (4.4 years) is cut to the whole intervals that fit
+// it: the capacity is lowered, never raised.
+func redisGCRA(period int64, lim Limit, n int64) (gcra, int64) {
+	k := spanLevel(newGCRA(period, lim, n, fracBits).tol)
+	for {
+		g := newGCRA(period, lim, n, gridBits(k))
+		if l := spanLevel(g.tol); l > k {
+			k = l
+			continue
+		}
+		if span := (fixed{1000 << k, 0}); span.less(g.tol) { // k is the highest level
+			g.capacity = span.per(g.unit)
+			g.tol = g.unit.mul(g.capacity)
+		}
+		return g, k
+	}
 }
 
 // appendArgs appends c's script arguments to args.
 func (c *call) appendArgs(args []any) []any {
 	if c.alg == TokenBucket {
-		return append(args, &c.inc.w, &c.inc.f, &c.tol.w, &c.tol.f, &c.level)
+		return append(args, &c.incArg, &c.tolArg)
 	}
 	return append(args, &c.rate, &c.period, &c.n)
 }
@@ -308,12 +416,13 @@ func (c *call) appendArgs(args []any) []any {
 // decode turns c's part of a script reply (replyWidth[c.alg] integers) into
 // a Result.
 func (c *call) decode(v []int64) Result {
-	if c.alg == TokenBucket { // the TAT found, from now; see gcraScript
+	if c.alg == TokenBucket { // the TAT found, from now, in grid units; see gcraScript
 		d, allowed := v[0], v[0] >= 0
 		if !allowed {
 			d = -1 - d
 		}
-		return c.result(fixed{d, c.frac}, allowed, time.Microsecond)
+		b := gridBits(c.level)
+		return c.result(fixed{d >> b, (d & (1<<b - 1)) << (fracBits - b)}, allowed, time.Microsecond)
 	}
 	return Result{
 		Allowed:    v[0] == 1,

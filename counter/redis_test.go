@@ -217,13 +217,11 @@ func TestRedisScriptsMatchMemory(t *testing.T) {
 			allowed, takes := 0, 0
 			for i := range 200 {
 				now += rng.Int64N(span)
-				batch := make([]call, 1+rng.IntN(3))
+				batch := make([]call, 1+rng.IntN(5))
 				var keys []string
 				var args []any
 				tb := lim.Algorithm == TokenBucket
-				if tb { // one cost and distinct keys per call, as worker.group sends them
-					batch = batch[:min(len(batch), len(counters))]
-				}
+				first := rng.IntN(len(counters)) // a token bucket's keys: this one's takes, then the other's
 				n := int64(1)
 				for j := range batch {
 					if !tb || j == 0 {
@@ -233,8 +231,8 @@ func TestRedisScriptsMatchMemory(t *testing.T) {
 						}
 					}
 					batch[j].setArgs(lim, n)
-					if tb {
-						keys = append(keys, counters[(i+j)%len(counters)])
+					if tb { // one cost per call, a key's takes next to each other, as worker.group sends them
+						keys = append(keys, counters[(first+j*len(counters)/len(batch))%len(counters)])
 						if j == 0 {
 							args = batch[j].appendArgs(args)
 						}
@@ -620,45 +618,67 @@ func TestRedisTokenBucketExpiry(t *testing.T) {
 	}
 }
 
-// TestGroupTokenBucket checks how a batch is cut into script calls: each
-// token-bucket call carries one (inc, tol) and distinct keys, and every Take
-// is sent exactly once.
-func TestGroupTokenBucket(t *testing.T) {
-	w := (&RedisStore{cfg: DefaultRedisConfig(), multiKey: true}).newWorker()
-	var calls []*call
-	add := func(key string, lim Limit, n int64) {
-		c := &call{key: key}
-		c.setArgs(lim, n)
-		calls = append(calls, c)
-	}
-	a, b := PerSecond(100), PerMinute(100)
-	for _, k := range []string{"x", "y", "x", "x", "z"} {
-		add(k, a, 1)
-	}
-	add("x", a, 2) // another cost: another class
-	add("x", b, 1)
-	add("w", Limit{Algorithm: SlidingWindow, Rate: 5, Period: time.Second}, 1)
-	add("w", Limit{Algorithm: SlidingWindow, Rate: 5, Period: time.Second}, 1)
-	sent := map[*call]int{}
-	for _, g := range w.group(calls) {
-		keys := map[string]bool{}
-		for _, c := range g.calls {
-			sent[c]++
-			if g.alg != TokenBucket {
-				continue
-			}
-			if c.inc != g.calls[0].inc || c.tol != g.calls[0].tol {
-				t.Errorf("script call mixes token-bucket arguments")
-			}
-			if keys[c.key] {
-				t.Errorf("key %q twice in one script call", c.key)
-			}
-			keys[c.key] = true
+// TestGroup checks how a batch is cut into script calls: every Take is sent
+// exactly once; the Takes on one key (with one algorithm and token-bucket
+// arguments) are next to each other in one script call, in their order;
+// a token-bucket call carries one (inc, tol); a script call on a Cluster or
+// Ring carries one key.
+func TestGroup(t *testing.T) {
+	for _, multiKey := range []bool{true, false} {
+		w := (&RedisStore{cfg: DefaultRedisConfig(), multiKey: multiKey}).newWorker()
+		var calls []*call
+		add := func(key string, lim Limit, n int64) {
+			c := &call{key: key}
+			c.setArgs(lim, n)
+			calls = append(calls, c)
 		}
-	}
-	for _, c := range calls {
-		if sent[c] != 1 {
-			t.Errorf("call on %q sent %d times", c.key, sent[c])
+		a, b := PerSecond(100), PerMinute(100)
+		sw := Limit{Algorithm: SlidingWindow, Rate: 5, Period: time.Second}
+		for _, k := range []string{"x", "y", "x", "x", "z"} {
+			add(k, a, 1)
+		}
+		add("x", a, 2) // another cost: another class
+		add("x", b, 1)
+		add("w", sw, 1)
+		add("v", sw, 1)
+		add("w", sw, 1)
+		groups := w.group(calls)
+		sent := map[*call]int{}
+		for _, g := range groups {
+			keys := map[string]bool{}
+			for i, c := range g.calls {
+				sent[c]++
+				if c.alg != g.alg || g.alg == TokenBucket && (c.inc != g.calls[0].inc || c.tol != g.calls[0].tol) {
+					t.Errorf("multiKey=%v: script call mixes algorithms or token-bucket arguments", multiKey)
+				}
+				if i > 0 && c.key != g.calls[i-1].key {
+					if keys[c.key] {
+						t.Errorf("multiKey=%v: the calls on %q are not next to each other", multiKey, c.key)
+					}
+					if !multiKey {
+						t.Errorf("multiKey=%v: keys %q and %q in one script call", multiKey, g.calls[i-1].key, c.key)
+					}
+				}
+				keys[c.key] = true
+			}
+			for i := 1; i < len(g.calls); i++ { // in their order
+				if g.calls[i].key == g.calls[i-1].key && slices.Index(calls, g.calls[i]) < slices.Index(calls, g.calls[i-1]) {
+					t.Errorf("multiKey=%v: calls on %q out of order", multiKey, g.calls[i].key)
+				}
+			}
+		}
+		for _, c := range calls {
+			if sent[c] != 1 {
+				t.Errorf("multiKey=%v: call on %q sent %d times", multiKey, c.key, sent[c])
+			}
+		}
+		// x at a, cost 1 (3 calls); y; z; x at a, cost 2; x at b; w (2); v.
+		want := 4 // token bucket: (a, 1), (a, 2), (b, 1); and the window
+		if !multiKey {
+			want = 7
+		}
+		if len(groups) != want {
+			t.Errorf("multiKey=%v: %d script calls, want %d", multiKey, len(groups), want)
 		}
 	}
 }

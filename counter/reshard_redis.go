@@ -40,44 +40,37 @@ var reshardScripts = [numAlgorithms]*redis.Script{
 	SlidingLog:    redis.NewScript(slidingLogSeedScript),
 }
 
-// gcraSeedScript raises KEYS[1]'s TAT to its seed. ARGV: tol (whole µs,
-// rounded up from setArgs', for the expiry), total (Σ rate over to), then one
-// (TAT, rate) pair per counter of from that holds a value: the value as GET
-// read it, read here as gcraScript reads it (a value no take writes counts
-// as unused). The seed is now + Σ max(0, TAT_i - now)·rate_i / total; it is
-// written as a whole µs with no span level, so the next take sets its own
-// expiry, and it expires at the end of the tol-long span after next, which
-// covers it and the tolerance. Replies 1 if it wrote, else 0.
+// gcraSeedScript raises KEYS[1]'s TAT to its seed. ARGV: the tol·64 + k
+// argument of a take of 1 on the counter (call.setArgs), total (Σ rate over
+// to), then one (TAT, rate) pair per counter of from that holds a value: the
+// value as GET read it, read here with gcraOffset, on the counter's grid (a value no take writes counts as unused). The seed is now
+// + Σ max(0, TAT_i - now)·rate_i / total, rounded to the nearest grid unit;
+// it is written as gcraScript writes a state, with the expiry a write that
+// moves it sets. Replies 1 if it wrote, else 0.
 const gcraSeedScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
-local floor = math.floor
-local F, MAXT = 4294967296, 9007199254740992
-local function tat(v) -- whole µs and fraction, as gcraScript reads v; nil if no take wrote it
-	if type(v) ~= 'string' then return nil end
-	local a, f = tonumber(v), 0
-	if not a then
-		local as, fs = string.match(v, '^(%d+) (%d+) +$')
-		a, f = tonumber(as), tonumber(fs)
-		if not (a and f < F) then return nil end
-	end
-	if a >= 0 and a < MAXT and a % 1 == 0 then return a, f end
-	return nil
-end
-local k = KEYS[1]
-local tol, total = tonumber(ARGV[1]), tonumber(ARGV[2])
+local O, offset = 2e15, ` + gcraOffset + `
+local k = tonumber(ARGV[1]) % 64` + gcraGrid + `
 local d = 0
 for i = 3, #ARGV - 1, 2 do
-	local a, f = tat(ARGV[i])
-	if a and (a > now or a == now and f > 0) then d = d + (a - now + f / F) * tonumber(ARGV[i + 1]) end
+	local x = offset(ARGV[i], now, U)
+	if x and x > 0 then d = d + x * tonumber(ARGV[i + 1]) end
 end
-local new = math.min(now + floor(d / total + 0.5), MAXT - 1)
-if new <= now then return 0 end
-local old = tat(redis.pcall('GET', k))
-if old and old >= new then return 0 end
-local span = math.max(tol, 1000)
-local b = floor(new / span)
-redis.call('SET', k, new, 'PX', math.min(floor(((b + 2) * span - now) / 1000) + 1, 1e15))
+local new = math.min(math.floor(d / tonumber(ARGV[2]) + 0.5), 2 ^ 50)
+if new <= 0 then return 0 end
+local v = redis.pcall('GET', KEYS[1])
+if type(v) == 'string' then
+	local x = offset(v, now, U)
+	if x and x >= new then return 0 end
+end
+local top = M - base
+local s = new < top and O + base + new or O + new - top
+local span = 1000 * 2 ^ k
+local half = span / 2
+local at = now + math.ceil(new / U)
+local lo = at - at % half
+redis.call('SET', KEYS[1], string.format('%.0f', s) .. string.rep(' ', k + 1), 'PX', string.format('%.0f', math.floor((lo + half + span - now) / 1000) + 1))
 return 1
 `
 
@@ -86,7 +79,7 @@ return 1
 // previous counts. If TIME is in window W+1, the seeded current count is
 // the previous one; later, there is nothing to seed. The state is read and
 // written as slidingWindowScript does. Replies 1 if it wrote, else 0.
-const slidingWindowSeedScript = `
+const slidingWindowSeedScript = intArg + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local k = KEYS[1]
@@ -113,7 +106,7 @@ end
 if scur <= cur and sprev <= prev then return 0 end
 cur, prev = math.max(cur, scur), math.max(prev, sprev)
 local left = p - (now - w * p)
-redis.call('SET', k, string.format('%.0f %.0f %.0f', w, cur, prev), 'PX', math.ceil((left + p) / 1000))
+redis.call('SET', k, string.format('%.0f %.0f %.0f', w, cur, prev), 'PX', int(math.ceil((left + p) / 1000)))
 return 1
 `
 
@@ -121,7 +114,7 @@ return 1
 // (µs), the window W the seed was read in, the seeded count. If TIME is no
 // longer in window W, there is nothing to seed. The state is read and
 // written as fixedWindowScript does. Replies 1 if it wrote, else 0.
-const fixedWindowSeedScript = `
+const fixedWindowSeedScript = intArg + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local k = KEYS[1]
@@ -136,7 +129,7 @@ if type(v) == 'string' then
 	if tonumber(a) == w and b < 9007199254740992 then cur = b end
 end
 if seed <= cur then return 0 end
-redis.call('SET', k, string.format('%.0f %.0f', w, seed), 'PX', math.ceil(((w + 1) * p - now) / 1000))
+redis.call('SET', k, string.format('%.0f %.0f', w, seed), 'PX', int(math.ceil(((w + 1) * p - now) / 1000)))
 return 1
 `
 
@@ -150,7 +143,7 @@ return 1
 // dropped, as slidingLogScript does. The log expires a period after its
 // newest entry, as slidingLogScript has it.
 // Replies 1 if it wrote, else 0.
-const slidingLogSeedScript = `
+const slidingLogSeedScript = intArg + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local k = KEYS[1]
@@ -180,7 +173,7 @@ while need > 0 and m > 0 do
 end
 local newest = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
 if newest[2] then
-	redis.call('PEXPIRE', k, math.ceil((newest[2] + p - now) / 1000))
+	redis.call('PEXPIRE', k, int(math.ceil((newest[2] + p - now) / 1000)))
 end
 return 1
 `
@@ -243,7 +236,7 @@ func (s *RedisStore) reshard(ctx context.Context, plan reshardPlan, from, to []S
 		for _, sh := range to {
 			var c call
 			c.setArgs(sh.Limit, 1)
-			args := append([]any{c.tol.ceil(), plan.total}, tats...)
+			args := append([]any{c.tolArg, plan.total}, tats...)
 			seeds = append(seeds, seedCall{s.cfg.Prefix + sh.Name, args})
 		}
 	case SlidingWindow, FixedWindow:

@@ -508,6 +508,14 @@ func TestRedisReshardSeedScripts(t *testing.T) {
 		return strings.Join(s, " ")
 	}
 	left := (w+1)*p - now
+	var c call
+	c.setArgs(Limit{Rate: 1, Period: time.Second}, 1) // tol 1 s
+	tb := c.tolArg
+	if c.level != 10 {
+		t.Fatalf("level %d for a tolerance of 1 s, want 10", c.level)
+	}
+	tbState := func(ahead, k int64) string { s, _ := gcraStateAt(now, ahead<<gridBits(k), k); return s }
+	tbTTL := func(ahead, k int64) time.Duration { _, ttl := gcraStateAt(now, ahead<<gridBits(k), k); return ttl }
 	steps := []step{
 		{"sw in W", SlidingWindow, nil, []any{p, w, 15, 5}, now, ws(w, 15, 5), time.Duration(left+p) * time.Microsecond},
 		{"sw in W+1 shifts", SlidingWindow, nil, []any{p, w, 15, 5}, now + p, ws(w+1, 0, 15), time.Duration(left+p) * time.Microsecond},
@@ -520,18 +528,20 @@ func TestRedisReshardSeedScripts(t *testing.T) {
 		{"fw in W+1 drops", FixedWindow, nil, []any{p, w, 15}, now + p, "", 0},
 		{"fw never lowers", FixedWindow, set(ws(w, 20)), []any{p, w, 15}, now, ws(w, 20), -1},
 		{"fw replaces an older window", FixedWindow, set(ws(w-1, 20)), []any{p, w, 15}, now, ws(w, 15), time.Duration(left) * time.Microsecond},
-		// Token bucket: tol 1 s; TATs 4 s ahead (rate 3) and 1 s behind
-		// (rate 1), total 4: the seed is 3 s ahead; its span [3 s, 4 s) of
-		// 1 s expires at the end of the span after next.
-		{"tb seeds", TokenBucket, nil, []any{1_000_000, 4, now + 4_000_000, 3, now - 1_000_000, 1}, now,
-			strconv.FormatInt(now+3_000_000, 10), time.Duration((((now+3_000_000)/1_000_000+2)*1_000_000-now)/1000+1) * time.Millisecond},
-		{"tb raises", TokenBucket, set(strconv.FormatInt(now+1_000_000, 10)), []any{1_000_000, 4, now + 4_000_000, 4}, now,
-			strconv.FormatInt(now+4_000_000, 10), time.Duration((((now+4_000_000)/1_000_000+2)*1_000_000-now)/1000+1) * time.Millisecond},
-		{"tb never lowers", TokenBucket, set(strconv.FormatInt(now+5_000_000, 10)), []any{1_000_000, 4, now + 4_000_000, 4}, now,
+		// Token bucket: tol 1 s (level 10); TATs 4 s ahead (rate 3) and 1 s
+		// behind (rate 1), total 4: the seed is 3 s ahead, written with the
+		// expiry a take's write sets. TATs are given in the whole µs of
+		// states written before the grid, and as states of another level
+		// and of this one.
+		{"tb seeds", TokenBucket, nil, []any{tb, 4, now + 4_000_000, 3, now - 1_000_000, 1}, now, tbState(3_000_000, 10), tbTTL(3_000_000, 10)},
+		{"tb seeds from grid states", TokenBucket, nil, []any{tb, 4, tbState(4_000_000, 20), 3, tbState(-1_000_000, 10), 1}, now, tbState(3_000_000, 10), tbTTL(3_000_000, 10)},
+		{"tb raises", TokenBucket, set(strconv.FormatInt(now+1_000_000, 10)), []any{tb, 4, now + 4_000_000, 4}, now, tbState(4_000_000, 10), tbTTL(4_000_000, 10)},
+		{"tb raises a grid state", TokenBucket, set(tbState(1_000_000, 10)), []any{tb, 4, now + 4_000_000, 4}, now, tbState(4_000_000, 10), tbTTL(4_000_000, 10)},
+		{"tb never lowers", TokenBucket, set(strconv.FormatInt(now+5_000_000, 10)), []any{tb, 4, now + 4_000_000, 4}, now,
 			strconv.FormatInt(now+5_000_000, 10), -1},
-		{"tb no usage", TokenBucket, nil, []any{1_000_000, 4, now - 4_000_000, 4, "garbage", 1}, now, "", 0},
-		{"tb replaces foreign state", TokenBucket, zset, []any{1_000_000, 1, now + 500_000, 1}, now,
-			strconv.FormatInt(now+500_000, 10), time.Duration(((now+500_000)/1_000_000+2)*1_000_000-now)/1000*time.Millisecond + time.Millisecond},
+		{"tb never lowers a grid state", TokenBucket, set(tbState(5_000_000, 12)), []any{tb, 4, now + 4_000_000, 4}, now, tbState(5_000_000, 12), -1},
+		{"tb no usage", TokenBucket, nil, []any{tb, 4, now - 4_000_000, 4, "garbage", 1}, now, "", 0},
+		{"tb replaces foreign state", TokenBucket, zset, []any{tb, 1, now + 500_000, 1}, now, tbState(500_000, 10), tbTTL(500_000, 10)},
 	}
 	for _, st := range steps {
 		key := testKey(t)
