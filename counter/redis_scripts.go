@@ -88,8 +88,9 @@ end
 // gcraGrid sets U, C (the cycle in µs), M and base (now's place in the
 // cycle, in units) for the level k at the instant now.
 const gcraGrid = `
-local U = 2 ^ math.max(0, 36 - k)
-local C = math.floor(7e15 / U)
+local U = k < 36 and 2 ^ (36 - k) or 1
+local C = 7e15 / U
+C = C - C % 1
 local M, base = C * U, (now % C) * U
 `
 
@@ -129,9 +130,10 @@ end`
 // d = max(TAT, now) - now in grid units: d when allowed, -1-d when denied.
 //
 // The common read is one tonumber and a few comparisons: a state at the
-// limit's level (its length says so) whose number is in the cycle.
-// Anything else goes through gcraOffset, and a value no take writes reads
-// as absent.
+// limit's level (its length says so) whose number is in the cycle (one
+// with a fraction, which no take writes, is read with it: it can cost only
+// its own key a fraction of a unit). Anything else goes through gcraOffset,
+// and a value no take writes reads as absent.
 //
 // Setting an expiry is the dearest part of a write (the expires table is
 // updated twice and the command rewritten for replication), so a write
@@ -151,61 +153,57 @@ end`
 const gcraScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
--- Globals are read once, into locals: a global read per key is a table
--- lookup per key.
-local floor, ceil, format, tonumber, call, keys = math.floor, math.ceil, string.format, tonumber, redis.call, KEYS
+-- The globals a key reads are read once, into locals: a global read per key
+-- is a table lookup per key.
+local tonumber, call, keys = tonumber, redis.call, KEYS
 local vals = call('MGET', unpack(keys))
 local inc, tol = tonumber(ARGV[1]), tonumber(ARGV[2])
 local k = tol % 64
 tol = (tol - k) / 64` + gcraGrid + `
 local O, H, top = 2e15, M / 2, M - base
-local span = 1000 * 2 ^ k
-local half = span / 2
+local half = 500 * 2 ^ k -- µs, half the span
 -- Half-spans in units: a TAT x units from now is r + x units into now's.
 local halfU, r = half * U, (now % half) * U
 local len = 17 + k
 local out = {}
 -- The takes on one key come one after the other (worker.group): each decides
 -- on the TAT x that the one before left, and the last TAT is written once.
-local x, x0, same, moved
-for i = 1, #keys do
-	local key = keys[i]
-	if key ~= keys[i - 1] then
-		local v = vals[i]
-		x, same, moved = nil, false, false
-		if v then
-			local a = tonumber(v)
-			if a and #v == len and a >= O and a - O < M and a % 1 == 0 then
-				x, same = a - O - base, true
-				if x >= H then x = x - M elseif x < -H then x = x + M end
-			else
-				x = (` + gcraOffset + `)(v, now, U)
-			end
+local i, n = 1, #keys
+while i <= n do
+	local key, v, x, same, moved = keys[i], vals[i], nil, false, false
+	if v then
+		local a = tonumber(v)
+		if a and #v == len and a >= O and a - O < M then
+			x, same = a - O - base, true
+			if x >= H then x = x - M elseif x < -H then x = x + M end
+		else
+			x = (` + gcraOffset + `)(v, now, U)
 		end
-		x0 = x
 	end
-	local d = 0
-	if x and x > 0 then d = x end
-	local new = d + inc
-	if new > tol then
-		out[i] = -1 - d
-	else
-		x, moved, out[i] = new, true, d
-	end
-	if moved and key ~= keys[i + 1] then
+	local x0 = x
+	repeat
+		local d = 0
+		if x and x > 0 then d = x end
+		local new = d + inc
+		if new > tol then
+			out[i] = -1 - d
+		else
+			x, moved, out[i] = new, true, d
+		end
+		i = i + 1
+	until keys[i] ~= key
+	if moved then
 		local s = x < top and O + base + x or O + x - top
-		if same then
-			local a, b = r + x0, r + x
-			-- A number with 8 trailing zeros or more may reach SETRANGE in
-			-- exponent form (intArg): such a one is written whole.
-			same = a - a % halfU == b - b % halfU and s % 100000000 ~= 0
-		end
+		-- Keep the expiry if x is in x0's half-span (x > x0). A number with
+		-- 8 trailing zeros or more may reach SETRANGE in exponent form
+		-- (intArg): such a one is written whole.
+		same = same and x - x0 < halfU - (r + x0) % halfU and s % 100000000 ~= 0
 		if same then
 			call('SETRANGE', key, 0, s)
 		else
-			local at = now + ceil(x / U) -- whole µs, at or after the TAT
+			local at = now + math.ceil(x / U) -- whole µs, at or after the TAT
 			local lo = at - at % half -- the start of its half-span
-			call('SET', key, format('%.0f', s) .. string.rep(' ', k + 1), 'PX', format('%.0f', floor((lo + half + span - now) / 1000) + 1))
+			call('SET', key, string.format('%.0f', s) .. string.rep(' ', k + 1), 'PX', string.format('%.0f', math.floor((lo + 3 * half - now) / 1000) + 1))
 		end
 	end
 end
