@@ -24,7 +24,7 @@ func gcraStateAt(now, ahead, k int64) (string, time.Duration) {
 	c := 7_000_000_000_000_000 / u
 	m := c * u
 	pos := ((now%c)*u + ahead%m + m) % m
-	state := strconv.FormatInt(2_000_000_000_000_000+pos, 10) + strings.Repeat(" ", int(k)+1)
+	state := strconv.FormatInt(2_000_000_000_000_000+pos, 10) + strings.Repeat(" ", int(k)-3)
 	span, half := int64(1000)<<k, int64(500)<<k
 	at := now + (ahead+u-1)/u
 	if ahead < 0 {

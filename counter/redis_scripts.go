@@ -78,7 +78,7 @@ end
 // exactly as Lua doubles.
 //
 // A state is a number of 16 digits, O = 2e15 plus the TAT's place in a
-// cycle of M = floor(7e15/U)·U units, then k+1 blanks (tonumber reads a
+// cycle of M = floor(7e15/U)·U units, then k-3 blanks (tonumber reads a
 // number with blanks after it; the blanks tell the level). While its key
 // lives, a TAT is within a few spans of now (the expiry ends at most 1.5
 // spans past it), and M/2 is at least 25 spans, so its place in the cycle
@@ -108,7 +108,7 @@ const gcraOffset = `function(v, now, unit)
 		if a < O then
 			x = (a - now) * unit
 		else
-			local k = #v - 17
+			local k = #v - 13
 			if k < 4 or k > 37 then return nil end` + gcraGrid + `
 			if a - O >= M then return nil end
 			local y = a - O - base
@@ -164,7 +164,7 @@ local O, H, top = 2e15, M / 2, M - base
 local half = 500 * 2 ^ k -- µs, half the span
 -- Half-spans in units: a TAT x units from now is r + x units into now's.
 local halfU, r = half * U, (now % half) * U
-local len = 17 + k
+local len = 13 + k
 local out = {}
 -- The takes on one key come one after the other (worker.group): each decides
 -- on the TAT x that the one before left, and the last TAT is written once.
@@ -203,7 +203,7 @@ while i <= n do
 		else
 			local at = now + math.ceil(x / U) -- whole µs, at or after the TAT
 			local lo = at - at % half -- the start of its half-span
-			call('SET', key, string.format('%.0f', s) .. string.rep(' ', k + 1), 'PX', string.format('%.0f', math.floor((lo + 3 * half - now) / 1000) + 1))
+			call('SET', key, string.format('%.0f', s) .. string.rep(' ', k - 3), 'PX', string.format('%.0f', math.floor((lo + 3 * half - now) / 1000) + 1))
 		end
 	end
 end

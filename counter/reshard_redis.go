@@ -70,7 +70,7 @@ local span = 1000 * 2 ^ k
 local half = span / 2
 local at = now + math.ceil(new / U)
 local lo = at - at % half
-redis.call('SET', KEYS[1], string.format('%.0f', s) .. string.rep(' ', k + 1), 'PX', string.format('%.0f', math.floor((lo + half + span - now) / 1000) + 1))
+redis.call('SET', KEYS[1], string.format('%.0f', s) .. string.rep(' ', k - 3), 'PX', string.format('%.0f', math.floor((lo + half + span - now) / 1000) + 1))
 return 1
 `
 
