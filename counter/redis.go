@@ -362,9 +362,9 @@ type worker struct {
 // one script call share: the algorithm, the token-bucket arguments a script
 // call carries once, and the key.
 type runKey struct {
-	alg      Algorithm
-	inc, tol fixed
-	key      string
+	alg            Algorithm
+	incArg, tolArg int64
+	key            string
 }
 
 // group is the calls that share one EVALSHA.
@@ -468,13 +468,13 @@ func (w *worker) run() {
 }
 
 // group splits calls into script calls. The calls on one key, with one
-// algorithm and for the token bucket one (inc, tol), form a run, sent in one
-// script call, next to each other and in their order: the script decides
-// them one after the other, and a hot key's calls in a batch cost one
-// script call, not one each. A script call carries the runs of one
-// algorithm and, for the token bucket, one (inc, tol), which it carries
-// once; on a Cluster or Ring, where a script's keys must share a slot, it
-// carries one run.
+// algorithm and for the token bucket one pair of script arguments, form a
+// run, sent in one script call, next to each other and in their order: the
+// script decides them one after the other, and a hot key's calls in a
+// batch cost one script call, not one each. A script call carries the runs
+// of one algorithm and, for the token bucket, one pair of arguments, which
+// it carries once; on a Cluster or Ring, where a script's keys must share a
+// slot, it carries one run.
 func (w *worker) group(calls []*call) []group {
 	if w.runOf == nil {
 		w.runOf, w.callOf = make(map[runKey]int), make(map[runKey]int)
@@ -485,7 +485,7 @@ func (w *worker) group(calls []*call) []group {
 	for _, c := range calls {
 		rk := runKey{alg: c.alg, key: c.key}
 		if c.alg == TokenBucket {
-			rk.inc, rk.tol = c.inc, c.tol
+			rk.incArg, rk.tolArg = c.incArg, c.tolArg
 		}
 		r, ok := w.runOf[rk]
 		if !ok {

@@ -74,8 +74,8 @@ end
 // - k, at most 32 and at least 0, k being the level of the limit's expiry
 // span (1 ms·2^k, at least the tolerance). Grid units keep the fraction
 // of a TAT whose interval does not divide the period, and keep the TAT one
-// number: the tolerance is below 2^46 units, and inc and tol·64 + k pass
-// exactly as Lua doubles.
+// number: the tolerance is below 2^47 units (2^46 up to level 36), and inc
+// and tol·64 + k pass exactly as Lua doubles.
 //
 // A state is a number of 16 digits, O = 2e15 plus the TAT's place in a
 // cycle of M = floor(7e15/U)·U units, then k-3 blanks (tonumber reads a

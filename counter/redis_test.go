@@ -621,7 +621,7 @@ func TestRedisTokenBucketExpiry(t *testing.T) {
 // TestGroup checks how a batch is cut into script calls: every Take is sent
 // exactly once; the Takes on one key (with one algorithm and token-bucket
 // arguments) are next to each other in one script call, in their order;
-// a token-bucket call carries one (inc, tol); a script call on a Cluster or
+// a token-bucket call carries one pair of arguments; a script call on a Cluster or
 // Ring carries one key.
 func TestGroup(t *testing.T) {
 	for _, multiKey := range []bool{true, false} {
@@ -648,7 +648,7 @@ func TestGroup(t *testing.T) {
 			keys := map[string]bool{}
 			for i, c := range g.calls {
 				sent[c]++
-				if c.alg != g.alg || g.alg == TokenBucket && (c.inc != g.calls[0].inc || c.tol != g.calls[0].tol) {
+				if c.alg != g.alg || g.alg == TokenBucket && (c.incArg != g.calls[0].incArg || c.tolArg != g.calls[0].tolArg) {
 					t.Errorf("multiKey=%v: script call mixes algorithms or token-bucket arguments", multiKey)
 				}
 				if i > 0 && c.key != g.calls[i-1].key {
