@@ -56,8 +56,8 @@ func gcraAt(t *testing.T, client redis.UniversalClient, key string, lim Limit, n
 // TATs (behind now by up to 1.5 spans, the most a live key can be, and
 // ahead by up to a span), and takes from them under limits of random
 // levels. The TAT found must be the one written, exactly on its own level,
-// rounded up on another (where it may be capped far beyond the tolerance); a take admitted must write the state of its TAT
-// on its level.
+// rounded up on another (where it may be capped far beyond the tolerance);
+// a take admitted must write the state of its TAT on its level.
 func TestRedisGCRAStateRoundTrip(t *testing.T) {
 	checkLeaks(t)
 	client := newTestClient(t, testRedisAddr)

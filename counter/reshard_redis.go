@@ -43,10 +43,11 @@ var reshardScripts = [numAlgorithms]*redis.Script{
 // gcraSeedScript raises KEYS[1]'s TAT to its seed. ARGV: the tol·64 + k
 // argument of a take of 1 on the counter (call.setArgs), total (Σ rate over
 // to), then one (TAT, rate) pair per counter of from that holds a value: the
-// value as GET read it, read here with gcraOffset, on the counter's grid (a value no take writes counts as unused). The seed is now
-// + Σ max(0, TAT_i - now)·rate_i / total, rounded to the nearest grid unit;
-// it is written as gcraScript writes a state, with the expiry a write that
-// moves it sets. Replies 1 if it wrote, else 0.
+// value as GET read it, read here with gcraOffset on the counter's grid (a
+// value no take writes counts as unused). The seed is now + Σ max(0, TAT_i -
+// now)·rate_i / total, rounded to the nearest grid unit; it is written as
+// gcraScript writes a state, with the expiry a write that moves it sets.
+// Replies 1 if it wrote, else 0.
 const gcraSeedScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
