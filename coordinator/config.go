@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"bytes"
+	"cmp"
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
@@ -184,18 +185,10 @@ func (c Config) withDefaults() (Config, error) {
 	if err := checkConnConfig(&c); err != nil {
 		return c, err
 	}
-	if c.ConnectTimeout == 0 {
-		c.ConnectTimeout = DefaultConnectTimeout
-	}
-	if c.ReconnectWait == 0 {
-		c.ReconnectWait = DefaultReconnectWait
-	}
-	if c.Prefix == "" {
-		c.Prefix = DefaultPrefix
-	}
-	if c.Namespace == "" {
-		c.Namespace = DefaultNamespace
-	}
+	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
+	c.ReconnectWait = cmp.Or(c.ReconnectWait, DefaultReconnectWait)
+	c.Prefix = cmp.Or(c.Prefix, DefaultPrefix)
+	c.Namespace = cmp.Or(c.Namespace, DefaultNamespace)
 	if !validToken(c.Prefix) {
 		return c, fmt.Errorf("coordinator: Prefix %q: want 1 to %d of A-Z a-z 0-9 - _", c.Prefix, maxTokenLen)
 	}
@@ -225,9 +218,7 @@ func (c Config) withDefaults() (Config, error) {
 		if *f.d < 0 {
 			return c, fmt.Errorf("coordinator: %s %v is negative", f.name, *f.d)
 		}
-		if *f.d == 0 {
-			*f.d = f.def
-		}
+		*f.d = cmp.Or(*f.d, f.def)
 	}
 	if c.TTL < MinInterval || c.Heartbeat < MinInterval || c.MaxClockSkew < MinInterval {
 		return c, fmt.Errorf("coordinator: TTL %v, Heartbeat %v and MaxClockSkew %v must be at least %v", c.TTL, c.Heartbeat, c.MaxClockSkew, MinInterval)
@@ -249,9 +240,7 @@ func (c Config) withDefaults() (Config, error) {
 		if *f.n < 0 {
 			return c, fmt.Errorf("coordinator: %s %d is negative", f.name, *f.n)
 		}
-		if *f.n == 0 {
-			*f.n = f.def
-		}
+		*f.n = cmp.Or(*f.n, f.def)
 	}
 	switch {
 	case c.MaxInstances < 0:

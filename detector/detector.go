@@ -40,6 +40,7 @@
 package detector
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"math"
@@ -146,36 +147,16 @@ func DefaultConfig() Config {
 // withDefaults fills the zero fields of c and checks the others.
 func (c Config) withDefaults() (Config, error) {
 	def := DefaultConfig()
-	if c.Threshold == 0 {
-		c.Threshold = def.Threshold
-	}
-	if c.SubWindow == 0 {
-		c.SubWindow = def.SubWindow
-	}
-	if c.Steps == 0 {
-		c.Steps = def.Steps
-	}
-	if c.Slots == 0 {
-		c.Slots = def.Slots
-	}
-	if c.CoolDown == 0 {
-		c.CoolDown = def.CoolDown
-	}
-	if c.Width == 0 {
-		c.Width = def.Width
-	}
-	if c.Depth == 0 {
-		c.Depth = def.Depth
-	}
-	if c.Stripes == 0 {
-		c.Stripes = def.Stripes
-	}
-	if c.Capacity == 0 {
-		c.Capacity = def.Capacity
-	}
-	if c.QueueSize == 0 {
-		c.QueueSize = def.QueueSize
-	}
+	c.Threshold = cmp.Or(c.Threshold, def.Threshold)
+	c.SubWindow = cmp.Or(c.SubWindow, def.SubWindow)
+	c.Steps = cmp.Or(c.Steps, def.Steps)
+	c.Slots = cmp.Or(c.Slots, def.Slots)
+	c.CoolDown = cmp.Or(c.CoolDown, def.CoolDown)
+	c.Width = cmp.Or(c.Width, def.Width)
+	c.Depth = cmp.Or(c.Depth, def.Depth)
+	c.Stripes = cmp.Or(c.Stripes, def.Stripes)
+	c.Capacity = cmp.Or(c.Capacity, def.Capacity)
+	c.QueueSize = cmp.Or(c.QueueSize, def.QueueSize)
 	switch {
 	case !(c.Threshold > 0) || math.IsInf(c.Threshold, 0):
 		return c, fmt.Errorf("%w: Threshold %v", ErrInvalidConfig, c.Threshold)
