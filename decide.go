@@ -86,37 +86,48 @@ func (e *Engine) allow(ctx context.Context, key string, lim Limit, n int64, fb F
 	if !errors.Is(err, ErrBreakerOpen) {
 		e.metrics.storeFailure()
 	}
-	return e.fallback(ctx, key, name, hash, lim, n, fb, p, err)
+	return e.fallback(ctx, degraded{key, name, hash, lim, n, fb, p}, err)
 }
 
-// fallback decides without the store, as fb says, for key (on the
-// allowlist) whose counter is name; cause is why.
-func (e *Engine) fallback(ctx context.Context, key, name string, hash uint64, lim Limit, n int64, fb Fallback, p *Policy, cause error) (Result, error) {
-	capacity := lim.Capacity()
+// degraded is a decision the store could not make: key, its counter name
+// and that name's hash, the limit and cost, the fallback to decide it, and
+// the policy (nil for AllowN).
+type degraded struct {
+	key, name string
+	hash      uint64
+	lim       Limit
+	n         int64
+	fb        Fallback
+	p         *Policy
+}
+
+// fallback decides d without the store, as d.fb says; cause is why.
+func (e *Engine) fallback(ctx context.Context, d degraded, cause error) (Result, error) {
+	capacity := d.lim.Capacity()
 	r := Result{Limit: capacity, Shards: 1, Degraded: true}
 	switch {
-	case fb == FallbackError:
-		e.metrics.failed(p)
+	case d.fb == FallbackError:
+		e.metrics.failed(d.p)
 		return Result{}, fmt.Errorf("%w: %w", ErrStoreUnavailable, cause)
-	case fb == FallbackOpen || fb == FallbackClosed && p.allowlisted(key):
-		r.Allowed, r.Remaining = true, capacity-n
-	case fb == FallbackClosed:
-		r.RetryAfter = lim.Period
+	case d.fb == FallbackOpen || d.fb == FallbackClosed && d.p.allowlisted(d.key):
+		r.Allowed, r.Remaining = true, capacity-d.n
+	case d.fb == FallbackClosed:
+		r.RetryAfter = d.lim.Period
 	default: // FallbackLocal: this instance's share of the limit
-		share := lim
+		share := d.lim
 		inst := int64(max(1, e.Instances()))
-		share.Rate = max(1, lim.Rate/inst)
+		share.Rate = max(1, d.lim.Rate/inst)
 		if share.Algorithm == counter.TokenBucket {
 			share.Burst = max(1, capacity/inst)
 		}
-		if n > share.Capacity() {
-			r.RetryAfter = lim.Period
+		if d.n > share.Capacity() {
+			r.RetryAfter = d.lim.Period
 			break
 		}
-		lr, _ := e.local.Take(ctx, name, hash, share, n) // the memory store does not fail
+		lr, _ := e.local.Take(ctx, d.name, d.hash, share, d.n) // the memory store does not fail
 		r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter = lr.Allowed, lr.Remaining, lr.RetryAfter, lr.ResetAfter
 	}
-	e.metrics.decided(p, r, true)
+	e.metrics.decided(d.p, r, true)
 	return r, nil
 }
 
