@@ -38,6 +38,10 @@ type MemoryStore struct {
 	perStripe int
 	room      int // counters freed at once when a stripe is full
 	clock     func() time.Time
+
+	// An instant is epochNano plus its time since epoch (see nanos).
+	epoch     time.Time
+	epochNano int64
 }
 
 type stripe struct {
@@ -73,6 +77,8 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 		perStripe: max(1, cfg.MaxKeys/n),
 		clock:     cfg.Clock,
 	}
+	s.epoch = time.Now() // a monotonic reading, whatever the clock
+	s.epochNano = s.epoch.UnixNano()
 	s.room = max(1, s.perStripe/16)
 	for i := range s.stripes {
 		s.stripes[i].m = make(map[string]*state)
@@ -85,12 +91,19 @@ func (s *MemoryStore) Take(_ context.Context, key string, hash uint64, lim Limit
 	return s.TakeAt(s.clock(), key, hash, lim, n), nil
 }
 
+// nanos is the instant now in ns: epochNano plus now's time since epoch,
+// which Go measures on the monotonic clock when now carries a reading (those
+// of time.Now do), so that a step of the wall clock neither refills nor
+// drains a counter. For a time without one (an injected clock's) it is
+// now.UnixNano(), within 292 years of the store's creation.
+func (s *MemoryStore) nanos(now time.Time) int64 { return s.epochNano + int64(now.Sub(s.epoch)) }
+
 // TakeAt is Take at the instant now. It never fails.
 func (s *MemoryStore) TakeAt(now time.Time, key string, hash uint64, lim Limit, n int64) Result {
 	// The low bits of the hash pick the shard table and Redis slots too;
 	// the high bits keep stripes independent of them.
 	st := &s.stripes[(hash>>32)&s.mask]
-	t := now.UnixNano()
+	t := s.nanos(now)
 	st.mu.Lock()
 	c := st.m[key]
 	if c == nil {

@@ -129,3 +129,23 @@ func TestLimitValidate(t *testing.T) {
 		t.Error("ParseAlgorithm accepted an unknown name")
 	}
 }
+
+// TestMemoryNanos checks the store's instants: an injected clock's times
+// (no monotonic reading) are their Unix ns, as before; time.Now's advance
+// with the monotonic clock, which a step of the wall clock does not move.
+func TestMemoryNanos(t *testing.T) {
+	s := NewMemoryStore(MemoryConfig{})
+	for _, at := range []time.Time{t0, t0.Add(-400 * 24 * time.Hour), t0.Add(time.Nanosecond), time.Unix(0, 1)} {
+		if got := s.nanos(at); got != at.UnixNano() {
+			t.Errorf("nanos(%v) = %d, want %d", at, got, at.UnixNano())
+		}
+	}
+	a := time.Now()
+	b := a.Add(1500 * time.Millisecond) // keeps a's monotonic reading, moved
+	if d := s.nanos(b) - s.nanos(a); d != int64(1500*time.Millisecond) {
+		t.Errorf("nanos moved %d ns over 1.5 s of the monotonic clock", d)
+	}
+	if d := s.nanos(a) - a.UnixNano(); d < -int64(time.Second) || d > int64(time.Second) {
+		t.Errorf("nanos(now) is %v from the wall clock just after the store was made", time.Duration(d))
+	}
+}

@@ -143,7 +143,7 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 	if err != nil {
 		return err
 	}
-	t := now.UnixNano()
+	t := s.nanos(now)
 	p := int64(plan.period)
 	switch plan.alg {
 	case TokenBucket:
