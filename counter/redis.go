@@ -487,29 +487,13 @@ func (w *worker) group(calls []*call) []group {
 		if c.alg == TokenBucket {
 			rk.incArg, rk.tolArg = c.incArg, c.tolArg
 		}
-		r, ok := w.runOf[rk]
-		if !ok {
-			r = runs
-			w.runOf[rk] = r
-			if runs == len(w.runs) {
-				w.runs = append(w.runs, nil)
-			}
-			w.runs[r] = w.runs[r][:0]
-			runs++
+		r, isNew := slot(w.runOf, &w.runs, &runs, rk)
+		if isNew { // the run's script call: its class's, or its own
 			sk := rk
 			if w.s.multiKey {
 				sk.key = ""
 			}
-			g, ok := w.callOf[sk]
-			if !ok {
-				g = scripts
-				w.callOf[sk] = g
-				if scripts == len(w.scripts) {
-					w.scripts = append(w.scripts, nil)
-				}
-				w.scripts[g] = w.scripts[g][:0]
-				scripts++
-			}
+			g, _ := slot(w.callOf, &w.scripts, &scripts, sk)
 			w.scripts[g] = append(w.scripts[g], r)
 		}
 		w.runs[r] = append(w.runs[r], c)
@@ -524,6 +508,23 @@ func (w *worker) group(calls []*call) []group {
 		w.groups = append(w.groups, group{alg: cs[0].alg, calls: cs})
 	}
 	return w.groups
+}
+
+// slot returns the index of k's list in lists, and whether k is new in
+// this batch: a new k takes the next of the *used lists, emptied, which
+// keeps the lists' arrays from batch to batch.
+func slot[T any](index map[runKey]int, lists *[][]T, used *int, k runKey) (int, bool) {
+	if i, ok := index[k]; ok {
+		return i, false
+	}
+	i := *used
+	index[k] = i
+	if i == len(*lists) {
+		*lists = append(*lists, nil)
+	}
+	(*lists)[i] = (*lists)[i][:0]
+	*used++
+	return i, true
 }
 
 // exec sends one EVALSHA per group, pipelined when there are several, in
