@@ -33,6 +33,7 @@ import (
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/redistest"
 	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // The store timeout and breaker of the Redis fault tests: short, so that
@@ -899,7 +900,7 @@ func TestChaosFlood(t *testing.T) {
 	runtime.GC()
 	runtime.ReadMemStats(&after)
 	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
-	levels := make([]int, hot)
+	levels := make([]shard.Level, hot)
 	for i, h := range hotKeys {
 		levels[i] = e.Level(h)
 	}

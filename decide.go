@@ -152,7 +152,7 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 	p := e.placement()
 	level := shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, 1)
 	if e.reshard != nil && !ent.Holds(level, p) {
-		if err := ent.Transfer(level, p, func(from int, fromP shard.Placement, to int) error {
+		if err := ent.Transfer(level, p, func(from shard.Level, fromP shard.Placement, to shard.Level) error {
 			return e.transfer(ctx, ent, prev, lim, from, fromP, to, p)
 		}); err != nil {
 			return Result{}, err
@@ -180,7 +180,7 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 // named under placement fromP and written under fromLim, to those at level
 // to under toP, under lim (see counter.Resharder). Counters written under
 // another algorithm or period hold no usage lim can read: nothing moves.
-func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Limit, from int, fromP shard.Placement, to int, toP shard.Placement) error {
+func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Limit, from shard.Level, fromP shard.Placement, to shard.Level, toP shard.Placement) error {
 	src, dst := shards(ent, fromLim, from, fromP), shards(ent, lim, to, toP)
 	if len(src) == 0 || len(dst) == 0 || fromLim.Algorithm != lim.Algorithm || fromLim.Period != lim.Period {
 		return nil
@@ -208,9 +208,9 @@ func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Li
 // share of lim, less those whose share is nothing (lim too small to split
 // that many ways: no decision ever used them under it). Transfers are rare:
 // the names are not cached.
-func shards(ent *shard.Entry, lim Limit, level int, p shard.Placement) []counter.Shard {
+func shards(ent *shard.Entry, lim Limit, level shard.Level, p shard.Placement) []counter.Shard {
 	out := make([]counter.Shard, 0, level)
-	for i := range level {
+	for i := range int(level) {
 		sub := subLimit(lim, level, i)
 		if sub.Validate() != nil {
 			continue
@@ -249,7 +249,7 @@ func (e *Engine) cached(key string, hash uint64) *shard.Entry {
 // usage of key, not in the table: under WithSplitAll, what its entry in the
 // split cache holds (the static level, or the level a limit's shares fit),
 // else the unsplit counter.
-func (e *Engine) heldOutside(key string, hash uint64) (int, shard.Placement) {
+func (e *Engine) heldOutside(key string, hash uint64) (shard.Level, shard.Placement) {
 	if e.splits == nil {
 		return shard.Level1, nil
 	}
@@ -278,7 +278,7 @@ func (e *Engine) decide(ctx context.Context, key string, hash uint64, lim Limit,
 
 // decideSplit takes n from one of the level subcounters of ent, named
 // under p, and on a deny probes a second one.
-func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level int, p shard.Placement, lim Limit, n int64) (Result, error) {
+func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level shard.Level, p shard.Placement, lim Limit, n int64) (Result, error) {
 	i := ent.Pick(level, e.opt.selection, e.seed)
 	name, hash := ent.Sub(level, i, p)
 	r, err := e.take(ctx, name, hash, subLimit(lim, level, i), n)
@@ -288,7 +288,7 @@ func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level int, p
 	if !r.Allowed && e.opt.secondChance {
 		// Which other one: drawn from the instance's seed and the deny, so
 		// it adds nothing random to a run on a simulated clock.
-		j := shard.SecondChance(i, level, shard.Mix(e.seed^ent.Hash^uint64(r.RetryAfter)))
+		j := shard.SecondChance(i, int(level), shard.Mix(e.seed^ent.Hash^uint64(r.RetryAfter)))
 		// A failed probe leaves the first answer standing.
 		name, hash = ent.Sub(level, j, p)
 		if r2, err := e.take(ctx, name, hash, subLimit(lim, level, j), n); err == nil &&
@@ -356,11 +356,11 @@ func (e *Engine) storeTake(ctx context.Context, name string, hash uint64, lim Li
 
 // subLimit is subcounter i's share of lim split n ways: rate and burst are
 // each split with remainders to the first subcounters.
-func subLimit(lim Limit, n, i int) Limit {
+func subLimit(lim Limit, n shard.Level, i int) Limit {
 	capacity := lim.Capacity()
-	lim.Rate = shard.Share(lim.Rate, n, i)
+	lim.Rate = shard.Share(lim.Rate, int(n), i)
 	if lim.Algorithm == counter.TokenBucket {
-		lim.Burst = shard.Share(capacity, n, i)
+		lim.Burst = shard.Share(capacity, int(n), i)
 	}
 	return lim
 }

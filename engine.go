@@ -180,7 +180,7 @@ type handler struct{ e *Engine }
 // table is full (WithMaxHotKeys), the level waits, and the table comes to
 // hold the highest-ranked keys (see settle). A key merged back stays in the
 // table, at level 1, until its usage is back on the unsplit counter.
-func (h handler) SetLevel(key string, hash uint64, level int) {
+func (h handler) SetLevel(key string, hash uint64, level shard.Level) {
 	e := h.e
 	e.refuse.mu.Lock()
 	defer e.refuse.mu.Unlock()
@@ -210,7 +210,7 @@ func (h handler) SetLevel(key string, hash uint64, level int) {
 }
 
 // applied logs and counts a level applied to key.
-func (e *Engine) applied(key string, level int) {
+func (e *Engine) applied(key string, level shard.Level) {
 	e.log.Info("hot key level", "key", key, "level", level)
 	e.metrics.levelChanged(level)
 	if e.opt.levelHook != nil {
@@ -246,7 +246,7 @@ func (e *Engine) Instances() int { return int(e.instances.Load()) }
 
 // Level returns the level key is split to on this engine: 1 if it is not
 // split.
-func (e *Engine) Level(key string) int {
+func (e *Engine) Level(key string) shard.Level {
 	hash := hashKey(key)
 	if ent := e.table.Lookup(key, hash); ent != nil {
 		return ent.Level()
@@ -256,7 +256,7 @@ func (e *Engine) Level(key string) int {
 
 // staticLevel returns the level WithSplitKeys and WithSplitAll give key: 1
 // if neither splits it.
-func (e *Engine) staticLevel(key string) int {
+func (e *Engine) staticLevel(key string) shard.Level {
 	return max(e.opt.splitKeys[key], e.opt.splitAll, shard.Level1)
 }
 

@@ -9,6 +9,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // checkLeaks fails t if goroutines started during the test outlive its
@@ -21,22 +22,22 @@ func checkLeaks(t *testing.T) {
 // levelLog records the level changes an engine reports.
 type levelLog struct {
 	mu     sync.Mutex
-	levels map[string][]int
+	levels map[string][]shard.Level
 }
 
-func (l *levelLog) hook(key string, level int) {
+func (l *levelLog) hook(key string, level shard.Level) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.levels == nil {
-		l.levels = map[string][]int{}
+		l.levels = map[string][]shard.Level{}
 	}
 	l.levels[key] = append(l.levels[key], level)
 }
 
-func (l *levelLog) of(key string) []int {
+func (l *levelLog) of(key string) []shard.Level {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return append([]int(nil), l.levels[key]...)
+	return append([]shard.Level(nil), l.levels[key]...)
 }
 
 // TestCoordinatorLevels: the levels a coordinator says are in force are
@@ -50,7 +51,7 @@ func TestCoordinatorLevels(t *testing.T) {
 	h := handler{e}
 	ctx := context.Background()
 	lim := PerSecond(1000)
-	for _, level := range []int{4, 16, 64, 16, 4} {
+	for _, level := range []shard.Level{4, 16, 64, 16, 4} {
 		h.SetLevel("k", hashKey("k"), level)
 		if got := e.Level("k"); got != level {
 			t.Fatalf("Level = %d after SetLevel(%d)", got, level)

@@ -180,7 +180,7 @@ func TestFullTableRanks(t *testing.T) {
 	if hashKey(x) > hashKey(y) {
 		x, y = y, x
 	}
-	set := func(e *Engine, key string, level int) {
+	set := func(e *Engine, key string, level shard.Level) {
 		handler{e}.SetLevel(key, hashKey(key), level)
 		e.settle()
 	}

@@ -16,6 +16,7 @@ import (
 	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // fleet is 3 engines on a 3-node NATS cluster, engine i on node i first,
@@ -32,7 +33,7 @@ type fleet struct {
 type appliedLevel struct {
 	engine int
 	key    string
-	level  int
+	level  shard.Level
 	at     time.Time
 }
 
@@ -94,7 +95,7 @@ func (f *fleet) add(t *testing.T, node int, store counter.Store, opts ...Option)
 	}
 	idx := len(f.engines)
 	log := &levelLog{}
-	hook := func(key string, level int) {
+	hook := func(key string, level shard.Level) {
 		log.hook(key, level)
 		f.applied <- appliedLevel{idx, key, level, time.Now()}
 	}
@@ -128,8 +129,8 @@ func TestNATSConvergence(t *testing.T) {
 		return true
 	})
 	const keys = 200
-	levels := []int{4, 16, 64}
-	want := map[string]int{}
+	levels := []shard.Level{4, 16, 64}
+	want := map[string]shard.Level{}
 	for i := range keys {
 		key := fmt.Sprintf("conv:%d", i)
 		want[key] = levels[i%3]
@@ -404,8 +405,8 @@ const fleetWorkers = 16
 // nopHandler is the Handler of a coordinator that only announces.
 type nopHandler struct{}
 
-func (nopHandler) SetLevel(string, uint64, int) {}
-func (nopHandler) SetInstances(int)             {}
+func (nopHandler) SetLevel(string, uint64, shard.Level) {}
+func (nopHandler) SetInstances(int)                     {}
 
 // TestNATSDetectorSplitsEverywhere: a key hot on one instance's detector is
 // split on every instance, and merged back on all of them once it cools and

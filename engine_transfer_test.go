@@ -7,12 +7,13 @@ import (
 	"time"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // phase is one stretch of a transition run: the key at level for a number
 // of periods.
 type phase struct {
-	level   int
+	level   shard.Level
 	periods float64
 }
 

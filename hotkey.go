@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // Limit is a rate limit; see counter.Limit.
@@ -83,7 +84,7 @@ type Result struct {
 	// ResetAfter is how long until the counter is back to full.
 	ResetAfter time.Duration
 	// Shards is the number of subcounters the key was split into (1 if not).
-	Shards int
+	Shards shard.Level
 	// Degraded says the store could not answer and the policy's fallback
 	// decided (see Fallback).
 	Degraded bool

@@ -126,9 +126,9 @@ func (m *metrics) storeCall(start time.Time) {
 	}
 }
 
-func (m *metrics) levelChanged(level int) {
+func (m *metrics) levelChanged(level shard.Level) {
 	if m != nil {
-		m.levels.WithLabelValues(levelLabel(level)).Inc()
+		m.levels.WithLabelValues(level.String()).Inc()
 	}
 }
 
@@ -136,18 +136,6 @@ func (m *metrics) breakerChanged(s BreakerState) {
 	if m != nil {
 		m.breaker.WithLabelValues(s.String()).Inc()
 	}
-}
-
-func levelLabel(l int) string {
-	switch l {
-	case shard.Level4:
-		return "4"
-	case shard.Level16:
-		return "16"
-	case shard.Level64:
-		return "64"
-	}
-	return "1"
 }
 
 // engineCollector reads gauges off the engine at scrape time: hot keys by
@@ -172,8 +160,8 @@ func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
 func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 	e := c.e
 	st := e.Stats()
-	for _, l := range []int{shard.Level4, shard.Level16, shard.Level64} {
-		ch <- prometheus.MustNewConstMetric(descHotKeys, prometheus.GaugeValue, float64(st.HotKeys[l]), levelLabel(l))
+	for _, l := range []shard.Level{shard.Level4, shard.Level16, shard.Level64} {
+		ch <- prometheus.MustNewConstMetric(descHotKeys, prometheus.GaugeValue, float64(st.HotKeys[l]), l.String())
 	}
 	open := 0.0
 	if st.Breaker == BreakerOpen {

@@ -41,10 +41,10 @@ func modelPolicies(period time.Duration) []*Policy {
 // modelConfig is one way a user can run engines.
 type modelConfig struct {
 	name     string
-	engines  int  // sharing one store and the levels a coordinator says
-	static   int  // WithSplitAll level, 0 for none
-	adaptive bool // levels change during the run
-	maxHot   int  // WithMaxHotKeys, 0 for the default
+	engines  int         // sharing one store and the levels a coordinator says
+	static   shard.Level // WithSplitAll level, 0 for none
+	adaptive bool        // levels change during the run
+	maxHot   int         // WithMaxHotKeys, 0 for the default
 	store    modelStore
 }
 
@@ -90,7 +90,7 @@ type modelRun struct {
 	ops                int
 	period             time.Duration
 	admitted, refAdmit map[string][]modelEvent // by counter name
-	maxLevel           map[string]int
+	maxLevel           map[string]shard.Level
 	moves              map[string]int // changes of level of the counter; node map changes count for all
 	nodeMaps           int
 	onBoundary         int // admissions a window check left out: decided on a period's boundary
@@ -187,7 +187,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 	policies := modelPolicies(period)
 	varying := []Limit{policies[4].Limit, {Algorithm: TokenBucket, Rate: 640, Period: period, Burst: 160}}
 	keys := []string{"a", "b"}
-	m := &modelRun{ops: ops, period: period, admitted: map[string][]modelEvent{}, refAdmit: map[string][]modelEvent{}, maxLevel: map[string]int{}, moves: map[string]int{}}
+	m := &modelRun{ops: ops, period: period, admitted: map[string][]modelEvent{}, refAdmit: map[string][]modelEvent{}, maxLevel: map[string]shard.Level{}, moves: map[string]int{}}
 	ctx := context.Background()
 	version := uint64(1)
 	for op := range ops {
@@ -232,12 +232,12 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			}
 			type change struct {
 				name  string
-				level int
+				level shard.Level
 			}
 			batch := make([]change, 1+rng.IntN(3))
 			for i := range batch {
 				p := policies[rng.IntN(len(policies))]
-				batch[i] = change{CounterName(p.Name, keys[rng.IntN(len(keys))]), []int{1, 4, 16, 64}[rng.IntN(4)]}
+				batch[i] = change{CounterName(p.Name, keys[rng.IntN(len(keys))]), []shard.Level{1, 4, 16, 64}[rng.IntN(4)]}
 				m.moves[batch[i].name]++
 			}
 			// Each engine hears the batch in an order of its own, as
@@ -292,7 +292,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 // period, for the token bucket its burst plus its rate over the window, each
 // under the largest limit decided in the window, plus one unit per
 // subcounter (a transfer rounds each seed) at the highest level seen.
-func bound(events []modelEvent, from, to time.Time, level int) int64 {
+func bound(events []modelEvent, from, to time.Time, level shard.Level) int64 {
 	var rate, capacity int64
 	var period time.Duration
 	alg := TokenBucket

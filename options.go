@@ -17,8 +17,8 @@ type Option func(*options) error
 
 type options struct {
 	maxKeyLen                     int
-	splitAll                      int
-	splitKeys                     map[string]int
+	splitAll                      shard.Level
+	splitKeys                     map[string]shard.Level
 	minShare                      int64
 	denyCache                     int
 	secondChance                  bool
@@ -28,7 +28,7 @@ type options struct {
 	detect                        bool
 	detector                      detector.Config
 	coord                         coordinator.Coordinator
-	levelHook                     func(key string, level int)
+	levelHook                     func(key string, level shard.Level)
 	transfer                      bool
 	fallback                      Fallback
 	localKeys                     int
@@ -85,10 +85,10 @@ func WithMaxKeyLen(n int) Option {
 // probabilistic splitting, the baseline adaptive splitting improves on. A
 // cost over one subcounter's share of a limit (its burst over the level) is
 // then always refused: see the README's guarantees.
-func WithSplitAll(level int) Option {
+func WithSplitAll(level shard.Level) Option {
 	return func(o *options) error {
-		if !shard.ValidLevel(level) {
-			return fmt.Errorf("split level %d: must be 1, 4, 16 or 64", level)
+		if !level.Valid() {
+			return fmt.Errorf("split level %d: must be 1, 4, 16 or 64", int(level))
 		}
 		o.splitAll = level
 		return nil
@@ -97,13 +97,13 @@ func WithSplitAll(level int) Option {
 
 // WithSplitKeys splits the given keys at level (4, 16 or 64), always. As
 // for WithSplitAll, a cost over one subcounter's share is refused.
-func WithSplitKeys(level int, keys ...string) Option {
+func WithSplitKeys(level shard.Level, keys ...string) Option {
 	return func(o *options) error {
-		if !shard.ValidLevel(level) || level == shard.Level1 {
-			return fmt.Errorf("split level %d: must be 4, 16 or 64", level)
+		if err := shard.CheckSplit(level); err != nil {
+			return fmt.Errorf("split keys: %w", err)
 		}
 		if o.splitKeys == nil {
-			o.splitKeys = make(map[string]int)
+			o.splitKeys = make(map[string]shard.Level)
 		}
 		for _, k := range keys {
 			o.splitKeys[k] = level
@@ -225,7 +225,7 @@ func WithCoordinator(c coordinator.Coordinator) Option {
 // It is called on the coordinator's goroutine, or on the engine's own when
 // it applies a level the split table had no room for earlier; calls do not
 // overlap for one key, but may for two. It must return quickly.
-func WithLevelHook(f func(key string, level int)) Option {
+func WithLevelHook(f func(key string, level shard.Level)) Option {
 	return func(o *options) error {
 		o.levelHook = f
 		return nil

@@ -33,7 +33,7 @@ type refusals struct {
 
 type refusal struct {
 	hash  uint64
-	level int
+	level shard.Level
 }
 
 // refusalsCap is how many refused levels wait at most: twice the table,
@@ -44,13 +44,13 @@ func (e *Engine) refusalsCap() int { return max(2*e.opt.maxHotKeys, 1024) }
 type ranked struct {
 	key   string
 	hash  uint64
-	level int
+	level shard.Level
 	ent   *shard.Entry // its entry if the table holds it, else nil
 }
 
 // floor is the level a cooled key returns to: its static split, the
 // unsplit counter if none.
-func (e *Engine) floor() int { return max(e.opt.splitAll, shard.Level1) }
+func (e *Engine) floor() shard.Level { return max(e.opt.splitAll, shard.Level1) }
 
 // leaving reports whether ent is back at its floor and leaves the table
 // once its usage is there. A key of WithSplitKeys stays: its entry is its
@@ -78,7 +78,7 @@ func outranks(a, b ranked) int {
 // caller holds e.refuse.mu. At most refusalsCap levels wait: past that,
 // the lowest-ranked is forgotten, so what waits is still what would rank
 // first.
-func (e *Engine) refusedLocked(key string, hash uint64, level int) {
+func (e *Engine) refusedLocked(key string, hash uint64, level shard.Level) {
 	e.log.Warn("hot key not split yet: the split table is full", "key", key, "level", level, "max_hot_keys", e.opt.maxHotKeys)
 	e.wakeSettle()
 	if e.refuse.keys == nil {
@@ -138,7 +138,7 @@ func (e *Engine) settle() (retry bool) {
 			lim, ok := ent.Memo().(Limit)
 			if ok {
 				ctx, cancel := context.WithTimeout(e.life, settleTimeout)
-				err := ent.Transfer(to, p, func(from int, fromP shard.Placement, to int) error {
+				err := ent.Transfer(to, p, func(from shard.Level, fromP shard.Placement, to shard.Level) error {
 					return e.transfer(ctx, ent, lim, lim, from, fromP, to, p)
 				})
 				cancel()

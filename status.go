@@ -16,7 +16,7 @@ type HotKey struct {
 	// a decision without a named policy.
 	Policy, Key string
 	// Level is the number of subcounters the key is decided on.
-	Level int
+	Level shard.Level
 	// ExpiresIn and Origin come from the coordinator's lease that holds
 	// the level, when it keeps leases (NATS): how long the lease lasts
 	// unless renewed, and the instance whose lease it is. Zero otherwise,
@@ -67,7 +67,7 @@ type Stats struct {
 	Breaker BreakerState
 	// HotKeys is the number of keys HotKeys would list, by level (4, 16,
 	// 64).
-	HotKeys map[int]int
+	HotKeys map[shard.Level]int
 	// Coordinator holds the coordinator's counters since Start, when it
 	// keeps them (NATS); nil otherwise.
 	Coordinator *coordinator.Stats
@@ -75,7 +75,7 @@ type Stats struct {
 
 // Stats returns a snapshot of the engine's state.
 func (e *Engine) Stats() Stats {
-	st := Stats{Instances: e.Instances(), Breaker: e.BreakerState(), HotKeys: map[int]int{}}
+	st := Stats{Instances: e.Instances(), Breaker: e.BreakerState(), HotKeys: map[shard.Level]int{}}
 	e.table.Range(func(ent *shard.Entry) bool {
 		if level := ent.Level(); level > shard.Level1 {
 			st.HotKeys[level]++

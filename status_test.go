@@ -46,7 +46,7 @@ func TestHotKeysAndStats(t *testing.T) {
 	}
 	st := e.Stats()
 	if st.Instances != 1 || st.Breaker != BreakerClosed || st.Coordinator == nil || st.Coordinator.Published != 7 ||
-		!reflect.DeepEqual(st.HotKeys, map[int]int{shard.Level4: 1, shard.Level16: 1, shard.Level64: 1}) {
+		!reflect.DeepEqual(st.HotKeys, map[shard.Level]int{shard.Level4: 1, shard.Level16: 1, shard.Level64: 1}) {
 		t.Errorf("Stats() = %+v, coordinator %+v", st, st.Coordinator)
 	}
 	lone, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector())

@@ -13,6 +13,7 @@ import (
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // applied is one level change an engine applied.
@@ -41,7 +42,7 @@ func BenchmarkConvergence(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		hook := func(key string, level int) {
+		hook := func(key string, level shard.Level) {
 			if level > 1 {
 				events <- applied{i, key, time.Now()}
 			}

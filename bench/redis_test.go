@@ -14,6 +14,7 @@ import (
 
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // redisGoroutines is the concurrency of the Redis benchmarks: 64 callers,
@@ -93,12 +94,12 @@ func BenchmarkAllowRedisRate(b *testing.B) {
 // to the 3-master cluster and reports how unevenly the masters were loaded:
 // the busiest master's script calls over the mean, the worst of 20 keys.
 func BenchmarkHotKeyCluster(b *testing.B) {
-	for _, level := range []int{1, 16} {
-		b.Run("level="+strconv.Itoa(level), func(b *testing.B) { benchHotKeyCluster(b, level) })
+	for _, level := range []shard.Level{1, 16} {
+		b.Run("level="+level.String(), func(b *testing.B) { benchHotKeyCluster(b, level) })
 	}
 }
 
-func benchHotKeyCluster(b *testing.B, level int) {
+func benchHotKeyCluster(b *testing.B, level shard.Level) {
 	const keys, perKey = 20, 20_000
 	ctx := context.Background()
 	client := redis.NewClusterClient(&redis.ClusterOptions{Addrs: env.Cluster.Addrs})

@@ -23,7 +23,7 @@ type Handler interface {
 	// SetLevel says the level in force for key, whose hash is hash
 	// (xxhash64 of key), is now level: 4, 16 or 64, or 1 when it is no
 	// longer split.
-	SetLevel(key string, hash uint64, level int)
+	SetLevel(key string, hash uint64, level shard.Level)
 	// SetInstances says the number of live instances, at least 1, has
 	// changed to n.
 	SetInstances(n int)
@@ -38,7 +38,7 @@ type Coordinator interface {
 	// Announce says this instance's detector wants key (with hash) at
 	// level: 4, 16 or 64, or 1 once the key has cooled here. The call does
 	// not block on the network.
-	Announce(key string, hash uint64, level int)
+	Announce(key string, hash uint64, level shard.Level)
 	// Close stops coordination and waits for the coordinator's goroutines.
 	Close() error
 }
@@ -69,8 +69,8 @@ func (l *Local) Start(h Handler) error {
 }
 
 // Announce implements Coordinator: the announced level is in force at once.
-func (l *Local) Announce(key string, hash uint64, level int) {
-	if shard.ValidLevel(level) {
+func (l *Local) Announce(key string, hash uint64, level shard.Level) {
+	if level.Valid() {
 		l.h.SetLevel(key, hash, level)
 	}
 }

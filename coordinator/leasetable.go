@@ -33,10 +33,10 @@ type leaseTable struct {
 	base    time.Time     // origin of the instants kept in entries
 
 	keys    map[string]*entry
-	own     map[string]int    // own levels: key → level (each also in keys)
-	pending map[string]change // level changes not yet taken by changes
-	told    map[string]int    // levels handed out by changes, 1s omitted
-	nextExp int64             // instant by which the next sweep runs
+	own     map[string]shard.Level // own levels: key → level (each also in keys)
+	pending map[string]change      // level changes not yet taken by changes
+	told    map[string]shard.Level // levels handed out by changes, 1s omitted
+	nextExp int64                  // instant by which the next sweep runs
 
 	// onChange, if set, is called when a level change is queued or
 	// withdrawn; onSooner when a lease expires before the next sweep was
@@ -55,9 +55,9 @@ func newLeaseTable(id string, ttl time.Duration, maxKeys int, every time.Duratio
 		every:   every,
 		base:    start,
 		keys:    make(map[string]*entry),
-		own:     make(map[string]int),
+		own:     make(map[string]shard.Level),
 		pending: make(map[string]change),
-		told:    make(map[string]int),
+		told:    make(map[string]shard.Level),
 		nextExp: int64(every),
 	}
 }
@@ -66,10 +66,10 @@ func newLeaseTable(id string, ttl time.Duration, maxKeys int, every time.Duratio
 // table's base.
 type entry struct {
 	hash   uint64
-	own    int      // this instance's level, 0 if none
-	ownExp int64    // when the own lease last published at level own lapses on the peers; 0 if not published
-	exp    [3]int64 // latest expiry of peers' leases at 4, 16, 64; 0 if none
-	level  int      // level in force, as last computed
+	own    shard.Level // this instance's level, 0 if none
+	ownExp int64       // when the own lease last published at level own lapses on the peers; 0 if not published
+	exp    [3]int64    // latest expiry of peers' leases at 4, 16, 64; 0 if none
+	level  shard.Level // level in force, as last computed
 	// origin[i] names the instance whose lease gave exp[i] (for a lease
 	// learned by join sync, the instance that answered): one string per
 	// level, for leases.
@@ -79,12 +79,12 @@ type entry struct {
 // change is a level change for the Handler.
 type change struct {
 	hash  uint64
-	level int
+	level shard.Level
 }
 
-var slotLevels = [3]int{shard.Level4, shard.Level16, shard.Level64}
+var slotLevels = [3]shard.Level{shard.Level4, shard.Level16, shard.Level64}
 
-func slot(level int) int {
+func slot(level shard.Level) int {
 	switch level {
 	case shard.Level4:
 		return 0
@@ -96,7 +96,7 @@ func slot(level int) int {
 
 // force returns the level in force at now: the highest of the own level and
 // the levels with an unexpired lease, 1 if none.
-func (e *entry) force(now int64) int {
+func (e *entry) force(now int64) shard.Level {
 	l := max(shard.Level1, e.own)
 	for i := len(e.exp) - 1; i >= 0; i-- {
 		if e.exp[i] > now {
@@ -115,7 +115,7 @@ func (t *leaseTable) at(now time.Time) int64 { return int64(now.Sub(t.base)) }
 // setOwn makes level (4, 16 or 64, or 1 for none) this instance's own level
 // for key at now. It reports whether the own level changed, and ok false if
 // key is new and the table is full of keys this instance holds.
-func (t *leaseTable) setOwn(key string, level int, now time.Time) (changed, ok bool) {
+func (t *leaseTable) setOwn(key string, level shard.Level, now time.Time) (changed, ok bool) {
 	n := t.at(now)
 	e := t.keys[key]
 	if e != nil && e.own > level && e.ownExp > 0 {
@@ -161,7 +161,7 @@ func (t *leaseTable) setOwn(key string, level int, now time.Time) (changed, ok b
 
 // published records that the own leases (key → level) go out at now. Those
 // no longer the key's own level are ignored.
-func (t *leaseTable) published(leases map[string]int, now time.Time) {
+func (t *leaseTable) published(leases map[string]shard.Level, now time.Time) {
 	exp := t.at(now) + int64(t.ttl)
 	for k, l := range leases {
 		if e := t.keys[k]; e != nil && e.own == l {
@@ -173,7 +173,7 @@ func (t *leaseTable) published(leases map[string]int, now time.Time) {
 // applyLease merges a lease of peer origin for key at level, received at
 // now and lasting ttl. It reports false if key is new and the table full:
 // the lease is dropped.
-func (t *leaseTable) applyLease(origin, key string, level int, ttl time.Duration, now time.Time) bool {
+func (t *leaseTable) applyLease(origin, key string, level shard.Level, ttl time.Duration, now time.Time) bool {
 	n := t.at(now)
 	e := t.keys[key]
 	if e == nil {
@@ -235,7 +235,7 @@ func (t *leaseTable) changes() map[string]change {
 
 // each calls fn for every lease unexpired at now: the own ones with a full
 // ttl (they are renewed), the peers' with the time they have left.
-func (t *leaseTable) each(now time.Time, fn func(key string, level int, ttl time.Duration, own bool)) {
+func (t *leaseTable) each(now time.Time, fn func(key string, level shard.Level, ttl time.Duration, own bool)) {
 	n := t.at(now)
 	for k, e := range t.keys {
 		if e.own > 0 {
@@ -273,7 +273,7 @@ func (t *leaseTable) leases(now time.Time) []Lease {
 	}
 	slices.SortFunc(out, func(a, b Lease) int {
 		if a.Level != b.Level {
-			return b.Level - a.Level
+			return int(b.Level - a.Level)
 		}
 		return strings.Compare(a.Key, b.Key)
 	})
@@ -319,7 +319,7 @@ func (t *leaseTable) update(key string, e *entry, n int64) {
 	}
 }
 
-func (t *leaseTable) toldLevel(key string) int {
+func (t *leaseTable) toldLevel(key string) shard.Level {
 	if l, ok := t.told[key]; ok {
 		return l
 	}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 const ms = time.Millisecond
@@ -28,15 +30,19 @@ type op struct {
 	at    time.Duration
 	do    string // "peer": a peer's lease; "own": the own level; "pub": own level published
 	key   string
-	level int
+	level shard.Level
 	ttl   time.Duration // of a peer's lease
 }
 
-func peerAt(at time.Duration, level int, ttl time.Duration) op {
+func peerAt(at time.Duration, level shard.Level, ttl time.Duration) op {
 	return op{at: at, do: "peer", key: "k", level: level, ttl: ttl}
 }
-func ownAt(at time.Duration, level int) op { return op{at: at, do: "own", key: "k", level: level} }
-func pubAt(at time.Duration, level int) op { return op{at: at, do: "pub", key: "k", level: level} }
+func ownAt(at time.Duration, level shard.Level) op {
+	return op{at: at, do: "own", key: "k", level: level}
+}
+func pubAt(at time.Duration, level shard.Level) op {
+	return op{at: at, do: "pub", key: "k", level: level}
+}
 
 // apply makes op's call on tb and returns what it reported.
 func (o op) apply(tb *leaseTable) bool {
@@ -48,14 +54,14 @@ func (o op) apply(tb *leaseTable) bool {
 		_, ok := tb.setOwn(o.key, o.level, now)
 		return ok
 	case "pub":
-		tb.published(map[string]int{o.key: o.level}, now)
+		tb.published(map[string]shard.Level{o.key: o.level}, now)
 		return true
 	}
 	panic("unknown op " + o.do)
 }
 
 // levelAt returns key's level in force at t0+at (1 if not in the table).
-func levelAt(tb *leaseTable, key string, at time.Duration) int {
+func levelAt(tb *leaseTable, key string, at time.Duration) shard.Level {
 	if e := tb.keys[key]; e != nil {
 		return e.force(tb.at(t0.Add(at)))
 	}
@@ -67,7 +73,7 @@ func levelAt(tb *leaseTable, key string, at time.Duration) int {
 func TestLeaseTableLevels(t *testing.T) {
 	type levelAtT struct {
 		at    time.Duration
-		level int
+		level shard.Level
 	}
 	tests := []struct {
 		name string
@@ -187,7 +193,7 @@ func TestLeaseTableSweep(t *testing.T) {
 	var woken, sooner int
 	tb.onChange = func() { woken++ }
 	tb.onSooner = func() { sooner++ }
-	peer := func(at time.Duration, key string, level int, ttl time.Duration) {
+	peer := func(at time.Duration, key string, level shard.Level, ttl time.Duration) {
 		t.Helper()
 		if !tb.applyLease("peer", key, level, ttl, t0.Add(at)) {
 			t.Fatalf("lease for %q refused", key)
@@ -199,7 +205,7 @@ func TestLeaseTableSweep(t *testing.T) {
 			t.Errorf("sweep at %v: next due in %v, want %v", at, due, wantDue)
 		}
 	}
-	takes := func(want map[string]int) {
+	takes := func(want map[string]shard.Level) {
 		t.Helper()
 		got := tb.changes()
 		if !maps.Equal(levelsOf(got), want) {
@@ -219,7 +225,7 @@ func TestLeaseTableSweep(t *testing.T) {
 	}
 
 	peer(0, "a", 16, time.Second)
-	takes(map[string]int{"a": 16})
+	takes(map[string]shard.Level{"a": 16})
 	sweep(0, 250*ms) // nothing expires within the interval
 	if sooner != 0 {
 		t.Errorf("a lease expiring after the next sweep woke the sweeper")
@@ -233,16 +239,16 @@ func TestLeaseTableSweep(t *testing.T) {
 	sweep(100*ms-1, 1)
 	keys("a", "b")
 	sweep(100*ms, 120*ms) // a's 64 lapses: back at 16, where the Handler is
-	takes(map[string]int{"b": 4})
+	takes(map[string]shard.Level{"b": 4})
 	keys("a", "b")
 	sweep(220*ms, 250*ms)
-	takes(map[string]int{"b": 1})
+	takes(map[string]shard.Level{"b": 1})
 	keys("a")
 	sweep(time.Second-1, 1)
 	sweep(time.Second, 250*ms)
-	takes(map[string]int{"a": 1})
+	takes(map[string]shard.Level{"a": 1})
 	keys()
-	takes(map[string]int{})
+	takes(map[string]shard.Level{})
 	// a→16, a→64, b→4, a→16, b→1, a→1
 	if woken != 6 || sooner != 1 {
 		t.Errorf("onChange called %d times, want 6; onSooner %d, want 1", woken, sooner)
@@ -250,8 +256,8 @@ func TestLeaseTableSweep(t *testing.T) {
 }
 
 // levelsOf returns the levels of changes, or an empty map for none.
-func levelsOf(changes map[string]change) map[string]int {
-	m := make(map[string]int)
+func levelsOf(changes map[string]change) map[string]shard.Level {
+	m := make(map[string]shard.Level)
 	for k, c := range changes {
 		m[k] = c.level
 	}
@@ -291,7 +297,7 @@ func TestLeaseTableFull(t *testing.T) {
 		}
 	}
 	got := tb.changes()
-	want := map[string]int{"w": 64, "y": 16, "z": 64} // a, b, c and x came and went
+	want := map[string]shard.Level{"w": 64, "y": 16, "z": 64} // a, b, c and x came and went
 	if !maps.Equal(levelsOf(got), want) {
 		t.Errorf("changes %v, want %v", levelsOf(got), want)
 	}
@@ -329,16 +335,16 @@ func TestLeaseTableLeases(t *testing.T) {
 
 	type item struct {
 		key   string
-		level int
+		level shard.Level
 		ttl   time.Duration
 		own   bool
 	}
 	var got []item
-	tb.each(now, func(key string, level int, ttl time.Duration, own bool) {
+	tb.each(now, func(key string, level shard.Level, ttl time.Duration, own bool) {
 		got = append(got, item{key, level, ttl, own})
 	})
 	slices.SortFunc(got, func(a, b item) int {
-		return cmp.Or(strings.Compare(a.key, b.key), a.level-b.level, cmp.Compare(a.ttl, b.ttl))
+		return cmp.Or(strings.Compare(a.key, b.key), int(a.level-b.level), cmp.Compare(a.ttl, b.ttl))
 	})
 	wantItems := []item{
 		{"both", 16, tableTTL, true},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -25,7 +26,7 @@ type recorder struct {
 	closed  atomic.Bool
 	errs    atomic.Int32
 	mu      sync.Mutex
-	levels  map[string]int
+	levels  map[string]shard.Level
 	changes int   // SetLevel calls
 	maxKeys int   // most keys held above level 1 at once
 	insts   []int // SetInstances calls, in order
@@ -33,7 +34,7 @@ type recorder struct {
 }
 
 func newRecorder(name string) *recorder {
-	return &recorder{name: name, levels: make(map[string]int)}
+	return &recorder{name: name, levels: make(map[string]shard.Level)}
 }
 
 func (r *recorder) enter() {
@@ -52,7 +53,7 @@ func (r *recorder) fail(msg string) {
 	r.mu.Unlock()
 }
 
-func (r *recorder) SetLevel(key string, hash uint64, level int) {
+func (r *recorder) SetLevel(key string, hash uint64, level shard.Level) {
 	r.enter()
 	defer r.inCall.Add(-1)
 	if hash != xxhash.Sum64String(key) {
@@ -78,7 +79,7 @@ func (r *recorder) SetInstances(n int) {
 }
 
 // level returns key's level as last told (1 if never).
-func (r *recorder) level(key string) int {
+func (r *recorder) level(key string) shard.Level {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if l, ok := r.levels[key]; ok {
@@ -105,7 +106,7 @@ func (r *recorder) setLevels() int {
 }
 
 // has reports whether every key of want is at its level (1: not split).
-func (r *recorder) has(want map[string]int) bool {
+func (r *recorder) has(want map[string]shard.Level) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for k, l := range want {

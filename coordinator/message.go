@@ -41,7 +41,7 @@ type message struct {
 	T      string      `json:"t"`
 	Origin string      `json:"origin"`
 	Key    string      `json:"key,omitempty"`
-	Level  int         `json:"level,omitempty"`
+	Level  shard.Level `json:"level,omitempty"`
 	TTLms  int64       `json:"ttl_ms,omitempty"`
 	Leases []wireLease `json:"leases,omitempty"`
 	// TS is the sender's stamp, in microseconds since the Unix epoch, on
@@ -52,9 +52,9 @@ type message struct {
 
 // wireLease is one lease of a sync reply.
 type wireLease struct {
-	Key   string `json:"key"`
-	Level int    `json:"level"`
-	TTLms int64  `json:"ttl_ms"`
+	Key   string      `json:"key"`
+	Level shard.Level `json:"level"`
+	TTLms int64       `json:"ttl_ms"`
 }
 
 // reason says why a message was dropped as invalid.
@@ -155,11 +155,11 @@ func decode(data []byte, lim limits) (message, reason) {
 }
 
 // checkLease validates one lease's fields.
-func checkLease(key string, level int, ttlMs int64, lim limits) reason {
+func checkLease(key string, level shard.Level, ttlMs int64, lim limits) reason {
 	switch {
 	case key == "" || len(key) > lim.maxKeyLen:
 		return reasonKey
-	case level == shard.Level1 || !shard.ValidLevel(level):
+	case !level.Split():
 		return reasonLevel
 	case ttlMs <= 0 || ttlMs > lim.maxTTL.Milliseconds():
 		return reasonTTL
@@ -180,7 +180,7 @@ func ttlMillis(d time.Duration) int64 {
 }
 
 // encodeLease returns a lease message.
-func encodeLease(origin, key string, level int, ttl time.Duration) []byte {
+func encodeLease(origin, key string, level shard.Level, ttl time.Duration) []byte {
 	b, _ := json.Marshal(message{V: wireVersion, T: typeLease, Origin: origin, Key: key, Level: level, TTLms: ttlMillis(ttl)})
 	return b
 }
@@ -210,7 +210,7 @@ func newSyncChunker(origin string, max int) *syncChunker {
 // add appends one lease, starting a new chunk when this one would overflow.
 // A lease too large for any chunk is skipped (it cannot happen when max
 // leaves room for the longest key, which the config checks).
-func (s *syncChunker) add(key string, level int, ttl time.Duration) {
+func (s *syncChunker) add(key string, level shard.Level, ttl time.Duration) {
 	item, _ := json.Marshal(wireLease{Key: key, Level: level, TTLms: ttlMillis(ttl)})
 	const tail = len("]}")
 	if len(s.head)+len(item)+tail > s.max {

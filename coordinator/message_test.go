@@ -120,8 +120,8 @@ func FuzzDecode(f *testing.F) {
 		if len(data) > lim.maxMessage || m.V != 1 || m.Origin == "" || len(m.Origin) > maxOriginLen || m.TS < 0 {
 			t.Fatalf("accepted %q: %+v", data, m)
 		}
-		check := func(key string, level int, ttlMs int64) {
-			if key == "" || len(key) > lim.maxKeyLen || !shard.ValidLevel(level) || level == 1 ||
+		check := func(key string, level shard.Level, ttlMs int64) {
+			if key == "" || len(key) > lim.maxKeyLen || !level.Valid() || level == 1 ||
 				ttlMs <= 0 || ttlMs > lim.maxTTL.Milliseconds() {
 				t.Fatalf("accepted lease %q %d %d in %q", key, level, ttlMs, data)
 			}
@@ -149,7 +149,7 @@ func FuzzDecode(f *testing.F) {
 func TestSyncChunks(t *testing.T) {
 	const max = 1024
 	ch := newSyncChunker("origin", max)
-	want := make(map[string]int)
+	want := make(map[string]shard.Level)
 	for i := range 300 {
 		k := "chunk-" + strconv.Itoa(i) + strings.Repeat("\u2028", i%7)
 		want[k] = levels[i%3]
@@ -159,7 +159,7 @@ func TestSyncChunks(t *testing.T) {
 	if len(chunks) < 10 {
 		t.Fatalf("%d chunks", len(chunks))
 	}
-	got := make(map[string]int)
+	got := make(map[string]shard.Level)
 	for _, c := range chunks {
 		m, r := decode(c, limits{maxMessage: max, maxKeyLen: 512, maxTTL: time.Minute})
 		if r != reasonNone || m.T != typeSync || m.Origin != "origin" {

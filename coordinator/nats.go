@@ -221,8 +221,8 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 // level lapses on the peers (ttl after its last publication), as it does
 // there. Other levels are ignored, as are calls before
 // Start or after Close.
-func (c *NATS) Announce(key string, _ uint64, level int) {
-	if !shard.ValidLevel(level) {
+func (c *NATS) Announce(key string, _ uint64, level shard.Level) {
+	if !level.Valid() {
 		return
 	}
 	c.mu.Lock()

@@ -15,9 +15,10 @@ import (
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
-var levels = []int{4, 16, 64}
+var levels = []shard.Level{4, 16, 64}
 
 // waitMesh waits until every recorder counts n instances: each has heard
 // the others' heartbeats, so their subscriptions (one per coordinator, for
@@ -48,7 +49,7 @@ func TestConvergence(t *testing.T) {
 	t.Logf("interest spread in %v", waitMesh(t, 3, rs...))
 
 	rng := rand.New(rand.NewPCG(1, 2))
-	want := make(map[string]int)
+	want := make(map[string]shard.Level)
 	start := time.Now()
 	for k := range 200 {
 		key := "conv-" + strconv.Itoa(k)
@@ -83,7 +84,7 @@ func leaseOf(c *NATS, key string) Lease {
 
 // inForce reports whether key is at level in every table of cs, at the
 // instant their clock reads.
-func inForce(key string, level int, cs ...*NATS) bool {
+func inForce(key string, level shard.Level, cs ...*NATS) bool {
 	for _, c := range cs {
 		if leaseOf(c, key).Level != level {
 			return false
@@ -93,7 +94,7 @@ func inForce(key string, level int, cs ...*NATS) bool {
 }
 
 // told reports whether every recorder of rs was told key is at level.
-func told(key string, level int, rs ...*recorder) bool {
+func told(key string, level shard.Level, rs ...*recorder) bool {
 	for _, r := range rs {
 		if r.level(key) != level {
 			return false
@@ -119,7 +120,7 @@ func freshLease(ttl time.Duration, keys []string, cs ...*NATS) bool {
 
 // peerLease reports whether c holds a peer's unexpired lease of key at
 // level, whether or not that level is in force.
-func peerLease(c *NATS, key string, level int) bool {
+func peerLease(c *NATS, key string, level shard.Level) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.table.keys[key]
@@ -353,7 +354,7 @@ func TestJoinSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, ra := startCoord(t, long("a"))
-	want := make(map[string]int)
+	want := make(map[string]shard.Level)
 	for i := range 50 {
 		k := "join-" + strconv.Itoa(i)
 		want[k] = levels[i%3]
@@ -405,8 +406,8 @@ func TestFaults(t *testing.T) {
 	z, rz := startCoord(t, cfgZ)
 	waitMesh(t, 3, rx, ry, rz)
 
-	want := make(map[string]int)
-	announce := func(k string, l int) {
+	want := make(map[string]shard.Level)
+	announce := func(k string, l shard.Level) {
 		want[k] = l
 		x.Announce(k, xxhash.Sum64String(k), l)
 	}
@@ -630,14 +631,14 @@ func TestLowerTogether(t *testing.T) {
 		cs[i], rs[i] = startCoord(t, cfg)
 	}
 	waitMesh(t, 3, rs...)
-	levelsOf := func(k string) []int {
-		var l []int
+	levelsOf := func(k string) []shard.Level {
+		var l []shard.Level
 		for _, c := range cs {
 			l = append(l, leaseOf(c, k).Level)
 		}
 		return l
 	}
-	for round, change := range [][2]int{{16, 4}, {4, 1}, {64, 16}} {
+	for round, change := range [][2]shard.Level{{16, 4}, {4, 1}, {64, 16}} {
 		k := "lower-" + strconv.Itoa(round)
 		h := xxhash.Sum64String(k)
 		cs[0].Announce(k, h, change[0])

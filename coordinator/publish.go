@@ -3,6 +3,8 @@ package coordinator
 import (
 	"maps"
 	"time"
+
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // seal returns msg signed for subject, or msg itself without a Secret.
@@ -76,7 +78,7 @@ func (c *NATS) publishAnnounced() {
 		c.mu.Unlock()
 		return
 	}
-	leases := make(map[string]int, len(c.announce))
+	leases := make(map[string]shard.Level, len(c.announce))
 	for k := range c.announce {
 		if l, ok := c.table.own[k]; ok {
 			leases[k] = l
@@ -97,7 +99,7 @@ func (c *NATS) publishOwn() {
 	c.publishLeases(leases)
 }
 
-func (c *NATS) publishLeases(leases map[string]int) {
+func (c *NATS) publishLeases(leases map[string]shard.Level) {
 	for k, l := range leases {
 		if encodable(k, c.cfg.MaxKeyLen) {
 			c.publish(c.subjLease, encodeLease(c.cfg.ID, k, l, c.cfg.TTL))
@@ -111,7 +113,7 @@ func (c *NATS) publishLeases(leases map[string]int) {
 func (c *NATS) answerSync() {
 	type item struct {
 		key   string
-		level int
+		level shard.Level
 		ttl   time.Duration
 	}
 	c.mu.Lock()
@@ -122,7 +124,7 @@ func (c *NATS) answerSync() {
 	replyTo := c.syncQ
 	c.syncQ = nil
 	var items []item
-	c.table.each(c.now(), func(key string, level int, ttl time.Duration, own bool) {
+	c.table.each(c.now(), func(key string, level shard.Level, ttl time.Duration, own bool) {
 		if !own || encodable(key, c.cfg.MaxKeyLen) {
 			items = append(items, item{key, level, ttl})
 		}

@@ -4,11 +4,13 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // applyLeaseLocked merges a lease of peer origin, received at now, into the
 // table. The caller holds c.mu.
-func (c *NATS) applyLeaseLocked(origin, key string, level int, ttlMs int64, now time.Time) {
+func (c *NATS) applyLeaseLocked(origin, key string, level shard.Level, ttlMs int64, now time.Time) {
 	if !c.table.applyLease(origin, key, level, time.Duration(ttlMs)*time.Millisecond, now) {
 		c.st.rejected.Add(1)
 	}

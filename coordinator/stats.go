@@ -5,6 +5,8 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // Stats are a coordinator's counters since Start, for metrics.
@@ -86,7 +88,7 @@ func (c *NATS) Stats() Stats {
 type Lease struct {
 	Key string
 	// Level is the level in force: 4, 16 or 64.
-	Level int
+	Level shard.Level
 	// ExpiresIn is how long the lease holding Level lasts unless renewed:
 	// the latest-expiring lease at that level, this instance's own
 	// included (renewed every TTL/3 while its detector finds the key hot).

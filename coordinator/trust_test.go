@@ -16,6 +16,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // rawConn connects a plain client, as a forger would, closed at cleanup.
@@ -300,7 +301,7 @@ func TestSignedPeers(t *testing.T) {
 		return c
 	}
 	a, ra := startCoord(t, cfg("a", testSecret))
-	want := make(map[string]int)
+	want := make(map[string]shard.Level)
 	for i := range 100 {
 		k := "signed-" + strconv.Itoa(i)
 		want[k] = levels[i%3]
@@ -331,7 +332,7 @@ func TestSignedPeers(t *testing.T) {
 		name         string
 		r            *recorder
 		st           Stats
-		fromC, fromD int // levels wanted
+		fromC, fromD shard.Level // levels wanted
 	}{{"a", ra, a.Stats(), 1, 1}, {"b", rb, b.Stats(), 1, 1}, {"c", rc, c.Stats(), 64, 1}} {
 		t.Logf("%s: instances %d, invalid by reason %v", x.name, x.r.instances(), x.st.InvalidBy)
 		if x.r.level("from-c") != x.fromC || x.r.level("from-d") != x.fromD {
@@ -341,7 +342,7 @@ func TestSignedPeers(t *testing.T) {
 	if ra.instances() != 2 || rb.instances() != 2 || rc.instances() != 1 {
 		t.Errorf("instances: a %d, b %d, c %d; want 2, 2, 1", ra.instances(), rb.instances(), rc.instances())
 	}
-	if rc.has(map[string]int{"signed-1": 16}) {
+	if rc.has(map[string]shard.Level{"signed-1": 16}) {
 		t.Error("c applied a's lease")
 	}
 	if st := b.Stats(); st.SyncReplies < 2 || st.InvalidBy["stale"]+st.InvalidBy["replay"] != 0 {

@@ -188,7 +188,7 @@ type Event struct {
 	Hash uint64 // as passed to Observe
 	// Level is the new level: higher than the old one for a level-up (it
 	// may skip levels when a key surges), one level lower for a level-down.
-	Level int
+	Level shard.Level
 	// Rate is the local rate, in requests per second at this instance, that
 	// decided: over the last sub-window for a level-up, over the window for
 	// a level-down. Times the live instances, it estimates the global rate.
@@ -206,7 +206,7 @@ type hit struct {
 type entry struct {
 	key     string
 	hash    uint64
-	level   int
+	level   shard.Level
 	born    int64     // sub-window in which the key entered the table
 	warm    int64     // last sub-window whose count reached the promotion threshold
 	below   time.Time // since when the window rate has been under half the level's up-threshold; zero if it is not

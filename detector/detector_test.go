@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 func TestConfig(t *testing.T) {
@@ -65,7 +67,7 @@ func TestConfig(t *testing.T) {
 func TestLevelFor(t *testing.T) {
 	for _, tt := range []struct {
 		give float64 // rate, with a local threshold of 100
-		want int
+		want shard.Level
 	}{
 		{0, 1}, {99.9, 1}, {100, 4}, {399, 4}, {400, 16}, {1599, 16}, {1600, 64}, {1e9, 64},
 	} {
@@ -82,7 +84,7 @@ func TestStepUp(t *testing.T) {
 	k := newSource("k")
 	for _, tt := range []struct {
 		rate float64
-		want int // level after one sub-window
+		want shard.Level // level after one sub-window
 	}{
 		{900, 1}, {1200, 4}, {3900, 4}, {5000, 16}, {20000, 64}, {100, 64},
 	} {
@@ -91,7 +93,7 @@ func TestStepUp(t *testing.T) {
 			s.run(k)
 		}
 		evs := s.eventsOf("k")
-		got := 1
+		got := shard.Level1
 		if len(evs) > 0 {
 			got = evs[len(evs)-1].Level
 		}
@@ -340,7 +342,7 @@ func TestStart(t *testing.T) {
 	// lower levels, however the wall-clock steps fall.
 	start := time.Now()
 	deadline := time.After(time.Minute)
-	for level := 1; level < 64; {
+	for level := shard.Level1; level < shard.Level64; {
 		for range 1000 {
 			d.Observe(h, k)
 		}

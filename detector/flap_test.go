@@ -5,6 +5,8 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // poisson returns a Poisson variate of mean lambda (small: Knuth's method).
@@ -104,7 +106,7 @@ func TestCoolDownPerLevel(t *testing.T) {
 	if len(downs) != 3 {
 		t.Fatalf("events after the drop %+v, want three steps down", downs)
 	}
-	for i, want := range []int{16, 4, 1} {
+	for i, want := range []shard.Level{16, 4, 1} {
 		if downs[i].Level != want {
 			t.Errorf("step down %d to %d, want %d", i, downs[i].Level, want)
 		}

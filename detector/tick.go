@@ -122,7 +122,7 @@ func (d *Detector) coolLocked(e *entry, now, winStart time.Time, sub int64, tl f
 	case e.below.IsZero():
 		e.below = now
 	case now.Sub(e.below) >= d.cfg.CoolDown:
-		e.level, e.below = shard.Down(e.level), now
+		e.level, e.below = e.level.Down(), now
 		d.emitLocked(Event{Key: e.key, Hash: e.hash, Level: e.level, Rate: r})
 	}
 }
@@ -198,11 +198,11 @@ func (d *Detector) emitLocked(ev Event) {
 
 // upRate returns the rate at which a key steps up to level (4, 16 or 64),
 // for a local threshold tl: tl, 4·tl, 16·tl.
-func upRate(level int, tl float64) float64 { return tl * float64(level) / 4 }
+func upRate(level shard.Level, tl float64) float64 { return tl * float64(level) / 4 }
 
 // levelFor returns the level that rate r calls for: the highest level whose
 // up-threshold r reaches, or 1.
-func levelFor(r, tl float64) int {
+func levelFor(r, tl float64) shard.Level {
 	for l := shard.MaxLevel; l > shard.Level1; l /= 4 {
 		if r >= upRate(l, tl) {
 			return l

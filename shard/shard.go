@@ -13,33 +13,58 @@
 package shard
 
 import (
+	"errors"
+	"fmt"
 	"math/bits"
 	"strconv"
 )
 
-// Levels a key can be split to. Level 1 is an unsplit key.
+// Level is how many subcounters a key is split into: 1 (not split), 4, 16
+// or 64. The arithmetic below takes a Level where it means a key's split,
+// and an int where it means any count.
+type Level int
+
+// The levels. Level1 is an unsplit key.
 const (
-	Level1  = 1
-	Level4  = 4
-	Level16 = 16
-	Level64 = 64
+	Level1  Level = 1
+	Level4  Level = 4
+	Level16 Level = 16
+	Level64 Level = 64
 	// MaxLevel is the highest level.
 	MaxLevel = Level64
 )
 
-// ValidLevel reports whether l is one of 1, 4, 16, 64.
-func ValidLevel(l int) bool {
+// ErrInvalidLevel is in every error CheckSplit returns.
+var ErrInvalidLevel = errors.New("invalid level")
+
+// Valid reports whether l is one of 1, 4, 16, 64.
+func (l Level) Valid() bool {
 	return l == Level1 || l == Level4 || l == Level16 || l == Level64
 }
 
+// Split reports whether l splits a key: 4, 16 or 64.
+func (l Level) Split() bool { return l.Valid() && l != Level1 }
+
+// CheckSplit returns nil if l splits a key (4, 16 or 64), and an error
+// wrapping ErrInvalidLevel that names l otherwise.
+func CheckSplit(l Level) error {
+	if l.Split() {
+		return nil
+	}
+	return fmt.Errorf("%w %d: want 4, 16 or 64", ErrInvalidLevel, int(l))
+}
+
+// String returns the level as a number: "1", "4", "16" or "64".
+func (l Level) String() string { return strconv.Itoa(int(l)) }
+
 // Up returns the level above l (MaxLevel stays MaxLevel).
-func Up(l int) int { return min(MaxLevel, max(Level4, l*4)) }
+func (l Level) Up() Level { return min(MaxLevel, max(Level4, l*4)) }
 
 // Down returns the level below l (Level1 stays Level1).
-func Down(l int) int { return max(Level1, l/4) }
+func (l Level) Down() Level { return max(Level1, l/4) }
 
-// levelIndex maps 1, 4, 16, 64 to 0, 1, 2, 3.
-func levelIndex(l int) int { return bits.TrailingZeros(uint(l)) / 2 }
+// index maps 1, 4, 16, 64 to 0, 1, 2, 3.
+func (l Level) index() int { return bits.TrailingZeros(uint(l)) / 2 }
 
 // Share returns subcounter i's share of total split n ways: total/n, plus one
 // for the first total%n subcounters. The n shares sum to total.
@@ -55,7 +80,7 @@ func Share(total int64, n, i int) int64 {
 // largest level ≤ level at which every subcounter keeps at least minShare of
 // rate and at least cost of capacity (so any admissible request fits in every
 // subcounter).
-func Fit(level int, rate, capacity, minShare, cost int64) int {
+func Fit(level Level, rate, capacity, minShare, cost int64) Level {
 	minShare = max(minShare, 1)
 	for n := level; n > Level1; n /= 4 {
 		if rate/int64(n) >= minShare && capacity/int64(n) >= cost {
@@ -88,7 +113,7 @@ const maxProbe = 40
 // which disables it. The result is deterministic in (key, hash, n, p), so every
 // instance with the same node map picks the same names. For n == 1 the name
 // is the key itself.
-func Names(key string, hash uint64, n int, p Placement) []string {
+func Names(key string, hash uint64, n Level, p Placement) []string {
 	if n == Level1 {
 		return []string{key}
 	}
@@ -156,7 +181,7 @@ func Mix(x uint64) uint64 {
 
 // SubHash returns the hash of subcounter i of a key with hash h split n ways;
 // stores use it for striping and the deny cache as identity.
-func SubHash(h uint64, n, i int) uint64 {
+func SubHash(h uint64, n Level, i int) uint64 {
 	if n == Level1 {
 		return h
 	}

@@ -3,6 +3,7 @@ package shard
 import (
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,9 +46,9 @@ func TestShareSumsExactly(t *testing.T) {
 
 func TestFit(t *testing.T) {
 	tests := []struct {
-		level                          int
+		level                          Level
 		rate, capacity, minShare, cost int64
-		want                           int
+		want                           Level
 	}{
 		{64, 1000, 1000, 10, 1, 64},
 		{64, 639, 639, 10, 1, 16},
@@ -66,15 +67,23 @@ func TestFit(t *testing.T) {
 }
 
 func TestLevels(t *testing.T) {
-	tests := []struct{ give, up, down int }{{1, 4, 1}, {4, 16, 1}, {16, 64, 4}, {64, 64, 16}}
+	tests := []struct{ give, up, down Level }{{1, 4, 1}, {4, 16, 1}, {16, 64, 4}, {64, 64, 16}}
 	for _, tt := range tests {
-		if Up(tt.give) != tt.up || Down(tt.give) != tt.down {
-			t.Errorf("level %d: up %d down %d, want %d %d", tt.give, Up(tt.give), Down(tt.give), tt.up, tt.down)
+		if tt.give.Up() != tt.up || tt.give.Down() != tt.down {
+			t.Errorf("level %d: up %d down %d, want %d %d", tt.give, tt.give.Up(), tt.give.Down(), tt.up, tt.down)
+		}
+		if got, want := tt.give.String(), strconv.Itoa(int(tt.give)); got != want {
+			t.Errorf("Level(%d).String() = %q, want %q", int(tt.give), got, want)
 		}
 	}
-	for l := -1; l < 100; l++ {
-		if got, want := ValidLevel(l), l == 1 || l == 4 || l == 16 || l == 64; got != want {
-			t.Errorf("ValidLevel(%d) = %v", l, got)
+	for l := Level(-1); l < 100; l++ {
+		valid := l == 1 || l == 4 || l == 16 || l == 64
+		if l.Valid() != valid || l.Split() != (valid && l != 1) {
+			t.Errorf("Level(%d): Valid %v, Split %v", int(l), l.Valid(), l.Split())
+		}
+		err := CheckSplit(l)
+		if (err == nil) != l.Split() || err != nil && (!errors.Is(err, ErrInvalidLevel) || !strings.Contains(err.Error(), strconv.Itoa(int(l)))) {
+			t.Errorf("CheckSplit(%d) = %v", int(l), err)
 		}
 	}
 }
@@ -92,9 +101,9 @@ func TestNamesSpreadOverNodes(t *testing.T) {
 		for k := range 50 {
 			key := fmt.Sprintf("user:%d", k)
 			h := xxhash.Sum64String(key)
-			for _, n := range []int{4, 16, 64} {
+			for _, n := range []Level{4, 16, 64} {
 				names := Names(key, h, n, p)
-				if len(names) != n {
+				if len(names) != int(n) {
 					t.Fatalf("%d names, want %d", len(names), n)
 				}
 				per := make([]int, nodes)
@@ -109,7 +118,7 @@ func TestNamesSpreadOverNodes(t *testing.T) {
 					}
 					per[p.Node(name)]++
 				}
-				limit := (n + nodes - 1) / nodes
+				limit := (int(n) + nodes - 1) / nodes
 				for node, c := range per {
 					if c > limit {
 						t.Errorf("nodes=%d n=%d key %s: node %d holds %d > %d", nodes, n, key, node, c, limit)
@@ -283,7 +292,7 @@ func TestTransferOnce(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := e.Transfer(Level16, nil, func(from int, _ Placement, to int) error {
+			err := e.Transfer(Level16, nil, func(from Level, _ Placement, to Level) error {
 				if from != Level1 || to != Level16 {
 					t.Errorf("move from %d to %d, want 1 to 16", from, to)
 				}
@@ -303,10 +312,10 @@ func TestTransferOnce(t *testing.T) {
 	}
 	// A failed move leaves the usage where it was, and is tried again.
 	fail := errors.New("store down")
-	if err := e.Transfer(Level4, nil, func(int, Placement, int) error { return fail }); !errors.Is(err, fail) || held(e) != Level16 {
+	if err := e.Transfer(Level4, nil, func(Level, Placement, Level) error { return fail }); !errors.Is(err, fail) || held(e) != Level16 {
 		t.Fatalf("failed move: %v, held %d; want the error, held 16", err, held(e))
 	}
-	if err := e.Transfer(Level4, nil, func(int, Placement, int) error { return nil }); err != nil || held(e) != Level4 {
+	if err := e.Transfer(Level4, nil, func(Level, Placement, Level) error { return nil }); err != nil || held(e) != Level4 {
 		t.Fatalf("retried move: %v, held %d; want held 4", err, held(e))
 	}
 }
@@ -328,9 +337,9 @@ func TestTransferPlacement(t *testing.T) {
 	if !e.Holds(Level16, v1) || e.Holds(Level16, v2) || e.Holds(Level16, nil) || e.Holds(Level4, v1) {
 		t.Fatal("Holds: want level 16 under v1 only")
 	}
-	var gotFrom int
+	var gotFrom Level
 	var gotP Placement
-	if err := e.Transfer(Level16, v2, func(from int, fromP Placement, to int) error {
+	if err := e.Transfer(Level16, v2, func(from Level, fromP Placement, to Level) error {
 		gotFrom, gotP = from, fromP
 		return nil
 	}); err != nil || gotFrom != Level16 || gotP != v1 || !e.Holds(Level16, v2) {
@@ -339,7 +348,7 @@ func TestTransferPlacement(t *testing.T) {
 	if lvl, p := e.HeldAt(); lvl != Level16 || p != v2 {
 		t.Fatalf("HeldAt %d, %v; want 16, v2", lvl, p)
 	}
-	if err := e.Transfer(Level1, nil, func(int, Placement, int) error { return nil }); err != nil {
+	if err := e.Transfer(Level1, nil, func(Level, Placement, Level) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 	if !e.Holds(Level1, v1) || !e.Holds(Level1, nil) {
@@ -383,7 +392,7 @@ func TestTableMerge(t *testing.T) {
 }
 
 // held returns the level whose counters hold e's usage.
-func held(e *Entry) int {
+func held(e *Entry) Level {
 	l, _ := e.HeldAt()
 	return l
 }

@@ -25,7 +25,7 @@ type Entry struct {
 	Hash  uint64
 	level atomic.Int32
 	seq   atomic.Uint64
-	names [4]atomic.Pointer[nameSet] // by levelIndex
+	names [4]atomic.Pointer[nameSet] // by Level.index
 	// held says which counters hold the key's usage (where the last state
 	// transfer moved it), read whole: a level and a placement read apart
 	// could pair the old level with the new placement mid-transfer and
@@ -37,7 +37,7 @@ type Entry struct {
 
 // heldAt is where a key's usage is: the counters of level under p.
 type heldAt struct {
-	level int
+	level Level
 	p     Placement
 	v     uint64 // p's version
 }
@@ -59,7 +59,7 @@ func version(p Placement) uint64 {
 // held at level held under placement p: the unsplit counter (1) for a key
 // that just got hot, or a static level for a key split from the start. p
 // may be nil: one node.
-func NewEntry(key string, hash uint64, level, held int, p Placement) *Entry {
+func NewEntry(key string, hash uint64, level, held Level, p Placement) *Entry {
 	e := &Entry{Key: key, Hash: hash}
 	e.level.Store(int32(level))
 	e.held.Store(&heldAt{held, p, version(p)})
@@ -68,7 +68,7 @@ func NewEntry(key string, hash uint64, level, held int, p Placement) *Entry {
 
 // HeldAt returns the level and placement whose counters hold the key's
 // usage.
-func (e *Entry) HeldAt() (int, Placement) {
+func (e *Entry) HeldAt() (Level, Placement) {
 	h := e.held.Load()
 	return h.level, h.p
 }
@@ -76,7 +76,7 @@ func (e *Entry) HeldAt() (int, Placement) {
 // Holds reports whether the counters of level under p hold the key's
 // usage. The unsplit counter is named by the key alone, whatever the
 // placement.
-func (e *Entry) Holds(level int, p Placement) bool {
+func (e *Entry) Holds(level Level, p Placement) bool {
 	h := e.held.Load()
 	return h.level == level && (level == Level1 || h.v == version(p))
 }
@@ -87,7 +87,7 @@ func (e *Entry) Holds(level int, p Placement) bool {
 // that to under p holds it. Concurrent callers wait for the one that moves,
 // so none decides on counters not yet seeded. A failed move is returned and
 // leaves the usage where it was, to be tried again.
-func (e *Entry) Transfer(to int, p Placement, move func(from int, fromP Placement, to int) error) error {
+func (e *Entry) Transfer(to Level, p Placement, move func(from Level, fromP Placement, to Level) error) error {
 	if e.Holds(to, p) {
 		return nil
 	}
@@ -113,20 +113,20 @@ func (e *Entry) Memo() any { return e.memo.Load() }
 func (e *Entry) SetMemo(v any) { e.memo.Store(v) }
 
 // Level returns the entry's level.
-func (e *Entry) Level() int { return int(e.level.Load()) }
+func (e *Entry) Level() Level { return Level(e.level.Load()) }
 
 // SetLevel changes the entry's level.
-func (e *Entry) SetLevel(l int) { e.level.Store(int32(l)) }
+func (e *Entry) SetLevel(l Level) { e.level.Store(int32(l)) }
 
 // Names returns the names of the key's n subcounters under p (see Names),
 // computed once per level and placement version. The caller must not modify
 // the slice.
-func (e *Entry) Names(n int, p Placement) []string {
+func (e *Entry) Names(n Level, p Placement) []string {
 	var v uint64
 	if p != nil {
 		v = p.Version()
 	}
-	slot := &e.names[levelIndex(n)]
+	slot := &e.names[n.index()]
 	if s := slot.Load(); s != nil && s.version == v {
 		return s.names
 	}
@@ -137,13 +137,13 @@ func (e *Entry) Names(n int, p Placement) []string {
 
 // Sub returns the name and hash of subcounter i of the key's n under p:
 // what a store and the deny cache know it by.
-func (e *Entry) Sub(n, i int, p Placement) (name string, hash uint64) {
+func (e *Entry) Sub(n Level, i int, p Placement) (name string, hash uint64) {
 	return e.Names(n, p)[i], SubHash(e.Hash, n, i)
 }
 
 // Pick returns the subcounter, in [0, n), for the next decision on the key.
 // seed is a per-instance random value, so instances do not march in step.
-func (e *Entry) Pick(n int, sel Selection, seed uint64) int {
+func (e *Entry) Pick(n Level, sel Selection, seed uint64) int {
 	s := e.seq.Add(1)
 	if sel == Random {
 		return int(Mix(e.Hash^seed+s*0x9e3779b97f4a7c15) % uint64(n))
@@ -191,8 +191,8 @@ func (t *Table) Lookup(key string, hash uint64) *Entry {
 // under placement p: 1 for a key whose usage is on its unsplit counter, or
 // the level (and placement) whose counters hold it, e.g. a static split's. It reports false, changing
 // nothing, when the table is full or level is not a valid level above 1.
-func (t *Table) Set(key string, hash uint64, level, held int, p Placement) bool {
-	if !ValidLevel(level) || level == Level1 {
+func (t *Table) Set(key string, hash uint64, level, held Level, p Placement) bool {
+	if !level.Split() {
 		return false
 	}
 	t.mu.Lock()
@@ -233,7 +233,7 @@ func (t *Table) Merge(key string, hash uint64) bool {
 // Remove takes e out of the table if e is still the entry of its key and is
 // at level (the level it was lowered to: no raise came meanwhile). It
 // reports whether it did.
-func (t *Table) Remove(e *Entry, level int) bool {
+func (t *Table) Remove(e *Entry, level Level) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	old := *t.m.Load()

@@ -236,7 +236,7 @@ func response(r hotkey.Result) AllowResponse {
 		Remaining:    max(0, r.Remaining),
 		ResetAfterMs: ceilDiv(r.ResetAfter, time.Millisecond),
 		RetryAfterMs: ceilDiv(r.RetryAfter, time.Millisecond),
-		Shards:       r.Shards,
+		Shards:       int(r.Shards),
 	}
 }
 

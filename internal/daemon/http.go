@@ -116,7 +116,7 @@ func (d *Daemon) handleHotKeys(w http.ResponseWriter, r *http.Request) {
 	hot := d.engine.HotKeys()
 	out := HotKeys{Peers: max(0, d.engine.Instances()-1), HotKeys: make([]HotKey, 0, len(hot))}
 	for _, h := range hot {
-		out.HotKeys = append(out.HotKeys, HotKey{Policy: h.Policy, Key: h.Key, Level: h.Level, ExpiresInMs: ceilDiv(h.ExpiresIn, time.Millisecond), Origin: h.Origin})
+		out.HotKeys = append(out.HotKeys, HotKey{Policy: h.Policy, Key: h.Key, Level: int(h.Level), ExpiresInMs: ceilDiv(h.ExpiresIn, time.Millisecond), Origin: h.Origin})
 	}
 	writeJSON(w, http.StatusOK, out)
 }
