@@ -28,8 +28,8 @@ func (s stream) run(t *testing.T, key string, lim Limit, count int) (ref, split 
 	ctx := context.Background()
 	for i := range count {
 		s.at(i)
-		r1, err1 := s.ref.Allow(ctx, key+":ref", lim)
-		r2, err2 := s.split.Allow(ctx, key+":split", lim)
+		r1, err1 := s.ref.Allow(ctx, key+":ref", pol(lim))
+		r2, err2 := s.split.Allow(ctx, key+":split", pol(lim))
 		if err1 != nil || err2 != nil {
 			t.Fatalf("request %d: %v, %v", i, err1, err2)
 		}
@@ -127,11 +127,11 @@ func TestAccuracyMemory(t *testing.T) {
 			clock := newFakeClock()
 			start := clock.Now()
 			store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
-			ref, err := New(store, WithClock(clock.Now), WithoutDetector())
+			ref, err := New(store, withClock(clock.Now), WithoutDetector())
 			if err != nil {
 				t.Fatal(err)
 			}
-			split, err := New(store, WithClock(clock.Now), WithoutDetector(), WithSplitAll(16), WithSecondChance(c.probe), WithSelection(c.sel))
+			split, err := New(store, withClock(clock.Now), WithoutDetector(), withSplitAll(16), withSecondChance(c.probe), withSelection(c.sel))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -165,7 +165,7 @@ func TestAccuracyRedis(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			split, err := New(store, WithoutDetector(), WithSplitAll(16), WithSecondChance(c.probe), WithSelection(c.sel))
+			split, err := New(store, WithoutDetector(), withSplitAll(16), withSecondChance(c.probe), withSelection(c.sel))
 			if err != nil {
 				t.Fatal(err)
 			}

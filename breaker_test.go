@@ -38,18 +38,18 @@ func TestBreaker(t *testing.T) {
 	clock := newFakeClock()
 	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 	var changes []BreakerState
-	e, err := New(store, WithClock(clock.Now), WithoutDetector(), WithDenyCache(0),
-		WithBreaker(3, 10*time.Second, 40*time.Second), WithFallback(FallbackOpen))
+	e, err := New(store, withClock(clock.Now), WithoutDetector(), withDenyCache(0),
+		WithBreaker(3, 10*time.Second, 40*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
 	e.brk.onChange = func(s BreakerState, _ error) { changes = append(changes, s) }
 	ctx := context.Background()
-	lim := PerSecond(1000)
+	p := &Policy{Limit: PerSecond(1000), OnStoreFailure: FallbackOpen}
 	allow := func() Result {
 		t.Helper()
-		r, err := e.Allow(ctx, "k", lim)
+		r, err := e.Allow(ctx, "k", p)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,7 +115,7 @@ func TestFallbacks(t *testing.T) {
 	checkLeaks(t)
 	clock := newFakeClock()
 	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-	e, err := New(store, WithClock(clock.Now), WithoutDetector())
+	e, err := New(store, withClock(clock.Now), WithoutDetector())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,7 +125,7 @@ func TestFallbacks(t *testing.T) {
 	lim := Limit{Rate: 90, Period: time.Second, Burst: 90}
 	count := func(p *Policy, key string, n int) (allowed int) {
 		for range n {
-			r, err := e.Decide(ctx, key, p, 1)
+			r, err := e.AllowN(ctx, key, p, 1)
 			if err != nil {
 				t.Fatalf("%v: %v", p.OnStoreFailure, err)
 			}
@@ -159,11 +159,11 @@ func TestFallbacks(t *testing.T) {
 		t.Errorf("local, 3 instances: %d of 500 allowed in one instant, want 90/3", got)
 	}
 	fail := &Policy{Limit: lim, OnStoreFailure: FallbackError}
-	if _, err := e.Decide(ctx, "a", fail, 1); !errors.Is(err, ErrStoreUnavailable) || !errors.Is(err, ErrBreakerOpen) {
+	if _, err := e.AllowN(ctx, "a", fail, 1); !errors.Is(err, ErrStoreUnavailable) || !errors.Is(err, ErrBreakerOpen) {
 		t.Errorf("error fallback with the breaker open: %v, want ErrStoreUnavailable and ErrBreakerOpen", err)
 	}
-	if _, err := e.Decide(ctx, "a", nil, 1); err == nil {
-		t.Error("nil policy: no error")
+	if _, err := e.AllowN(ctx, "a", nil, 1); !errors.Is(err, ErrNilPolicy) {
+		t.Errorf("nil policy: %v, want ErrNilPolicy", err)
 	}
 	for _, name := range []string{"local", "open", "closed", "error"} {
 		if f, err := ParseFallback(name); err != nil || f.String() != name {
@@ -182,23 +182,23 @@ func TestBreakerCountsStoreCalls(t *testing.T) {
 	checkLeaks(t)
 	clock := newFakeClock()
 	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-	e, err := New(store, WithClock(clock.Now), WithoutDetector(), WithFallback(FallbackOpen))
+	e, err := New(store, withClock(clock.Now), WithoutDetector())
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
 	ctx := context.Background()
-	lim := PerSecond(1)
-	e.Allow(ctx, "denied", lim)
-	if r, _ := e.Allow(ctx, "denied", lim); r.Allowed {
+	p := &Policy{Limit: PerSecond(1), OnStoreFailure: FallbackOpen}
+	e.Allow(ctx, "denied", p)
+	if r, _ := e.Allow(ctx, "denied", p); r.Allowed {
 		t.Fatal("second request within the limit of 1/s allowed")
 	}
 	store.down.Store(true)
 	for i := range 3 {
-		if r, _ := e.Allow(ctx, "denied", lim); r.Allowed || r.Degraded {
+		if r, _ := e.Allow(ctx, "denied", p); r.Allowed || r.Degraded {
 			t.Fatalf("cached denial %d: %+v", i, r)
 		}
-		e.Allow(ctx, fmt.Sprint("fresh", i), lim)
+		e.Allow(ctx, fmt.Sprint("fresh", i), p)
 	}
 	if e.BreakerState() != BreakerOpen {
 		t.Fatal("3 failed store calls in a row, with cached denials between them, did not open the breaker")

@@ -304,7 +304,7 @@ func TestChaosRedisKilled(t *testing.T) {
 				}
 				wasOpen := e.BreakerState() == BreakerOpen
 				start := time.Now()
-				r, err := e.Decide(ctx, j.key, policies[j.p], 1)
+				r, err := e.AllowN(ctx, j.key, policies[j.p], 1)
 				end := time.Now()
 				lat := end.Sub(start)
 				tl.decisions[j.p]++
@@ -517,7 +517,7 @@ func TestChaosRedisSlow(t *testing.T) {
 	ctx := context.Background()
 	prefix := fmt.Sprintf("slow:%x:", rand.Uint64())
 	for _, p := range policies {
-		if r, err := e.Decide(ctx, prefix+"warm", p, 1); err != nil || r.Degraded || !r.Allowed {
+		if r, err := e.AllowN(ctx, prefix+"warm", p, 1); err != nil || r.Degraded || !r.Allowed {
 			t.Fatalf("%s, store fast: %+v, %v", p.Name, r, err)
 		}
 	}
@@ -546,7 +546,7 @@ func TestChaosRedisSlow(t *testing.T) {
 				}
 				p := policies[k%len(policies)]
 				start := time.Now()
-				r, err := e.Decide(ctx, prefix+strconv.Itoa(k%8), p, 1)
+				r, err := e.AllowN(ctx, prefix+strconv.Itoa(k%8), p, 1)
 				lat := time.Since(start)
 				tl.maxLat = max(tl.maxLat, lat)
 				switch {
@@ -638,7 +638,7 @@ func drivePaced(e *Engine, key string, lim Limit, rate int, d time.Duration, wor
 			var local pacedStream
 			for i := w; i < n; i += workers {
 				time.Sleep(time.Until(s.start.Add(time.Duration(i) * gap)))
-				r, err := e.Allow(context.Background(), key, lim)
+				r, err := e.Allow(context.Background(), key, pol(lim))
 				local.decisions++
 				switch {
 				case err != nil:
@@ -869,11 +869,11 @@ func TestChaosFlood(t *testing.T) {
 			ctx := context.Background()
 			for i := w; i < n; i += workers {
 				// A new string each time: the store keeps it.
-				if _, err := e.Allow(ctx, "flood:"+strconv.Itoa(i), coldLim); err != nil {
+				if _, err := e.Allow(ctx, "flood:"+strconv.Itoa(i), pol(coldLim)); err != nil {
 					errs.Add(1)
 				}
 				if i%2 == 0 {
-					if _, err := e.Allow(ctx, hotKeys[(i/2)%hot], hotLim); err != nil {
+					if _, err := e.Allow(ctx, hotKeys[(i/2)%hot], pol(hotLim)); err != nil {
 						errs.Add(1)
 					}
 				}
@@ -996,7 +996,7 @@ func TestChaosDenyCache(t *testing.T) {
 			start := time.Now()
 			for i := range int(attack * window.Seconds()) {
 				time.Sleep(time.Until(start.Add(time.Duration(i) * gap)))
-				r, err := e.Allow(ctx, key, lim)
+				r, err := e.Allow(ctx, key, pol(lim))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -1039,7 +1039,7 @@ func TestChaosDenyCache(t *testing.T) {
 			// and is decided there under the new limit.
 			for {
 				before := store.takes.Load()
-				r, err := e.Allow(ctx, key, lim)
+				r, err := e.Allow(ctx, key, pol(lim))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -1050,7 +1050,7 @@ func TestChaosDenyCache(t *testing.T) {
 			raised := lim
 			raised.Rate *= 10
 			before := store.takes.Load()
-			r, err := e.Allow(ctx, key, raised)
+			r, err := e.Allow(ctx, key, pol(raised))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -1097,7 +1097,7 @@ func TestChaosCallerDeadlines(t *testing.T) {
 	t.Cleanup(func() { e.Close() })
 	p := &Policy{Name: "gateway", Limit: PerSecond(1000), OnStoreFailure: FallbackLocal}
 	key := fmt.Sprintf("deadline:%x", rand.Uint64())
-	if r, err := e.Decide(context.Background(), key, p, 1); err != nil || r.Degraded {
+	if r, err := e.AllowN(context.Background(), key, p, 1); err != nil || r.Degraded {
 		t.Fatalf("store fast: %+v, %v", r, err)
 	}
 
@@ -1105,7 +1105,7 @@ func TestChaosCallerDeadlines(t *testing.T) {
 	// Cancelled by the caller: an error, and no verdict on the store.
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(50*time.Millisecond, cancel)
-	if _, err := e.Decide(ctx, key, p, 1); !errors.Is(err, context.Canceled) {
+	if _, err := e.AllowN(ctx, key, p, 1); !errors.Is(err, context.Canceled) {
 		t.Fatalf("cancelled call: %v, want context.Canceled", err)
 	}
 	if got := e.brk.fails.Load(); got != 0 {
@@ -1117,7 +1117,7 @@ func TestChaosCallerDeadlines(t *testing.T) {
 	takes := store.takes.Load()
 	for range calls {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
-		r, err := e.Decide(ctx, key, p, 1)
+		r, err := e.AllowN(ctx, key, p, 1)
 		cancel()
 		switch {
 		case err != nil:

@@ -13,57 +13,53 @@ import (
 	"github.com/hotkeyd/hotkey/shard"
 )
 
-// The decision path, top to bottom. Allow, AllowN and Decide go through
-// allow: it checks the input, names the counter (policy|key), hashes it
-// once and feeds the detector, then decideStore picks the counters: the
-// unsplit one (decide), or for a split key one of its subcounters
-// (decideSplit), after moving the key's usage if its level or the store's
-// node map changed (transfer). take asks the deny cache, then the store
-// through the breaker (storeTake). When the store cannot answer, fallback
-// decides as the policy says.
+// The decision path, top to bottom. Allow and AllowN go through allow: it
+// checks the input, names the counter (policy|key), hashes it once and
+// feeds the detector, then decideStore picks the counters: the unsplit one
+// (decide), or for a split key one of its subcounters (decideSplit), after
+// moving the key's usage if its level or the store's node map changed
+// (transfer). take asks the deny cache, then the store through the breaker
+// (storeTake). When the store cannot answer, fallback decides as the
+// policy says.
 
-// Allow is AllowN(ctx, key, lim, 1).
-func (e *Engine) Allow(ctx context.Context, key string, lim Limit) (Result, error) {
-	return e.AllowN(ctx, key, lim, 1)
+// Allow is AllowN(ctx, key, p, 1).
+func (e *Engine) Allow(ctx context.Context, key string, p *Policy) (Result, error) {
+	return e.AllowN(ctx, key, p, 1)
 }
 
-// AllowN decides whether n units for key fit in lim, and charges them if so.
+// AllowN decides whether n units for key fit in p's limit, and charges them
+// if so. It blocks only on the store.
+//
+// The counter is the policy's own: named p.Name + "|" + key when p.Name is
+// set, key alone when it is not (see CounterName), so two named policies on
+// one key never share state; the hot-key detector, the split table and the
+// coordinator see that name.
+//
 // Bad input returns a typed error (ErrEmptyKey, ErrKeyTooLong,
-// ErrInvalidCost, ErrCostExceedsBurst, or a limit error). When the store
-// cannot answer, the engine's fallback decides (WithFallback; by default a
-// local memory store at lim divided by the live instances): see Decide.
-// AllowN blocks only on the store.
-func (e *Engine) AllowN(ctx context.Context, key string, lim Limit, n int64) (Result, error) {
-	return e.allow(ctx, key, lim, n, e.opt.fallback, nil)
-}
-
-// Decide decides whether n units for key fit in p's limit, and charges
-// them if so. The counter is the policy's own: named p.Name + "|" + key when
-// p.Name is set (see CounterName), so two policies on one key never share
-// state, and the hot-key detector, the split table and the coordinator see
-// that name. When the store cannot answer (the call fails, ctx's deadline
-// passes first, or the circuit breaker around it is open), p.OnStoreFailure
-// decides, and the result says Degraded; only FallbackError returns the
-// store's error (wrapping ErrStoreUnavailable). A call cut by ctx's deadline
-// counts as a failure of the store toward the breaker; one cut by ctx's
-// cancellation returns ctx's error and counts as nothing. Bad input returns
-// a typed error, as for AllowN.
-func (e *Engine) Decide(ctx context.Context, key string, p *Policy, n int64) (Result, error) {
+// ErrInvalidCost, ErrCostExceedsBurst, ErrInvalidPolicyName, or a limit
+// error such as ErrInvalidLimit). When the store cannot answer (the call
+// fails, ctx's deadline passes first, or the circuit breaker around it is
+// open), p.OnStoreFailure decides, and the result says Degraded; only
+// FallbackError returns the store's error (wrapping ErrStoreUnavailable). A
+// call cut by ctx's deadline counts as a failure of the store toward the
+// breaker; one cut by ctx's cancellation returns ctx's error and counts as
+// nothing.
+func (e *Engine) AllowN(ctx context.Context, key string, p *Policy, n int64) (Result, error) {
 	if p == nil {
-		return Result{}, errors.New("hotkey: nil policy")
+		return Result{}, ErrNilPolicy
 	}
-	return e.allow(ctx, key, p.Limit, n, p.OnStoreFailure, p)
+	return e.allow(ctx, key, p, n)
 }
 
-// allow is the decision path; p, if not nil, names the policy, its counters'
-// namespace, and holds its allowlist.
-func (e *Engine) allow(ctx context.Context, key string, lim Limit, n int64, fb Fallback, p *Policy) (Result, error) {
+// allow is the decision path for n units of key under p (not nil).
+func (e *Engine) allow(ctx context.Context, key string, p *Policy, n int64) (Result, error) {
+	lim := p.Limit
 	if err := e.check(key, lim, n); err != nil {
 		e.metrics.rejectInput(p)
 		return Result{}, err
 	}
 	name := key
-	if p != nil && p.Name != "" {
+	if p.Name != "" {
 		if strings.IndexByte(p.Name, '|') >= 0 {
 			e.metrics.rejectInput(p)
 			return Result{}, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
@@ -86,42 +82,40 @@ func (e *Engine) allow(ctx context.Context, key string, lim Limit, n int64, fb F
 	if !errors.Is(err, ErrBreakerOpen) {
 		e.metrics.storeFailure()
 	}
-	return e.fallback(ctx, degraded{key, name, hash, lim, n, fb, p}, err)
+	return e.fallback(ctx, degraded{key, name, hash, n, p}, err)
 }
 
 // degraded is a decision the store could not make: key, its counter name
-// and that name's hash, the limit and cost, the fallback to decide it, and
-// the policy (nil for AllowN).
+// and that name's hash, the cost, and the policy, whose fallback decides.
 type degraded struct {
 	key, name string
 	hash      uint64
-	lim       Limit
 	n         int64
-	fb        Fallback
 	p         *Policy
 }
 
 // fallback decides d without the store, as d.fb says; cause is why.
 func (e *Engine) fallback(ctx context.Context, d degraded, cause error) (Result, error) {
-	capacity := d.lim.Capacity()
+	lim, fb := d.p.Limit, d.p.OnStoreFailure
+	capacity := lim.Capacity()
 	r := Result{Limit: capacity, Shards: 1, Degraded: true}
 	switch {
-	case d.fb == FallbackError:
+	case fb == FallbackError:
 		e.metrics.failed(d.p)
 		return Result{}, fmt.Errorf("%w: %w", ErrStoreUnavailable, cause)
-	case d.fb == FallbackOpen || d.fb == FallbackClosed && d.p.allowlisted(d.key):
+	case fb == FallbackOpen || fb == FallbackClosed && d.p.allowlisted(d.key):
 		r.Allowed, r.Remaining = true, capacity-d.n
-	case d.fb == FallbackClosed:
-		r.RetryAfter = d.lim.Period
+	case fb == FallbackClosed:
+		r.RetryAfter = lim.Period
 	default: // FallbackLocal: this instance's share of the limit
-		share := d.lim
+		share := lim
 		inst := int64(max(1, e.Instances()))
-		share.Rate = max(1, d.lim.Rate/inst)
+		share.Rate = max(1, lim.Rate/inst)
 		if share.Algorithm == counter.TokenBucket {
 			share.Burst = max(1, capacity/inst)
 		}
 		if d.n > share.Capacity() {
-			r.RetryAfter = d.lim.Period
+			r.RetryAfter = lim.Period
 			break
 		}
 		lr, _ := e.local.Take(ctx, d.name, d.hash, share, d.n) // the memory store does not fail
@@ -237,7 +231,7 @@ func (e *Engine) entry(key string, hash uint64) *shard.Entry {
 	return ent
 }
 
-// cached returns key's entry in the split cache (WithSplitAll), or nil.
+// cached returns key's entry in the split cache (withSplitAll), or nil.
 func (e *Engine) cached(key string, hash uint64) *shard.Entry {
 	if ent := e.splits[hash&(splitCacheSize-1)].Load(); ent != nil && ent.Hash == hash && ent.Key == key {
 		return ent
@@ -246,7 +240,7 @@ func (e *Engine) cached(key string, hash uint64) *shard.Entry {
 }
 
 // heldOutside returns the level and placement whose counters hold the
-// usage of key, not in the table: under WithSplitAll, what its entry in the
+// usage of key, not in the table: under withSplitAll, what its entry in the
 // split cache holds (the static level, or the level a limit's shares fit),
 // else the unsplit counter.
 func (e *Engine) heldOutside(key string, hash uint64) (shard.Level, shard.Placement) {

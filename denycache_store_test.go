@@ -22,23 +22,23 @@ func TestDenyCacheAgreesWithStore(t *testing.T) {
 	} {
 		clock := newFakeClock()
 		cached, _ := newMemoryEngine(t, clock)
-		plain, _ := newMemoryEngine(t, clock, WithDenyCache(0))
+		plain, _ := newMemoryEngine(t, clock, withDenyCache(0))
 		interval := time.Duration(int64(lim.Period) / lim.Rate)
 		for i := range 16 {
 			key := fmt.Sprintf("k%d", i)
 			for _, e := range []*Engine{cached, plain} {
-				if r, err := e.AllowN(ctx, key, lim, lim.Capacity()); err != nil || !r.Allowed {
+				if r, err := e.AllowN(ctx, key, pol(lim), lim.Capacity()); err != nil || !r.Allowed {
 					t.Fatalf("emptying: %+v, %v", r, err)
 				}
 			}
 			// Instants around the first unit's, and past it.
 			wait := interval*time.Duration(i)/8 + time.Duration(i%3)
 			clock.Advance(wait)
-			rc, err := cached.Allow(ctx, key, lim)
+			rc, err := cached.Allow(ctx, key, pol(lim))
 			if err != nil {
 				t.Fatal(err)
 			}
-			rp, err := plain.Allow(ctx, key, lim)
+			rp, err := plain.Allow(ctx, key, pol(lim))
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -25,7 +25,7 @@ type Engine struct {
 	opt       options
 	seed      uint64 // per instance: offsets subcounter choice
 	table     *shard.Table
-	splits    []atomic.Pointer[shard.Entry] // per-key state under WithSplitAll, direct-mapped
+	splits    []atomic.Pointer[shard.Entry] // per-key state under withSplitAll, direct-mapped
 	deny      *denyCache                    // nil: disabled
 	detect    *detector.Detector            // nil: disabled
 	coord     coordinator.Coordinator
@@ -176,7 +176,7 @@ func (e *Engine) loop() {
 type handler struct{ e *Engine }
 
 // SetLevel implements coordinator.Handler. A key split statically
-// (WithSplitKeys, WithSplitAll) never goes below its static level. When the
+// (WithSplitKeys, withSplitAll) never goes below its static level. When the
 // table is full (WithMaxHotKeys), the level waits, and the table comes to
 // hold the highest-ranked keys (see settle). A key merged back stays in the
 // table, at level 1, until its usage is back on the unsplit counter.
@@ -195,11 +195,11 @@ func (h handler) SetLevel(key string, hash uint64, level shard.Level) {
 		}
 	case static > shard.Level1:
 		if e.table.Lookup(key, hash) == nil && e.opt.splitKeys[key] == 0 {
-			return // under WithSplitAll, and never split above it
+			return // under withSplitAll, and never split above it
 		}
 		e.table.Set(key, hash, static, static, e.placement())
 		level = static
-		e.wakeSettle() // a key promoted under WithSplitAll leaves the table
+		e.wakeSettle() // a key promoted under withSplitAll leaves the table
 	default:
 		if !e.table.Merge(key, hash) {
 			return
@@ -254,7 +254,7 @@ func (e *Engine) Level(key string) shard.Level {
 	return e.staticLevel(key)
 }
 
-// staticLevel returns the level WithSplitKeys and WithSplitAll give key: 1
+// staticLevel returns the level WithSplitKeys and withSplitAll give key: 1
 // if neither splits it.
 func (e *Engine) staticLevel(key string) shard.Level {
 	return max(e.opt.splitKeys[key], e.opt.splitAll, shard.Level1)

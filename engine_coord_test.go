@@ -56,7 +56,7 @@ func TestCoordinatorLevels(t *testing.T) {
 		if got := e.Level("k"); got != level {
 			t.Fatalf("Level = %d after SetLevel(%d)", got, level)
 		}
-		if r, err := e.Allow(ctx, "k", lim); err != nil || r.Shards != level {
+		if r, err := e.Allow(ctx, "k", pol(lim)); err != nil || r.Shards != level {
 			t.Fatalf("at level %d: %+v, %v", level, r, err)
 		}
 	}
@@ -64,7 +64,7 @@ func TestCoordinatorLevels(t *testing.T) {
 	if e.Level("k") != 1 {
 		t.Fatalf("merged key at level %d, want 1", e.Level("k"))
 	}
-	if r, err := e.Allow(ctx, "k", lim); err != nil || r.Shards != 1 {
+	if r, err := e.Allow(ctx, "k", pol(lim)); err != nil || r.Shards != 1 {
 		t.Fatalf("merged: %+v, %v", r, err)
 	}
 	testwait.For(t, patience, "the merged key out of the table", func() bool { return e.table.Len() == 0 })
@@ -92,7 +92,7 @@ func TestCoordinatorStaticFloor(t *testing.T) {
 		t.Fatalf("pinned key at %d, want 64", e.Level("pinned"))
 	}
 	h.SetLevel("pinned", hashKey("pinned"), 1)
-	if r, _ := e.Allow(context.Background(), "pinned", PerSecond(1000)); r.Shards != 16 {
+	if r, _ := e.Allow(context.Background(), "pinned", pol(PerSecond(1000))); r.Shards != 16 {
 		t.Fatalf("pinned key at %d shards after a merge, want its static 16", r.Shards)
 	}
 }

@@ -32,7 +32,7 @@ func drive(t *testing.T, e *Engine, key string, pause time.Duration, cond func(R
 	lim := PerSecond(1_000_000)
 	deadline := time.Now().Add(20 * time.Second)
 	for time.Now().Before(deadline) {
-		r, err := e.Allow(context.Background(), key, lim)
+		r, err := e.Allow(context.Background(), key, pol(lim))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -53,7 +53,7 @@ func TestDetectorSplitsAndMergesHotKey(t *testing.T) {
 	if r.Shards != 4 && r.Shards != 16 && r.Shards != 64 {
 		t.Fatalf("hot key split into %d", r.Shards)
 	}
-	if r, _ := e.Allow(context.Background(), "cold", PerSecond(1_000_000)); r.Shards != 1 {
+	if r, _ := e.Allow(context.Background(), "cold", pol(PerSecond(1_000_000))); r.Shards != 1 {
 		t.Errorf("cold key split into %d", r.Shards)
 	}
 	// Quiet, the key steps down one level per cool-down until it is whole.
@@ -68,7 +68,7 @@ func TestDetectorKeepsStaticLevel(t *testing.T) {
 	// It cools back to its static level and stays there.
 	drive(t, e, "pinned", 10*time.Millisecond, func(r Result) bool { return r.Shards == 16 })
 	time.Sleep(500 * time.Millisecond) // several more cool-downs
-	if r, _ := e.Allow(context.Background(), "pinned", PerSecond(1_000_000)); r.Shards != 16 {
+	if r, _ := e.Allow(context.Background(), "pinned", pol(PerSecond(1_000_000))); r.Shards != 16 {
 		t.Errorf("static key at %d shards, want 16", r.Shards)
 	}
 }
@@ -76,7 +76,7 @@ func TestDetectorKeepsStaticLevel(t *testing.T) {
 func TestCloseStopsDetector(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
 	e := hotEngine(t, time.Second)
-	e.Allow(context.Background(), "k", PerSecond(10))
+	e.Allow(context.Background(), "k", pol(PerSecond(10)))
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}

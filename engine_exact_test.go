@@ -22,7 +22,7 @@ func admitAll(t *testing.T, e *Engine, key string, lim Limit, n int64, limit int
 	t.Helper()
 	var units int64
 	for range limit {
-		r, err := e.AllowN(context.Background(), key, lim, n)
+		r, err := e.AllowN(context.Background(), key, pol(lim), n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -34,14 +34,14 @@ func admitAll(t *testing.T, e *Engine, key string, lim Limit, n int64, limit int
 	return units
 }
 
-// TestSplitAllPromotion: under WithSplitAll(4) a key's usage sits on its 4
+// TestSplitAllPromotion: under withSplitAll(4) a key's usage sits on its 4
 // subcounters; a promotion to 16 moves it from there, not from the unsplit
 // counter, which holds none of it.
 func TestSplitAllPromotion(t *testing.T) {
 	checkLeaks(t)
 	clock := newFakeClock()
 	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
-	e, err := New(store, WithClock(clock.Now), WithoutDetector(), WithSplitAll(shard.Level4))
+	e, err := New(store, withClock(clock.Now), WithoutDetector(), withSplitAll(shard.Level4))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,7 +53,7 @@ func TestSplitAllPromotion(t *testing.T) {
 			before := admitAll(t, e, key, lim, 1, 10_000)
 			handler{e}.SetLevel(key, hashKey(key), shard.Level16)
 			after := admitAll(t, e, key, lim, 1, 10_000)
-			if r, err := e.Allow(context.Background(), key, lim); err != nil || r.Shards != shard.Level16 {
+			if r, err := e.Allow(context.Background(), key, pol(lim)); err != nil || r.Shards != shard.Level16 {
 				t.Fatalf("after the promotion: %+v, %v; want a decision on 16 subcounters", r, err)
 			}
 			t.Logf("admitted %d at the static level 4, then %d at 16 with no time passing", before, after)
@@ -96,7 +96,7 @@ func TestPlacementChange(t *testing.T) {
 			clock := newFakeClock()
 			store := &placedStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 			store.p.Store(newPlacement(3, 1))
-			e, err := New(store, WithClock(clock.Now), WithoutDetector())
+			e, err := New(store, withClock(clock.Now), WithoutDetector())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -105,7 +105,7 @@ func TestPlacementChange(t *testing.T) {
 			lim := Limit{Algorithm: alg, Rate: 1600, Period: time.Hour}
 			handler{e}.SetLevel(key, hashKey(key), shard.Level16)
 			before := admitAll(t, e, key, lim, 1, 10_000)
-			if r, err := e.Allow(context.Background(), key, lim); err != nil || r.Shards != shard.Level16 {
+			if r, err := e.Allow(context.Background(), key, pol(lim)); err != nil || r.Shards != shard.Level16 {
 				t.Fatalf("%+v, %v; want a decision on 16 subcounters", r, err)
 			}
 			store.p.Store(newPlacement(4, 2)) // a node joins
@@ -128,7 +128,7 @@ func TestRefusedSplitApplied(t *testing.T) {
 	checkLeaks(t)
 	clock := newFakeClock()
 	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
-	e, err := New(store, WithClock(clock.Now), WithoutDetector(), WithMaxHotKeys(1))
+	e, err := New(store, withClock(clock.Now), WithoutDetector(), WithMaxHotKeys(1))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,7 +152,7 @@ func TestRefusedSplitApplied(t *testing.T) {
 	if got := admitAll(t, e, "a", lim, 1, 10_000); got != 0 {
 		t.Errorf("a admitted %d more on its unsplit counter with no time passing, want 0: its usage was not moved back", got)
 	}
-	if r, err := e.Allow(context.Background(), "b", lim); err != nil || r.Shards != shard.Level16 {
+	if r, err := e.Allow(context.Background(), "b", pol(lim)); err != nil || r.Shards != shard.Level16 {
 		t.Errorf("b decided on %d shards (%v), want 16", r.Shards, err)
 	}
 }
@@ -168,7 +168,7 @@ func TestFullTableRanks(t *testing.T) {
 	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
 	var engines [2]*Engine
 	for i := range engines {
-		e, err := New(store, WithClock(clock.Now), WithoutDetector(), WithMaxHotKeys(1))
+		e, err := New(store, withClock(clock.Now), WithoutDetector(), WithMaxHotKeys(1))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -238,13 +238,13 @@ func TestPoliciesIndependent(t *testing.T) {
 		key := fmt.Sprintf("user:%x", rand.Uint64())
 		for range 10 {
 			for range 5 {
-				if r, err := e.Decide(ctx, key, login, 1); err != nil {
+				if r, err := e.AllowN(ctx, key, login, 1); err != nil {
 					t.Fatal(err)
 				} else if r.Allowed {
 					loginAdmitted++
 				}
 			}
-			if r, err := e.Decide(ctx, key, other, 1); err != nil {
+			if r, err := e.AllowN(ctx, key, other, 1); err != nil {
 				t.Fatal(err)
 			} else if r.Allowed {
 				defaultAdmitted++
@@ -255,7 +255,7 @@ func TestPoliciesIndependent(t *testing.T) {
 	}
 	t.Run("memory", func(t *testing.T) {
 		clock := newFakeClock()
-		e, err := New(counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now}), WithClock(clock.Now), WithoutDetector())
+		e, err := New(counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now}), withClock(clock.Now), WithoutDetector())
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -291,7 +291,7 @@ func TestPoliciesIndependent(t *testing.T) {
 	})
 	t.Run("bad name", func(t *testing.T) {
 		e, _ := newMemoryEngine(t, newFakeClock())
-		if _, err := e.Decide(context.Background(), "k", &Policy{Name: "a|b", Limit: PerSecond(1)}, 1); !errors.Is(err, ErrInvalidPolicyName) {
+		if _, err := e.AllowN(context.Background(), "k", &Policy{Name: "a|b", Limit: PerSecond(1)}, 1); !errors.Is(err, ErrInvalidPolicyName) {
 			t.Errorf("policy name with '|': %v, want ErrInvalidPolicyName", err)
 		}
 	})
@@ -307,7 +307,7 @@ func TestCostBands(t *testing.T) {
 		t.Run(alg.String(), func(t *testing.T) {
 			clock := newFakeClock()
 			store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
-			e, err := New(store, WithClock(clock.Now), WithoutDetector())
+			e, err := New(store, withClock(clock.Now), WithoutDetector())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -318,7 +318,7 @@ func TestCostBands(t *testing.T) {
 			var units, refused int64
 			for range 200 {
 				for _, n := range []int64{1, 101, 401, 1601} {
-					r, err := e.AllowN(context.Background(), key, lim, n)
+					r, err := e.AllowN(context.Background(), key, pol(lim), n)
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -337,7 +337,7 @@ func TestCostBands(t *testing.T) {
 			if units < 200 || refused == 0 {
 				t.Errorf("admitted %d units, refused %d: the cost-1 requests should pass, the others be refused", units, refused)
 			}
-			if r, err := e.Allow(context.Background(), key, lim); err != nil || r.Shards != shard.Level64 {
+			if r, err := e.Allow(context.Background(), key, pol(lim)); err != nil || r.Shards != shard.Level64 {
 				t.Errorf("%+v, %v; want a decision on 64 subcounters", r, err)
 			}
 		})
@@ -352,7 +352,7 @@ func TestLimitLoweredBelowLevel(t *testing.T) {
 	checkLeaks(t)
 	clock := newFakeClock()
 	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
-	e, err := New(store, WithClock(clock.Now), WithoutDetector(), WithBreaker(1, time.Hour, time.Hour))
+	e, err := New(store, withClock(clock.Now), WithoutDetector(), WithBreaker(1, time.Hour, time.Hour))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -364,7 +364,7 @@ func TestLimitLoweredBelowLevel(t *testing.T) {
 		t.Fatalf("admitted %d of 100 under 6400/hour", got)
 	}
 	low := Limit{Rate: 50, Period: time.Hour}
-	r, err := e.Allow(context.Background(), key, low)
+	r, err := e.Allow(context.Background(), key, pol(low))
 	if err != nil || r.Degraded {
 		t.Fatalf("under 50/hour: %+v, %v", r, err)
 	}

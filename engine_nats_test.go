@@ -149,7 +149,7 @@ func TestNATSConvergence(t *testing.T) {
 	t.Logf("200 announcements applied by all 3 engines %v after the first (bound 10 s)", took)
 	ctx := context.Background()
 	for i, e := range f.engines {
-		if r, err := e.Allow(ctx, "conv:5", PerSecond(100_000)); err != nil || r.Shards != want["conv:5"] {
+		if r, err := e.Allow(ctx, "conv:5", pol(PerSecond(100_000))); err != nil || r.Shards != want["conv:5"] {
 			t.Errorf("engine %d decided conv:5 on %d shards (%v), want %d", i, r.Shards, err, want["conv:5"])
 		}
 	}
@@ -238,7 +238,7 @@ func TestNATSFaults(t *testing.T) {
 	testwait.For(t, patience, "with NATS down, f3 on the engine that found it hot", func() bool { return f.engines[1].Level("f3") == 64 })
 	for range 1000 {
 		for i, e := range f.engines {
-			if _, err := e.Allow(ctx, "f3", lim); err != nil {
+			if _, err := e.Allow(ctx, "f3", pol(lim)); err != nil {
 				t.Fatalf("engine %d with NATS down: %v", i, err)
 			}
 		}
@@ -327,8 +327,8 @@ func runFleetTransitions(t *testing.T, f *fleet, ref *Engine, driver *coordinato
 			defer wg.Done()
 			for i := range work {
 				at := time.Since(start)
-				r1, err1 := ref.Allow(ctx, key+":ref", lim)
-				r2, err2 := f.engines[i%len(f.engines)].Allow(ctx, key, lim)
+				r1, err1 := ref.Allow(ctx, key+":ref", pol(lim))
+				r2, err2 := f.engines[i%len(f.engines)].Allow(ctx, key, pol(lim))
 				p := int(at / lim.Period)
 				mu.Lock()
 				if err1 != nil || err2 != nil {
@@ -426,7 +426,7 @@ func TestNATSDetectorSplitsEverywhere(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatal("a key hot on one instance was not split on the others")
 		}
-		if _, err := hot.Allow(ctx, "d", lim); err != nil {
+		if _, err := hot.Allow(ctx, "d", pol(lim)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -21,6 +21,9 @@ var env *redistest.Env
 
 func TestMain(m *testing.M) { os.Exit(redistest.Main(m, 3, &env)) }
 
+// pol returns an unnamed policy of lim, with the default fallback.
+func pol(lim Limit) *Policy { return &Policy{Limit: lim} }
+
 // fakeClock is a settable clock shared by an engine and a memory store.
 type fakeClock struct{ ns atomic.Int64 }
 
@@ -46,7 +49,7 @@ func (s *countingStore) Take(ctx context.Context, key string, hash uint64, lim L
 func newMemoryEngine(t testing.TB, clock *fakeClock, opts ...Option) (*Engine, *countingStore) {
 	t.Helper()
 	store := &countingStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-	e, err := New(store, append([]Option{WithClock(clock.Now), WithoutDetector()}, opts...)...)
+	e, err := New(store, append([]Option{withClock(clock.Now), WithoutDetector()}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,19 +83,19 @@ func TestBadInput(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := e.AllowN(context.Background(), tt.key, tt.lim, tt.n)
+			_, err := e.AllowN(context.Background(), tt.key, pol(tt.lim), tt.n)
 			if !errors.Is(err, tt.want) {
 				t.Errorf("err = %v, want %v", err, tt.want)
 			}
 		})
 	}
-	if _, err := e.Allow(context.Background(), strings.Repeat("k", 512), ok); err != nil {
+	if _, err := e.Allow(context.Background(), strings.Repeat("k", 512), pol(ok)); err != nil {
 		t.Errorf("key of exactly the max length: %v", err)
 	}
 	if _, err := New(nil); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("New(nil store): %v, want ErrInvalidConfig", err)
 	}
-	for _, opt := range []Option{WithSplitAll(3), WithSplitKeys(1, "a"), WithMaxKeyLen(0), WithMinShare(0), WithDenyCache(-1), WithClock(nil), WithMaxHotKeys(0), WithSelection(9), WithDetector(detector.Config{Threshold: -1})} {
+	for _, opt := range []Option{withSplitAll(3), WithSplitKeys(1, "a"), WithMaxKeyLen(0), withMinShare(0), withDenyCache(-1), withClock(nil), WithMaxHotKeys(0), withSelection(9), WithDetector(detector.Config{Threshold: -1})} {
 		if _, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), opt); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("New with an invalid option: %v, want ErrInvalidConfig", err)
 		}
@@ -102,7 +105,7 @@ func TestBadInput(t *testing.T) {
 func TestClosed(t *testing.T) {
 	e, _ := newMemoryEngine(t, newFakeClock())
 	e.Close()
-	if _, err := e.Allow(context.Background(), "k", PerSecond(1)); !errors.Is(err, ErrClosed) {
+	if _, err := e.Allow(context.Background(), "k", pol(PerSecond(1))); !errors.Is(err, ErrClosed) {
 		t.Errorf("after Close: %v", err)
 	}
 }
@@ -111,12 +114,12 @@ func TestUnsplitResult(t *testing.T) {
 	e, _ := newMemoryEngine(t, newFakeClock())
 	lim := Limit{Rate: 10, Period: time.Second, Burst: 4}
 	for i := range 4 {
-		r, err := e.Allow(context.Background(), "k", lim)
+		r, err := e.Allow(context.Background(), "k", pol(lim))
 		if err != nil || !r.Allowed || r.Remaining != int64(3-i) || r.Shards != 1 || r.Limit != 4 {
 			t.Fatalf("request %d: %+v, %v", i, r, err)
 		}
 	}
-	r, _ := e.Allow(context.Background(), "k", lim)
+	r, _ := e.Allow(context.Background(), "k", pol(lim))
 	if r.Allowed || r.RetryAfter != 100*time.Millisecond {
 		t.Errorf("over burst: %+v", r)
 	}
@@ -124,11 +127,11 @@ func TestUnsplitResult(t *testing.T) {
 
 func TestSplitAllAdmitsTheLimit(t *testing.T) {
 	clock := newFakeClock()
-	e, store := newMemoryEngine(t, clock, WithSplitAll(16))
+	e, store := newMemoryEngine(t, clock, withSplitAll(16))
 	lim := PerSecond(1600) // 100 per subcounter
 	admitted := 0
 	for range 2000 {
-		r, err := e.Allow(context.Background(), "k", lim)
+		r, err := e.Allow(context.Background(), "k", pol(lim))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -150,14 +153,14 @@ func TestSplitAllAdmitsTheLimit(t *testing.T) {
 func TestSplitKeysOnlyThoseKeys(t *testing.T) {
 	e, _ := newMemoryEngine(t, newFakeClock(), WithSplitKeys(4, "hot"))
 	ctx := context.Background()
-	if r, _ := e.Allow(ctx, "hot", PerSecond(100)); r.Shards != 4 {
+	if r, _ := e.Allow(ctx, "hot", pol(PerSecond(100))); r.Shards != 4 {
 		t.Errorf("hot key: %d shards", r.Shards)
 	}
-	if r, _ := e.Allow(ctx, "cold", PerSecond(100)); r.Shards != 1 {
+	if r, _ := e.Allow(ctx, "cold", pol(PerSecond(100))); r.Shards != 1 {
 		t.Errorf("cold key: %d shards", r.Shards)
 	}
 	// A limit too small to split 4 ways at the min share stays whole.
-	if r, _ := e.Allow(ctx, "hot", PerSecond(39)); r.Shards != 1 {
+	if r, _ := e.Allow(ctx, "hot", pol(PerSecond(39))); r.Shards != 1 {
 		t.Errorf("hot key, small limit: %d shards", r.Shards)
 	}
 }
@@ -167,17 +170,17 @@ func TestDenyCacheSavesStoreCalls(t *testing.T) {
 	e, store := newMemoryEngine(t, clock)
 	ctx := context.Background()
 	lim := Limit{Rate: 1, Period: time.Second}
-	if r, _ := e.Allow(ctx, "k", lim); !r.Allowed {
+	if r, _ := e.Allow(ctx, "k", pol(lim)); !r.Allowed {
 		t.Fatal("first request denied")
 	}
-	r, _ := e.Allow(ctx, "k", lim)
+	r, _ := e.Allow(ctx, "k", pol(lim))
 	if r.Allowed {
 		t.Fatal("second request admitted")
 	}
 	before := store.takes.Load()
 	for range 100 {
 		clock.Advance(time.Millisecond)
-		r2, _ := e.Allow(ctx, "k", lim)
+		r2, _ := e.Allow(ctx, "k", pol(lim))
 		if r2.Allowed || r2.RetryAfter <= 0 || r2.RetryAfter >= r.RetryAfter {
 			t.Fatalf("cached deny: %+v", r2)
 		}
@@ -186,11 +189,11 @@ func TestDenyCacheSavesStoreCalls(t *testing.T) {
 		t.Errorf("%d store calls for known-denied requests", got)
 	}
 	// A raised limit is a different cache entry: it takes effect at once.
-	if r, _ := e.Allow(ctx, "k", Limit{Rate: 100, Period: time.Second}); !r.Allowed {
+	if r, _ := e.Allow(ctx, "k", pol(Limit{Rate: 100, Period: time.Second})); !r.Allowed {
 		t.Error("raised limit still denied from the cache")
 	}
 	clock.Advance(time.Second)
-	if r, _ := e.Allow(ctx, "k", lim); !r.Allowed {
+	if r, _ := e.Allow(ctx, "k", pol(lim)); !r.Allowed {
 		t.Error("denied after retry-after passed")
 	}
 }
@@ -201,7 +204,7 @@ func TestSecondChance(t *testing.T) {
 		want  int
 	}{{true, 4}, {false, 3}} {
 		clock := newFakeClock()
-		e, store := newMemoryEngine(t, clock, WithSplitKeys(4, "k"), WithSecondChance(tt.probe), WithMinShare(1))
+		e, store := newMemoryEngine(t, clock, WithSplitKeys(4, "k"), withSecondChance(tt.probe), withMinShare(1))
 		lim := Limit{Rate: 8, Period: time.Hour}
 		// Drain one subcounter behind the engine's back; the others keep 2 each.
 		names := e.table.Lookup("k", hashKey("k")).Names(4, nil)
@@ -211,7 +214,7 @@ func TestSecondChance(t *testing.T) {
 		}
 		admitted := 0
 		for range 4 { // round robin visits every subcounter once
-			if r, _ := e.Allow(context.Background(), "k", lim); r.Allowed {
+			if r, _ := e.Allow(context.Background(), "k", pol(lim)); r.Allowed {
 				admitted++
 			}
 		}
@@ -234,19 +237,20 @@ func TestRedisErrorComesBackWrapped(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer store.Close()
-	e, err := New(store, WithFallback(FallbackError), WithBreaker(3, 50*time.Millisecond, 500*time.Millisecond))
+	e, err := New(store, WithBreaker(3, 50*time.Millisecond, 500*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer e.Close()
 	ctx := context.Background()
-	if _, err := e.Allow(ctx, "k", PerSecond(10)); err != nil {
+	p := &Policy{Limit: PerSecond(10), OnStoreFailure: FallbackError}
+	if _, err := e.Allow(ctx, "k", p); err != nil {
 		t.Fatalf("with the server up: %v", err)
 	}
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := e.Allow(ctx, "k", PerSecond(10))
+	r, err := e.Allow(ctx, "k", p)
 	if err == nil || r.Allowed {
 		t.Fatalf("with the server down: %+v, %v; want an error", r, err)
 	}
@@ -260,7 +264,7 @@ func TestRedisErrorComesBackWrapped(t *testing.T) {
 	// open after the failures, lets a probe through within its interval.
 	var lastErr error
 	for start := time.Now(); time.Since(start) < patience; time.Sleep(20 * time.Millisecond) {
-		if _, lastErr = e.Allow(ctx, "k", PerSecond(10)); lastErr == nil {
+		if _, lastErr = e.Allow(ctx, "k", p); lastErr == nil {
 			return
 		}
 	}

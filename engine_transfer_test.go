@@ -93,7 +93,7 @@ func checkTransitions(t *testing.T, split, ref tally, limit int64, periods, disa
 // TestTransferMemory drives a key at 3× its limit through levels 1→4→16→4→1
 // on the memory store, on a simulated clock, next to the same stream on an
 // unsplit key: moving the usage at each change of level hands out no free
-// quota. Without the move (WithStateTransfer(false)) the same run exceeds
+// quota. Without the move (withStateTransfer(false)) the same run exceeds
 // the bounds, which shows the test can tell.
 func TestTransferMemory(t *testing.T) {
 	checkLeaks(t)
@@ -104,12 +104,12 @@ func TestTransferMemory(t *testing.T) {
 				clock := newFakeClock()
 				start := clock.Now().Truncate(time.Second)
 				store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
-				ref, err := New(store, WithClock(clock.Now), WithoutDetector())
+				ref, err := New(store, withClock(clock.Now), WithoutDetector())
 				if err != nil {
 					t.Fatal(err)
 				}
 				defer ref.Close()
-				split, err := New(store, WithClock(clock.Now), WithoutDetector(), WithStateTransfer(transfer))
+				split, err := New(store, withClock(clock.Now), WithoutDetector(), withStateTransfer(transfer))
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -125,8 +125,8 @@ func TestTransferMemory(t *testing.T) {
 					for range int(ph.periods * 3 * limit) {
 						at := time.Duration(i) * gap
 						clock.ns.Store(start.Add(at).UnixNano())
-						r1, err1 := ref.Allow(ctx, key+":ref", lim)
-						r2, err2 := split.Allow(ctx, key, lim)
+						r1, err1 := ref.Allow(ctx, key+":ref", pol(lim))
+						r2, err2 := split.Allow(ctx, key, pol(lim))
 						if err1 != nil || err2 != nil {
 							t.Fatal(err1, err2)
 						}

@@ -19,9 +19,11 @@ func Example() {
 	}
 	defer engine.Close()
 
-	lim := hotkey.Limit{Rate: 10, Period: time.Minute, Burst: 3}
+	// 10 a minute, 3 at once; FallbackLocal (the zero value) if the store
+	// cannot answer.
+	p := &hotkey.Policy{Name: "api", Limit: hotkey.Limit{Rate: 10, Period: time.Minute, Burst: 3}}
 	for range 4 {
-		res, err := engine.Allow(context.Background(), "client:42", lim)
+		res, err := engine.Allow(context.Background(), "client:42", p)
 		if err != nil {
 			panic(err)
 		}
@@ -42,9 +44,10 @@ func ExampleWithSplitKeys() {
 	}
 	defer engine.Close()
 
-	res, _ := engine.Allow(context.Background(), "tenant:acme", hotkey.PerSecond(1600))
+	p := &hotkey.Policy{Limit: hotkey.PerSecond(1600)}
+	res, _ := engine.Allow(context.Background(), "tenant:acme", p)
 	fmt.Println(res.Allowed, res.Shards, res.Limit)
-	res, _ = engine.Allow(context.Background(), "tenant:other", hotkey.PerSecond(1600))
+	res, _ = engine.Allow(context.Background(), "tenant:other", p)
 	fmt.Println(res.Allowed, res.Shards)
 	// Output:
 	// true 16 1600
@@ -54,7 +57,7 @@ func ExampleWithSplitKeys() {
 func ExampleEngine_AllowN_badInput() {
 	engine, _ := hotkey.New(counter.NewMemoryStore(counter.MemoryConfig{}))
 	defer engine.Close()
-	_, err := engine.AllowN(context.Background(), "k", hotkey.PerSecond(5), 6)
+	_, err := engine.AllowN(context.Background(), "k", &hotkey.Policy{Limit: hotkey.PerSecond(5)}, 6)
 	fmt.Println(err)
 	// Output:
 	// cost exceeds burst: 6 > 5

@@ -7,8 +7,11 @@
 // lookup, the choice of subcounter and the store's striping.
 //
 // Keys are split when the hot-key detector (package detector) finds them hot
-// on this instance, and merged back when they cool; WithSplitAll and
-// WithSplitKeys split keys statically as well.
+// on this instance, and merged back when they cool; WithSplitKeys splits
+// keys statically as well.
+//
+// A decision is Allow or AllowN with a *Policy: the limit, its name (the
+// counter's namespace) and what to do when the store cannot answer.
 package hotkey
 
 import (
@@ -48,6 +51,7 @@ var (
 	ErrEmptyKey         = errors.New("empty key")
 	ErrKeyTooLong       = errors.New("key too long")
 	ErrClosed           = errors.New("engine closed")
+	ErrNilPolicy        = errors.New("nil policy")
 	ErrInvalidCost      = counter.ErrInvalidCost
 	ErrCostExceedsBurst = counter.ErrCostExceedsBurst
 	ErrInvalidLimit     = counter.ErrInvalidLimit
@@ -90,12 +94,13 @@ type Result struct {
 	Degraded bool
 }
 
-// CounterName returns the name of the counter that Decide charges for key
+// CounterName returns the name of the counter that AllowN charges for key
 // under a policy named policy: policy + "|" + key, or key alone for an
-// unnamed policy (and for AllowN). A policy name must not hold '|', so that
-// two policies' counters never share a name; an AllowN key that holds '|'
-// (say "login|bob") names the same counter as Decide's for that policy and
-// key, so keep such keys out of AllowN where policies are in use.
+// unnamed policy. A policy name must not hold '|', so that two named
+// policies' counters never share a name. Under an unnamed policy, a key that
+// holds '|' (say "login|bob") names the same counter as key "bob" under the
+// policy "login": keep unnamed policies to keys without '|' where named ones
+// are in use.
 func CounterName(policy, key string) string {
 	if policy == "" {
 		return key

@@ -17,7 +17,7 @@ func TestMetrics(t *testing.T) {
 	clock := newFakeClock()
 	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 	reg := prometheus.NewRegistry()
-	e, err := New(store, WithClock(clock.Now), WithoutDetector(), WithMetrics(reg))
+	e, err := New(store, withClock(clock.Now), WithoutDetector(), WithMetrics(reg))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,14 +25,14 @@ func TestMetrics(t *testing.T) {
 	ctx := context.Background()
 	p := &Policy{Name: "api", Limit: PerSecond(5), OnStoreFailure: FallbackOpen}
 	for range 8 {
-		e.Decide(ctx, "k", p, 1)
+		e.AllowN(ctx, "k", p, 1)
 	}
-	e.Allow(ctx, "", PerSecond(5))
+	e.Allow(ctx, "", pol(PerSecond(5)))
 	handler{e}.SetLevel("hot", hashKey("hot"), 16)
 	handler{e}.SetLevel("warm", hashKey("warm"), 4)
 	store.down.Store(true)
 	for range 4 {
-		e.Decide(ctx, "k2", p, 1) // not "k": the deny cache answers for it
+		e.AllowN(ctx, "k2", p, 1) // not "k": the deny cache answers for it
 	}
 	want := map[string]float64{
 		`hotkey_decisions_total{policy="api",result="allowed"}`:          5,

@@ -88,7 +88,7 @@ func (e *Engine) Middleware(cfg MiddlewareConfig) func(http.Handler) http.Handle
 			if cfg.Cost != nil {
 				cost = cfg.Cost(req)
 			}
-			res, err := e.Decide(req.Context(), key, cfg.Policy, cost)
+			res, err := e.AllowN(req.Context(), key, cfg.Policy, cost)
 			if err != nil {
 				onError(w, req, err)
 				return

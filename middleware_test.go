@@ -14,7 +14,7 @@ func TestMiddleware(t *testing.T) {
 	checkLeaks(t)
 	clock := newFakeClock()
 	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-	e, err := New(store, WithClock(clock.Now), WithoutDetector())
+	e, err := New(store, withClock(clock.Now), WithoutDetector())
 	if err != nil {
 		t.Fatal(err)
 	}

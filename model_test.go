@@ -42,7 +42,7 @@ func modelPolicies(period time.Duration) []*Policy {
 type modelConfig struct {
 	name     string
 	engines  int         // sharing one store and the levels a coordinator says
-	static   shard.Level // WithSplitAll level, 0 for none
+	static   shard.Level // withSplitAll level, 0 for none
 	adaptive bool        // levels change during the run
 	maxHot   int         // WithMaxHotKeys, 0 for the default
 	store    modelStore
@@ -161,9 +161,9 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 	if cfg.store != modelMemory {
 		period = time.Second
 	}
-	opts := []Option{WithClock(now), WithoutDetector()}
+	opts := []Option{withClock(now), WithoutDetector()}
 	if cfg.static > 0 {
-		opts = append(opts, WithSplitAll(cfg.static))
+		opts = append(opts, withSplitAll(cfg.static))
 	}
 	if cfg.maxHot > 0 {
 		opts = append(opts, WithMaxHotKeys(cfg.maxHot))
@@ -178,7 +178,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 		e.seed = seed + uint64(i) // the subcounter walk, as the run's seed says
 		engines[i] = e
 	}
-	ref, err := New(counter.NewMemoryStore(counter.MemoryConfig{Clock: now}), WithClock(now), WithoutDetector())
+	ref, err := New(counter.NewMemoryStore(counter.MemoryConfig{Clock: now}), withClock(now), WithoutDetector())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -205,7 +205,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			name := CounterName(p.Name, key)
 			e := engines[rng.IntN(len(engines))]
 			from := now()
-			r, err := e.Decide(ctx, key, p, n)
+			r, err := e.AllowN(ctx, key, p, n)
 			at := now()
 			if err != nil {
 				t.Fatalf("op %d: %s cost %d: %v", op, name, n, err)
@@ -217,7 +217,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			}
 			m.maxLevel[name] = max(m.maxLevel[name], r.Shards)
 			from = now()
-			rr, err := ref.Decide(ctx, key, p, n)
+			rr, err := ref.AllowN(ctx, key, p, n)
 			if err != nil {
 				t.Fatalf("op %d: reference %s cost %d: %v", op, name, n, err)
 			}

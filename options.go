@@ -30,7 +30,6 @@ type options struct {
 	coord                         coordinator.Coordinator
 	levelHook                     func(key string, level shard.Level)
 	transfer                      bool
-	fallback                      Fallback
 	localKeys                     int
 	breakerFailures               int
 	breakerProbe, breakerMaxProbe time.Duration
@@ -38,31 +37,31 @@ type options struct {
 	registerer                    prometheus.Registerer
 }
 
-// Defaults of the options.
+// DefaultMaxKeyLen is the longest key accepted by default (WithMaxKeyLen).
+const DefaultMaxKeyLen = 512
+
 const (
-	DefaultMaxKeyLen  = 512
-	DefaultMinShare   = 10
-	DefaultDenyCache  = 1 << 16
-	DefaultMaxHotKeys = 10_000
-	// DefaultLocalKeys bounds the counters FallbackLocal keeps in memory.
-	DefaultLocalKeys = 1 << 20
-	// splitCacheSize bounds the per-key state kept by WithSplitAll.
+	defaultMinShare   = 10
+	defaultDenyCache  = 1 << 16
+	defaultMaxHotKeys = 10_000
+	// defaultLocalKeys bounds the counters FallbackLocal keeps in memory.
+	defaultLocalKeys = 1 << 20
+	// splitCacheSize bounds the per-key state kept by withSplitAll.
 	splitCacheSize = 1 << 16
 )
 
 func defaultOptions() options {
 	return options{
 		maxKeyLen:       DefaultMaxKeyLen,
-		minShare:        DefaultMinShare,
-		denyCache:       DefaultDenyCache,
+		minShare:        defaultMinShare,
+		denyCache:       defaultDenyCache,
 		secondChance:    true,
 		clock:           time.Now,
-		maxHotKeys:      DefaultMaxHotKeys,
+		maxHotKeys:      defaultMaxHotKeys,
 		detect:          true,
 		detector:        detector.DefaultConfig(),
 		transfer:        true,
-		fallback:        FallbackLocal,
-		localKeys:       DefaultLocalKeys,
+		localKeys:       defaultLocalKeys,
 		breakerFailures: DefaultBreakerFailures,
 		breakerProbe:    DefaultBreakerProbe,
 		breakerMaxProbe: DefaultBreakerMaxProbe,
@@ -81,22 +80,11 @@ func WithMaxKeyLen(n int) Option {
 	}
 }
 
-// WithSplitAll splits every key at level (4, 16 or 64): static
-// probabilistic splitting, the baseline adaptive splitting improves on. A
-// cost over one subcounter's share of a limit (its burst over the level) is
-// then always refused: see the README's guarantees.
-func WithSplitAll(level shard.Level) Option {
-	return func(o *options) error {
-		if !level.Valid() {
-			return fmt.Errorf("split level %d: must be 1, 4, 16 or 64", int(level))
-		}
-		o.splitAll = level
-		return nil
-	}
-}
-
-// WithSplitKeys splits the given keys at level (4, 16 or 64), always. As
-// for WithSplitAll, a cost over one subcounter's share is refused.
+// WithSplitKeys splits the given counters at level (4, 16 or 64), always.
+// A counter is named as CounterName names it: "api|tenant:acme" for key
+// tenant:acme under a policy named api, the key alone under an unnamed one.
+// A cost over one subcounter's share (its burst over the level) is refused:
+// see the README's guarantees.
 func WithSplitKeys(level shard.Level, keys ...string) Option {
 	return func(o *options) error {
 		if err := shard.CheckSplit(level); err != nil {
@@ -108,66 +96,6 @@ func WithSplitKeys(level shard.Level, keys ...string) Option {
 		for _, k := range keys {
 			o.splitKeys[k] = level
 		}
-		return nil
-	}
-}
-
-// WithMinShare sets the smallest rate a subcounter may enforce (default 10):
-// a key with limit L is split at most L/minShare ways, rounded down to a
-// level, so that no subcounter gets a uselessly small share.
-func WithMinShare(n int64) Option {
-	return func(o *options) error {
-		if n <= 0 {
-			return fmt.Errorf("min share %d: must be positive", n)
-		}
-		o.minShare = n
-		return nil
-	}
-}
-
-// WithDenyCache sets how many denying subcounters are remembered locally
-// (default 65536, rounded up to a power of two); 0 disables the cache. A
-// remembered subcounter denies without a store call until its retry-after.
-func WithDenyCache(size int) Option {
-	return func(o *options) error {
-		if size < 0 {
-			return fmt.Errorf("deny cache size %d: must not be negative", size)
-		}
-		o.denyCache = size
-		return nil
-	}
-}
-
-// WithSecondChance turns the second-chance probe on or off (default on): when
-// the chosen subcounter of a split key denies, one other is tried before the
-// request is denied.
-func WithSecondChance(on bool) Option {
-	return func(o *options) error {
-		o.secondChance = on
-		return nil
-	}
-}
-
-// WithSelection sets how a decision picks a split key's subcounter (default
-// shard.RoundRobin).
-func WithSelection(s shard.Selection) Option {
-	return func(o *options) error {
-		if s != shard.RoundRobin && s != shard.Random {
-			return fmt.Errorf("selection %d: unknown", s)
-		}
-		o.selection = s
-		return nil
-	}
-}
-
-// WithClock sets the engine's clock (default time.Now). The engine reads it
-// for the deny cache; stores keep their own time.
-func WithClock(clock func() time.Time) Option {
-	return func(o *options) error {
-		if clock == nil {
-			return fmt.Errorf("clock: must not be nil")
-		}
-		o.clock = clock
 		return nil
 	}
 }
@@ -198,7 +126,7 @@ func WithDetector(cfg detector.Config) Option {
 }
 
 // WithoutDetector turns hot-key detection off: keys are split only as
-// WithSplitAll and WithSplitKeys say.
+// WithSplitKeys says.
 func WithoutDetector() Option {
 	return func(o *options) error {
 		o.detect = false
@@ -228,29 +156,6 @@ func WithCoordinator(c coordinator.Coordinator) Option {
 func WithLevelHook(f func(key string, level shard.Level)) Option {
 	return func(o *options) error {
 		o.levelHook = f
-		return nil
-	}
-}
-
-// WithStateTransfer says whether a key's usage moves with it when it is
-// split, re-split or merged (default true, for stores that implement
-// counter.Resharder, as both stores here do). Without it, the subcounters
-// of a newly split key start empty, and so hand out a fresh quota.
-func WithStateTransfer(on bool) Option {
-	return func(o *options) error {
-		o.transfer = on
-		return nil
-	}
-}
-
-// WithFallback sets what Allow and AllowN do when the store cannot answer
-// (default FallbackLocal); Decide takes it from its Policy.
-func WithFallback(f Fallback) Option {
-	return func(o *options) error {
-		if f >= numFallbacks {
-			return fmt.Errorf("%w: %v", ErrUnknownFallback, f)
-		}
-		o.fallback = f
 		return nil
 	}
 }

@@ -52,7 +52,8 @@ type Policy struct {
 	Name string
 	// Limit is the rate limit.
 	Limit Limit
-	// OnStoreFailure is the fallback while the store cannot answer.
+	// OnStoreFailure is the fallback while the store cannot answer; the
+	// zero value is FallbackLocal.
 	OnStoreFailure Fallback
 	// Allowlist holds keys that FallbackClosed still admits.
 	Allowlist []string

@@ -149,7 +149,7 @@ func (e *Engine) settle() (retry bool) {
 			}
 		}
 		if e.table.Remove(ent, to) && e.splits != nil {
-			// Under WithSplitAll the split cache keeps the key's state: its
+			// Under withSplitAll the split cache keeps the key's state: its
 			// entry knows where its usage is.
 			e.splits[ent.Hash&(splitCacheSize-1)].Store(ent)
 		}

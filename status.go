@@ -20,13 +20,13 @@ type HotKey struct {
 	// ExpiresIn and Origin come from the coordinator's lease that holds
 	// the level, when it keeps leases (NATS): how long the lease lasts
 	// unless renewed, and the instance whose lease it is. Zero otherwise,
-	// and for a key split statically (WithSplitKeys, WithSplitAll).
+	// and for a key split statically (WithSplitKeys, withSplitAll).
 	ExpiresIn time.Duration
 	Origin    string
 }
 
 // HotKeys returns the keys split on this instance now (those of WithSplitKeys
-// included; under WithSplitAll, those promoted above it), highest level
+// included; under withSplitAll, those promoted above it), highest level
 // first, then by counter name. It reads the split
 // table and the coordinator's leases: meant for status pages, not for the
 // decision path.

@@ -87,10 +87,10 @@ func benchAllowMemory(b *testing.B, opts ...hotkey.Option) {
 		b.Fatal(err)
 	}
 	defer e.Close()
-	lim := hotkey.PerSecond(1000)
+	p := &hotkey.Policy{Limit: hotkey.PerSecond(1000)}
 	ctx := context.Background()
 	for _, k := range ks {
-		e.Allow(ctx, k, lim)
+		e.Allow(ctx, k, p)
 	}
 	// The sub-benchmarks before this one left hundreds of MiB of counters
 	// behind: collect them now, not while this one is timed.
@@ -100,7 +100,7 @@ func benchAllowMemory(b *testing.B, opts ...hotkey.Option) {
 	b.RunParallel(func(pb *testing.PB) {
 		next := keyPicker(len(ks))
 		for pb.Next() {
-			if r, err := e.Allow(ctx, ks[next()], lim); err != nil || !r.Allowed {
+			if r, err := e.Allow(ctx, ks[next()], p); err != nil || !r.Allowed {
 				b.Fatalf("denied: %+v %v", r, err)
 			}
 		}

@@ -29,9 +29,13 @@ const redisKeys = 10_000
 // decisions, and a deny would let the engine's deny cache skip the store.
 var redisLimit = hotkey.PerSecond(1000)
 
-// hotLimit is a hot key's limit, high enough that the benchmark's burst of
-// decisions on one key is admitted and every decision reaches the store.
-var hotLimit = hotkey.PerSecond(10_000_000)
+// redisPolicy is redisLimit's policy.
+var redisPolicy = &hotkey.Policy{Limit: redisLimit}
+
+// hotPolicy is a hot key's, its limit high enough that the benchmark's
+// burst of decisions on one key is admitted and every decision reaches the
+// store.
+var hotPolicy = &hotkey.Policy{Limit: hotkey.PerSecond(10_000_000)}
 
 func runParallel(b *testing.B, decide func(ctx context.Context, key string) error) {
 	b.Helper()
@@ -66,7 +70,7 @@ func BenchmarkAllowRedis(b *testing.B) {
 	}
 	defer e.Close()
 	runParallel(b, func(ctx context.Context, key string) error {
-		r, err := e.Allow(ctx, key, redisLimit)
+		r, err := e.Allow(ctx, key, redisPolicy)
 		if err == nil && !r.Allowed {
 			err = fmt.Errorf("denied %s", key)
 		}
@@ -130,7 +134,7 @@ func benchHotKeyCluster(b *testing.B, level shard.Level) {
 			for g := range redisGoroutines {
 				wg.Go(func() {
 					for i := g; i < perKey; i += redisGoroutines {
-						if _, err := e.Allow(ctx, key, hotLimit); err != nil {
+						if _, err := e.Allow(ctx, key, hotPolicy); err != nil {
 							b.Error(err)
 							return
 						}

@@ -186,7 +186,7 @@ func (d *Daemon) decide(ctx context.Context, req AllowRequest) (AllowResponse, *
 		return AllowResponse{}, nil, hotkey.Result{}, errorf(http.StatusNotFound, "unknown policy %q: this daemon has %s", truncate(req.Policy, maxPolicyName+8), strings.Join(quoteAll(d.policies.Names()), ", "))
 	}
 	cost := *req.Cost
-	res, err := d.engine.Decide(ctx, req.Key, p, cost)
+	res, err := d.engine.AllowN(ctx, req.Key, p, cost)
 	if err != nil {
 		return AllowResponse{}, p, res, d.decisionError(ctx, req, p, err)
 	}

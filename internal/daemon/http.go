@@ -157,7 +157,7 @@ func (d *Daemon) notReady(ctx context.Context) []string {
 		// this decision lets it, when its probe is due.
 		open := !pingOK
 		if !open {
-			res, err := d.engine.Decide(ctx, readyzKey, d.readyz, 1)
+			res, err := d.engine.AllowN(ctx, readyzKey, d.readyz, 1)
 			open = err != nil || res.Degraded
 		}
 		if open {
