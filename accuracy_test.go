@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -124,7 +125,7 @@ func TestAccuracyMemory(t *testing.T) {
 	const limit, periods = 1000, 5
 	for _, c := range accuracyCases() {
 		t.Run(c.String(), func(t *testing.T) {
-			clock := newFakeClock()
+			clock := fake.NewClock()
 			start := clock.Now()
 			store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
 			ref, err := New(store, withClock(clock.Now), WithoutDetector())
@@ -138,7 +139,7 @@ func TestAccuracyMemory(t *testing.T) {
 			lim := Limit{Algorithm: c.alg, Rate: limit, Period: time.Second}
 			count := int(c.load * limit * periods)
 			gap := time.Duration(float64(periods*time.Second) / float64(count))
-			s := stream{ref, split, func(i int) { clock.ns.Store(start.Add(time.Duration(i) * gap).UnixNano()) }}
+			s := stream{ref, split, func(i int) { clock.Set(start.Add(time.Duration(i) * gap)) }}
 			r, sp := s.run(t, fmt.Sprintf("acc%x", rand.Uint64()), lim, count)
 			checkAccuracy(t, c, lim, periods, count, r, sp)
 		})

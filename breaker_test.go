@@ -4,39 +4,20 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/fake"
 )
-
-// flakyStore fails every Take while down is set: it stands for a store
-// whose failures a real server cannot produce on demand in a unit test
-// (the chaos tests kill real redis-servers).
-type flakyStore struct {
-	counter.Store
-	down  atomic.Bool
-	calls atomic.Int64
-}
-
-var errDown = errors.New("store down")
-
-func (s *flakyStore) Take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (counter.Result, error) {
-	s.calls.Add(1)
-	if s.down.Load() {
-		return counter.Result{}, errDown
-	}
-	return s.Store.Take(ctx, key, hash, lim, n)
-}
 
 // TestBreaker: three failures in a row open the breaker; while open no call
 // reaches the store but one probe per interval, the interval doubling after
 // each failed probe up to its cap; a good probe closes it.
 func TestBreaker(t *testing.T) {
 	checkLeaks(t)
-	clock := newFakeClock()
-	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+	clock := fake.NewClock()
+	store := &fake.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 	var changes []BreakerState
 	e, err := New(store, withClock(clock.Now), WithoutDetector(), withDenyCache(0),
 		WithBreaker(3, 10*time.Second, 40*time.Second))
@@ -58,7 +39,7 @@ func TestBreaker(t *testing.T) {
 	if r := allow(); !r.Allowed || r.Degraded {
 		t.Fatalf("store up: %+v", r)
 	}
-	store.down.Store(true)
+	store.Down.Store(true)
 	for i := range 3 {
 		if r := allow(); !r.Degraded || !r.Allowed {
 			t.Fatalf("failure %d: %+v, want the open fallback", i+1, r)
@@ -67,29 +48,29 @@ func TestBreaker(t *testing.T) {
 	if e.BreakerState() != BreakerOpen {
 		t.Fatalf("breaker %v after 3 failures, want open", e.BreakerState())
 	}
-	calls := store.calls.Load()
+	calls := store.Takes.Load()
 	for range 100 {
 		allow()
 	}
-	if store.calls.Load() != calls {
-		t.Fatalf("%d store calls while open before the probe interval, want 0", store.calls.Load()-calls)
+	if store.Takes.Load() != calls {
+		t.Fatalf("%d store calls while open before the probe interval, want 0", store.Takes.Load()-calls)
 	}
 	// Failed probes: after 10 s, then 20 s, then 40 s (the cap), then 40 s.
 	for _, wait := range []time.Duration{10 * time.Second, 20 * time.Second, 40 * time.Second, 40 * time.Second} {
 		clock.Advance(wait - time.Millisecond)
 		allow()
-		if store.calls.Load() != calls {
+		if store.Takes.Load() != calls {
 			t.Fatalf("a probe went %v early", time.Millisecond)
 		}
 		clock.Advance(time.Millisecond)
 		allow()
 		allow()
-		if got := store.calls.Load() - calls; got != 1 {
+		if got := store.Takes.Load() - calls; got != 1 {
 			t.Fatalf("%d store calls when a probe was due after %v, want 1", got, wait)
 		}
-		calls = store.calls.Load()
+		calls = store.Takes.Load()
 	}
-	store.down.Store(false)
+	store.Down.Store(false)
 	clock.Advance(40 * time.Second)
 	if r := allow(); r.Degraded || e.BreakerState() != BreakerClosed {
 		t.Fatalf("good probe: %+v, breaker %v; want a store decision and the breaker closed", r, e.BreakerState())
@@ -99,10 +80,10 @@ func TestBreaker(t *testing.T) {
 	}
 	// Failures that are not in a row do not open it.
 	for range 5 {
-		store.down.Store(true)
+		store.Down.Store(true)
 		allow()
 		allow()
-		store.down.Store(false)
+		store.Down.Store(false)
 		allow()
 	}
 	if e.BreakerState() != BreakerClosed {
@@ -113,14 +94,9 @@ func TestBreaker(t *testing.T) {
 // TestFallbacks: what each fallback answers while the store is down.
 func TestFallbacks(t *testing.T) {
 	checkLeaks(t)
-	clock := newFakeClock()
-	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-	e, err := New(store, withClock(clock.Now), WithoutDetector())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
-	store.down.Store(true)
+	clock := fake.NewClock()
+	e, store := newMemoryEngine(t, clock)
+	store.Down.Store(true)
 	ctx := context.Background()
 	lim := Limit{Rate: 90, Period: time.Second, Burst: 90}
 	count := func(p *Policy, key string, n int) (allowed int) {
@@ -180,20 +156,15 @@ func TestFallbacks(t *testing.T) {
 // nothing of the store.
 func TestBreakerCountsStoreCalls(t *testing.T) {
 	checkLeaks(t)
-	clock := newFakeClock()
-	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-	e, err := New(store, withClock(clock.Now), WithoutDetector())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	clock := fake.NewClock()
+	e, store := newMemoryEngine(t, clock)
 	ctx := context.Background()
 	p := &Policy{Limit: PerSecond(1), OnStoreFailure: FallbackOpen}
 	e.Allow(ctx, "denied", p)
 	if r, _ := e.Allow(ctx, "denied", p); r.Allowed {
 		t.Fatal("second request within the limit of 1/s allowed")
 	}
-	store.down.Store(true)
+	store.Down.Store(true)
 	for i := range 3 {
 		if r, _ := e.Allow(ctx, "denied", p); r.Allowed || r.Degraded {
 			t.Fatalf("cached denial %d: %+v", i, r)

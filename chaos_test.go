@@ -29,6 +29,7 @@ import (
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/faultproxy"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/redistest"
@@ -974,7 +975,7 @@ func TestChaosDenyCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rs.Close() })
-	store := &countingStore{Store: rs}
+	store := &fake.Store{Store: rs}
 	// Without the detector: at 10× a limit of 50/s the attacker stays under
 	// its threshold anyway, but a stall and catch-up could split the key,
 	// and the arithmetic below wants it whole.
@@ -990,7 +991,7 @@ func TestChaosDenyCache(t *testing.T) {
 		t.Run(alg.String(), func(t *testing.T) {
 			key := fmt.Sprintf("attack:%v:%x", alg, rand.Uint64())
 			lim := Limit{Algorithm: alg, Rate: limit, Period: time.Second}
-			calls0, takes0 := evalCalls(t, client), store.takes.Load()
+			calls0, takes0 := evalCalls(t, client), store.Takes.Load()
 			allowed, denied := 0, 0
 			gap := time.Second / attack
 			start := time.Now()
@@ -1010,7 +1011,7 @@ func TestChaosDenyCache(t *testing.T) {
 				}
 			}
 			elapsed := time.Since(start)
-			calls, takes := evalCalls(t, client)-calls0, store.takes.Load()-takes0
+			calls, takes := evalCalls(t, client)-calls0, store.Takes.Load()-takes0
 			if calls != takes {
 				t.Errorf("Redis ran %d script calls for %d Takes, want one each", calls, takes)
 			}
@@ -1038,25 +1039,25 @@ func TestChaosDenyCache(t *testing.T) {
 			// lim is denied without a call, one under 10× lim goes to Redis
 			// and is decided there under the new limit.
 			for {
-				before := store.takes.Load()
+				before := store.Takes.Load()
 				r, err := e.Allow(ctx, key, pol(lim))
 				if err != nil {
 					t.Fatal(err)
 				}
-				if !r.Allowed && store.takes.Load() == before {
+				if !r.Allowed && store.Takes.Load() == before {
 					break // a cached denial
 				}
 			}
 			raised := lim
 			raised.Rate *= 10
-			before := store.takes.Load()
+			before := store.Takes.Load()
 			r, err := e.Allow(ctx, key, pol(raised))
 			if err != nil {
 				t.Fatal(err)
 			}
 			t.Logf("%v: under %d/s after a cached denial under %d/s: %+v", alg, raised.Rate, limit, r)
-			if store.takes.Load() != before+1 || r.Limit != raised.Capacity() {
-				t.Errorf("raised limit answered from the deny cache (%d store calls, limit %d in the result), want one call under the raised limit", store.takes.Load()-before, r.Limit)
+			if store.Takes.Load() != before+1 || r.Limit != raised.Capacity() {
+				t.Errorf("raised limit answered from the deny cache (%d store calls, limit %d in the result), want one call under the raised limit", store.Takes.Load()-before, r.Limit)
 			}
 			// A fixed window holds limit units of the raised limit's ten
 			// times as many. A token bucket keeps its state in time, and a
@@ -1089,7 +1090,7 @@ func TestChaosCallerDeadlines(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rs.Close() })
-	store := &countingStore{Store: rs}
+	store := &fake.Store{Store: rs}
 	e, err := New(store, WithoutDetector(), WithBreaker(3, time.Hour, time.Hour))
 	if err != nil {
 		t.Fatal(err)
@@ -1114,7 +1115,7 @@ func TestChaosCallerDeadlines(t *testing.T) {
 
 	const calls = 30
 	errs, degraded := 0, 0
-	takes := store.takes.Load()
+	takes := store.Takes.Load()
 	for range calls {
 		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 		r, err := e.AllowN(ctx, key, p, 1)
@@ -1126,7 +1127,7 @@ func TestChaosCallerDeadlines(t *testing.T) {
 			degraded++
 		}
 	}
-	calls0 := store.takes.Load() - takes
+	calls0 := store.Takes.Load() - takes
 	t.Logf("%d decisions with 100 ms deadlines on a store stalled 30 s: %d errors, %d degraded, %d store calls, breaker %v", calls, errs, degraded, calls0, e.BreakerState())
 	if errs != 0 || degraded != calls {
 		t.Errorf("%d errors, %d degraded of %d: want every decision from the fallback", errs, degraded, calls)

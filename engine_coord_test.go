@@ -8,6 +8,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/testwait"
 	"github.com/hotkeyd/hotkey/shard"
 )
@@ -47,7 +48,7 @@ func (l *levelLog) of(key string) []shard.Level {
 func TestCoordinatorLevels(t *testing.T) {
 	checkLeaks(t)
 	var log levelLog
-	e, _ := newMemoryEngine(t, newFakeClock(), WithLevelHook(log.hook))
+	e, _ := newMemoryEngine(t, fake.NewClock(), WithLevelHook(log.hook))
 	h := handler{e}
 	ctx := context.Background()
 	lim := PerSecond(1000)
@@ -85,7 +86,7 @@ func TestCoordinatorLevels(t *testing.T) {
 // static level.
 func TestCoordinatorStaticFloor(t *testing.T) {
 	checkLeaks(t)
-	e, _ := newMemoryEngine(t, newFakeClock(), WithSplitKeys(16, "pinned"), WithCoordinator(&coordinator.Local{}))
+	e, _ := newMemoryEngine(t, fake.NewClock(), WithSplitKeys(16, "pinned"), WithCoordinator(&coordinator.Local{}))
 	h := handler{e}
 	h.SetLevel("pinned", hashKey("pinned"), 64)
 	if e.Level("pinned") != 64 {

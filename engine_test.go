@@ -5,7 +5,6 @@ import (
 	"errors"
 	"os"
 	"strings"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +12,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/redistest"
 	"github.com/hotkeyd/hotkey/shard"
 )
@@ -24,31 +24,11 @@ func TestMain(m *testing.M) { os.Exit(redistest.Main(m, 3, &env)) }
 // pol returns an unnamed policy of lim, with the default fallback.
 func pol(lim Limit) *Policy { return &Policy{Limit: lim} }
 
-// fakeClock is a settable clock shared by an engine and a memory store.
-type fakeClock struct{ ns atomic.Int64 }
-
-func newFakeClock() *fakeClock {
-	c := &fakeClock{}
-	c.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
-	return c
-}
-func (c *fakeClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
-func (c *fakeClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
-
-// countingStore counts the Takes that reach the store.
-type countingStore struct {
-	counter.Store
-	takes atomic.Int64
-}
-
-func (s *countingStore) Take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (counter.Result, error) {
-	s.takes.Add(1)
-	return s.Store.Take(ctx, key, hash, lim, n)
-}
-
-func newMemoryEngine(t testing.TB, clock *fakeClock, opts ...Option) (*Engine, *countingStore) {
+// newMemoryEngine returns an engine on a memory store that counts its
+// Takes and fails while down, both on clock, without the detector.
+func newMemoryEngine(t testing.TB, clock *fake.Clock, opts ...Option) (*Engine, *fake.Store) {
 	t.Helper()
-	store := &countingStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+	store := &fake.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 	e, err := New(store, append([]Option{withClock(clock.Now), WithoutDetector()}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +38,7 @@ func newMemoryEngine(t testing.TB, clock *fakeClock, opts ...Option) (*Engine, *
 }
 
 func TestBadInput(t *testing.T) {
-	e, _ := newMemoryEngine(t, newFakeClock())
+	e, _ := newMemoryEngine(t, fake.NewClock())
 	ok := PerSecond(10)
 	tests := []struct {
 		name string
@@ -103,7 +83,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestClosed(t *testing.T) {
-	e, _ := newMemoryEngine(t, newFakeClock())
+	e, _ := newMemoryEngine(t, fake.NewClock())
 	e.Close()
 	if _, err := e.Allow(context.Background(), "k", pol(PerSecond(1))); !errors.Is(err, ErrClosed) {
 		t.Errorf("after Close: %v", err)
@@ -111,7 +91,7 @@ func TestClosed(t *testing.T) {
 }
 
 func TestUnsplitResult(t *testing.T) {
-	e, _ := newMemoryEngine(t, newFakeClock())
+	e, _ := newMemoryEngine(t, fake.NewClock())
 	lim := Limit{Rate: 10, Period: time.Second, Burst: 4}
 	for i := range 4 {
 		r, err := e.Allow(context.Background(), "k", pol(lim))
@@ -126,7 +106,7 @@ func TestUnsplitResult(t *testing.T) {
 }
 
 func TestSplitAllAdmitsTheLimit(t *testing.T) {
-	clock := newFakeClock()
+	clock := fake.NewClock()
 	e, store := newMemoryEngine(t, clock, withSplitAll(16))
 	lim := PerSecond(1600) // 100 per subcounter
 	admitted := 0
@@ -151,7 +131,7 @@ func TestSplitAllAdmitsTheLimit(t *testing.T) {
 }
 
 func TestSplitKeysOnlyThoseKeys(t *testing.T) {
-	e, _ := newMemoryEngine(t, newFakeClock(), WithSplitKeys(4, "hot"))
+	e, _ := newMemoryEngine(t, fake.NewClock(), WithSplitKeys(4, "hot"))
 	ctx := context.Background()
 	if r, _ := e.Allow(ctx, "hot", pol(PerSecond(100))); r.Shards != 4 {
 		t.Errorf("hot key: %d shards", r.Shards)
@@ -166,7 +146,7 @@ func TestSplitKeysOnlyThoseKeys(t *testing.T) {
 }
 
 func TestDenyCacheSavesStoreCalls(t *testing.T) {
-	clock := newFakeClock()
+	clock := fake.NewClock()
 	e, store := newMemoryEngine(t, clock)
 	ctx := context.Background()
 	lim := Limit{Rate: 1, Period: time.Second}
@@ -177,7 +157,7 @@ func TestDenyCacheSavesStoreCalls(t *testing.T) {
 	if r.Allowed {
 		t.Fatal("second request admitted")
 	}
-	before := store.takes.Load()
+	before := store.Takes.Load()
 	for range 100 {
 		clock.Advance(time.Millisecond)
 		r2, _ := e.Allow(ctx, "k", pol(lim))
@@ -185,7 +165,7 @@ func TestDenyCacheSavesStoreCalls(t *testing.T) {
 			t.Fatalf("cached deny: %+v", r2)
 		}
 	}
-	if got := store.takes.Load() - before; got != 0 {
+	if got := store.Takes.Load() - before; got != 0 {
 		t.Errorf("%d store calls for known-denied requests", got)
 	}
 	// A raised limit is a different cache entry: it takes effect at once.
@@ -203,7 +183,7 @@ func TestSecondChance(t *testing.T) {
 		probe bool
 		want  int
 	}{{true, 4}, {false, 3}} {
-		clock := newFakeClock()
+		clock := fake.NewClock()
 		e, store := newMemoryEngine(t, clock, WithSplitKeys(4, "k"), withSecondChance(tt.probe), withMinShare(1))
 		lim := Limit{Rate: 8, Period: time.Hour}
 		// Drain one subcounter behind the engine's back; the others keep 2 each.

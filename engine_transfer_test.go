@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -101,7 +102,7 @@ func TestTransferMemory(t *testing.T) {
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 		for _, transfer := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%v/transfer=%v", alg, transfer), func(t *testing.T) {
-				clock := newFakeClock()
+				clock := fake.NewClock()
 				start := clock.Now().Truncate(time.Second)
 				store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
 				ref, err := New(store, withClock(clock.Now), WithoutDetector())
@@ -124,7 +125,7 @@ func TestTransferMemory(t *testing.T) {
 					handler{split}.SetLevel(key, hashKey(key), ph.level)
 					for range int(ph.periods * 3 * limit) {
 						at := time.Duration(i) * gap
-						clock.ns.Store(start.Add(at).UnixNano())
+						clock.Set(start.Add(at))
 						r1, err1 := ref.Allow(ctx, key+":ref", pol(lim))
 						r2, err2 := split.Allow(ctx, key, pol(lim))
 						if err1 != nil || err2 != nil {

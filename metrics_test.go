@@ -8,14 +8,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/fake"
 )
 
 // TestMetrics: decisions are counted by policy and result, hot keys by
 // level, the breaker's state and changes, store calls and failures.
 func TestMetrics(t *testing.T) {
 	checkLeaks(t)
-	clock := newFakeClock()
-	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+	clock := fake.NewClock()
+	store := &fake.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 	reg := prometheus.NewRegistry()
 	e, err := New(store, withClock(clock.Now), WithoutDetector(), WithMetrics(reg))
 	if err != nil {
@@ -30,7 +31,7 @@ func TestMetrics(t *testing.T) {
 	e.Allow(ctx, "", pol(PerSecond(5)))
 	handler{e}.SetLevel("hot", hashKey("hot"), 16)
 	handler{e}.SetLevel("warm", hashKey("warm"), 4)
-	store.down.Store(true)
+	store.Down.Store(true)
 	for range 4 {
 		e.AllowN(ctx, "k2", p, 1) // not "k": the deny cache answers for it
 	}

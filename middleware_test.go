@@ -7,18 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/fake"
 )
 
 func TestMiddleware(t *testing.T) {
 	checkLeaks(t)
-	clock := newFakeClock()
-	store := &flakyStore{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-	e, err := New(store, withClock(clock.Now), WithoutDetector())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	clock := fake.NewClock()
+	e, store := newMemoryEngine(t, clock)
 	served := 0
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served++ })
 	byHeader := func(r *http.Request) string { return r.Header.Get("X-Api-Key") }
@@ -65,7 +60,7 @@ func TestMiddleware(t *testing.T) {
 
 	// The store down: a closed policy answers 503 but to its allowlist; a
 	// FallbackError policy goes to OnError.
-	store.down.Store(true)
+	store.Down.Store(true)
 	closed := &Policy{Name: "login", Limit: PerSecond(100), OnStoreFailure: FallbackClosed, Allowlist: []string{"health"}}
 	hc := e.Middleware(MiddlewareConfig{Policy: closed, Key: byHeader})(ok)
 	if rec := do(hc, "bob"); rec.Code != http.StatusServiceUnavailable {

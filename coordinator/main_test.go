@@ -10,6 +10,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"go.uber.org/goleak"
 
+	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/testwait"
 	"github.com/hotkeyd/hotkey/shard"
@@ -131,33 +132,8 @@ func (r *recorder) check(t *testing.T) {
 	}
 }
 
-// fakeClock is a clock a test moves by hand (Config.Now). It starts at a
-// fixed instant and stands still until Advance. Safe for concurrent use.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func newFakeClock() *fakeClock {
-	return &fakeClock{now: time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)}
-}
-
-// Now returns the clock's time.
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-// Advance moves the clock d forward.
-func (c *fakeClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
-
-// config returns testConfig on this clock.
-func (c *fakeClock) config(id string, urls ...string) Config {
+// onClock returns testConfig on clock c (Config.Now).
+func onClock(c *fake.Clock, id string, urls ...string) Config {
 	cfg := testConfig(id, urls...)
 	cfg.Now = c.Now
 	return cfg
@@ -176,7 +152,7 @@ func testConfig(id string, urls ...string) Config {
 		// Start flushes its subscriptions within this: a loaded machine
 		// may take longer than the 2 s default.
 		ConnectTimeout: 10 * time.Second,
-		Now:            newFakeClock().Now,
+		Now:            fake.NewClock().Now,
 	}
 }
 

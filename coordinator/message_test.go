@@ -14,6 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/testwait"
 	"github.com/hotkeyd/hotkey/shard"
@@ -186,7 +187,7 @@ func TestSyncChunks(t *testing.T) {
 // cannot grow the table past MaxHotKeys.
 func TestBadMessages(t *testing.T) {
 	s := startServer(t, natsserver.Options{MaxPayload: 2 << 20})
-	clk := newFakeClock()
+	clk := fake.NewClock()
 	cfg := testConfig("victim", s.URL())
 	cfg.MaxHotKeys = 1000
 	cfg.SyncWait = 500 * time.Millisecond

@@ -13,6 +13,7 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 
+	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/testwait"
 	"github.com/hotkeyd/hotkey/shard"
@@ -143,12 +144,12 @@ func setLevelCalls(rs ...*recorder) []int {
 // long it took to come.
 func TestLeaseLapse(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	clk := newFakeClock()
+	clk := fake.NewClock()
 	const ttl = 300 * time.Millisecond
 	// b renews every ttl/3; a and c every few minutes of real time, that
 	// is never in this test, so what their leases say is exact.
 	cfg := func(id string, ttl time.Duration) Config {
-		cfg := clk.config(id, s.URL())
+		cfg := onClock(clk, id, s.URL())
 		cfg.MaxTTL, cfg.TTL = 10*time.Minute, ttl
 		return cfg
 	}
@@ -264,13 +265,13 @@ func heardAt(c *NATS, peer string) time.Time {
 // without its heartbeat, and not before.
 func TestMembership(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	clk := newFakeClock()
-	a, ra := startCoord(t, clk.config("a", s.URL()))
+	clk := fake.NewClock()
+	a, ra := startCoord(t, onClock(clk, "a", s.URL()))
 	if ra.instances() != 1 {
 		t.Fatalf("after Start: instances %v, want [1]", ra.insts)
 	}
-	b, rb := startCoord(t, clk.config("b", s.URL()))
-	cfg := clk.config("c", s.URL())
+	b, rb := startCoord(t, onClock(clk, "b", s.URL()))
+	cfg := onClock(clk, "c", s.URL())
 	c, err := NewNATS(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -389,19 +390,19 @@ func TestJoinSync(t *testing.T) {
 // instances share a clock the test moves.
 func TestFaults(t *testing.T) {
 	cl := startCluster(t, 3)
-	clk := newFakeClock()
+	clk := fake.NewClock()
 	const ttl = 600 * time.Millisecond // renewal every 200 ms
-	cfgX := clk.config("x", cl.URLs()...)
+	cfgX := onClock(clk, "x", cl.URLs()...)
 	cfgX.TTL = ttl
 	x, rx := startCoord(t, cfgX)
 	j := slices.Index(cl.URLs(), x.nc.ConnectedUrl())
 	if j < 0 {
 		t.Fatalf("x connected to %s, not one of %v", x.nc.ConnectedUrl(), cl.URLs())
 	}
-	cfgY := clk.config("y", cl.URL((j+1)%3))
+	cfgY := onClock(clk, "y", cl.URL((j+1)%3))
 	cfgY.TTL = ttl
 	y, ry := startCoord(t, cfgY)
-	cfgZ := clk.config("z", cl.URL((j+2)%3))
+	cfgZ := onClock(clk, "z", cl.URL((j+2)%3))
 	cfgZ.TTL = ttl
 	z, rz := startCoord(t, cfgZ)
 	waitMesh(t, 3, rx, ry, rz)
@@ -621,12 +622,12 @@ func TestOwnKeyEvictsPeerKey(t *testing.T) {
 // never in this test, so the lowered lease went out when it was announced.
 func TestLowerTogether(t *testing.T) {
 	cl := startCluster(t, 3)
-	clk := newFakeClock()
+	clk := fake.NewClock()
 	const ttl = 5 * time.Minute
 	cs := make([]*NATS, 3)
 	rs := make([]*recorder, 3)
 	for i := range cs {
-		cfg := clk.config("i"+strconv.Itoa(i), cl.URL(i))
+		cfg := onClock(clk, "i"+strconv.Itoa(i), cl.URL(i))
 		cfg.MaxTTL, cfg.TTL = 2*ttl, ttl
 		cs[i], rs[i] = startCoord(t, cfg)
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/testwait"
 	"github.com/hotkeyd/hotkey/shard"
@@ -57,10 +58,10 @@ func instancesTold(r *recorder) []int {
 // still counted.
 func TestForgedPeers(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	clk := newFakeClock()
-	cfg := clk.config("victim", s.URL())
+	clk := fake.NewClock()
+	cfg := onClock(clk, "victim", s.URL())
 	c, r := startCoord(t, cfg)
-	_, rb := startCoord(t, clk.config("real", s.URL()))
+	_, rb := startCoord(t, onClock(clk, "real", s.URL()))
 	waitMesh(t, 2, r, rb)
 	nc := rawConn(t, s)
 	const hb, forged = "hotkey.default.hb", 2000
@@ -139,8 +140,8 @@ var (
 )
 
 // signedConfig returns clk's config with secret.
-func signedConfig(clk *fakeClock, id string, secret []byte, urls ...string) Config {
-	cfg := clk.config(id, urls...)
+func signedConfig(clk *fake.Clock, id string, secret []byte, urls ...string) Config {
+	cfg := onClock(clk, id, urls...)
 	cfg.Secret = secret
 	return cfg
 }
@@ -156,7 +157,7 @@ func waitInvalid(t *testing.T, c *NATS, n uint64) {
 // a message signed with the secret is applied.
 func TestSignedForgery(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	clk := newFakeClock()
+	clk := fake.NewClock()
 	c, r := startCoord(t, signedConfig(clk, "victim", testSecret, s.URL()))
 	nc := rawConn(t, s)
 	const lease, hb = "hotkey.default.lease", "hotkey.default.hb"
@@ -202,7 +203,7 @@ func TestSignedForgery(t *testing.T) {
 // bring it back.
 func TestSignedReplay(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	clk := newFakeClock()
+	clk := fake.NewClock()
 	// A recorder of a's messages, as anyone allowed to subscribe sees them.
 	spy := rawConn(t, s)
 	var mu sync.Mutex
@@ -293,7 +294,7 @@ func TestSignedReplay(t *testing.T) {
 // its.
 func TestSignedPeers(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	clk := newFakeClock()
+	clk := fake.NewClock()
 	cfg := func(id string, secret []byte) Config {
 		c := signedConfig(clk, id, secret, s.URL())
 		c.MaxKeyLen = 64
@@ -375,9 +376,9 @@ func TestPermissionsExample(t *testing.T) {
 	s := startServer(t, natsserver.Options{Configure: func(o *server.Options) {
 		o.Users = parsed.Users
 	}})
-	clk := newFakeClock()
+	clk := fake.NewClock()
 	instance := func(id string) Config {
-		cfg := clk.config(id, s.URL())
+		cfg := onClock(clk, id, s.URL())
 		cfg.User, cfg.Password = "hotkey", "instances-password"
 		return cfg
 	}

@@ -210,15 +210,39 @@ end
 return out
 `
 
+// windowCounts defines the readers of the window algorithms' states, as
+// GET returned them (false for none), in window w (floor(now/p)). A state
+// of another window, another algorithm's or a count of 2^53 or more (past
+// exact arithmetic) reads as no usage. slidingCounts(v, w) returns the
+// current and previous windows' counts of a "w cur prev" state;
+// fixedCount(v, w) the count of a "w count" state.
+const windowCounts = `
+local function slidingCounts(v, w)
+	if type(v) ~= 'string' then return 0, 0 end
+	local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
+	a, b, c = tonumber(a), tonumber(b), tonumber(c)
+	if not (a and b < 9007199254740992 and c < 9007199254740992) then return 0, 0 end
+	if a == w then return b, c end
+	if a == w - 1 then return 0, b end
+	return 0, 0
+end
+local function fixedCount(v, w)
+	if type(v) ~= 'string' then return 0 end
+	local a, b = string.match(v, '^(%d+) (%d+)$')
+	b = tonumber(b)
+	if tonumber(a) == w and b < 9007199254740992 then return b end
+	return 0
+end
+`
+
 // slidingWindowScript mirrors takeSlidingWindow, slidingRetry and
 // firstAfter. State: "w cur prev", expiring two periods after window w
 // starts. floor(prev·left/p) is exact while rate × period in µs < 2^53.
 // The pattern admits digits only; a count of 2^53 or more is read as absent.
-const slidingWindowScript = intArg + `
+const slidingWindowScript = intArg + windowCounts + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local floor, ceil = math.floor, math.ceil
-local MAXC = 9007199254740992
 local function firstAfter(count, k, p)
 	if count <= k then return 0 end
 	return floor(p - (k + 1) * p / count) + 1
@@ -228,19 +252,7 @@ for i = 1, #KEYS do
 	local k, j = KEYS[i], 3 * i - 3
 	local rate, p, n = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])
 	local w = floor(now / p)
-	local cur, prev = 0, 0
-	local v = redis.pcall('GET', k)
-	if type(v) == 'string' then
-		local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
-		a, b, c = tonumber(a), tonumber(b), tonumber(c)
-		if a and b < MAXC and c < MAXC then
-			if a == w then
-				cur, prev = b, c
-			elseif a == w - 1 then
-				prev = b
-			end
-		end
-	end
+	local cur, prev = slidingCounts(redis.pcall('GET', k), w)
 	local elapsed = now - w * p
 	local left = p - elapsed
 	local est = floor(prev * left / p) + cur
@@ -267,7 +279,7 @@ return out
 
 // fixedWindowScript mirrors takeFixedWindow. State: "w count", expiring at
 // the end of window w; a count of 2^53 or more is read as absent.
-const fixedWindowScript = intArg + `
+const fixedWindowScript = intArg + windowCounts + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local out = {}
@@ -275,13 +287,7 @@ for i = 1, #KEYS do
 	local k, j = KEYS[i], 3 * i - 3
 	local rate, p, n = tonumber(ARGV[j + 1]), tonumber(ARGV[j + 2]), tonumber(ARGV[j + 3])
 	local w = math.floor(now / p)
-	local cur = 0
-	local v = redis.pcall('GET', k)
-	if type(v) == 'string' then
-		local a, b = string.match(v, '^(%d+) (%d+)$')
-		b = tonumber(b)
-		if tonumber(a) == w and b < 9007199254740992 then cur = b end
-	end
+	local cur = fixedCount(redis.pcall('GET', k), w)
 	local reset = (w + 1) * p - now
 	local ok, retry = 0, reset
 	if cur + n <= rate then

@@ -80,7 +80,7 @@ return 1
 // previous counts. If TIME is in window W+1, the seeded current count is
 // the previous one; later, there is nothing to seed. The state is read and
 // written as slidingWindowScript does. Replies 1 if it wrote, else 0.
-const slidingWindowSeedScript = intArg + `
+const slidingWindowSeedScript = intArg + windowCounts + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local k = KEYS[1]
@@ -91,19 +91,7 @@ if w == sw + 1 then
 elseif w ~= sw then
 	return 0
 end
-local cur, prev = 0, 0
-local v = redis.pcall('GET', k)
-if type(v) == 'string' then
-	local a, b, c = string.match(v, '^(%d+) (%d+) (%d+)$')
-	a, b, c = tonumber(a), tonumber(b), tonumber(c)
-	if a and b < 9007199254740992 and c < 9007199254740992 then
-		if a == w then
-			cur, prev = b, c
-		elseif a == w - 1 then
-			prev = b
-		end
-	end
-end
+local cur, prev = slidingCounts(redis.pcall('GET', k), w)
 if scur <= cur and sprev <= prev then return 0 end
 cur, prev = math.max(cur, scur), math.max(prev, sprev)
 local left = p - (now - w * p)
@@ -115,20 +103,14 @@ return 1
 // (µs), the window W the seed was read in, the seeded count. If TIME is no
 // longer in window W, there is nothing to seed. The state is read and
 // written as fixedWindowScript does. Replies 1 if it wrote, else 0.
-const fixedWindowSeedScript = intArg + `
+const fixedWindowSeedScript = intArg + windowCounts + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local k = KEYS[1]
 local p, sw, seed = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local w = math.floor(now / p)
 if w ~= sw then return 0 end
-local cur = 0
-local v = redis.pcall('GET', k)
-if type(v) == 'string' then
-	local a, b = string.match(v, '^(%d+) (%d+)$')
-	b = tonumber(b)
-	if tonumber(a) == w and b < 9007199254740992 then cur = b end
-end
+local cur = fixedCount(redis.pcall('GET', k), w)
 if seed <= cur then return 0 end
 redis.call('SET', k, string.format('%.0f %.0f', w, seed), 'PX', int(math.ceil(((w + 1) * p - now) / 1000)))
 return 1
