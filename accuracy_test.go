@@ -10,7 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/counter"
-	"github.com/hotkeyd/hotkey/internal/fake"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -125,7 +125,7 @@ func TestAccuracyMemory(t *testing.T) {
 	const limit, periods = 1000, 5
 	for _, c := range accuracyCases() {
 		t.Run(c.String(), func(t *testing.T) {
-			clock := fake.NewClock()
+			clock := testkit.NewClock()
 			start := clock.Now()
 			store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
 			ref, err := New(store, withClock(clock.Now), WithoutDetector())

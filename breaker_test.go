@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/hotkeyd/hotkey/counter"
-	"github.com/hotkeyd/hotkey/internal/fake"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // TestBreaker: three failures in a row open the breaker; while open no call
@@ -16,8 +16,8 @@ import (
 // each failed probe up to its cap; a good probe closes it.
 func TestBreaker(t *testing.T) {
 	checkLeaks(t)
-	clock := fake.NewClock()
-	store := &fake.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+	clock := testkit.NewClock()
+	store := &testkit.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 	var changes []BreakerState
 	e, err := New(store, withClock(clock.Now), WithoutDetector(), withDenyCache(0),
 		WithBreaker(3, 10*time.Second, 40*time.Second))
@@ -94,7 +94,7 @@ func TestBreaker(t *testing.T) {
 // TestFallbacks: what each fallback answers while the store is down.
 func TestFallbacks(t *testing.T) {
 	checkLeaks(t)
-	clock := fake.NewClock()
+	clock := testkit.NewClock()
 	e, store := newMemoryEngine(t, clock)
 	store.Down.Store(true)
 	ctx := context.Background()
@@ -156,7 +156,7 @@ func TestFallbacks(t *testing.T) {
 // nothing of the store.
 func TestBreakerCountsStoreCalls(t *testing.T) {
 	checkLeaks(t)
-	clock := fake.NewClock()
+	clock := testkit.NewClock()
 	e, store := newMemoryEngine(t, clock)
 	ctx := context.Background()
 	p := &Policy{Limit: PerSecond(1), OnStoreFailure: FallbackOpen}

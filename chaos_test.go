@@ -29,11 +29,10 @@ import (
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
-	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/faultproxy"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/redistest"
-	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -364,7 +363,7 @@ func TestChaosRedisKilled(t *testing.T) {
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	testwait.For(t, patience, "both breakers open after the kill", func() bool {
+	testkit.For(t, patience, "both breakers open after the kill", func() bool {
 		return engines[0].BreakerState() == BreakerOpen && engines[1].BreakerState() == BreakerOpen
 	})
 	time.Sleep(time.Second) // down, under load: probes fail
@@ -382,7 +381,7 @@ func TestChaosRedisKilled(t *testing.T) {
 	for _, e := range engines {
 		wait = max(wait, probeWait(e))
 	}
-	testwait.For(t, patience, "both breakers closed after the restart", func() bool {
+	testkit.For(t, patience, "both breakers closed after the restart", func() bool {
 		return engines[0].BreakerState() == BreakerClosed && engines[1].BreakerState() == BreakerClosed
 	})
 	healedNs.Store(time.Now().UnixNano())
@@ -569,13 +568,13 @@ func TestChaosRedisSlow(t *testing.T) {
 			}
 		})
 	}
-	testwait.For(t, patience, "breaker open on the slow store", func() bool { return e.BreakerState() == BreakerOpen })
+	testkit.For(t, patience, "breaker open on the slow store", func() bool { return e.BreakerState() == BreakerOpen })
 	time.Sleep(time.Second) // probes meet the slow store
 	proxy.SetDelay(0)
 	fastAt := time.Now()
 	// The next probe is due within the current interval; a probe that
 	// misses the timeout on a loaded machine doubles it (up to 2 s).
-	testwait.For(t, patience, "breaker closed once the store is fast", func() bool { return e.BreakerState() == BreakerClosed })
+	testkit.For(t, patience, "breaker closed once the store is fast", func() bool { return e.BreakerState() == BreakerClosed })
 	load.stopWithin(t, patience)
 
 	var timedOut, degradedLat []time.Duration
@@ -711,7 +710,7 @@ func TestChaosNATSPartition(t *testing.T) {
 	}
 	t.Cleanup(b.Shutdown)
 	routed := func() bool { return routedTo(a, "chaos-b") && routedTo(b, "chaos-a") }
-	testwait.For(t, patience, "route between the servers through the proxy", routed)
+	testkit.For(t, patience, "route between the servers through the proxy", routed)
 
 	// Alone, a side splits a key at 20/s to 4, at 80/s to 16, at 320/s to
 	// 64: far under what the streams send, so that a loaded machine that
@@ -742,11 +741,11 @@ func TestChaosNATSPartition(t *testing.T) {
 		engines = append(engines, e)
 	}
 	ea, eb := engines[0], engines[1]
-	testwait.For(t, patience, "each engine sees 2 instances", func() bool { return ea.Instances() == 2 && eb.Instances() == 2 })
+	testkit.For(t, patience, "each engine sees 2 instances", func() bool { return ea.Instances() == 2 && eb.Instances() == 2 })
 
 	proxy.Cut()
 	cutAt := time.Now()
-	apart := testwait.For(t, patience, "partition: no route, each engine alone", func() bool {
+	apart := testkit.For(t, patience, "partition: no route, each engine alone", func() bool {
 		return !routedTo(a, "chaos-b") && !routedTo(b, "chaos-a") && ea.Instances() == 1 && eb.Instances() == 1
 	})
 
@@ -796,13 +795,13 @@ func TestChaosNATSPartition(t *testing.T) {
 
 	proxy.Restore()
 	restoreAt := time.Now()
-	testwait.For(t, patience, "route back through the proxy", routed)
+	testkit.For(t, patience, "route back through the proxy", routed)
 	routeUp := time.Now()
 	// A renews its leases every ttl/3: B hears key2 at the next renewal
 	// after the route is back, once interest has crossed the new route.
 	// The keys stay hot on A's detector for its cool-down (a minute), far
 	// longer than the wait.
-	agreed := testwait.For(t, patience, "B learns key2 from A and the engines agree on the levels", func() bool {
+	agreed := testkit.For(t, patience, "B learns key2 from A and the engines agree on the levels", func() bool {
 		return eb.Level(key2) > 1 && ea.Level(key) == eb.Level(key) && ea.Level(key2) == eb.Level(key2)
 	})
 	t.Logf("route back %v after the restore (%v after the cut); levels agreed %v after the route (renewal period %v): %s at %d and %d, %s at %d and %d",
@@ -975,7 +974,7 @@ func TestChaosDenyCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rs.Close() })
-	store := &fake.Store{Store: rs}
+	store := &testkit.Store{Store: rs}
 	// Without the detector: at 10× a limit of 50/s the attacker stays under
 	// its threshold anyway, but a stall and catch-up could split the key,
 	// and the arithmetic below wants it whole.
@@ -1090,7 +1089,7 @@ func TestChaosCallerDeadlines(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { rs.Close() })
-	store := &fake.Store{Store: rs}
+	store := &testkit.Store{Store: rs}
 	e, err := New(store, WithoutDetector(), WithBreaker(3, time.Hour, time.Hour))
 	if err != nil {
 		t.Fatal(err)

@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hotkeyd/hotkey/internal/fake"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // TestDenyCacheAgreesWithStore empties a token bucket through an engine
@@ -22,7 +22,7 @@ func TestDenyCacheAgreesWithStore(t *testing.T) {
 		{Rate: 3, Period: time.Second},
 		{Rate: 300, Period: time.Second, Burst: 20_000},
 	} {
-		clock := fake.NewClock()
+		clock := testkit.NewClock()
 		cached, _ := newMemoryEngine(t, clock)
 		plain, _ := newMemoryEngine(t, clock, withDenyCache(0))
 		interval := time.Duration(int64(lim.Period) / lim.Rate)

@@ -8,8 +8,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/hotkeyd/hotkey/coordinator"
-	"github.com/hotkeyd/hotkey/internal/fake"
-	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -48,7 +47,7 @@ func (l *levelLog) of(key string) []shard.Level {
 func TestCoordinatorLevels(t *testing.T) {
 	checkLeaks(t)
 	var log levelLog
-	e, _ := newMemoryEngine(t, fake.NewClock(), WithLevelHook(log.hook))
+	e, _ := newMemoryEngine(t, testkit.NewClock(), WithLevelHook(log.hook))
 	h := handler{e}
 	ctx := context.Background()
 	lim := PerSecond(1000)
@@ -68,7 +67,7 @@ func TestCoordinatorLevels(t *testing.T) {
 	if r, err := e.Allow(ctx, "k", pol(lim)); err != nil || r.Shards != 1 {
 		t.Fatalf("merged: %+v, %v", r, err)
 	}
-	testwait.For(t, patience, "the merged key out of the table", func() bool { return e.table.Len() == 0 })
+	testkit.For(t, patience, "the merged key out of the table", func() bool { return e.table.Len() == 0 })
 	if got := log.of("k"); len(got) != 6 || got[5] != 1 {
 		t.Fatalf("level hook saw %v, want 4 16 64 16 4 1", got)
 	}
@@ -86,7 +85,7 @@ func TestCoordinatorLevels(t *testing.T) {
 // static level.
 func TestCoordinatorStaticFloor(t *testing.T) {
 	checkLeaks(t)
-	e, _ := newMemoryEngine(t, fake.NewClock(), WithSplitKeys(16, "pinned"), WithCoordinator(&coordinator.Local{}))
+	e, _ := newMemoryEngine(t, testkit.NewClock(), WithSplitKeys(16, "pinned"), WithCoordinator(&coordinator.Local{}))
 	h := handler{e}
 	h.SetLevel("pinned", hashKey("pinned"), 64)
 	if e.Level("pinned") != 64 {

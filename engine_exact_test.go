@@ -12,8 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/counter"
-	"github.com/hotkeyd/hotkey/internal/fake"
-	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -40,7 +39,7 @@ func admitAll(t *testing.T, e *Engine, key string, lim Limit, n int64, limit int
 // counter, which holds none of it.
 func TestSplitAllPromotion(t *testing.T) {
 	checkLeaks(t)
-	clock := fake.NewClock()
+	clock := testkit.NewClock()
 	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
 	e, err := New(store, withClock(clock.Now), WithoutDetector(), withSplitAll(shard.Level4))
 	if err != nil {
@@ -94,7 +93,7 @@ func TestPlacementChange(t *testing.T) {
 	checkLeaks(t)
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 		t.Run(alg.String(), func(t *testing.T) {
-			clock := fake.NewClock()
+			clock := testkit.NewClock()
 			store := &placedStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 			store.p.Store(newPlacement(3, 1))
 			e, err := New(store, withClock(clock.Now), WithoutDetector())
@@ -127,7 +126,7 @@ func TestPlacementChange(t *testing.T) {
 // for has its usage moved back all the same, so a long period keeps it.
 func TestRefusedSplitApplied(t *testing.T) {
 	checkLeaks(t)
-	clock := fake.NewClock()
+	clock := testkit.NewClock()
 	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
 	e, err := New(store, withClock(clock.Now), WithoutDetector(), WithMaxHotKeys(1))
 	if err != nil {
@@ -145,7 +144,7 @@ func TestRefusedSplitApplied(t *testing.T) {
 		t.Fatalf("b at level %d with the table full", e.Level("b"))
 	}
 	h.SetLevel("a", hashKey("a"), shard.Level1) // a cools: no decision comes for it
-	took := testwait.For(t, patience, "b split once a left the table", func() bool { return e.Level("b") == shard.Level16 })
+	took := testkit.For(t, patience, "b split once a left the table", func() bool { return e.Level("b") == shard.Level16 })
 	t.Logf("b split %v after a merged", took)
 	if e.Level("a") != 1 || e.table.Lookup("a", hashKey("a")) != nil {
 		t.Fatalf("a at level %d, in the table: %v", e.Level("a"), e.table.Lookup("a", hashKey("a")) != nil)
@@ -165,7 +164,7 @@ func TestRefusedSplitApplied(t *testing.T) {
 // room returns, and its usage moves each time.
 func TestFullTableRanks(t *testing.T) {
 	checkLeaks(t)
-	clock := fake.NewClock()
+	clock := testkit.NewClock()
 	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
 	var engines [2]*Engine
 	for i := range engines {
@@ -255,7 +254,7 @@ func TestPoliciesIndependent(t *testing.T) {
 		return loginAdmitted, defaultAdmitted
 	}
 	t.Run("memory", func(t *testing.T) {
-		clock := fake.NewClock()
+		clock := testkit.NewClock()
 		e, err := New(counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now}), withClock(clock.Now), WithoutDetector())
 		if err != nil {
 			t.Fatal(err)
@@ -291,7 +290,7 @@ func TestPoliciesIndependent(t *testing.T) {
 		}
 	})
 	t.Run("bad name", func(t *testing.T) {
-		e, _ := newMemoryEngine(t, fake.NewClock())
+		e, _ := newMemoryEngine(t, testkit.NewClock())
 		if _, err := e.AllowN(context.Background(), "k", &Policy{Name: "a|b", Limit: PerSecond(1)}, 1); !errors.Is(err, ErrInvalidPolicyName) {
 			t.Errorf("policy name with '|': %v, want ErrInvalidPolicyName", err)
 		}
@@ -306,7 +305,7 @@ func TestCostBands(t *testing.T) {
 	checkLeaks(t)
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 		t.Run(alg.String(), func(t *testing.T) {
-			clock := fake.NewClock()
+			clock := testkit.NewClock()
 			store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
 			e, err := New(store, withClock(clock.Now), WithoutDetector())
 			if err != nil {
@@ -351,7 +350,7 @@ func TestCostBands(t *testing.T) {
 // fails decisions nor counts against the store's breaker.
 func TestLimitLoweredBelowLevel(t *testing.T) {
 	checkLeaks(t)
-	clock := fake.NewClock()
+	clock := testkit.NewClock()
 	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
 	e, err := New(store, withClock(clock.Now), WithoutDetector(), WithBreaker(1, time.Hour, time.Hour))
 	if err != nil {

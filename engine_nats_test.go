@@ -15,7 +15,7 @@ import (
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
-	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -111,7 +111,7 @@ func (f *fleet) add(t *testing.T, node int, store counter.Store, opts ...Option)
 // route, a reconnect, a message, a breaker probe) before it fails. It only
 // bounds a hang: a loaded 2-core machine can take seconds where a quiet one
 // takes milliseconds, so the figures are logged, never asserted.
-const patience = testwait.Patience
+const patience = testkit.Patience
 
 func memoryStores() counter.Store { return counter.NewMemoryStore(counter.MemoryConfig{}) }
 
@@ -120,7 +120,7 @@ func memoryStores() counter.Store { return counter.NewMemoryStore(counter.Memory
 func TestNATSConvergence(t *testing.T) {
 	checkLeaks(t)
 	f := startFleet(t, 3, memoryStores)
-	testwait.For(t, patience, "membership", func() bool {
+	testkit.For(t, patience, "membership", func() bool {
 		for _, e := range f.engines {
 			if e.Instances() != 3 {
 				return false
@@ -136,7 +136,7 @@ func TestNATSConvergence(t *testing.T) {
 		want[key] = levels[i%3]
 		f.coords[rand.IntN(3)].Announce(key, hashKey(key), want[key])
 	}
-	took := testwait.For(t, patience, "200 hot keys on every engine", func() bool {
+	took := testkit.For(t, patience, "200 hot keys on every engine", func() bool {
 		for _, e := range f.engines {
 			for k, l := range want {
 				if e.Level(k) != l {
@@ -168,13 +168,13 @@ func TestNATSJoin(t *testing.T) {
 		key := fmt.Sprintf("join:%d", i)
 		f.coords[i%2].Announce(key, hashKey(key), 16)
 	}
-	testwait.For(t, patience, "keys on the first engines", func() bool {
+	testkit.For(t, patience, "keys on the first engines", func() bool {
 		return f.engines[0].Level("join:19") == 16 && f.engines[1].Level("join:0") == 16
 	})
 	start := time.Now()
 	late := f.add(t, 2, memoryStores())
 	started := time.Since(start)
-	took := testwait.For(t, patience, "the table on a late engine", func() bool {
+	took := testkit.For(t, patience, "the table on a late engine", func() bool {
 		for i := range 20 {
 			if late.Level(fmt.Sprintf("join:%d", i)) != 16 {
 				return false
@@ -202,7 +202,7 @@ func TestNATSFaults(t *testing.T) {
 	ctx := context.Background()
 	lim := PerSecond(100_000)
 	f.coords[0].Announce("f1", hashKey("f1"), 16)
-	testwait.For(t, patience, "f1 everywhere", func() bool { return f.engines[2].Level("f1") == 16 })
+	testkit.For(t, patience, "f1 everywhere", func() bool { return f.engines[2].Level("f1") == 16 })
 
 	// Node 0, under engine 0, goes down: engine 0 reconnects elsewhere and
 	// renews its lease through another node. A lease it sent before (at
@@ -218,7 +218,7 @@ func TestNATSFaults(t *testing.T) {
 		}
 		return false
 	}
-	took := testwait.For(t, patience, "a renewal of f1 through another node", func() bool {
+	took := testkit.For(t, patience, "a renewal of f1 through another node", func() bool {
 		return f.coords[0].Stats().Reconnects > 0 && renewed(f.coords[1]) && renewed(f.coords[2])
 	})
 	t.Logf("engine 0 renewed f1 through another node %v after its node went down", took)
@@ -228,14 +228,14 @@ func TestNATSFaults(t *testing.T) {
 		}
 	}
 	f.coords[0].Announce("f2", hashKey("f2"), 4)
-	testwait.For(t, patience, "f2 from the moved engine", func() bool { return f.engines[1].Level("f2") == 4 })
+	testkit.For(t, patience, "f2 from the moved engine", func() bool { return f.engines[1].Level("f2") == 4 })
 
 	// All of NATS down: no decision fails, and an instance still splits
 	// what it finds hot itself.
 	f.cluster.Shutdown(1)
 	f.cluster.Shutdown(2)
 	f.coords[1].Announce("f3", hashKey("f3"), 64)
-	testwait.For(t, patience, "with NATS down, f3 on the engine that found it hot", func() bool { return f.engines[1].Level("f3") == 64 })
+	testkit.For(t, patience, "with NATS down, f3 on the engine that found it hot", func() bool { return f.engines[1].Level("f3") == 64 })
 	for range 1000 {
 		for i, e := range f.engines {
 			if _, err := e.Allow(ctx, "f3", pol(lim)); err != nil {
@@ -253,7 +253,7 @@ func TestNATSFaults(t *testing.T) {
 	if err := f.cluster.WaitMeshed(); err != nil {
 		t.Fatal(err)
 	}
-	took = testwait.For(t, patience, "f3 everywhere after NATS came back", func() bool {
+	took = testkit.For(t, patience, "f3 everywhere after NATS came back", func() bool {
 		return f.engines[0].Level("f3") == 64 && f.engines[2].Level("f3") == 64
 	})
 	t.Logf("table reconverged %v after the cluster was meshed again (renewal period %v)", took, cfg.TTL/3)
@@ -287,7 +287,7 @@ func TestNATSTransferRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ref.Close()
-	testwait.For(t, patience, "membership", func() bool { return f.engines[0].Instances() == 4 })
+	testkit.For(t, patience, "membership", func() bool { return f.engines[0].Instances() == 4 })
 
 	const limit = 320
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow} {
@@ -418,7 +418,7 @@ func TestNATSDetectorSplitsEverywhere(t *testing.T) {
 	cfg.Threshold = 200 // global: 600/s here, with 3 instances
 	cfg.CoolDown = 300 * time.Millisecond
 	hot := f.add(t, 2, memoryStores(), WithDetector(cfg))
-	testwait.For(t, patience, "membership", func() bool { return hot.Instances() == 3 })
+	testkit.For(t, patience, "membership", func() bool { return hot.Instances() == 3 })
 	ctx := context.Background()
 	lim := PerSecond(1_000_000)
 	deadline := time.Now().Add(20 * time.Second)
@@ -431,7 +431,7 @@ func TestNATSDetectorSplitsEverywhere(t *testing.T) {
 		}
 	}
 	t.Logf("split on the other instances at levels %d and %d", f.engines[0].Level("d"), f.engines[1].Level("d"))
-	testwait.For(t, patience, "merged everywhere once cold", func() bool {
+	testkit.For(t, patience, "merged everywhere once cold", func() bool {
 		return f.engines[0].Level("d") == 1 && f.engines[1].Level("d") == 1 && hot.Level("d") == 1
 	})
 }

@@ -12,8 +12,8 @@ import (
 
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
-	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/redistest"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -26,9 +26,9 @@ func pol(lim Limit) *Policy { return &Policy{Limit: lim} }
 
 // newMemoryEngine returns an engine on a memory store that counts its
 // Takes and fails while down, both on clock, without the detector.
-func newMemoryEngine(t testing.TB, clock *fake.Clock, opts ...Option) (*Engine, *fake.Store) {
+func newMemoryEngine(t testing.TB, clock *testkit.Clock, opts ...Option) (*Engine, *testkit.Store) {
 	t.Helper()
-	store := &fake.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+	store := &testkit.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 	e, err := New(store, append([]Option{withClock(clock.Now), WithoutDetector()}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
@@ -38,7 +38,7 @@ func newMemoryEngine(t testing.TB, clock *fake.Clock, opts ...Option) (*Engine, 
 }
 
 func TestBadInput(t *testing.T) {
-	e, _ := newMemoryEngine(t, fake.NewClock())
+	e, _ := newMemoryEngine(t, testkit.NewClock())
 	ok := PerSecond(10)
 	tests := []struct {
 		name string
@@ -83,7 +83,7 @@ func TestBadInput(t *testing.T) {
 }
 
 func TestClosed(t *testing.T) {
-	e, _ := newMemoryEngine(t, fake.NewClock())
+	e, _ := newMemoryEngine(t, testkit.NewClock())
 	e.Close()
 	if _, err := e.Allow(context.Background(), "k", pol(PerSecond(1))); !errors.Is(err, ErrClosed) {
 		t.Errorf("after Close: %v", err)
@@ -91,7 +91,7 @@ func TestClosed(t *testing.T) {
 }
 
 func TestUnsplitResult(t *testing.T) {
-	e, _ := newMemoryEngine(t, fake.NewClock())
+	e, _ := newMemoryEngine(t, testkit.NewClock())
 	lim := Limit{Rate: 10, Period: time.Second, Burst: 4}
 	for i := range 4 {
 		r, err := e.Allow(context.Background(), "k", pol(lim))
@@ -106,7 +106,7 @@ func TestUnsplitResult(t *testing.T) {
 }
 
 func TestSplitAllAdmitsTheLimit(t *testing.T) {
-	clock := fake.NewClock()
+	clock := testkit.NewClock()
 	e, store := newMemoryEngine(t, clock, withSplitAll(16))
 	lim := PerSecond(1600) // 100 per subcounter
 	admitted := 0
@@ -131,7 +131,7 @@ func TestSplitAllAdmitsTheLimit(t *testing.T) {
 }
 
 func TestSplitKeysOnlyThoseKeys(t *testing.T) {
-	e, _ := newMemoryEngine(t, fake.NewClock(), WithSplitKeys(4, "hot"))
+	e, _ := newMemoryEngine(t, testkit.NewClock(), WithSplitKeys(4, "hot"))
 	ctx := context.Background()
 	if r, _ := e.Allow(ctx, "hot", pol(PerSecond(100))); r.Shards != 4 {
 		t.Errorf("hot key: %d shards", r.Shards)
@@ -146,7 +146,7 @@ func TestSplitKeysOnlyThoseKeys(t *testing.T) {
 }
 
 func TestDenyCacheSavesStoreCalls(t *testing.T) {
-	clock := fake.NewClock()
+	clock := testkit.NewClock()
 	e, store := newMemoryEngine(t, clock)
 	ctx := context.Background()
 	lim := Limit{Rate: 1, Period: time.Second}
@@ -183,7 +183,7 @@ func TestSecondChance(t *testing.T) {
 		probe bool
 		want  int
 	}{{true, 4}, {false, 3}} {
-		clock := fake.NewClock()
+		clock := testkit.NewClock()
 		e, store := newMemoryEngine(t, clock, WithSplitKeys(4, "k"), withSecondChance(tt.probe), withMinShare(1))
 		lim := Limit{Rate: 8, Period: time.Hour}
 		// Drain one subcounter behind the engine's back; the others keep 2 each.

@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/hotkeyd/hotkey/counter"
-	"github.com/hotkeyd/hotkey/internal/fake"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -102,7 +102,7 @@ func TestTransferMemory(t *testing.T) {
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 		for _, transfer := range []bool{true, false} {
 			t.Run(fmt.Sprintf("%v/transfer=%v", alg, transfer), func(t *testing.T) {
-				clock := fake.NewClock()
+				clock := testkit.NewClock()
 				start := clock.Now().Truncate(time.Second)
 				store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
 				ref, err := New(store, withClock(clock.Now), WithoutDetector())

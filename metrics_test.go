@@ -8,15 +8,15 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/hotkeyd/hotkey/counter"
-	"github.com/hotkeyd/hotkey/internal/fake"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // TestMetrics: decisions are counted by policy and result, hot keys by
 // level, the breaker's state and changes, store calls and failures.
 func TestMetrics(t *testing.T) {
 	checkLeaks(t)
-	clock := fake.NewClock()
-	store := &fake.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+	clock := testkit.NewClock()
+	store := &testkit.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 	reg := prometheus.NewRegistry()
 	e, err := New(store, withClock(clock.Now), WithoutDetector(), WithMetrics(reg))
 	if err != nil {

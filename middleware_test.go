@@ -7,12 +7,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/hotkeyd/hotkey/internal/fake"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 func TestMiddleware(t *testing.T) {
 	checkLeaks(t)
-	clock := fake.NewClock()
+	clock := testkit.NewClock()
 	e, store := newMemoryEngine(t, clock)
 	served := 0
 	ok := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { served++ })

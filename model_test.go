@@ -12,7 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/counter"
-	"github.com/hotkeyd/hotkey/internal/fake"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -126,7 +126,7 @@ func (s *placedRedis) Placement() counter.Placement { return s.p.Load() }
 func modelStoreFor(t testing.TB, cfg modelConfig) (store counter.Store, now func() time.Time, step time.Duration, advance func(time.Duration), place func(*testPlacement)) {
 	t.Helper()
 	if cfg.store == modelMemory {
-		clock := fake.NewClock()
+		clock := testkit.NewClock()
 		s := &placedStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 		s.p.Store(newPlacement(3, 1))
 		return s, clock.Now, 6 * time.Second, clock.Advance, func(p *testPlacement) { s.p.Store(p) }

@@ -22,23 +22,15 @@ import (
 	"github.com/nats-io/nkeys"
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
-	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // startErr builds and starts a coordinator with cfg, returning Start's
 // error; a coordinator that starts is closed at cleanup.
 func startErr(t *testing.T, cfg Config) error {
 	t.Helper()
-	c, err := NewNATS(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := newRecorder(cfg.ID)
-	if err := c.Start(r); err != nil {
-		return err
-	}
-	t.Cleanup(func() { closeCoord(t, c, r) })
-	return nil
+	_, _, err := launch(t, cfg)
+	return err
 }
 
 // wantAuthErr checks err is a clear authorization failure that does not
@@ -239,7 +231,7 @@ func TestTLS(t *testing.T) {
 	_, rb := startCoord(t, cfg("tls-b"))
 	waitMesh(t, 2, ra, rb)
 	a.Announce("secure", 0, 16)
-	testwait.For(t, patience, "lease over TLS", func() bool { return rb.level("secure") == 16 })
+	testkit.For(t, patience, "lease over TLS", func() bool { return rb.level("secure") == 16 })
 
 	fails := []struct {
 		name string

@@ -10,9 +10,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"go.uber.org/goleak"
 
-	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
-	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -133,7 +132,7 @@ func (r *recorder) check(t *testing.T) {
 }
 
 // onClock returns testConfig on clock c (Config.Now).
-func onClock(c *fake.Clock, id string, urls ...string) Config {
+func onClock(c *testkit.Clock, id string, urls ...string) Config {
 	cfg := testConfig(id, urls...)
 	cfg.Now = c.Now
 	return cfg
@@ -152,7 +151,7 @@ func testConfig(id string, urls ...string) Config {
 		// Start flushes its subscriptions within this: a loaded machine
 		// may take longer than the 2 s default.
 		ConnectTimeout: 10 * time.Second,
-		Now:            fake.NewClock().Now,
+		Now:            testkit.NewClock().Now,
 	}
 }
 
@@ -160,18 +159,28 @@ func testConfig(id string, urls ...string) Config {
 // closes it and checks the recorder.
 func startCoord(t *testing.T, cfg Config) (*NATS, *recorder) {
 	t.Helper()
+	c, r, err := launch(t, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, r
+}
+
+// launch builds a coordinator with cfg (failing t if NewNATS refuses it) and
+// starts it reporting to a new recorder, returning Start's error. One that
+// starts is closed at cleanup, which checks the recorder.
+func launch(t *testing.T, cfg Config) (*NATS, *recorder, error) {
+	t.Helper()
 	c, err := NewNATS(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	r := newRecorder(cfg.ID)
 	if err := c.Start(r); err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	t.Cleanup(func() {
-		closeCoord(t, c, r)
-	})
-	return c, r
+	t.Cleanup(func() { closeCoord(t, c, r) })
+	return c, r, nil
 }
 
 // closeCoord closes c and marks r so later Handler calls are errors.
@@ -186,7 +195,7 @@ func closeCoord(t *testing.T, c *NATS, r *recorder) {
 
 // patience bounds every wait for an event: what takes milliseconds on an
 // idle machine may take seconds on a loaded one.
-const patience = testwait.Patience
+const patience = testkit.Patience
 
 // startServer starts a standalone server, shut down at cleanup.
 func startServer(t *testing.T, opts natsserver.Options) *natsserver.Server {

@@ -14,9 +14,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
-	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -187,7 +186,7 @@ func TestSyncChunks(t *testing.T) {
 // cannot grow the table past MaxHotKeys.
 func TestBadMessages(t *testing.T) {
 	s := startServer(t, natsserver.Options{MaxPayload: 2 << 20})
-	clk := fake.NewClock()
+	clk := testkit.NewClock()
 	cfg := testConfig("victim", s.URL())
 	cfg.MaxHotKeys = 1000
 	cfg.SyncWait = 500 * time.Millisecond
@@ -233,7 +232,7 @@ func TestBadMessages(t *testing.T) {
 	// instant, however long it takes to arrive.
 	replies := func(what string, want func(Stats) bool) {
 		t.Helper()
-		testwait.For(t, patience, what, func() bool { return want(c.Stats()) })
+		testkit.For(t, patience, what, func() bool { return want(c.Stats()) })
 	}
 	pub(c.inbox, `{"v":1,"t":"sync","origin":"o","leases":[{"key":"synced","level":16,"ttl_ms":60000}]}`)
 	replies("a sync reply at once applied", func(st Stats) bool { return st.SyncReplies == 1 })
@@ -266,14 +265,14 @@ func TestBadMessages(t *testing.T) {
 	if err := nc.FlushTimeout(patience); err != nil {
 		t.Fatal(err)
 	}
-	d := testwait.For(t, patience, "all received", func() bool {
+	d := testkit.For(t, patience, "all received", func() bool {
 		st := c.Stats()
 		return st.Received+st.Dropped >= uint64(sent)
 	})
 	// A message is counted as received before it is handled: let the last
 	// ones be handled.
 	// "synced" holds one key of the table.
-	testwait.For(t, patience, "the flood handled", func() bool {
+	testkit.For(t, patience, "the flood handled", func() bool {
 		st := c.Stats()
 		return uint64(st.Keys)-1+st.Rejected >= flood
 	})
@@ -297,7 +296,7 @@ func TestBadMessages(t *testing.T) {
 	if m := maxKeys.Load(); m > int64(cfg.MaxHotKeys) {
 		t.Errorf("table grew to %d keys, cap %d", m, cfg.MaxHotKeys)
 	}
-	testwait.For(t, patience, "handler told of the accepted keys", func() bool {
+	testkit.For(t, patience, "handler told of the accepted keys", func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		return len(r.levels) == cfg.MaxHotKeys

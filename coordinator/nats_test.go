@@ -13,9 +13,8 @@ import (
 	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 
-	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
-	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -26,7 +25,7 @@ var levels = []shard.Level{4, 16, 64}
 // leases, heartbeats and sync alike) have spread to every server.
 func waitMesh(t *testing.T, n int, rs ...*recorder) time.Duration {
 	t.Helper()
-	return testwait.For(t, patience, fmt.Sprintf("%d instances seen", n), func() bool {
+	return testkit.For(t, patience, fmt.Sprintf("%d instances seen", n), func() bool {
 		for _, r := range rs {
 			if r.instances() != n {
 				return false
@@ -62,7 +61,7 @@ func TestConvergence(t *testing.T) {
 		}
 	}
 	for i, r := range rs {
-		d := testwait.For(t, patience, r.name+" has all 200 keys", func() bool { return r.has(want) })
+		d := testkit.For(t, patience, r.name+" has all 200 keys", func() bool { return r.has(want) })
 		t.Logf("instance %d has all 200 keys %v after the last Announce (%v after the first)", i, d, time.Since(start))
 	}
 	for _, c := range cs {
@@ -144,7 +143,7 @@ func setLevelCalls(rs ...*recorder) []int {
 // long it took to come.
 func TestLeaseLapse(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	clk := fake.NewClock()
+	clk := testkit.NewClock()
 	const ttl = 300 * time.Millisecond
 	// b renews every ttl/3; a and c every few minutes of real time, that
 	// is never in this test, so what their leases say is exact.
@@ -167,11 +166,11 @@ func TestLeaseLapse(t *testing.T) {
 	// would have been told.
 	const k1 = "renewed"
 	b.Announce(k1, 0, 16)
-	testwait.For(t, patience, "all at 16", func() bool { return told(k1, 16, rs...) })
+	testkit.For(t, patience, "all at 16", func() bool { return told(k1, 16, rs...) })
 	calls := setLevelCalls(rs...)
 	for range 4 {
 		clk.Advance(ttl / 2)
-		testwait.For(t, patience, "b's lease renewed after the clock moved", func() bool {
+		testkit.For(t, patience, "b's lease renewed after the clock moved", func() bool {
 			for _, x := range all {
 				if l := leaseOf(x, k1); l.Level != 16 || l.ExpiresIn != ttl {
 					return false
@@ -197,7 +196,7 @@ func TestLeaseLapse(t *testing.T) {
 	}
 	clk.Advance(1)
 	late := 0
-	d := testwait.For(t, patience, "all at 1 once b's dropped lease lapsed", func() bool {
+	d := testkit.For(t, patience, "all at 1 once b's dropped lease lapsed", func() bool {
 		if told(k1, 1, rs...) {
 			return true
 		}
@@ -215,11 +214,11 @@ func TestLeaseLapse(t *testing.T) {
 	const k2 = "max"
 	aAt := clk.Now()
 	a.Announce(k2, 0, 16)
-	testwait.For(t, patience, "all at a's 16", func() bool { return told(k2, 16, rs...) })
+	testkit.For(t, patience, "all at a's 16", func() bool { return told(k2, 16, rs...) })
 	clk.Advance(time.Second)
 	cAt := clk.Now()
 	c.Announce(k2, 0, 64)
-	testwait.For(t, patience, "all at c's 64", func() bool { return told(k2, 64, rs...) })
+	testkit.For(t, patience, "all at c's 64", func() bool { return told(k2, 64, rs...) })
 	c.Announce(k2, 0, 1)
 	clk.Advance(cAt.Add(cfgC.TTL - 1).Sub(clk.Now()))
 	if !inForce(k2, 64, all...) {
@@ -231,7 +230,7 @@ func TestLeaseLapse(t *testing.T) {
 			t.Errorf("%s: once c's 64 lapsed, lease %+v, want a's at 16", x.ID(), l)
 		}
 	}
-	testwait.For(t, patience, "all told a's 16 once c's 64 lapsed", func() bool { return told(k2, 16, rs...) })
+	testkit.For(t, patience, "all told a's 16 once c's 64 lapsed", func() bool { return told(k2, 16, rs...) })
 
 	// Last lease dropped: level 1 everywhere at its expiry, and nothing
 	// left in the tables.
@@ -244,7 +243,7 @@ func TestLeaseLapse(t *testing.T) {
 	if !inForce(k2, 1, all...) {
 		t.Errorf("a's dropped 16 held past its ttl: %+v, %+v, %+v", leaseOf(a, k2), leaseOf(b, k2), leaseOf(c, k2))
 	}
-	testwait.For(t, patience, "all told 1 once a's 16 lapsed", func() bool { return told(k2, 1, rs...) })
+	testkit.For(t, patience, "all told 1 once a's 16 lapsed", func() bool { return told(k2, 1, rs...) })
 	for _, x := range all {
 		if s := x.Stats(); s.Keys != 0 || s.OwnKeys != 0 {
 			t.Errorf("%s: %d keys (%d own) left", x.ID(), s.Keys, s.OwnKeys)
@@ -265,7 +264,7 @@ func heardAt(c *NATS, peer string) time.Time {
 // without its heartbeat, and not before.
 func TestMembership(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	clk := fake.NewClock()
+	clk := testkit.NewClock()
 	a, ra := startCoord(t, onClock(clk, "a", s.URL()))
 	if ra.instances() != 1 {
 		t.Fatalf("after Start: instances %v, want [1]", ra.insts)
@@ -290,7 +289,7 @@ func TestMembership(t *testing.T) {
 	timeout := peerTimeout * cfg.Heartbeat
 	st := a.Stats()
 	fromB := st.Received - st.Own
-	testwait.For(t, patience, "10 more heartbeats of b", func() bool { st := a.Stats(); return st.Received-st.Own >= fromB+10 })
+	testkit.For(t, patience, "10 more heartbeats of b", func() bool { st := a.Stats(); return st.Received-st.Own >= fromB+10 })
 	if ra.instances() != 3 || rb.instances() != 3 {
 		t.Errorf("c dropped while the clock stood still: a counts %d, b %d instances", ra.instances(), rb.instances())
 	}
@@ -299,14 +298,14 @@ func TestMembership(t *testing.T) {
 	// instant before it moves again, until c is gone: twice, or more if a
 	// heartbeat c sent before closing was handled after the clock moved.
 	moves := 0
-	d := testwait.For(t, patience, "back to 2", func() bool {
+	d := testkit.For(t, patience, "back to 2", func() bool {
 		if ra.instances() == 2 && rb.instances() == 2 {
 			return true
 		}
 		clk.Advance(timeout - 1)
 		moves++
 		now := clk.Now()
-		testwait.For(t, patience, "a and b heard each other after the clock moved", func() bool {
+		testkit.For(t, patience, "a and b heard each other after the clock moved", func() bool {
 			return heardAt(a, "b").Equal(now) && heardAt(b, "a").Equal(now)
 		})
 		return false
@@ -361,12 +360,12 @@ func TestJoinSync(t *testing.T) {
 		want[k] = levels[i%3]
 		a.Announce(k, xxhash.Sum64String(k), want[k])
 	}
-	testwait.For(t, patience, "a applies its own", func() bool { return ra.has(want) })
-	testwait.For(t, patience, "a's leases went through the server", func() bool { return leases.Load() >= 50 })
+	testkit.For(t, patience, "a applies its own", func() bool { return ra.has(want) })
+	testkit.For(t, patience, "a's leases went through the server", func() bool { return leases.Load() >= 50 })
 
 	start := time.Now()
 	b, rb := startCoord(t, long("b"))
-	d := testwait.For(t, patience, "b synced", func() bool { return rb.has(want) })
+	d := testkit.For(t, patience, "b synced", func() bool { return rb.has(want) })
 	t.Logf("b got 50 leases by sync %v after Start began (%v after it returned)", time.Since(start), d)
 	if st := b.Stats(); st.SyncReplies == 0 || st.SyncRequests != 1 {
 		t.Errorf("b stats %+v", st)
@@ -379,7 +378,7 @@ func TestJoinSync(t *testing.T) {
 	ra.closed.Store(true)
 	start = time.Now()
 	c, rc := startCoord(t, long("c"))
-	d = testwait.For(t, patience, "c synced from b", func() bool { return rc.has(want) })
+	d = testkit.For(t, patience, "c synced from b", func() bool { return rc.has(want) })
 	t.Logf("c got a's 50 leases relayed by b %v after Start began (%v after it returned)", time.Since(start), d)
 	if st := c.Stats(); st.SyncReplies == 0 {
 		t.Errorf("c stats %+v", st)
@@ -390,7 +389,7 @@ func TestJoinSync(t *testing.T) {
 // instances share a clock the test moves.
 func TestFaults(t *testing.T) {
 	cl := startCluster(t, 3)
-	clk := fake.NewClock()
+	clk := testkit.NewClock()
 	const ttl = 600 * time.Millisecond // renewal every 200 ms
 	cfgX := onClock(clk, "x", cl.URLs()...)
 	cfgX.TTL = ttl
@@ -416,14 +415,14 @@ func TestFaults(t *testing.T) {
 		announce("fault-"+strconv.Itoa(i), 16)
 	}
 	peersHave := func() bool { return ry.has(want) && rz.has(want) }
-	testwait.For(t, patience, "peers have x's keys", peersHave)
+	testkit.For(t, patience, "peers have x's keys", peersHave)
 
 	// x's node goes away: x reconnects to another and re-announces.
 	cl.Shutdown(j)
-	d := testwait.For(t, patience, "x reconnected", func() bool { return x.Stats().Reconnects >= 1 })
+	d := testkit.For(t, patience, "x reconnected", func() bool { return x.Stats().Reconnects >= 1 })
 	t.Logf("x reconnected to %s %v after its node %d stopped", x.nc.ConnectedUrl(), d, j)
 	announce("after-failover", 64)
-	d = testwait.For(t, patience, "peers see a key announced after failover", peersHave)
+	d = testkit.For(t, patience, "peers see a key announced after failover", peersHave)
 	t.Logf("key announced after failover seen by peers in %v", d)
 	// Two ttls later on the clock, the keys are still held, renewed through
 	// the new node: the clock moves ttl/2 at a time, each time followed by
@@ -431,7 +430,7 @@ func TestFaults(t *testing.T) {
 	calls := setLevelCalls(ry, rz)
 	for range 4 {
 		clk.Advance(ttl / 2)
-		testwait.For(t, patience, "x's leases renewed after the clock moved", func() bool {
+		testkit.For(t, patience, "x's leases renewed after the clock moved", func() bool {
 			for _, p := range []*NATS{y, z} {
 				for k, l := range want {
 					if got := leaseOf(p, k); got.Level != l || got.ExpiresIn != ttl {
@@ -452,7 +451,7 @@ func TestFaults(t *testing.T) {
 		cl.Shutdown(i)
 	}
 	announce("while-down", 64)
-	d = testwait.For(t, patience, "x applies a key announced while NATS is down", func() bool { return rx.level("while-down") == 64 })
+	d = testkit.For(t, patience, "x applies a key announced while NATS is down", func() bool { return rx.level("while-down") == 64 })
 	t.Logf("while NATS is down, x applied its own key in %v", d)
 	x.Announce("while-down-dropped", 0, 4) // announced and dropped while down
 	x.Announce("while-down-dropped", 0, 1)
@@ -462,7 +461,7 @@ func TestFaults(t *testing.T) {
 	clk.Advance(ttl)
 	keys := slices.Collect(maps.Keys(want))
 	late := 0
-	testwait.For(t, patience, "peers let x's leases lapse", func() bool {
+	testkit.For(t, patience, "peers let x's leases lapse", func() bool {
 		if ry.level("fault-0") == 1 && rz.level("after-failover") == 1 {
 			return true
 		}
@@ -486,9 +485,9 @@ func TestFaults(t *testing.T) {
 		}
 	}
 	restarted := time.Since(restart)
-	testwait.For(t, patience, "x reconnected again", func() bool { return x.Stats().Reconnects > before.Reconnects })
+	testkit.For(t, patience, "x reconnected again", func() bool { return x.Stats().Reconnects > before.Reconnects })
 	reconnected := time.Since(restart)
-	testwait.For(t, patience, "peers reconverged", peersHave)
+	testkit.For(t, patience, "peers reconverged", peersHave)
 	t.Logf("NATS back: 3 nodes restarted and meshed in %v; x reconnected %v and peers had all %d keys %v after the first restart began (renewal period %v)",
 		restarted, reconnected, len(want), time.Since(restart), ttl/3)
 	if ry.level("while-down-dropped") != 1 {
@@ -522,7 +521,7 @@ func TestBorrowedConn(t *testing.T) {
 	_, rb := startCoord(t, Config{Conn: nc2, ID: "b", TTL: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond})
 	waitMesh(t, 2, ra, rb)
 	a.Announce("borrowed", 0, 4)
-	testwait.For(t, patience, "b sees a's key", func() bool { return rb.level("borrowed") == 4 })
+	testkit.For(t, patience, "b sees a's key", func() bool { return rb.level("borrowed") == 4 })
 	closeCoord(t, a, ra)
 	if nc1.IsClosed() {
 		t.Fatal("Close closed a borrowed connection")
@@ -560,7 +559,7 @@ func TestLifecycle(t *testing.T) {
 	c.Announce("k", 0, 1) // nothing to drop
 	c.Announce("bad-\xff", 0, 16)
 	c.Announce(string(make([]byte, 600)), 0, 16) // longer than MaxKeyLen
-	testwait.For(t, patience, "unpublishable keys applied locally", func() bool {
+	testkit.For(t, patience, "unpublishable keys applied locally", func() bool {
 		return r.level("bad-\xff") == 16 && r.level(string(make([]byte, 600))) == 16
 	})
 	if st := c.Stats(); st.Unpublished != 2 || st.Keys != 2 {
@@ -603,12 +602,12 @@ func TestOwnKeyEvictsPeerKey(t *testing.T) {
 		_ = nc.Publish("hotkey.default.lease", encodeLease("peer", "peer-"+strconv.Itoa(i), 4, time.Minute))
 	}
 	// Counted as received before handled: wait for all 20 to be handled.
-	testwait.For(t, patience, "peer leases handled", func() bool { st := c.Stats(); return uint64(st.Keys)+st.Rejected >= 20 })
+	testkit.For(t, patience, "peer leases handled", func() bool { st := c.Stats(); return uint64(st.Keys)+st.Rejected >= 20 })
 	if st := c.Stats(); st.Keys != 10 || st.Rejected != 10 {
 		t.Fatalf("stats %+v", st)
 	}
 	c.Announce("mine", 0, 64)
-	testwait.For(t, patience, "own key in force", func() bool { return r.level("mine") == 64 })
+	testkit.For(t, patience, "own key in force", func() bool { return r.level("mine") == 64 })
 	if st := c.Stats(); st.Keys != 10 {
 		t.Errorf("%d keys, cap 10", st.Keys)
 	}
@@ -622,7 +621,7 @@ func TestOwnKeyEvictsPeerKey(t *testing.T) {
 // never in this test, so the lowered lease went out when it was announced.
 func TestLowerTogether(t *testing.T) {
 	cl := startCluster(t, 3)
-	clk := fake.NewClock()
+	clk := testkit.NewClock()
 	const ttl = 5 * time.Minute
 	cs := make([]*NATS, 3)
 	rs := make([]*recorder, 3)
@@ -643,13 +642,13 @@ func TestLowerTogether(t *testing.T) {
 		k := "lower-" + strconv.Itoa(round)
 		h := xxhash.Sum64String(k)
 		cs[0].Announce(k, h, change[0])
-		testwait.For(t, patience, "all at the first level", func() bool { return told(k, change[0], rs...) })
+		testkit.For(t, patience, "all at the first level", func() bool { return told(k, change[0], rs...) })
 		clk.Advance(time.Second) // the lease ages, so a lapse at ttl from now would be wrong
 		cs[0].Announce(k, h, change[1])
 		if change[1] > 1 {
 			// The lower lease goes out at once, ttl before the old one
 			// lapses: let it arrive.
-			testwait.For(t, patience, "peers hold the lower lease", func() bool {
+			testkit.For(t, patience, "peers hold the lower lease", func() bool {
 				return peerLease(cs[1], k, change[1]) && peerLease(cs[2], k, change[1])
 			})
 		}
@@ -663,7 +662,7 @@ func TestLowerTogether(t *testing.T) {
 		}
 		at := make([]time.Duration, 3)
 		start := time.Now()
-		testwait.For(t, patience, "all told the lower level", func() bool {
+		testkit.For(t, patience, "all told the lower level", func() bool {
 			done := true
 			for i, r := range rs {
 				if at[i] == 0 && r.level(k) == change[1] {

@@ -14,9 +14,8 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/hotkeyd/hotkey/internal/fake"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
-	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -58,7 +57,7 @@ func instancesTold(r *recorder) []int {
 // still counted.
 func TestForgedPeers(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	clk := fake.NewClock()
+	clk := testkit.NewClock()
 	cfg := onClock(clk, "victim", s.URL())
 	c, r := startCoord(t, cfg)
 	_, rb := startCoord(t, onClock(clk, "real", s.URL()))
@@ -73,7 +72,7 @@ func TestForgedPeers(t *testing.T) {
 		t.Helper()
 		k := "sentinel-" + strconv.Itoa(i)
 		publishAll(t, nc, "hotkey.default.lease", encodeLease("forger", k, 4, time.Minute))
-		testwait.For(t, patience, "the forger's heartbeats handled", func() bool { return r.level(k) == 4 })
+		testkit.For(t, patience, "the forger's heartbeats handled", func() bool { return r.level(k) == 4 })
 	}
 
 	// Each origin once.
@@ -118,14 +117,14 @@ func TestForgedPeers(t *testing.T) {
 	// peer, heard at every new instant, stays.
 	timeout := peerTimeout * cfg.Heartbeat
 	moves := 0
-	testwait.For(t, patience, "back to 2 instances", func() bool {
+	testkit.For(t, patience, "back to 2 instances", func() bool {
 		if r.instances() == 2 {
 			return true
 		}
 		clk.Advance(timeout - 1)
 		moves++
 		now := clk.Now()
-		testwait.For(t, patience, "the real peer heard after the clock moved", func() bool { return heardAt(c, "real").Equal(now) })
+		testkit.For(t, patience, "the real peer heard after the clock moved", func() bool { return heardAt(c, "real").Equal(now) })
 		return false
 	})
 	if told := instancesTold(r); slices.Min(told[1:]) < 2 {
@@ -140,7 +139,7 @@ var (
 )
 
 // signedConfig returns clk's config with secret.
-func signedConfig(clk *fake.Clock, id string, secret []byte, urls ...string) Config {
+func signedConfig(clk *testkit.Clock, id string, secret []byte, urls ...string) Config {
 	cfg := onClock(clk, id, urls...)
 	cfg.Secret = secret
 	return cfg
@@ -149,7 +148,7 @@ func signedConfig(clk *fake.Clock, id string, secret []byte, urls ...string) Con
 // waitInvalid waits until c counted n invalid messages in all.
 func waitInvalid(t *testing.T, c *NATS, n uint64) {
 	t.Helper()
-	testwait.For(t, patience, strconv.FormatUint(n, 10)+" invalid messages counted", func() bool { return c.Stats().Invalid >= n })
+	testkit.For(t, patience, strconv.FormatUint(n, 10)+" invalid messages counted", func() bool { return c.Stats().Invalid >= n })
 }
 
 // TestSignedForgery: with a secret, forged leases and heartbeats, unsigned
@@ -157,7 +156,7 @@ func waitInvalid(t *testing.T, c *NATS, n uint64) {
 // a message signed with the secret is applied.
 func TestSignedForgery(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	clk := fake.NewClock()
+	clk := testkit.NewClock()
 	c, r := startCoord(t, signedConfig(clk, "victim", testSecret, s.URL()))
 	nc := rawConn(t, s)
 	const lease, hb = "hotkey.default.lease", "hotkey.default.hb"
@@ -193,7 +192,7 @@ func TestSignedForgery(t *testing.T) {
 
 	// Signed with the secret: applied.
 	publishAll(t, nc, lease, right.seal(lease, forgedLease, clk.Now()))
-	d := testwait.For(t, patience, "a lease signed with the secret applied", func() bool { return r.level("victim-key") == 64 })
+	d := testkit.For(t, patience, "a lease signed with the secret applied", func() bool { return r.level("victim-key") == 64 })
 	t.Logf("a lease signed with the secret applied in %v", d)
 }
 
@@ -203,7 +202,7 @@ func TestSignedForgery(t *testing.T) {
 // bring it back.
 func TestSignedReplay(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	clk := fake.NewClock()
+	clk := testkit.NewClock()
 	// A recorder of a's messages, as anyone allowed to subscribe sees them.
 	spy := rawConn(t, s)
 	var mu sync.Mutex
@@ -234,8 +233,8 @@ func TestSignedReplay(t *testing.T) {
 	o, _ := startCoord(t, other)
 	waitMesh(t, 2, ra, rb)
 	a.Announce("hot", xxhash.Sum64String("hot"), 64)
-	testwait.For(t, patience, "b has a's lease", func() bool { return rb.level("hot") == 64 })
-	testwait.For(t, patience, "the spy caught a's lease and heartbeat", func() bool { return get(typeLease) != nil && get(typeHB) != nil })
+	testkit.For(t, patience, "b has a's lease", func() bool { return rb.level("hot") == 64 })
+	testkit.For(t, patience, "the spy caught a's lease and heartbeat", func() bool { return get(typeLease) != nil && get(typeHB) != nil })
 	leaseMsg, hbMsg := get(typeLease), get(typeHB)
 	t.Logf("a signed lease: %s", leaseMsg)
 
@@ -246,7 +245,7 @@ func TestSignedReplay(t *testing.T) {
 	closeCoord(t, a, ra)
 	clk.Advance(10 * time.Second)
 	late := 0
-	testwait.For(t, patience, "b drops a", func() bool {
+	testkit.For(t, patience, "b drops a", func() bool {
 		if rb.instances() == 1 && rb.level("hot") == 1 {
 			return true
 		}
@@ -294,7 +293,7 @@ func TestSignedReplay(t *testing.T) {
 // its.
 func TestSignedPeers(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	clk := fake.NewClock()
+	clk := testkit.NewClock()
 	cfg := func(id string, secret []byte) Config {
 		c := signedConfig(clk, id, secret, s.URL())
 		c.MaxKeyLen = 64
@@ -308,27 +307,27 @@ func TestSignedPeers(t *testing.T) {
 		want[k] = levels[i%3]
 		a.Announce(k, xxhash.Sum64String(k), want[k])
 	}
-	testwait.For(t, patience, "a applies its own", func() bool { return ra.has(want) })
+	testkit.For(t, patience, "a applies its own", func() bool { return ra.has(want) })
 	b, rb := startCoord(t, cfg("b", testSecret))
 	c, rc := startCoord(t, cfg("c", otherSecret))
 	d, rd := startCoord(t, cfg("d", nil))
 
 	start := time.Now()
-	testwait.For(t, patience, "b has a's keys", func() bool { return rb.has(want) })
+	testkit.For(t, patience, "b has a's keys", func() bool { return rb.has(want) })
 	waitMesh(t, 2, ra, rb)
 	t.Logf("a and b (same secret) converged in %v: b got %d sync replies", time.Since(start), b.Stats().SyncReplies)
-	testwait.For(t, patience, "d has a's keys", func() bool { return rd.has(want) })
+	testkit.For(t, patience, "d has a's keys", func() bool { return rd.has(want) })
 	waitMesh(t, 4, rd)
 	c.Announce("from-c", xxhash.Sum64String("from-c"), 64)
 	d.Announce("from-d", xxhash.Sum64String("from-d"), 64)
 	// c's messages reach a and b, and theirs c, all refused.
-	testwait.For(t, patience, "c's heartbeats refused by a and b", func() bool {
+	testkit.For(t, patience, "c's heartbeats refused by a and b", func() bool {
 		return a.Stats().InvalidBy["signature"] >= 2 && b.Stats().InvalidBy["signature"] >= 2 && c.Stats().InvalidBy["signature"] >= 2
 	})
-	testwait.For(t, patience, "d's heartbeats refused by a and b", func() bool {
+	testkit.For(t, patience, "d's heartbeats refused by a and b", func() bool {
 		return a.Stats().InvalidBy["unsigned"] >= 2 && b.Stats().InvalidBy["unsigned"] >= 2
 	})
-	testwait.For(t, patience, "d has c's key", func() bool { return rd.level("from-c") == 64 })
+	testkit.For(t, patience, "d has c's key", func() bool { return rd.level("from-c") == 64 })
 	for _, x := range []struct {
 		name         string
 		r            *recorder
@@ -376,7 +375,7 @@ func TestPermissionsExample(t *testing.T) {
 	s := startServer(t, natsserver.Options{Configure: func(o *server.Options) {
 		o.Users = parsed.Users
 	}})
-	clk := fake.NewClock()
+	clk := testkit.NewClock()
 	instance := func(id string) Config {
 		cfg := onClock(clk, id, s.URL())
 		cfg.User, cfg.Password = "hotkey", "instances-password"
@@ -384,10 +383,10 @@ func TestPermissionsExample(t *testing.T) {
 	}
 	a, ra := startCoord(t, instance("a"))
 	a.Announce("allowed", xxhash.Sum64String("allowed"), 16)
-	testwait.For(t, patience, "a applies its own", func() bool { return ra.level("allowed") == 16 })
+	testkit.For(t, patience, "a applies its own", func() bool { return ra.level("allowed") == 16 })
 	b, rb := startCoord(t, instance("b"))
 	waitMesh(t, 2, ra, rb)
-	testwait.For(t, patience, "b has a's key", func() bool { return rb.level("allowed") == 16 })
+	testkit.For(t, patience, "b has a's key", func() bool { return rb.level("allowed") == 16 })
 	if st := b.Stats(); st.SyncReplies == 0 {
 		t.Errorf("b got no sync reply through the permissions: %+v", st)
 	}

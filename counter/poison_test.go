@@ -48,20 +48,26 @@ func poison(ctx context.Context, client redis.UniversalClient, alg Algorithm, ke
 	return client.Do(ctx, "zadd", key, v, "x").Err()
 }
 
+// newPoisonTest returns a client of the test server, a store on it, and
+// the window of longPeriod the server's clock is in.
+func newPoisonTest(t *testing.T) (*redis.Client, *RedisStore, int64) {
+	client := newTestClient(t, testRedisAddr)
+	s := newTestStore(t, client, patient)
+	tm, err := client.Time(context.Background()).Result()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return client, s, tm.UnixMicro() / longPeriod.Microseconds()
+}
+
 // TestRedisPoisonedState writes values no script writes (non-finite,
 // unparsable, out of range) to counters and takes from them while 16
 // goroutines take from other counters, batched with them. A poisoned
 // counter must start afresh, and cost nothing to the Takes on other keys.
 func TestRedisPoisonedState(t *testing.T) {
 	checkLeaks(t)
-	client := newTestClient(t, testRedisAddr)
-	s := newTestStore(t, client, patient)
+	client, s, w := newPoisonTest(t)
 	ctx := context.Background()
-	tm, err := client.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := tm.UnixMicro() / longPeriod.Microseconds()
 	total, failed := 0, 0
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 		t.Run(alg.String(), func(t *testing.T) {
@@ -130,14 +136,8 @@ func TestRedisPoisonedState(t *testing.T) {
 // Reshard neither fails nor writes an expiry that is not a positive number.
 func TestRedisReshardPoisonedState(t *testing.T) {
 	checkLeaks(t)
-	client := newTestClient(t, testRedisAddr)
-	s := newTestStore(t, client, patient)
+	client, s, w := newPoisonTest(t)
 	ctx := context.Background()
-	tm, err := client.Time(ctx).Result()
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := tm.UnixMicro() / longPeriod.Microseconds()
 	errs, runs := 0, 0
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 		lim := Limit{Algorithm: alg, Rate: 100, Period: longPeriod, Burst: 100}

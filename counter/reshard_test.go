@@ -230,17 +230,24 @@ func testReshardSplit(t *testing.T, h *reshardHarness, alg Algorithm) {
 	h.checkAdmitted(t, "children after the split", got, want, len(kids))
 }
 
+// drained returns a parent counter with 60 taken from its limit, and 4
+// children of the same limit, untouched.
+func (h *reshardHarness) drained(t *testing.T, alg Algorithm) (Shard, []Shard) {
+	t.Helper()
+	base := uniqueKey(t)
+	lim := reshardLimit(alg, h.period)
+	parent := shardOf(base+":p", lim)
+	if got := h.takeAll(t, parent.Name, lim, 60); got != 60 {
+		t.Fatalf("%s: drain: admitted %d of 60", h.name, got)
+	}
+	return parent, children(base, lim, 4)
+}
+
 // testReshardMerge splits as testReshardSplit does, takes 1, 2, 3 and 4 from
 // the children, merges them 4→1 into the parent and checks that the parent
 // admits what the children had left (their last Remaining): 30.
 func testReshardMerge(t *testing.T, h *reshardHarness, alg Algorithm) {
-	base := uniqueKey(t)
-	lim := reshardLimit(alg, h.period)
-	parent := shardOf(base+":p", lim)
-	kids := children(base, lim, 4)
-	if got := h.takeAll(t, parent.Name, lim, 60); got != 60 {
-		t.Fatalf("%s: drain: admitted %d of 60", h.name, got)
-	}
+	parent, kids := h.drained(t, alg)
 	h.reshard(t, []Shard{parent}, kids)
 	left := 0
 	for i, c := range kids {
@@ -263,13 +270,7 @@ func testReshardMerge(t *testing.T, h *reshardHarness, alg Algorithm) {
 // testReshardIdempotent checks that a second identical Reshard changes
 // nothing, and that a child used past its seed keeps its usage.
 func testReshardIdempotent(t *testing.T, h *reshardHarness, alg Algorithm) {
-	base := uniqueKey(t)
-	lim := reshardLimit(alg, h.period)
-	parent := shardOf(base+":p", lim)
-	kids := children(base, lim, 4)
-	if got := h.takeAll(t, parent.Name, lim, 60); got != 60 {
-		t.Fatalf("%s: drain: admitted %d of 60", h.name, got)
-	}
+	parent, kids := h.drained(t, alg)
 	dumps := func() []string {
 		var out []string
 		for _, c := range append([]Shard{parent}, kids...) {

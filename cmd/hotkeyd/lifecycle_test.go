@@ -12,7 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // TestSIGTERM: under load over HTTP and NATS, and with an idle connection
@@ -64,7 +64,7 @@ func TestSIGTERM(t *testing.T) {
 			}
 		}
 	}()
-	testwait.For(t, time.Minute, "some decisions", func() bool { return ok.Load() > 200 })
+	testkit.For(t, time.Minute, "some decisions", func() bool { return ok.Load() > 200 })
 	// A connection that never sends a request (HTTP clients dial ahead)
 	// must not hold the shutdown up.
 	idle, err := net.Dial("tcp", strings.TrimPrefix(d.base, "http://"))

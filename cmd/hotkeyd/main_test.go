@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -15,14 +14,13 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"go.uber.org/goleak"
 
-	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // The tests run the real binary, built once here, as a subprocess on free
@@ -77,25 +75,6 @@ func freeAddr(t testing.TB) string {
 	return l.Addr().String()
 }
 
-// lockedBuffer is a bytes.Buffer safe for a process's writes and the
-// test's reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // proc is a hotkeyd subprocess.
 type proc struct {
 	t        testing.TB
@@ -103,7 +82,7 @@ type proc struct {
 	base     string // http://127.0.0.1:PORT
 	natsURL  string // the embedded server's, or the one joined
 	id       string // instance ID, from the "serving" log line
-	stderr   *lockedBuffer
+	stderr   *testkit.Buffer
 	done     chan struct{} // closed when the process has exited
 	exitCode int
 }
@@ -159,7 +138,7 @@ func tryStart(t testing.TB, o daemonOpts) (*proc, error) {
 		args = append(args, "--nats", o.join)
 	}
 	args = append(args, o.args...)
-	d := &proc{t: t, base: "http://" + listen, natsURL: natsURL, stderr: &lockedBuffer{}, done: make(chan struct{})}
+	d := &proc{t: t, base: "http://" + listen, natsURL: natsURL, stderr: &testkit.Buffer{}, done: make(chan struct{})}
 	d.cmd = exec.Command(bin, args...)
 	d.cmd.Env = append(append(os.Environ(), o.env...), env...)
 	d.cmd.Stderr = d.stderr
@@ -194,7 +173,7 @@ func tryStart(t testing.TB, o daemonOpts) (*proc, error) {
 		time.Sleep(20 * time.Millisecond)
 	}
 	// The "serving" line may come just after /healthz first answers.
-	testwait.For(t, 30*time.Second, "the serving log line", func() bool {
+	testkit.For(t, 30*time.Second, "the serving log line", func() bool {
 		m := idRe.FindStringSubmatch(d.stderr.String())
 		if m != nil {
 			d.id = m[1]

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/hotkeyd/hotkey/internal/redistest"
-	"github.com/hotkeyd/hotkey/internal/testwait"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // startRedis starts a redis-server for one test.
@@ -61,7 +61,7 @@ func TestRedisKilled(t *testing.T) {
 	d := startDaemon(t, daemonOpts{args: []string{
 		"--redis", "redis://" + srv.Addr, "--policies", writeFile(t, "p.yaml", killPolicies), "--breaker-probe", "300ms",
 	}})
-	testwait.For(t, time.Minute, "/readyz 200 before the kill", func() bool {
+	testkit.For(t, time.Minute, "/readyz 200 before the kill", func() bool {
 		return do(t, "GET", d.base+"/readyz", "").status == 200
 	})
 
@@ -140,7 +140,7 @@ func TestRedisKilled(t *testing.T) {
 		defer mu.Unlock()
 		return len(outcomes)
 	}
-	testwait.For(t, time.Minute, "answers of every kind with Redis up", func() bool { return answered(0, up) })
+	testkit.For(t, time.Minute, "answers of every kind with Redis up", func() bool { return answered(0, up) })
 
 	phase.Store(restarting)
 	if err := srv.Kill(); err != nil {
@@ -149,7 +149,7 @@ func TestRedisKilled(t *testing.T) {
 	killed := time.Now()
 	phase.Store(down)
 	var reason string
-	tookDown := testwait.For(t, time.Minute, "/readyz 503 after the kill", func() bool {
+	tookDown := testkit.For(t, time.Minute, "/readyz 503 after the kill", func() bool {
 		r := do(t, "GET", d.base+"/readyz", "")
 		if r.status == 503 {
 			var body struct{ Status, Reason string }
@@ -163,23 +163,23 @@ func TestRedisKilled(t *testing.T) {
 		t.Errorf("/readyz reason %q does not mention Redis", reason)
 	}
 	// The breaker opens, and decisions go on without the store.
-	testwait.For(t, time.Minute, "the breaker open", func() bool {
+	testkit.For(t, time.Minute, "the breaker open", func() bool {
 		return metric(string(do(t, "GET", d.base+"/metrics", "").body), `hotkey_breaker_changes_total{state="open"}`) >= 1
 	})
 	opened := since()
-	testwait.For(t, time.Minute, "answers of every kind with the breaker open", func() bool { return answered(opened, down) })
+	testkit.For(t, time.Minute, "answers of every kind with the breaker open", func() bool { return answered(opened, down) })
 
 	phase.Store(restarting)
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
 	restarted := time.Now()
-	tookUp := testwait.For(t, time.Minute, "/readyz 200 after Redis returns", func() bool {
+	tookUp := testkit.For(t, time.Minute, "/readyz 200 after Redis returns", func() bool {
 		return do(t, "GET", d.base+"/readyz", "").status == 200
 	})
 	phase.Store(back)
 	t.Logf("/readyz 200 %v after Redis restarted (down %v in all)", tookUp, time.Since(killed)-time.Since(restarted))
-	testwait.For(t, time.Minute, "answers of every kind with Redis back", func() bool { return answered(0, back) })
+	testkit.For(t, time.Minute, "answers of every kind with Redis back", func() bool { return answered(0, back) })
 	cancel()
 	wg.Wait()
 
@@ -243,7 +243,7 @@ func TestTwoDaemons(t *testing.T) {
 	if d1.id == "" || d2.id == "" || d1.id == d2.id {
 		t.Fatalf("instance IDs %q and %q", d1.id, d2.id)
 	}
-	testwait.For(t, time.Minute, "each daemon sees the other", func() bool {
+	testkit.For(t, time.Minute, "each daemon sees the other", func() bool {
 		return d1.hotKeys(t).Peers == 1 && d2.hotKeys(t).Peers == 1
 	})
 
@@ -261,7 +261,7 @@ func TestTwoDaemons(t *testing.T) {
 		}()
 	}
 	for _, d := range []*proc{d1, d2} {
-		took := testwait.For(t, time.Minute, "hot-one listed", func() bool {
+		took := testkit.For(t, time.Minute, "hot-one listed", func() bool {
 			for _, h := range d.hotKeys(t).HotKeys {
 				if h.Policy == "default" && h.Key == "hot-one" && h.Level >= 4 && h.Origin == d1.id && h.ExpiresInMs > 0 {
 					return true
@@ -310,7 +310,7 @@ func TestTwoDaemons(t *testing.T) {
 	}
 	// At least 3 s, and until the key was seen split.
 	time.Sleep(3 * time.Second)
-	testwait.For(t, time.Minute, "shared-hot split into 4 or more", func() bool { return maxShards.Load() >= 4 })
+	testkit.For(t, time.Minute, "shared-hot split into 4 or more", func() bool { return maxShards.Load() >= 4 })
 	cancel()
 	wg.Wait()
 	elapsed := time.Duration(last.Load())
@@ -334,7 +334,7 @@ func TestTwoDaemons(t *testing.T) {
 	// is not ready (it cannot agree on hot keys) but goes on deciding.
 	d1.stop()
 	var reason string
-	testwait.For(t, time.Minute, "the second daemon not ready without NATS", func() bool {
+	testkit.For(t, time.Minute, "the second daemon not ready without NATS", func() bool {
 		r := do(t, "GET", d2.base+"/readyz", "")
 		if r.status == 503 {
 			var body struct{ Reason string }
@@ -379,7 +379,7 @@ func TestMetrics(t *testing.T) {
 		return n
 	}
 	var last string
-	testwait.For(t, time.Minute, "a hot key counted in /metrics", func() bool {
+	testkit.For(t, time.Minute, "a hot key counted in /metrics", func() bool {
 		for i := 0; i < 300; i++ {
 			d.allow(t, `{"key":"metrics-hot"}`)
 		}
@@ -407,7 +407,7 @@ func TestRedisCluster(t *testing.T) {
 	// One unit back every 4.8 h: however slow the test, the sixth is denied.
 	pol := writeFile(t, "p.yaml", "policies:\n  five:\n    limit: 5\n    period: 24h\n")
 	d := startDaemon(t, daemonOpts{args: []string{"--redis-cluster", strings.Join(c.Addrs, ","), "--policies", pol}})
-	testwait.For(t, time.Minute, "/readyz 200", func() bool {
+	testkit.For(t, time.Minute, "/readyz 200", func() bool {
 		return do(t, "GET", d.base+"/readyz", "").status == 200
 	})
 	for i := 0; i < 5; i++ {

@@ -1,7 +1,6 @@
 package daemon
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -10,12 +9,13 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
+
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 func TestMain(m *testing.M) {
@@ -30,8 +30,8 @@ func TestInProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var logs bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&syncWriter{w: &logs}, nil))
+	var logs testkit.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, nil))
 	d, err := Start(context.Background(), cfg, log, "test")
 	if err != nil {
 		t.Fatal(err)
@@ -102,18 +102,6 @@ func TestInProcess(t *testing.T) {
 			t.Fatalf("/v1/hotkeys: %+v", hk)
 		}
 	}
-}
-
-// syncWriter serializes writes to w.
-type syncWriter struct {
-	mu sync.Mutex
-	w  io.Writer
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.w.Write(p)
 }
 
 // TestSecretFile: --nats-secret-file must name a readable file of at least

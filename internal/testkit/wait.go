@@ -1,9 +1,9 @@
-// Package testwait waits for events in tests that run real servers
-// (redis-server, NATS, the daemon), where how long an event takes is up to
-// the machine: a loaded 2-core machine can take seconds where a quiet one
-// takes milliseconds. So a wait bounds only a hang, and its time is for
-// logs, never asserted.
-package testwait
+// Waiting for events in tests that run real servers (redis-server, NATS,
+// the daemon), where how long an event takes is up to the machine: a loaded
+// 2-core machine can take seconds where a quiet one takes milliseconds. So
+// a wait bounds only a hang, and its time is for logs, never asserted.
+
+package testkit
 
 import (
 	"testing"

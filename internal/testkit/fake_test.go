@@ -1,8 +1,9 @@
-package fake
+package testkit
 
 import (
 	"context"
 	"errors"
+	"sync"
 	"testing"
 	"time"
 
@@ -42,5 +43,22 @@ func TestStore(t *testing.T) {
 	}
 	if n := s.Takes.Load(); n != 3 {
 		t.Fatalf("%d takes counted, want 3", n)
+	}
+}
+
+func TestBuffer(t *testing.T) {
+	var b Buffer
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 100 {
+				b.Write([]byte("x"))
+				_ = b.String()
+			}
+		})
+	}
+	wg.Wait()
+	if n := len(b.String()); n != 400 {
+		t.Fatalf("%d bytes, want 400", n)
 	}
 }

@@ -1,12 +1,16 @@
-// Package fake holds the stand-ins the tests of several packages share: a
-// clock a test moves by hand, and a store that fails on demand. A fake is
-// for what a real component cannot do on demand in a unit test; the tests
-// that kill real redis-servers and NATS servers use the real ones.
-package fake
+// Package testkit holds what the tests of several packages share: waiting
+// for an event on real servers (For), a clock a test moves by hand (Clock),
+// a store that fails on demand (Store), and a buffer safe for concurrent
+// writes (Buffer). A fake is for what a real component cannot do on demand
+// in a unit test; the tests that kill real redis-servers and NATS servers
+// use the real ones (internal/redistest, internal/natsserver).
+package testkit
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -33,7 +37,7 @@ func (c *Clock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 func (c *Clock) Set(t time.Time) { c.ns.Store(t.UnixNano()) }
 
 // ErrDown is what a Store's Take returns while it is down.
-var ErrDown = errors.New("fake store down")
+var ErrDown = errors.New("test store down")
 
 // Store wraps a counter.Store: it counts the Takes that reach it, and fails
 // each with ErrDown while Down is set, as a store whose server is gone.
@@ -50,4 +54,25 @@ func (s *Store) Take(ctx context.Context, key string, hash uint64, lim counter.L
 		return counter.Result{}, ErrDown
 	}
 	return s.Store.Take(ctx, key, hash, lim, n)
+}
+
+// Buffer is a bytes.Buffer safe for concurrent writes and reads: a
+// process's or a logger's output that a test reads while it is written.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// Write appends p.
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
