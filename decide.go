@@ -94,7 +94,7 @@ type degraded struct {
 	p         *Policy
 }
 
-// fallback decides d without the store, as d.fb says; cause is why.
+// fallback decides d without the store, as its policy says; cause is why.
 func (e *Engine) fallback(ctx context.Context, d degraded, cause error) (Result, error) {
 	lim, fb := d.p.Limit, d.p.OnStoreFailure
 	capacity := lim.Capacity()

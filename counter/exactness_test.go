@@ -31,7 +31,7 @@ func patientHarnesses(t *testing.T) []*harness {
 	} {
 		t.Cleanup(func() { c.client.Close() })
 		s := newTestStore(t, c.client, patient)
-		hs = append(hs, &harness{name: c.name, store: s, sleep: time.Sleep, now: time.Now, period: time.Second})
+		hs = append(hs, &harness{name: c.name, store: s, sleep: time.Sleep, now: serverNow(c.name, c.client), period: time.Second, tick: time.Microsecond})
 	}
 	return hs
 }

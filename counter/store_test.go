@@ -15,19 +15,23 @@ import (
 // harness runs the behaviour suite on one store. The memory store runs on
 // fixed instants (sleep advances its clock) and the suite asserts exact
 // figures. Redis runs on its own clock (TIME): sleep really sleeps, and a
-// take is decided at some instant between the local clock's readings just
-// before and just after it (the same host's clock). The suite's checks hold
+// take is decided at some instant between the server's TIME read just
+// before and just after it. The suite's checks hold
 // whatever instant in that span the server chose, so a slow machine widens
 // what they accept instead of failing them; where a check needs the takes to
 // fall in one window or interval and they did not, the scenario runs again
 // (untilDecided).
 type harness struct {
-	name   string
-	store  Store
-	sleep  func(time.Duration)
-	now    func() time.Time // the clock that decides (for aligning to windows)
-	period time.Duration    // base period of the suite's limits
-	exact  bool             // instants are fixed: assert exact figures
+	name  string
+	store Store
+	sleep func(time.Duration)
+	// now reads the clock that decides: the memory store's, or the Redis
+	// server's TIME. Spans on the server's own clock keep a step of the
+	// host's wall clock (which Redis reads) out of the checks, as spans on
+	// the test's monotonic clock would not.
+	now    func(t *testing.T) time.Time
+	period time.Duration // base period of the suite's limits
+	exact  bool          // instants are fixed: assert exact figures
 	// tick is the store's time resolution: a Redis script reads TIME in
 	// whole µs, so the instant it decides at may lie up to a tick before
 	// the span's start; 0 for the memory store.
@@ -50,9 +54,9 @@ type span struct{ from, to time.Time }
 // timedTake is take, with the span it was decided in.
 func (h *harness) timedTake(t *testing.T, key string, lim Limit, n int64) (Result, span) {
 	t.Helper()
-	from := h.now()
+	from := h.now(t)
 	r := h.take(t, key, lim, n)
-	return r, span{from, h.now()}
+	return r, span{from, h.now(t)}
 }
 
 // takeAll takes 1 k times and returns how many were admitted.
@@ -68,8 +72,8 @@ func (h *harness) takeAll(t *testing.T, key string, lim Limit, k int) int {
 }
 
 // alignTo sleeps until offset into the next window of length p.
-func (h *harness) alignTo(p, offset time.Duration) {
-	now := h.now()
+func (h *harness) alignTo(t *testing.T, p, offset time.Duration) {
+	now := h.now(t)
 	next := now.Truncate(p).Add(p + offset)
 	h.sleep(next.Sub(now))
 }
@@ -141,7 +145,7 @@ func memoryHarness() *harness {
 		name:   "memory",
 		store:  NewMemoryStore(MemoryConfig{MaxKeys: 1000, Stripes: 4, Clock: now}),
 		sleep:  func(d time.Duration) { clock.Add(int64(d)) },
-		now:    now,
+		now:    func(*testing.T) time.Time { return now() },
 		period: time.Second,
 		exact:  true,
 	}
@@ -154,7 +158,21 @@ func redisHarness(t *testing.T, name string, client redis.UniversalClient) *harn
 		t.Fatalf("NewRedisStore: %v", err)
 	}
 	t.Cleanup(func() { s.Close(); client.Close() })
-	return &harness{name: name, store: s, sleep: time.Sleep, now: time.Now, period: time.Second, tick: time.Microsecond}
+	return &harness{name: name, store: s, sleep: time.Sleep, now: serverNow(name, client), period: time.Second, tick: time.Microsecond}
+}
+
+// serverNow returns a reader of client's server TIME. The servers of a
+// cluster here run on this host, so any node's TIME is the clock every node
+// decides by.
+func serverNow(name string, client redis.UniversalClient) func(t *testing.T) time.Time {
+	return func(t *testing.T) time.Time {
+		t.Helper()
+		tm, err := client.Time(context.Background()).Result()
+		if err != nil {
+			t.Fatalf("%s: TIME: %v", name, err)
+		}
+		return tm
+	}
 }
 
 func harnesses(t *testing.T) []*harness {
@@ -203,7 +221,7 @@ func testTokenBucketBurstThenRate(t *testing.T, h *harness) {
 	key := uniqueKey(t)
 	lim := Limit{Algorithm: TokenBucket, Rate: 10, Period: h.period, Burst: 5}
 	interval := h.period / 10
-	first := h.now()
+	first := h.now(t)
 	if got := h.takeAll(t, key, lim, 5); got != 5 {
 		t.Fatalf("burst: admitted %d of 5", got)
 	}
@@ -240,7 +258,7 @@ func testTokenBucketBurstThenRate(t *testing.T, h *harness) {
 			t.Errorf("sustained take %d denied with retry-after %v, want in (0, %v]", i, r.RetryAfter, interval)
 		}
 	}
-	elapsed := h.now().Sub(first)
+	elapsed := h.now(t).Sub(first)
 	t.Logf("%s: sustained: admitted %d over %v at 2× rate", h.name, admitted, elapsed)
 	if bound := 5 + int((elapsed+h.tick)/interval); total+admitted > bound {
 		t.Errorf("admitted %d in %v: more than the burst of 5 and one per %v (%d)", total+admitted, elapsed, interval, bound)
@@ -255,8 +273,8 @@ func testFixedWindowBoundaryBurst(t *testing.T, h *harness) {
 	h.untilDecided(t, func() bool {
 		key := uniqueKey(t)
 		// End of one window: all 5 pass and the 6th is denied until the boundary.
-		h.alignTo(h.period, h.period*7/10)
-		first := h.now()
+		h.alignTo(t, h.period, h.period*7/10)
+		first := h.now(t)
 		if got := h.takeAll(t, key, lim, 5); got != 5 {
 			t.Fatalf("end of window: admitted %d of 5", got) // whatever windows they fell in
 		}
@@ -273,9 +291,9 @@ func testFixedWindowBoundaryBurst(t *testing.T, h *harness) {
 		// Start of the next: 5 more, so 2× the limit passes within 0.4 periods:
 		// the documented weakness of fixed windows.
 		h.sleep(r.RetryAfter + h.period/10)
-		from := h.now()
+		from := h.now(t)
 		got := h.takeAll(t, key, lim, 6)
-		if !h.oneWindow(from, h.now(), h.period) {
+		if !h.oneWindow(from, h.now(t), h.period) {
 			return false
 		}
 		if got != 5 {
@@ -290,13 +308,13 @@ func testSlidingWindowEstimate(t *testing.T, h *harness) {
 	p := int64(h.period)
 	h.untilDecided(t, func() bool {
 		key := uniqueKey(t)
-		h.alignTo(h.period, h.period/20)
-		first := h.now()
+		h.alignTo(t, h.period, h.period/20)
+		first := h.now(t)
 		if got := h.takeAll(t, key, lim, 10); got != 10 {
 			t.Fatalf("first window: admitted %d of 10", got)
 		}
 		w, _ := windowOf(first, h.period)
-		if !h.oneWindow(first, h.now(), h.period) {
+		if !h.oneWindow(first, h.now(t), h.period) {
 			return false
 		}
 		// A quarter into the next window the previous one still weighs 3/4:
@@ -304,7 +322,7 @@ func testSlidingWindowEstimate(t *testing.T, h *harness) {
 		// passes, so a take must be admitted if it fits at the earliest
 		// instant it may have been decided at, and denied if it does not
 		// fit at the latest.
-		h.alignTo(h.period, h.period/4)
+		h.alignTo(t, h.period, h.period/4)
 		cur, denied := int64(0), false
 		for i := range 6 {
 			r, sp := h.timedTake(t, key, lim, 1)
@@ -409,8 +427,8 @@ func testExpiry(t *testing.T, h *harness) {
 				if when != "fresh" {
 					h.sleep(2 * lim.Period)
 				}
-				h.alignTo(lim.Period, lim.Period/20)
-				first := h.now()
+				h.alignTo(t, lim.Period, lim.Period/20)
+				first := h.now(t)
 				// A counter with no state admits 4 however slow the takes,
 				// and the 5th is denied unless a unit came back meanwhile.
 				if got := h.takeAll(t, key, lim, 4); got != 4 {
@@ -437,8 +455,8 @@ func testRetryAfter(t *testing.T, h *harness) {
 		interval := lim.Period / 8
 		h.untilDecided(t, func() bool {
 			key := uniqueKey(t) + alg.String()
-			h.alignTo(lim.Period, lim.Period/20) // the 9 takes below share a window
-			first := h.now()
+			h.alignTo(t, lim.Period, lim.Period/20) // the 9 takes below share a window
+			first := h.now(t)
 			if got := h.takeAll(t, key, lim, 8); got != 8 {
 				t.Fatalf("%v: admitted %d of 8", alg, got)
 			}
