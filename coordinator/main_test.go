@@ -2,6 +2,7 @@ package coordinator
 
 import (
 	"fmt"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -153,6 +154,20 @@ func testConfig(id string, urls ...string) Config {
 		ConnectTimeout: 10 * time.Second,
 		Now:            testkit.NewClock().Now,
 	}
+}
+
+// announceKeys has c announce n keys (prefix + i, at levels 4, 16 and 64 in
+// turn) and waits until its recorder r applies them. It returns the levels.
+func announceKeys(t *testing.T, c *NATS, r *recorder, prefix string, n int) map[string]shard.Level {
+	t.Helper()
+	want := make(map[string]shard.Level, n)
+	for i := range n {
+		k := prefix + strconv.Itoa(i)
+		want[k] = levels[i%3]
+		c.Announce(k, xxhash.Sum64String(k), want[k])
+	}
+	testkit.For(t, patience, "applying its own", func() bool { return r.has(want) })
+	return want
 }
 
 // startCoord starts a coordinator reporting to a new recorder; cleanup

@@ -354,13 +354,7 @@ func TestJoinSync(t *testing.T) {
 		t.Fatal(err)
 	}
 	a, ra := startCoord(t, long("a"))
-	want := make(map[string]shard.Level)
-	for i := range 50 {
-		k := "join-" + strconv.Itoa(i)
-		want[k] = levels[i%3]
-		a.Announce(k, xxhash.Sum64String(k), want[k])
-	}
-	testkit.For(t, patience, "a applies its own", func() bool { return ra.has(want) })
+	want := announceKeys(t, a, ra, "join-", 50)
 	testkit.For(t, patience, "a's leases went through the server", func() bool { return leases.Load() >= 50 })
 
 	start := time.Now()

@@ -301,13 +301,7 @@ func TestSignedPeers(t *testing.T) {
 		return c
 	}
 	a, ra := startCoord(t, cfg("a", testSecret))
-	want := make(map[string]shard.Level)
-	for i := range 100 {
-		k := "signed-" + strconv.Itoa(i)
-		want[k] = levels[i%3]
-		a.Announce(k, xxhash.Sum64String(k), want[k])
-	}
-	testkit.For(t, patience, "a applies its own", func() bool { return ra.has(want) })
+	want := announceKeys(t, a, ra, "signed-", 100)
 	b, rb := startCoord(t, cfg("b", testSecret))
 	c, rc := startCoord(t, cfg("c", otherSecret))
 	d, rd := startCoord(t, cfg("d", nil))
