@@ -1,0 +1,97 @@
+package loadgen
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/natsserver"
+)
+
+// ClusterConfig is a set of embedded engines in one process: instances of
+// a gateway that embeds the engine, agreeing on hot keys over one NATS
+// server run in process.
+type ClusterConfig struct {
+	// Instances is the number of engines (default 3).
+	Instances int
+	// Store returns the store of engine i. nil gives each engine a memory
+	// store of its own, so each enforces its limits alone, as daemons on
+	// the memory store do; share one Redis store among them for one limit.
+	Store func(i int) (counter.Store, error)
+	// Options are given to every engine, after the coordinator.
+	Options []hotkey.Option
+}
+
+// Cluster is the engines of a ClusterConfig. Close stops them.
+type Cluster struct {
+	Engines []*hotkey.Engine
+	server  *natsserver.Server
+	conns   []*nats.Conn
+}
+
+// StartCluster starts cfg's engines, each with a NATS coordinator on its own
+// connection to one in-process NATS server.
+func StartCluster(cfg ClusterConfig) (c *Cluster, err error) {
+	n := cfg.Instances
+	if n <= 0 {
+		n = 3
+	}
+	c = &Cluster{}
+	defer func() {
+		if err != nil {
+			c.Close()
+		}
+	}()
+	if c.server, err = natsserver.Start(natsserver.Options{DontListen: true}); err != nil {
+		return nil, err
+	}
+	for i := range n {
+		nc, err := c.server.Connect(nats.Name(fmt.Sprintf("loadgen engine %d", i)))
+		if err != nil {
+			return nil, err
+		}
+		c.conns = append(c.conns, nc)
+		co, err := coordinator.NewNATS(coordinator.Config{Conn: nc})
+		if err != nil {
+			return nil, err
+		}
+		var store counter.Store = counter.NewMemoryStore(counter.MemoryConfig{})
+		if cfg.Store != nil {
+			if store, err = cfg.Store(i); err != nil {
+				return nil, fmt.Errorf("store of engine %d: %w", i, err)
+			}
+		}
+		e, err := hotkey.New(store, append([]hotkey.Option{hotkey.WithCoordinator(co)}, cfg.Options...)...)
+		if err != nil {
+			return nil, err
+		}
+		c.Engines = append(c.Engines, e)
+	}
+	return c, nil
+}
+
+// Target decides on the cluster's engines in turn, under p.
+func (c *Cluster) Target(p *hotkey.Policy) (Target, error) {
+	if c == nil || len(c.Engines) == 0 {
+		return nil, errors.New("loadgen: no engines")
+	}
+	return Engines(p, c.Engines...)
+}
+
+// Close stops the engines, closes their connections and the server. It
+// does not close the stores Store returned.
+func (c *Cluster) Close() {
+	for _, e := range c.Engines {
+		e.Close()
+	}
+	for _, nc := range c.conns {
+		nc.Close()
+	}
+	if c.server != nil {
+		c.server.Shutdown()
+	}
+}

@@ -1,0 +1,314 @@
+// Package loadgen drives a rate limiter with realistic load and measures
+// what it did: an open-loop pacer sends requests at a target rate, whatever
+// the target's speed, to keys a Workload picks (uniform, Zipf, a hot spot,
+// a ramp, a flood), and a recorder counts the decisions and their latency.
+//
+// Latency is counted from the instant each request was meant to be sent,
+// not from when a sender got to it. A target that stalls for 100 ms at
+// 1,000 requests per second delays the 100 requests meant for those 100 ms,
+// and each of them is recorded with its wait: a closed loop, which waits
+// for each answer before it asks again, would record one slow request and
+// hide the rest (coordinated omission).
+//
+// Targets: embedded engines (Engines), a hotkeyd over HTTP (HTTP), and a
+// hotkeyd over NATS (NATS).
+package loadgen
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Target decides requests. Decide is called from many goroutines at once.
+type Target interface {
+	Decide(ctx context.Context, key string, cost int64) (Outcome, error)
+}
+
+// Outcome is one decision as a target reports it.
+type Outcome struct {
+	Allowed bool
+	// Shards is the number of subcounters that decided (1 if the key is not
+	// split), where the target says; 0 where it does not.
+	Shards int
+}
+
+// Config is one run.
+type Config struct {
+	Target   Target
+	Workload Workload
+	// Rate is the requests per second sent, whatever the target answers.
+	Rate float64
+	// Duration is how long requests are sent for; the run then waits for
+	// the answers in flight.
+	Duration time.Duration
+	// Concurrency bounds the requests in flight (default 64). When all are
+	// in flight, later requests wait for a sender, and their wait counts
+	// in their latency.
+	Concurrency int
+	// Cost is each request's cost (default 1).
+	Cost int64
+	// Watch is a key whose decisions are also counted per Period (for
+	// following a hot key through its splits): Result.Watched.
+	Watch string
+	// Period is the width of Result.Watched's buckets (default 1 s).
+	Period time.Duration
+	// Timeout bounds each decision (default 5 s); a decision past it is an
+	// error.
+	Timeout time.Duration
+}
+
+// Result is what a run measured.
+type Result struct {
+	Sent, Allowed, Denied, Errors int64
+	// Latency is each answered request's latency from the instant it was
+	// meant to be sent: errors are not in it.
+	Latency Histogram
+	// Elapsed is from the start until the last answer.
+	Elapsed time.Duration
+	// Watched holds Config.Watch's decisions per Config.Period, by the
+	// instant each was meant to be sent.
+	Watched []Bucket
+	// FirstError is the first error a decision returned.
+	FirstError error
+}
+
+// Bucket is one period of the watched key.
+type Bucket struct {
+	Allowed, Denied, Errors int64
+	// Shards is the most subcounters any decision in the period reported.
+	Shards int
+}
+
+// Rate returns the decisions answered (allowed or denied) per second of the
+// run.
+func (r *Result) Rate() float64 {
+	if r.Elapsed <= 0 {
+		return 0
+	}
+	return float64(r.Allowed+r.Denied) / r.Elapsed.Seconds()
+}
+
+// Snapshot is a run's progress so far: what Progress reports.
+type Snapshot struct {
+	Elapsed                       time.Duration
+	Sent, Allowed, Denied, Errors int64
+	// P99 is over the decisions answered since the previous snapshot.
+	P99 time.Duration
+	// Shards is the watched key's subcounters in its latest decision.
+	Shards int
+}
+
+// Run sends cfg's requests and returns what it measured. It returns early,
+// with what it measured so far and ctx's error, if ctx ends. If progress is
+// not nil, it is called every interval (and once at the end) with a
+// snapshot, on a goroutine of its own.
+func Run(ctx context.Context, cfg Config, progress func(Snapshot), interval time.Duration) (*Result, error) {
+	if cfg.Target == nil || cfg.Workload == nil {
+		return nil, errors.New("loadgen: a run needs a target and a workload")
+	}
+	if !(cfg.Rate > 0) || cfg.Duration <= 0 {
+		return nil, fmt.Errorf("loadgen: rate %v and duration %v must be positive", cfg.Rate, cfg.Duration)
+	}
+	cfg.Concurrency = max(cfg.Concurrency, 0)
+	if cfg.Concurrency == 0 {
+		cfg.Concurrency = 64
+	}
+	cfg.Cost = max(cfg.Cost, 1)
+	if cfg.Period <= 0 {
+		cfg.Period = time.Second
+	}
+	if cfg.Timeout <= 0 {
+		cfg.Timeout = 5 * time.Second
+	}
+	r := newRun(cfg)
+	jobs := make(chan job, cfg.Concurrency)
+	var wg sync.WaitGroup
+	for range cfg.Concurrency {
+		wg.Go(func() { r.send(ctx, jobs) })
+	}
+	stopProgress := r.report(progress, interval)
+	err := r.pace(ctx, jobs)
+	close(jobs)
+	wg.Wait()
+	res := r.result()
+	stopProgress(res)
+	return res, err
+}
+
+// job is one request: its key and the instant it is meant for.
+type job struct {
+	key      string
+	intended time.Time
+}
+
+type run struct {
+	cfg   Config
+	start time.Time
+
+	sent, allowed, denied, errs atomic.Int64
+	shards                      atomic.Int64 // the watched key's, latest
+	firstErr                    atomic.Pointer[error]
+
+	mu      sync.Mutex // guards the fields below
+	hist    Histogram  // since the start
+	recent  Histogram  // since the last snapshot
+	watched []Bucket
+}
+
+func newRun(cfg Config) *run {
+	n := int((cfg.Duration + cfg.Period - 1) / cfg.Period)
+	return &run{cfg: cfg, start: time.Now(), watched: make([]Bucket, n)}
+}
+
+// pace hands out request i at start + i/rate, until Duration. A request
+// whose instant has passed (the senders were all busy, or this goroutine
+// slept late) goes at once: the pace never slows to the target's.
+func (r *run) pace(ctx context.Context, jobs chan<- job) error {
+	timer := time.NewTimer(time.Hour)
+	defer timer.Stop()
+	for i := int64(0); ; i++ {
+		at := time.Duration(float64(i) / r.cfg.Rate * float64(time.Second))
+		if at >= r.cfg.Duration {
+			return nil
+		}
+		if d := time.Until(r.start.Add(at)); d > 0 {
+			timer.Reset(d)
+			select {
+			case <-timer.C:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+		}
+		j := job{key: r.cfg.Workload.Key(i, at), intended: r.start.Add(at)}
+		select {
+		case jobs <- j:
+			r.sent.Add(1)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// send decides the jobs it is handed and records each.
+func (r *run) send(ctx context.Context, jobs <-chan job) {
+	// Latencies are merged under mu in batches (256, or 50 ms' worth), to
+	// keep senders apart.
+	var local Histogram
+	flushed := time.Now()
+	flush := func() {
+		r.mu.Lock()
+		r.hist.Merge(&local)
+		r.recent.Merge(&local)
+		r.mu.Unlock()
+		local, flushed = Histogram{}, time.Now()
+	}
+	defer flush()
+	for j := range jobs {
+		dctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+		out, err := r.cfg.Target.Decide(dctx, j.key, r.cfg.Cost)
+		cancel()
+		done := time.Now()
+		switch {
+		case err != nil:
+			r.errs.Add(1)
+			r.firstErr.CompareAndSwap(nil, &err)
+		case out.Allowed:
+			r.allowed.Add(1)
+		default:
+			r.denied.Add(1)
+		}
+		if err == nil {
+			local.Record(done.Sub(j.intended))
+			if local.Count() >= 256 || done.Sub(flushed) >= 50*time.Millisecond {
+				flush()
+			}
+		}
+		if j.key == r.cfg.Watch && r.cfg.Watch != "" {
+			r.watch(j, out, err)
+		}
+	}
+}
+
+func (r *run) watch(j job, out Outcome, err error) {
+	if err == nil && out.Shards > 0 {
+		r.shards.Store(int64(out.Shards))
+	}
+	i := int(j.intended.Sub(r.start) / r.cfg.Period)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if i < 0 || i >= len(r.watched) {
+		return
+	}
+	b := &r.watched[i]
+	switch {
+	case err != nil:
+		b.Errors++
+	case out.Allowed:
+		b.Allowed++
+	default:
+		b.Denied++
+	}
+	b.Shards = max(b.Shards, out.Shards)
+}
+
+// report calls progress every interval until the returned function is
+// called with the result, which reports once more and stops it.
+func (r *run) report(progress func(Snapshot), interval time.Duration) func(*Result) {
+	if progress == nil {
+		return func(*Result) {}
+	}
+	if interval <= 0 {
+		interval = time.Second
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			select {
+			case <-t.C:
+				progress(r.snapshot())
+			case <-done:
+				return
+			}
+		}
+	})
+	return func(*Result) {
+		close(done)
+		wg.Wait()
+		progress(r.snapshot())
+	}
+}
+
+func (r *run) snapshot() Snapshot {
+	r.mu.Lock()
+	p99 := r.recent.Quantile(0.99)
+	r.recent = Histogram{}
+	r.mu.Unlock()
+	return Snapshot{
+		Elapsed: time.Since(r.start),
+		Sent:    r.sent.Load(), Allowed: r.allowed.Load(), Denied: r.denied.Load(), Errors: r.errs.Load(),
+		P99:    p99,
+		Shards: int(r.shards.Load()),
+	}
+}
+
+func (r *run) result() *Result {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	res := &Result{
+		Sent: r.sent.Load(), Allowed: r.allowed.Load(), Denied: r.denied.Load(), Errors: r.errs.Load(),
+		Latency: r.hist,
+		Elapsed: time.Since(r.start),
+		Watched: append([]Bucket(nil), r.watched...),
+	}
+	if e := r.firstErr.Load(); e != nil {
+		res.FirstError = *e
+	}
+	return res
+}

@@ -1,0 +1,123 @@
+package loadgen
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/hotkeyd/hotkey"
+)
+
+// decision is the part of hotkeyd's answer a run reads.
+type decision struct {
+	Allowed bool `json:"allowed"`
+	Shards  int  `json:"shards"`
+}
+
+// request is hotkeyd's request body.
+type request struct {
+	Policy string `json:"policy,omitempty"`
+	Key    string `json:"key"`
+	Cost   int64  `json:"cost"`
+}
+
+// HTTP decides on a hotkeyd's POST /v1/allow at base (http://host:port),
+// under the named policy ("" for the daemon's default). client nil means a
+// client that keeps up to 1,024 idle connections to the daemon, so a run's
+// senders do not open a connection per request.
+func HTTP(base, policy string, client *http.Client) Target {
+	if client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 1024
+		client = &http.Client{Transport: tr}
+	}
+	return &httpTarget{url: strings.TrimRight(base, "/") + "/v1/allow", policy: policy, client: client}
+}
+
+type httpTarget struct {
+	url, policy string
+	client      *http.Client
+}
+
+func (h *httpTarget) Decide(ctx context.Context, key string, cost int64) (Outcome, error) {
+	body, _ := json.Marshal(request{Policy: h.policy, Key: key, Cost: cost})
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
+	if err != nil {
+		return Outcome{}, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := h.client.Do(req)
+	if err != nil {
+		return Outcome{}, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	if err != nil {
+		return Outcome{}, err
+	}
+	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
+		return Outcome{}, fmt.Errorf("%s: %s: %s", h.url, resp.Status, bytes.TrimSpace(b))
+	}
+	var d decision
+	if err := json.Unmarshal(b, &d); err != nil {
+		return Outcome{}, fmt.Errorf("%s: %s: %w", h.url, resp.Status, err)
+	}
+	return Outcome{Allowed: d.Allowed, Shards: d.Shards}, nil
+}
+
+// Subject is the NATS subject hotkeyd answers decisions on.
+const Subject = "hotkey.allow"
+
+// NATS decides by requests on hotkeyd's NATS subject (Subject) over nc,
+// under the named policy ("" for the daemon's default).
+func NATS(nc *nats.Conn, policy string) Target { return &natsTarget{nc: nc, policy: policy} }
+
+type natsTarget struct {
+	nc     *nats.Conn
+	policy string
+}
+
+func (n *natsTarget) Decide(ctx context.Context, key string, cost int64) (Outcome, error) {
+	body, _ := json.Marshal(request{Policy: n.policy, Key: key, Cost: cost})
+	msg, err := n.nc.RequestWithContext(ctx, Subject, body)
+	if err != nil {
+		return Outcome{}, err
+	}
+	if code := msg.Header.Get("Nats-Service-Error-Code"); code != "" {
+		return Outcome{}, fmt.Errorf("%s: %s %s", Subject, code, msg.Header.Get("Nats-Service-Error"))
+	}
+	var d decision
+	if err := json.Unmarshal(msg.Data, &d); err != nil {
+		return Outcome{}, fmt.Errorf("%s: %w", Subject, err)
+	}
+	return Outcome{Allowed: d.Allowed, Shards: d.Shards}, nil
+}
+
+// Engines decides in process on engines in turn, under p: M instances of a
+// gateway that embeds the engine, each taking every M-th request.
+func Engines(p *hotkey.Policy, engines ...*hotkey.Engine) (Target, error) {
+	if p == nil || len(engines) == 0 {
+		return nil, errors.New("loadgen: Engines needs a policy and at least one engine")
+	}
+	return &engineTarget{p: p, engines: engines}, nil
+}
+
+type engineTarget struct {
+	p       *hotkey.Policy
+	engines []*hotkey.Engine
+	next    atomic.Uint64
+}
+
+func (e *engineTarget) Decide(ctx context.Context, key string, cost int64) (Outcome, error) {
+	eng := e.engines[(e.next.Add(1)-1)%uint64(len(e.engines))]
+	r, err := eng.AllowN(ctx, key, e.p, cost)
+	return Outcome{Allowed: r.Allowed, Shards: int(r.Shards)}, err
+}
