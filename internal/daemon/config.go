@@ -20,7 +20,11 @@ const (
 	DefaultListen       = "127.0.0.1:8080"
 	DefaultNATSListen   = "127.0.0.1:4222"
 	DefaultBreakerProbe = hotkey.DefaultBreakerProbe
-	envPrefix           = "HOTKEYD_"
+	// DefaultNATSConcurrency is as many decisions in flight as the Redis
+	// store batches well: a daemon over NATS forms batches as one over
+	// HTTP does, where each connection has its own goroutine.
+	DefaultNATSConcurrency = 1024
+	envPrefix              = "HOTKEYD_"
 )
 
 // Config is what the flags (or their environment variables) say.
@@ -43,6 +47,9 @@ type Config struct {
 	// NATSSecretFile names a file holding the coordinator's shared secret
 	// (coordinator.Config.Secret): read at start, never passed in argv.
 	NATSSecretFile string
+
+	// NATSConcurrency bounds the hotkey.allow requests decided at once.
+	NATSConcurrency int
 
 	HotThreshold float64
 	CoolDown     time.Duration
@@ -76,6 +83,7 @@ var flagDocs = []flagDoc{
 	{"nats-cert", "FILE", "PEM client certificate for NATS, with --nats-key (with --nats)"},
 	{"nats-key", "FILE", "PEM key of --nats-cert"},
 	{"nats-secret-file", "FILE", "sign and check the daemons' coordination messages with the secret in FILE (at least 16 bytes, white space around it ignored; e.g. openssl rand -hex 32); every daemon needs the same, and drops the others' messages"},
+	{"nats-concurrency", "N", "decide up to N requests on hotkey.allow at once (1: one at a time); more wait in the NATS client's buffer"},
 	{"hot-threshold", "RATE", "requests per second, over all daemons, at which a key is split in 4 (16 at 4x, 64 at 16x)"},
 	{"cool-down", "DURATION", "how long a split key's rate must stay under half its level's threshold before it is merged back a level"},
 	{"breaker-probe", "DURATION", "after the store fails (3 calls in a row), decisions follow each policy's on_store_failure; the store is probed again after DURATION, doubling up to 2m (or DURATION if longer)"},
@@ -117,6 +125,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.NATSCert, "nats-cert", "", "")
 	fs.StringVar(&cfg.NATSKey, "nats-key", "", "")
 	fs.StringVar(&cfg.NATSSecretFile, "nats-secret-file", "", "")
+	fs.IntVar(&cfg.NATSConcurrency, "nats-concurrency", DefaultNATSConcurrency, "")
 	fs.Float64Var(&cfg.HotThreshold, "hot-threshold", detector.DefaultConfig().Threshold, "")
 	fs.DurationVar(&cfg.CoolDown, "cool-down", detector.DefaultConfig().CoolDown, "")
 	fs.DurationVar(&cfg.BreakerProbe, "breaker-probe", DefaultBreakerProbe, "")
@@ -223,6 +232,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s needs %s", flagName("nats-password"), flagName("nats-user"))
 	case (c.NATSCert == "") != (c.NATSKey == ""):
 		return fmt.Errorf("%s and %s go together", flagName("nats-cert"), flagName("nats-key"))
+	case c.NATSConcurrency < 1 || c.NATSConcurrency > 1<<20:
+		return fmt.Errorf("%s %d: want 1 to %d", flagName("nats-concurrency"), c.NATSConcurrency, 1<<20)
 	case !(c.HotThreshold > 0) || c.HotThreshold > 1e12:
 		return fmt.Errorf("%s %v: want a positive rate in requests per second", flagName("hot-threshold"), c.HotThreshold)
 	case c.CoolDown <= 0:

@@ -56,6 +56,7 @@ func TestParseArgsErrors(t *testing.T) {
 		{[]string{"--hot-threshold", "0"}, nil, "--hot-threshold"},
 		{[]string{"--cool-down", "0s"}, nil, "--cool-down"},
 		{[]string{"--breaker-probe", "-1s"}, nil, "--breaker-probe"},
+		{[]string{"--nats-concurrency", "0"}, nil, "--nats-concurrency"},
 		{[]string{"--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"--listen", "8080"}, nil, "--listen"},
 		{[]string{"--redis", "redis://x", "--redis-cluster", "a:1"}, nil, "--redis"},

@@ -152,6 +152,7 @@ type Daemon struct {
 	nc       *nats.Conn
 	ncClosed chan struct{}
 	svc      micro.Service
+	nats     natsRequests
 
 	store  counter.Store
 	redis  redis.UniversalClient // nil for the memory store
@@ -221,6 +222,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		return nil, err
 	}
 
+	d.nats.slots = make(chan struct{}, max(1, cfg.NATSConcurrency))
 	d.svc, err = micro.AddService(d.nc, micro.Config{
 		Name:        ServiceName,
 		Version:     serviceVersion(version),
@@ -538,6 +540,7 @@ func (d *Daemon) stop(ctx context.Context) error {
 	if err := d.svc.Stop(); err != nil {
 		natsErr = fmt.Errorf("NATS micro service: %w", err)
 	}
+	d.nats.stop() // replies go out before the connection drains
 	if err := d.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		natsErr = errors.Join(natsErr, fmt.Errorf("NATS drain: %w", err))
 	}
