@@ -78,9 +78,11 @@ type Result struct {
 
 // Bucket is one period of the watched key.
 type Bucket struct {
-	Allowed, Denied, Errors int64
+	Allowed int64 `json:"allowed"`
+	Denied  int64 `json:"denied"`
+	Errors  int64 `json:"errors"`
 	// Shards is the most subcounters any decision in the period reported.
-	Shards int
+	Shards int `json:"shards"`
 }
 
 // Rate returns the decisions answered (allowed or denied) per second of the

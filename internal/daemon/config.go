@@ -144,7 +144,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 		Usage(out, fs)
 		return cfg, errHelp
 	case len(rest) > 0:
-		return cfg, fmt.Errorf("unexpected argument %q: hotkeyd takes flags only, or the command \"version\" (hotkeyd --help lists the flags)", rest[0])
+		return cfg, fmt.Errorf("unexpected argument %q: hotkeyd takes flags only, or the commands \"version\" and \"loadgen\" (hotkeyd --help lists them)", rest[0])
 	}
 	fs.Visit(func(f *flag.Flag) { cfg.set[f.Name] = true })
 	var envErr error
@@ -250,6 +250,7 @@ func Usage(w io.Writer, fs *flag.FlagSet) {
 
 Usage:
   hotkeyd [flags]      serve (HTTP API, NATS micro service "hotkey", /metrics)
+  hotkeyd loadgen ...  send load to a running hotkeyd (hotkeyd loadgen --help)
   hotkeyd version      print the version
   hotkeyd --help       this text
 

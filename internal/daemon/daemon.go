@@ -36,6 +36,7 @@ import (
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/internal/loadgencmd"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/redact"
 )
@@ -65,6 +66,9 @@ const readyzKey = "hotkeyd:readyz"
 // --help, version or a graceful shutdown on SIGTERM or SIGINT; 2 for bad
 // flags; 1 when the daemon cannot start or fails.
 func Main(version string, args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "loadgen" {
+		return loadgencmd.Main(args[1:], stdout, stderr)
+	}
 	version = fullVersion(version)
 	cfg, err := ParseArgs(args, lookup, stdout)
 	switch {
