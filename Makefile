@@ -1,10 +1,13 @@
 # hotkey — build, test and benchmark.
 SHELL := /bin/bash
 GO ?= go
-BENCHTIME ?= 1s
+# QUICK=1 shortens make bench-report (one round, short benchmark times and
+# scenario runs) so that it completes in a few minutes.
+QUICK ?=
+BENCHTIME ?= $(if $(QUICK),200ms,1s)
 BENCH ?= .
 BENCHOUT ?= bench.out
-BENCHROUNDS ?= 3
+BENCHROUNDS ?= $(if $(QUICK),1,3)
 
 .PHONY: test vet redis bench bench-report chaos fuzz
 
@@ -39,6 +42,7 @@ fuzz:
 vet:
 	@test -z "$$(gofmt -l .)" || { echo "gofmt needed:"; gofmt -l .; exit 1; }
 	$(GO) vet ./...
+	cd bench/report && $(GO) vet ./...
 
 redis:
 	@command -v redis-server >/dev/null 2>&1 || { \
@@ -57,6 +61,10 @@ bench: redis
 			./bench/ ./counter/ ./shard/ ./detector/ || exit 1; \
 	done | tee $(BENCHOUT)
 
-# make bench-report: make bench, then docs/benchmarks.md from its output.
+# make bench-report: make bench, then docs/benchmarks.md from its output,
+# then the scenarios (bench/report, a module of its own for its plotting
+# dependencies), which add their sections and write their plots to
+# docs/bench/.
 bench-report: bench
 	$(GO) run ./bench/benchreport < $(BENCHOUT) > docs/benchmarks.md
+	cd bench/report && $(GO) run . $(if $(QUICK),-quick) -md ../../docs/benchmarks.md -plots ../../docs/bench

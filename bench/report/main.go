@@ -1,0 +1,156 @@
+// Command report runs the benchmark scenarios of docs/benchmarks.md in one
+// process, on redis-servers and NATS servers it starts on loopback, and
+// writes their sections (markdown) and plots (SVG) from what it measured.
+//
+//	go run . -md ../../docs/benchmarks.md -plots ../../docs/bench   # appends to the file
+//	go run . -quick                                                 # short runs, to stdout
+//
+// It lives in a module of its own so that its plotting dependencies stay
+// out of the library's.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"regexp"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hotkeyd/hotkey/internal/redistest"
+)
+
+// scenario is one named measurement.
+type scenario struct {
+	name  string
+	title string
+	run   func(ctx context.Context, s *setup) (*section, error)
+}
+
+var scenarios = []scenario{
+	{"spread", "Hot-key spread on a 3-master Redis Cluster", runSpread},
+	{"ramp", "Accuracy through a ramp", runRamp},
+}
+
+// setup is what every scenario runs on.
+type setup struct {
+	env      *redistest.Env
+	quick    bool
+	plots    string // directory the plots go to
+	format   string // svg or png
+	plotLink string // how the markdown names that directory
+}
+
+// scale returns full, or quick in quick mode.
+func (s *setup) scale(full, quick time.Duration) time.Duration {
+	if s.quick {
+		return quick
+	}
+	return full
+}
+
+// section is a scenario's part of the report.
+type section struct {
+	setup string // what ran: instances, store, load, run length
+	body  strings.Builder
+}
+
+func (s *section) printf(format string, args ...any) { fmt.Fprintf(&s.body, format, args...) }
+
+func main() {
+	quick := flag.Bool("quick", false, "short runs (the whole report in under 4 minutes on 2 cores)")
+	md := flag.String("md", "", "append the sections to this file (default: stdout)")
+	plots := flag.String("plots", "plots", "directory for the plots")
+	only := flag.String("run", ".", "run the scenarios whose names match this regexp")
+	format := flag.String("format", "svg", "plot format: svg or png")
+	flag.Parse()
+	if *format != "svg" && *format != "png" {
+		fmt.Fprintln(os.Stderr, "report: -format: want svg or png")
+		os.Exit(2)
+	}
+	if err := run(*quick, *md, *plots, *only, *format); err != nil {
+		fmt.Fprintln(os.Stderr, "report:", err)
+		os.Exit(1)
+	}
+}
+
+func run(quick bool, md, plots, only, format string) error {
+	re, err := regexp.Compile(only)
+	if err != nil {
+		return fmt.Errorf("-run: %w", err)
+	}
+	if err := os.MkdirAll(plots, 0o755); err != nil {
+		return err
+	}
+	link := plots
+	if md != "" {
+		if rel, err := filepath.Rel(filepath.Dir(md), plots); err == nil {
+			link = rel
+		}
+	}
+	env, err := redistest.StartEnv(3)
+	if err != nil {
+		return err
+	}
+	defer env.Close()
+	s := &setup{env: env, quick: quick, plots: plots, plotLink: link, format: format}
+	var out io.Writer = os.Stdout
+	if md != "" {
+		f, err := os.OpenFile(md, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		out = f
+	}
+	fmt.Fprintf(out, "\n## Scenarios\n\n%s\n", machine(env, quick))
+	ctx := context.Background()
+	for i, sc := range scenarios {
+		if !re.MatchString(sc.name) {
+			continue
+		}
+		start := time.Now()
+		fmt.Fprintf(os.Stderr, "scenario %s...\n", sc.name)
+		sec, err := sc.run(ctx, s)
+		if err != nil {
+			return fmt.Errorf("scenario %s: %w", sc.name, err)
+		}
+		fmt.Fprintf(out, "\n### %d. %s\n\n*Setup:* %s Took %.0f s.\n\n%s", i+1, sc.title, sec.setup, time.Since(start).Seconds(), sec.body.String())
+	}
+	return nil
+}
+
+// machine describes what the report ran on.
+func machine(env *redistest.Env, quick bool) string {
+	cpu := "unknown CPU"
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for line := range strings.Lines(string(b)) {
+			if v, ok := strings.CutPrefix(line, "model name"); ok {
+				cpu = strings.TrimSpace(strings.TrimPrefix(strings.TrimSpace(v), ":"))
+				break
+			}
+		}
+	}
+	version := "unknown"
+	c := redis.NewClient(&redis.Options{Addr: env.Server.Addr})
+	defer c.Close()
+	if info, err := c.Info(context.Background(), "server").Result(); err == nil {
+		for line := range strings.Lines(info) {
+			if v, ok := strings.CutPrefix(line, "redis_version:"); ok {
+				version = strings.TrimSpace(v)
+			}
+		}
+	}
+	mode := "full runs"
+	if quick {
+		mode = "quick runs (QUICK=1: shorter, noisier)"
+	}
+	return fmt.Sprintf("Measured by `make bench-report` (bench/report) on %s, %d cores (GOMAXPROCS %d), Redis %s, %s, %s. Every figure and plot below comes from that run.",
+		cpu, runtime.NumCPU(), runtime.GOMAXPROCS(0), version, runtime.Version(), mode)
+}
