@@ -36,6 +36,11 @@ type scenario struct {
 var scenarios = []scenario{
 	{"spread", "Hot-key spread on a 3-master Redis Cluster", runSpread},
 	{"ramp", "Accuracy through a ramp", runRamp},
+	{"redis", "Decisions/s on one redis-server: hotkey, redis_rate and the naive Lua bucket", runRedis},
+	{"embedded", "Embedded decision cost against x/time/rate", runEmbedded},
+	{"convergence", "Convergence across 3 instances", runConvergence},
+	{"denycache", "The deny cache under an attacker at 10× the limit", runDenyCache},
+	{"detector", "Detector precision and recall: Zipf traffic with a random-key flood", runDetector},
 }
 
 // setup is what every scenario runs on.
