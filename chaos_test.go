@@ -33,6 +33,7 @@ import (
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/redistest"
 	"github.com/hotkeyd/hotkey/internal/testkit"
+	"github.com/hotkeyd/hotkey/loadgen"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -616,51 +617,29 @@ func TestChaosRedisSlow(t *testing.T) {
 	}
 }
 
-// pacedStream is what drivePaced saw.
-type pacedStream struct {
-	admitted, decisions, errors int
-	firstErr                    error
-	start, end                  time.Time
+// engineTarget is loadgen's target of one engine deciding under p.
+type engineTarget struct {
+	e *Engine
+	p *Policy
 }
 
-// drivePaced sends rate decisions per second for key on e during d, spread over
-// workers goroutines on a fixed schedule, and counts what was admitted.
-func drivePaced(e *Engine, key string, lim Limit, rate int, d time.Duration, workers int) pacedStream {
-	n := int(float64(rate) * d.Seconds())
-	gap := time.Second / time.Duration(rate)
-	s := pacedStream{start: time.Now()}
-	var mu sync.Mutex
-	var wg sync.WaitGroup
-	for w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			var local pacedStream
-			for i := w; i < n; i += workers {
-				time.Sleep(time.Until(s.start.Add(time.Duration(i) * gap)))
-				r, err := e.Allow(context.Background(), key, pol(lim))
-				local.decisions++
-				switch {
-				case err != nil:
-					local.errors++
-					local.firstErr = err
-				case r.Allowed:
-					local.admitted++
-				}
-			}
-			mu.Lock()
-			s.admitted += local.admitted
-			s.decisions += local.decisions
-			s.errors += local.errors
-			if local.firstErr != nil {
-				s.firstErr = local.firstErr
-			}
-			mu.Unlock()
-		}()
+func (t engineTarget) Decide(ctx context.Context, key string, cost int64) (loadgen.Outcome, error) {
+	r, err := t.e.AllowN(ctx, key, t.p, cost)
+	return loadgen.Outcome{Allowed: r.Allowed, Shards: int(r.Shards)}, err
+}
+
+// drivePaced sends rate decisions per second for key on e during d, from
+// workers senders on loadgen's open-loop schedule, and returns what it
+// measured. A decision may take up to a minute: only a hang is an error.
+func drivePaced(t *testing.T, e *Engine, key string, lim Limit, rate int, d time.Duration, workers int) *loadgen.Result {
+	res, err := loadgen.Run(context.Background(), loadgen.Config{
+		Target: engineTarget{e, pol(lim)}, Workload: loadgen.Fixed(key),
+		Rate: float64(rate), Duration: d, Concurrency: workers, Timeout: time.Minute,
+	}, nil, 0)
+	if err != nil {
+		t.Error(err)
 	}
-	wg.Wait()
-	s.end = time.Now()
-	return s
+	return res
 }
 
 // routedTo reports whether s has a route to the server named name.
@@ -755,20 +734,20 @@ func TestChaosNATSPartition(t *testing.T) {
 	lim := PerSecond(limit)
 	key := fmt.Sprintf("part:%x", rand.Uint64())
 	key2 := fmt.Sprintf("part2:%x", rand.Uint64())
-	streams := make([]pacedStream, 3)
+	streams := make([]*loadgen.Result, 3)
 	var wg sync.WaitGroup
-	for i, f := range []func() pacedStream{
-		func() pacedStream { return drivePaced(ea, key, lim, 3*limit, window, 8) },
-		func() pacedStream { return drivePaced(eb, key, lim, 3*limit, window, 8) },
-		func() pacedStream { return drivePaced(ea, key2, PerSecond(1_000_000), 300, window, 2) },
+	for i, f := range []func() *loadgen.Result{
+		func() *loadgen.Result { return drivePaced(t, ea, key, lim, 3*limit, window, 8) },
+		func() *loadgen.Result { return drivePaced(t, eb, key, lim, 3*limit, window, 8) },
+		func() *loadgen.Result { return drivePaced(t, ea, key2, PerSecond(1_000_000), 300, window, 2) },
 	} {
 		wg.Add(1)
 		go func() { defer wg.Done(); streams[i] = f() }()
 	}
 	wg.Wait()
 	for i, s := range streams {
-		if s.errors > 0 {
-			t.Errorf("stream %d: %d errors during the partition (last: %v), want 0", i, s.errors, s.firstErr)
+		if s.Errors > 0 {
+			t.Errorf("stream %d: %d errors during the partition (first: %v), want 0", i, s.Errors, s.FirstError)
 		}
 	}
 	if ea.Instances() != 1 || eb.Instances() != 1 || routed() {
@@ -778,17 +757,20 @@ func TestChaosNATSPartition(t *testing.T) {
 	if ea.Level(key) == 1 || eb.Level(key) == 1 || ea.Level(key2) == 1 || eb.Level(key2) != 1 {
 		t.Errorf("levels at the end of the partition: %s; want the hot key split on both sides, key2 split on A only", levels)
 	}
-	start, end := streams[0].start, streams[0].end
-	if streams[1].end.After(end) {
-		end = streams[1].end
+	start := streams[0].Start
+	if streams[1].Start.Before(start) {
+		start = streams[1].Start
+	}
+	end := streams[0].Start.Add(streams[0].Elapsed)
+	if e1 := streams[1].Start.Add(streams[1].Elapsed); e1.After(end) {
+		end = e1
 	}
 	quota := float64(limit) + float64(limit)*end.Sub(start).Seconds()
-	total := streams[0].admitted + streams[1].admitted
+	total := streams[0].Allowed + streams[1].Allowed
 	ratio := float64(total) / quota
-	t.Logf("partitioned %v after the cut; over %v at 3× the limit of %d/s on each side (%.0f/s and %.0f/s sent), A admitted %d, B %d: %d of a quota of %.0f = %.2f× (bound 2×); levels %s",
-		apart.Round(time.Millisecond), end.Sub(start).Round(time.Millisecond), limit,
-		float64(streams[0].decisions)/streams[0].end.Sub(streams[0].start).Seconds(), float64(streams[1].decisions)/streams[1].end.Sub(streams[1].start).Seconds(),
-		streams[0].admitted, streams[1].admitted, total, quota, ratio, levels)
+	t.Logf("partitioned %v after the cut; over %v at 3× the limit of %d/s on each side (%.0f/s and %.0f/s decided), A admitted %d, B %d: %d of a quota of %.0f = %.2f× (bound 2×); levels %s",
+		apart.Round(time.Millisecond), end.Sub(start).Round(time.Millisecond), limit, streams[0].Rate(), streams[1].Rate(),
+		streams[0].Allowed, streams[1].Allowed, total, quota, ratio, levels)
 	if ratio > 2*1.02 {
 		t.Errorf("the two sides admitted %.2f× the quota while partitioned, want at most 2× (+2%%)", ratio)
 	}
@@ -991,25 +973,18 @@ func TestChaosDenyCache(t *testing.T) {
 			key := fmt.Sprintf("attack:%v:%x", alg, rand.Uint64())
 			lim := Limit{Algorithm: alg, Rate: limit, Period: time.Second}
 			calls0, takes0 := evalCalls(t, client), store.Takes.Load()
-			allowed, denied := 0, 0
-			gap := time.Second / attack
-			start := time.Now()
-			for i := range int(attack * window.Seconds()) {
-				time.Sleep(time.Until(start.Add(time.Duration(i) * gap)))
-				r, err := e.Allow(ctx, key, pol(lim))
-				if err != nil {
-					t.Fatal(err)
-				}
-				if r.Shards != 1 {
-					t.Fatalf("the key was split %d ways", r.Shards)
-				}
-				if r.Allowed {
-					allowed++
-				} else {
-					denied++
-				}
+			// One sender, paced: each decision is over before the next.
+			res, err := loadgen.Run(ctx, loadgen.Config{
+				Target: engineTarget{e, pol(lim)}, Workload: loadgen.Fixed(key),
+				Rate: attack, Duration: window, Concurrency: 1, Timeout: time.Minute, Watch: key, Period: window,
+			}, nil, 0)
+			if err != nil || res.Errors > 0 {
+				t.Fatalf("attack: %v, %d errors (first %v)", err, res.Errors, res.FirstError)
 			}
-			elapsed := time.Since(start)
+			if s := res.Watched[0].Shards; s != 1 {
+				t.Fatalf("the key was split %d ways", s)
+			}
+			allowed, denied, elapsed := int(res.Allowed), int(res.Denied), res.Elapsed
 			calls, takes := evalCalls(t, client)-calls0, store.Takes.Load()-takes0
 			if calls != takes {
 				t.Errorf("Redis ran %d script calls for %d Takes, want one each", calls, takes)

@@ -10,8 +10,9 @@
 // for each answer before it asks again, would record one slow request and
 // hide the rest (coordinated omission).
 //
-// Targets: embedded engines (Engines), a hotkeyd over HTTP (HTTP), and a
-// hotkeyd over NATS (NATS).
+// Targets: a hotkeyd over HTTP (HTTP) and over NATS (NATS); embedded
+// engines, several in one process over an in-process NATS server, are
+// package loadgen/embedded.
 package loadgen
 
 import (
@@ -67,7 +68,9 @@ type Result struct {
 	// Latency is each answered request's latency from the instant it was
 	// meant to be sent: errors are not in it.
 	Latency Histogram
-	// Elapsed is from the start until the last answer.
+	// Start is when the first request was meant to be sent, and Elapsed
+	// how long from then until the last answer.
+	Start   time.Time
 	Elapsed time.Duration
 	// Watched holds Config.Watch's decisions per Config.Period, by the
 	// instant each was meant to be sent.
@@ -306,6 +309,7 @@ func (r *run) result() *Result {
 	res := &Result{
 		Sent: r.sent.Load(), Allowed: r.allowed.Load(), Denied: r.denied.Load(), Errors: r.errs.Load(),
 		Latency: r.hist,
+		Start:   r.start,
 		Elapsed: time.Since(r.start),
 		Watched: append([]Bucket(nil), r.watched...),
 	}

@@ -4,16 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
-	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
-
-	"github.com/hotkeyd/hotkey"
 )
 
 // decision is the part of hotkeyd's answer a run reads.
@@ -99,25 +95,4 @@ func (n *natsTarget) Decide(ctx context.Context, key string, cost int64) (Outcom
 		return Outcome{}, fmt.Errorf("%s: %w", Subject, err)
 	}
 	return Outcome{Allowed: d.Allowed, Shards: d.Shards}, nil
-}
-
-// Engines decides in process on engines in turn, under p: M instances of a
-// gateway that embeds the engine, each taking every M-th request.
-func Engines(p *hotkey.Policy, engines ...*hotkey.Engine) (Target, error) {
-	if p == nil || len(engines) == 0 {
-		return nil, errors.New("loadgen: Engines needs a policy and at least one engine")
-	}
-	return &engineTarget{p: p, engines: engines}, nil
-}
-
-type engineTarget struct {
-	p       *hotkey.Policy
-	engines []*hotkey.Engine
-	next    atomic.Uint64
-}
-
-func (e *engineTarget) Decide(ctx context.Context, key string, cost int64) (Outcome, error) {
-	eng := e.engines[(e.next.Add(1)-1)%uint64(len(e.engines))]
-	r, err := eng.AllowN(ctx, key, e.p, cost)
-	return Outcome{Allowed: r.Allowed, Shards: int(r.Shards)}, err
 }

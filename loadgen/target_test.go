@@ -13,6 +13,7 @@ import (
 	"github.com/hotkeyd/hotkey/internal/daemon"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/loadgen"
+	"github.com/hotkeyd/hotkey/loadgen/embedded"
 )
 
 // startDaemon runs a hotkeyd in this process: memory store, embedded NATS,
@@ -112,7 +113,7 @@ func TestDaemonTargets(t *testing.T) {
 func TestCluster(t *testing.T) {
 	cfg := detector.DefaultConfig()
 	cfg.Threshold = 100
-	c, err := loadgen.StartCluster(loadgen.ClusterConfig{Instances: 3, Options: []hotkey.Option{hotkey.WithDetector(cfg)}})
+	c, err := embedded.Start(embedded.Config{Instances: 3, Options: []hotkey.Option{hotkey.WithDetector(cfg)}})
 	if err != nil {
 		t.Fatal(err)
 	}

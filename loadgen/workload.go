@@ -48,6 +48,13 @@ type zipf struct {
 
 func (z *zipf) Key(int64, time.Duration) string { return z.keys[z.z.Uint64()] }
 
+// Fixed sends every request to key.
+func Fixed(key string) Workload { return fixed(key) }
+
+type fixed string
+
+func (f fixed) Key(int64, time.Duration) string { return string(f) }
+
 // Flood asks for a new random key every request (prefix + 16 hex digits):
 // an attacker filling the detector's and the store's tables.
 func Flood(prefix string, seed uint64) Workload {

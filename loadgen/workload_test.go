@@ -101,3 +101,9 @@ func TestRamp(t *testing.T) {
 		t.Errorf("total %d, want %.0f", total, want)
 	}
 }
+
+func TestFixed(t *testing.T) {
+	if got := drive(Fixed("only"), 1000, 100); got["only"] != 100 || len(got) != 1 {
+		t.Errorf("Fixed: %v", got)
+	}
+}

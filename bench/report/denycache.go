@@ -11,6 +11,7 @@ import (
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/loadgen"
+	"github.com/hotkeyd/hotkey/loadgen/embedded"
 )
 
 // countingStore counts the Takes that reach the store.
@@ -44,7 +45,7 @@ func runDenyCache(ctx context.Context, s *setup) (*section, error) {
 		return nil, err
 	}
 	defer e.Close()
-	target, err := loadgen.Engines(&hotkey.Policy{Name: "api", Limit: lim}, e)
+	target, err := embedded.Target(&hotkey.Policy{Name: "api", Limit: lim}, e)
 	if err != nil {
 		return nil, err
 	}

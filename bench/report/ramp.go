@@ -12,6 +12,7 @@ import (
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/loadgen"
+	"github.com/hotkeyd/hotkey/loadgen/embedded"
 )
 
 // runRamp drives one key up to 8 times its limit, holds it there and brings
@@ -37,7 +38,7 @@ func runRamp(ctx context.Context, s *setup) (*section, error) {
 	defer store.Close()
 	cfg := detector.DefaultConfig()
 	cfg.Threshold = threshold
-	c, err := loadgen.StartCluster(loadgen.ClusterConfig{
+	c, err := embedded.Start(embedded.Config{
 		Instances: 2,
 		Store:     func(int) (counter.Store, error) { return store, nil },
 		Options:   []hotkey.Option{hotkey.WithDetector(cfg)},

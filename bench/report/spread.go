@@ -16,6 +16,7 @@ import (
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/loadgen"
+	"github.com/hotkeyd/hotkey/loadgen/embedded"
 )
 
 // runSpread drives one hot key and background keys through two engines on
@@ -68,7 +69,7 @@ func runSpread(ctx context.Context, s *setup) (*section, error) {
 	} {
 		hot := fmt.Sprintf("hot:%s:%d", mode.file, time.Now().UnixNano())
 		p := &hotkey.Policy{Name: "api", Limit: hotLimit}
-		c, err := loadgen.StartCluster(loadgen.ClusterConfig{
+		c, err := embedded.Start(embedded.Config{
 			Instances: 2,
 			Store:     func(int) (counter.Store, error) { return store, nil },
 			Options:   mode.opts(hotkey.CounterName(p.Name, hot)),

@@ -1,8 +1,14 @@
-package loadgen
+// Package embedded is loadgen's target of embedded engines: instances of a
+// gateway that embeds the engine, in one process, agreeing on hot keys over
+// an in-process NATS server. It is apart from package loadgen so that the
+// engine's own tests can use loadgen's workloads and pacer.
+package embedded
 
 import (
+	"context"
 	"errors"
 	"fmt"
+	"sync/atomic"
 
 	"github.com/nats-io/nats.go"
 
@@ -10,12 +16,13 @@ import (
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/loadgen"
 )
 
-// ClusterConfig is a set of embedded engines in one process: instances of
+// Config is a set of embedded engines in one process: instances of
 // a gateway that embeds the engine, agreeing on hot keys over one NATS
 // server run in process.
-type ClusterConfig struct {
+type Config struct {
 	// Instances is the number of engines (default 3).
 	Instances int
 	// Store returns the store of engine i. nil gives each engine a memory
@@ -26,16 +33,16 @@ type ClusterConfig struct {
 	Options []hotkey.Option
 }
 
-// Cluster is the engines of a ClusterConfig. Close stops them.
+// Cluster is the engines of a Config. Close stops them.
 type Cluster struct {
 	Engines []*hotkey.Engine
 	server  *natsserver.Server
 	conns   []*nats.Conn
 }
 
-// StartCluster starts cfg's engines, each with a NATS coordinator on its own
+// Start starts cfg's engines, each with a NATS coordinator on its own
 // connection to one in-process NATS server.
-func StartCluster(cfg ClusterConfig) (c *Cluster, err error) {
+func Start(cfg Config) (c *Cluster, err error) {
 	n := cfg.Instances
 	if n <= 0 {
 		n = 3
@@ -75,11 +82,11 @@ func StartCluster(cfg ClusterConfig) (c *Cluster, err error) {
 }
 
 // Target decides on the cluster's engines in turn, under p.
-func (c *Cluster) Target(p *hotkey.Policy) (Target, error) {
+func (c *Cluster) Target(p *hotkey.Policy) (loadgen.Target, error) {
 	if c == nil || len(c.Engines) == 0 {
-		return nil, errors.New("loadgen: no engines")
+		return nil, errors.New("embedded: no engines")
 	}
-	return Engines(p, c.Engines...)
+	return Target(p, c.Engines...)
 }
 
 // Close stops the engines, closes their connections and the server. It
@@ -94,4 +101,25 @@ func (c *Cluster) Close() {
 	if c.server != nil {
 		c.server.Shutdown()
 	}
+}
+
+// Target decides in process on engines in turn, under p: M instances of a
+// gateway that embeds the engine, each taking every M-th request.
+func Target(p *hotkey.Policy, engines ...*hotkey.Engine) (loadgen.Target, error) {
+	if p == nil || len(engines) == 0 {
+		return nil, errors.New("embedded: a target needs a policy and at least one engine")
+	}
+	return &target{p: p, engines: engines}, nil
+}
+
+type target struct {
+	p       *hotkey.Policy
+	engines []*hotkey.Engine
+	next    atomic.Uint64
+}
+
+func (e *target) Decide(ctx context.Context, key string, cost int64) (loadgen.Outcome, error) {
+	eng := e.engines[(e.next.Add(1)-1)%uint64(len(e.engines))]
+	r, err := eng.AllowN(ctx, key, e.p, cost)
+	return loadgen.Outcome{Allowed: r.Allowed, Shards: int(r.Shards)}, err
 }
