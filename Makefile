@@ -64,7 +64,9 @@ bench: redis
 # make bench-report: make bench, then docs/benchmarks.md from its output,
 # then the scenarios (bench/report, a module of its own for its plotting
 # dependencies), which add their sections and write their plots to
-# docs/bench/.
+# docs/bench/, then the comparison with gubernator (bench/peers, a module of
+# its own for gubernator's dependencies).
 bench-report: bench
 	$(GO) run ./bench/benchreport < $(BENCHOUT) > docs/benchmarks.md
 	cd bench/report && $(GO) run . $(if $(QUICK),-quick) -md ../../docs/benchmarks.md -plots ../../docs/bench
+	cd bench/peers && $(GO) run . $(if $(QUICK),-quick) -md ../../docs/benchmarks.md

@@ -9,6 +9,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/loadgen"
 	"github.com/hotkeyd/hotkey/loadgen/embedded"
@@ -28,7 +29,7 @@ func (s *countingStore) Take(ctx context.Context, key string, hash uint64, lim c
 // runDenyCache sends one key at 10 times its limit to an engine on a
 // redis-server, as an attacker or a retry loop does, and counts the store
 // calls its denials cost.
-func runDenyCache(ctx context.Context, s *setup) (*section, error) {
+func runDenyCache(ctx context.Context, s *setup) (*scenario.Section, error) {
 	const rate = 2000.0
 	lim := hotkey.PerSecond(200)
 	d := s.scale(20*time.Second, 4*time.Second)
@@ -64,9 +65,9 @@ func runDenyCache(ctx context.Context, s *setup) (*section, error) {
 	// A store call decides each admission; the rest were for denials.
 	perDenied := float64(takes-res.Allowed) / float64(max(res.Denied, 1))
 	ideal := float64(lim.Capacity()) + float64(lim.Rate)*res.Elapsed.Seconds()
-	sec := &section{setup: fmt.Sprintf("one engine on a redis-server; one key with a token-bucket limit of %d/s sent %.0f requests/s (10×) for %v, from 64 senders.", lim.Rate, rate, d)}
-	sec.printf("| decisions | denied | store calls | store calls per denied decision | admitted ÷ limit |\n|---|---|---|---|---|\n")
-	sec.printf("| %d | %d | %d | %.3f | %.3f |\n\n", res.Allowed+res.Denied, res.Denied, takes, perDenied, float64(res.Allowed)/ideal)
-	sec.printf("Without the deny cache every denied decision is a store call (1.0). With it, a denial, or an admission that empties the bucket, is remembered until the next unit is due as the store reckons it; until then the key is denied without a store call. The denials that still cost one are those already in flight when the bucket emptied, and those that race a unit coming due.\n")
+	sec := &scenario.Section{Setup: fmt.Sprintf("one engine on a redis-server; one key with a token-bucket limit of %d/s sent %.0f requests/s (10×) for %v, from 64 senders.", lim.Rate, rate, d)}
+	sec.Printf("| decisions | denied | store calls | store calls per denied decision | admitted ÷ limit |\n|---|---|---|---|---|\n")
+	sec.Printf("| %d | %d | %d | %.3f | %.3f |\n\n", res.Allowed+res.Denied, res.Denied, takes, perDenied, float64(res.Allowed)/ideal)
+	sec.Printf("Without the deny cache every denied decision is a store call (1.0). With it, a denial, or an admission that empties the bucket, is remembered until the next unit is due as the store reckons it; until then the key is denied without a store call. The denials that still cost one are those already in flight when the bucket emptied, and those that race a unit coming due.\n")
 	return sec, nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/cespare/xxhash/v2"
 
+	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/detector"
 )
 
@@ -17,7 +18,7 @@ import (
 // clock ticked every step, and compares the keys it steps up with those an
 // exact counter finds hot: a count over the last sub-window reaching
 // T·SubWindow at some step.
-func runDetector(ctx context.Context, s *setup) (*section, error) {
+func runDetector(ctx context.Context, s *setup) (*scenario.Section, error) {
 	const zipfKeys = 10_000_000
 	threshold, perSub, subWindows := 5000.0, 500_000, 20 // 10M requests/s at one instance
 	if s.quick {
@@ -82,10 +83,10 @@ func runDetector(ctx context.Context, s *setup) (*section, error) {
 			tp++
 		}
 	}
-	sec := &section{setup: fmt.Sprintf("one detector (default sketch: 4 rows of 65,536 counters per stripe, an exact table of 4,096 keys), T = %.0f/s; %d sub-windows of 100 ms, each %d requests by Zipf's law (s = 1.1, 10M keys) and as many for new random keys: %.0fM requests/s at this instance, on a simulated clock.", threshold, subWindows, perSub, float64(2*perSub)/cfg.SubWindow.Seconds()/1e6)}
-	sec.printf("| hot keys (exact) | stepped up | precision | recall | keys the exact table refused |\n|---|---|---|---|---|\n")
-	sec.printf("| %d | %d | %.4f | %.4f | %d |\n\n",
+	sec := &scenario.Section{Setup: fmt.Sprintf("one detector (default sketch: 4 rows of 65,536 counters per stripe, an exact table of 4,096 keys), T = %.0f/s; %d sub-windows of 100 ms, each %d requests by Zipf's law (s = 1.1, 10M keys) and as many for new random keys: %.0fM requests/s at this instance, on a simulated clock.", threshold, subWindows, perSub, float64(2*perSub)/cfg.SubWindow.Seconds()/1e6)}
+	sec.Printf("| hot keys (exact) | stepped up | precision | recall | keys the exact table refused |\n|---|---|---|---|---|\n")
+	sec.Printf("| %d | %d | %.4f | %.4f | %d |\n\n",
 		len(hot), len(flagged), float64(tp)/float64(max(1, len(flagged))), float64(tp)/float64(max(1, len(hot))), d.Rejected())
-	sec.printf("Precision is the share of the keys stepped up that the exact counter finds hot; recall, the share of the hot keys stepped up.\n")
+	sec.Printf("Precision is the share of the keys stepped up that the exact counter finds hot; recall, the share of the hot keys stepped up.\n")
 	return sec, nil
 }

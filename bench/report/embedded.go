@@ -14,6 +14,7 @@ import (
 	"golang.org/x/time/rate"
 
 	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/counter"
 )
 
@@ -30,7 +31,7 @@ type limiterForm struct {
 // behind one mutex, a sync.Map, and 256 map+mutex stripes. Each form is
 // built, filled and measured alone, so that one's heap does not slow
 // another's collections.
-func runEmbedded(ctx context.Context, s *setup) (*section, error) {
+func runEmbedded(ctx context.Context, s *setup) (*scenario.Section, error) {
 	const keys = 1 << 20
 	names := make([]string, keys)
 	for i := range names {
@@ -134,12 +135,12 @@ func runEmbedded(ctx context.Context, s *setup) (*section, error) {
 		slices.Sort(c)
 		return c[len(c)/2]
 	}
-	sec := &section{setup: fmt.Sprintf("2^20 (%d) keys, every one present and admitted; random keys from GOMAXPROCS goroutines (testing.Benchmark's RunParallel); each form built, filled and measured alone, %d round(s), medians.", keys, k)}
-	sec.printf("| form | ns/op | allocs/op | engine ÷ it |\n|---|---|---|---|\n")
+	sec := &scenario.Section{Setup: fmt.Sprintf("2^20 (%d) keys, every one present and admitted; random keys from GOMAXPROCS goroutines (testing.Benchmark's RunParallel); each form built, filled and measured alone, %d round(s), medians.", keys, k)}
+	sec.Printf("| form | ns/op | allocs/op | engine ÷ it |\n|---|---|---|---|\n")
 	engine := med(ns[0])
 	for i, f := range forms {
-		sec.printf("| %s | %.0f | %d | %.2f |\n", f.name, med(ns[i]), allocs[i], engine/med(ns[i]))
+		sec.Printf("| %s | %.0f | %d | %.2f |\n", f.name, med(ns[i]), allocs[i], engine/med(ns[i]))
 	}
-	sec.printf("\nThe target is the engine at no more than the striped form's cost, with 0 allocations.\n")
+	sec.Printf("\nThe target is the engine at no more than the striped form's cost, with 0 allocations.\n")
 	return sec, nil
 }

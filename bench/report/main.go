@@ -13,7 +13,6 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -23,17 +22,18 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/internal/redistest"
 )
 
-// scenario is one named measurement.
-type scenario struct {
+// named is one scenario, by name.
+type named struct {
 	name  string
 	title string
-	run   func(ctx context.Context, s *setup) (*section, error)
+	run   func(ctx context.Context, s *setup) (*scenario.Section, error)
 }
 
-var scenarios = []scenario{
+var scenarios = []named{
 	{"spread", "Hot-key spread on a 3-master Redis Cluster", runSpread},
 	{"ramp", "Accuracy through a ramp", runRamp},
 	{"redis", "Decisions/s on one redis-server: hotkey, redis_rate and the naive Lua bucket", runRedis},
@@ -59,14 +59,6 @@ func (s *setup) scale(full, quick time.Duration) time.Duration {
 	}
 	return full
 }
-
-// section is a scenario's part of the report.
-type section struct {
-	setup string // what ran: instances, store, load, run length
-	body  strings.Builder
-}
-
-func (s *section) printf(format string, args ...any) { fmt.Fprintf(&s.body, format, args...) }
 
 func main() {
 	quick := flag.Bool("quick", false, "short runs (the whole report in under 4 minutes on 2 cores)")
@@ -105,18 +97,11 @@ func run(quick bool, md, plots, only, format string) error {
 	}
 	defer env.Close()
 	s := &setup{env: env, quick: quick, plots: plots, plotLink: link, format: format}
-	var out io.Writer = os.Stdout
-	if md != "" {
-		f, err := os.OpenFile(md, os.O_APPEND|os.O_WRONLY|os.O_CREATE, 0o644)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		out = f
+	if err := scenario.Append(md, fmt.Sprintf("\n## Scenarios\n\n%s\n", machine(env, quick))); err != nil {
+		return err
 	}
-	fmt.Fprintf(out, "\n## Scenarios\n\n%s\n", machine(env, quick))
 	ctx := context.Background()
-	for i, sc := range scenarios {
+	for _, sc := range scenarios {
 		if !re.MatchString(sc.name) {
 			continue
 		}
@@ -126,7 +111,10 @@ func run(quick bool, md, plots, only, format string) error {
 		if err != nil {
 			return fmt.Errorf("scenario %s: %w", sc.name, err)
 		}
-		fmt.Fprintf(out, "\n### %d. %s\n\n*Setup:* %s Took %.0f s.\n\n%s", i+1, sc.title, sec.setup, time.Since(start).Seconds(), sec.body.String())
+		sec.Title = sc.title
+		if err := scenario.Append(md, sec.Markdown(time.Since(start).Seconds())); err != nil {
+			return err
+		}
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 
 	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/loadgen"
@@ -20,7 +21,7 @@ import (
 // admitted in each period with what a perfect limiter admits of the same
 // requests: a token bucket on one exact clock, fed each request at the
 // instant it was meant to be sent.
-func runRamp(ctx context.Context, s *setup) (*section, error) {
+func runRamp(ctx context.Context, s *setup) (*scenario.Section, error) {
 	const (
 		rate, peak = 4500.0, 4000.0
 		threshold  = 200.0
@@ -85,15 +86,15 @@ func runRamp(ctx context.Context, s *setup) (*section, error) {
 			worst = max(worst, float64(b.Allowed)/float64(ideal[i]))
 		}
 	}
-	sec := &section{setup: fmt.Sprintf("2 engines (NATS coordinator, in process) sharing one redis-server; one key with a token-bucket limit of %d/s (burst %d) ramped from 0 to %.0f/s over %v, held %v, brought back to 0 over %v, among background keys (%.0f/s in all); the detector's threshold is %.0f/s; periods of %v.",
+	sec := &scenario.Section{Setup: fmt.Sprintf("2 engines (NATS coordinator, in process) sharing one redis-server; one key with a token-bucket limit of %d/s (burst %d) ramped from 0 to %.0f/s over %v, held %v, brought back to 0 over %v, among background keys (%.0f/s in all); the detector's threshold is %.0f/s; periods of %v.",
 		lim.Rate, lim.Capacity(), peak, rise, hold, fall, rate, threshold, period)}
-	sec.printf("| admitted ÷ perfect, whole run | worst period ÷ perfect | highest level |\n|---|---|---|\n")
+	sec.Printf("| admitted ÷ perfect, whole run | worst period ÷ perfect | highest level |\n|---|---|---|\n")
 	top := 1
 	for _, b := range res.Watched {
 		top = max(top, b.Shards)
 	}
-	sec.printf("| %.3f | %.3f | %d |\n\n", float64(got)/float64(want), worst, top)
-	sec.printf("The perfect limiter is a token bucket on the memory store with a simulated clock, fed the key's requests at the instants they were meant to be sent.\n\n")
+	sec.Printf("| %.3f | %.3f | %d |\n\n", float64(got)/float64(want), worst, top)
+	sec.Printf("The perfect limiter is a token bucket on the memory store with a simulated clock, fed the key's requests at the instants they were meant to be sent.\n\n")
 	md, err := s.savePlot("ramp-admitted", "Hot key: admitted per second", "seconds", "requests/s", []series{
 		{name: "offered", pts: offeredLine, dash: true},
 		{name: "perfect limiter", pts: perfectLine},
@@ -102,12 +103,12 @@ func runRamp(ctx context.Context, s *setup) (*section, error) {
 	if err != nil {
 		return nil, err
 	}
-	sec.printf("%s", md)
+	sec.Printf("%s", md)
 	md, err = s.savePlot("ramp-level", "Hot key: subcounters deciding it", "seconds", "subcounters", []series{{name: "subcounters", pts: levels}})
 	if err != nil {
 		return nil, err
 	}
-	sec.printf("%s", md)
+	sec.Printf("%s", md)
 	return sec, nil
 }
 

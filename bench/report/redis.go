@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/counter"
 )
 
@@ -32,7 +33,7 @@ return ok
 
 // runRedis measures decisions/s on one redis-server from 64 goroutines over
 // 10,000 keys: the engine, go-redis/redis_rate, and the naive script.
-func runRedis(ctx context.Context, s *setup) (*section, error) {
+func runRedis(ctx context.Context, s *setup) (*scenario.Section, error) {
 	const goroutines, keys = 64, 10_000
 	d := s.scale(5*time.Second, 2*time.Second)
 	k := 3
@@ -58,21 +59,21 @@ func runRedis(ctx context.Context, s *setup) (*section, error) {
 	p := &hotkey.Policy{Limit: hotkey.PerSecond(1_000_000)}
 	limiter := redis_rate.NewLimiter(client)
 	rrLimit := redis_rate.PerSecond(1_000_000)
-	got, err := rounds(k, []func() (float64, error){
+	got, err := scenario.Rounds(k, []func() (float64, error){
 		func() (float64, error) {
-			return throughput(goroutines, d, func(r *rand.Rand) error {
+			return scenario.Throughput(goroutines, d, func(r *rand.Rand) error {
 				_, err := e.Allow(ctx, names[r.IntN(keys)], p)
 				return err
 			})
 		},
 		func() (float64, error) {
-			return throughput(goroutines, d, func(r *rand.Rand) error {
+			return scenario.Throughput(goroutines, d, func(r *rand.Rand) error {
 				_, err := limiter.Allow(ctx, "rr:"+names[r.IntN(keys)], rrLimit)
 				return err
 			})
 		},
 		func() (float64, error) {
-			return throughput(goroutines, d, func(r *rand.Rand) error {
+			return scenario.Throughput(goroutines, d, func(r *rand.Rand) error {
 				now := time.Now().UnixMicro()
 				return naiveBucket.Run(ctx, client, []string{"nv:" + names[r.IntN(keys)]}, 1_000_000, 1_000_000, now).Err()
 			})
@@ -81,11 +82,11 @@ func runRedis(ctx context.Context, s *setup) (*section, error) {
 	if err != nil {
 		return nil, err
 	}
-	sec := &section{setup: fmt.Sprintf("one redis-server; %d goroutines deciding on %d keys with limits high enough that all are admitted, %v per round, %d round(s), medians.", goroutines, keys, d, k)}
-	sec.printf("| limiter | decisions/s | hotkey ÷ it |\n|---|---|---|\n")
-	sec.printf("| hotkey (engine on the Redis store) | %.0f | 1 |\n", got[0])
-	sec.printf("| go-redis/redis_rate v10 (GCRA, one EVALSHA per call) | %.0f | %.2f |\n", got[1], got[0]/got[1])
-	sec.printf("| the naive Lua token bucket (HMGET, HMSET, PEXPIRE per request) | %.0f | %.2f |\n\n", got[2], got[0]/got[2])
-	sec.printf("The engine batches: the decisions that meet in one round trip go to Redis in one script call, so it makes fewer calls than decisions.\n")
+	sec := &scenario.Section{Setup: fmt.Sprintf("one redis-server; %d goroutines deciding on %d keys with limits high enough that all are admitted, %v per round, %d round(s), medians.", goroutines, keys, d, k)}
+	sec.Printf("| limiter | decisions/s | hotkey ÷ it |\n|---|---|---|\n")
+	sec.Printf("| hotkey (engine on the Redis store) | %.0f | 1 |\n", got[0])
+	sec.Printf("| go-redis/redis_rate v10 (GCRA, one EVALSHA per call) | %.0f | %.2f |\n", got[1], got[0]/got[1])
+	sec.Printf("| the naive Lua token bucket (HMGET, HMSET, PEXPIRE per request) | %.0f | %.2f |\n\n", got[2], got[0]/got[2])
+	sec.Printf("The engine batches: the decisions that meet in one round trip go to Redis in one script call, so it makes fewer calls than decisions.\n")
 	return sec, nil
 }

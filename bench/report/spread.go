@@ -13,6 +13,7 @@ import (
 	"gonum.org/v1/plot/plotter"
 
 	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/loadgen"
@@ -24,7 +25,7 @@ import (
 // split 64 ways (static level 64), and split as the detector finds it hot
 // (adaptive). It reports how evenly the masters share the script calls, how
 // many calls a decision costs, and how much of its limit the hot key gets.
-func runSpread(ctx context.Context, s *setup) (*section, error) {
+func runSpread(ctx context.Context, s *setup) (*scenario.Section, error) {
 	const (
 		rate, hotRate = 4000.0, 3000.0
 		bgKeys        = 1000
@@ -49,9 +50,9 @@ func runSpread(ctx context.Context, s *setup) (*section, error) {
 		}
 	}()
 
-	sec := &section{setup: fmt.Sprintf("2 engines (NATS coordinator, in process) sharing one Redis store on a 3-master Redis Cluster; one key at %.0f/s with a limit of %d/s, and %d background keys at %.0f/s in all, for %v per mode; the detector's threshold is %.0f/s.",
+	sec := &scenario.Section{Setup: fmt.Sprintf("2 engines (NATS coordinator, in process) sharing one Redis store on a 3-master Redis Cluster; one key at %.0f/s with a limit of %d/s, and %d background keys at %.0f/s in all, for %v per mode; the detector's threshold is %.0f/s.",
 		hotRate, hotLimit.Rate, bgKeys, rate-hotRate, d, threshold)}
-	sec.printf("| mode | busiest master ÷ mean | Redis calls per decision | hot key admitted ÷ limit | decisions/s | p99 latency |\n|---|---|---|---|---|---|\n")
+	sec.Printf("| mode | busiest master ÷ mean | Redis calls per decision | hot key admitted ÷ limit | decisions/s | p99 latency |\n|---|---|---|---|---|---|\n")
 	var plots strings.Builder
 	for _, mode := range []struct {
 		name, file string
@@ -110,7 +111,7 @@ func runSpread(ctx context.Context, s *setup) (*section, error) {
 			hotAllowed += b.Allowed
 		}
 		ideal := float64(hotLimit.Capacity()) + float64(hotLimit.Rate)*res.Elapsed.Seconds()
-		sec.printf("| %s | %.2f | %.2f | %.3f | %.0f | %v |\n", mode.name, top/(total/float64(len(last.calls))), total/float64(res.Allowed+res.Denied),
+		sec.Printf("| %s | %.2f | %.2f | %.3f | %.0f | %v |\n", mode.name, top/(total/float64(len(last.calls))), total/float64(res.Allowed+res.Denied),
 			float64(hotAllowed)/ideal, res.Rate(), res.Latency.Quantile(0.99).Round(10*time.Microsecond))
 		md, err := s.savePlot(mode.file, "Script calls/s per master: "+mode.name, "seconds", "calls/s", trace.perNode(masters))
 		if err != nil {
@@ -118,7 +119,7 @@ func runSpread(ctx context.Context, s *setup) (*section, error) {
 		}
 		plots.WriteString(md)
 	}
-	sec.printf("\nThe hot key admitted ÷ limit compares its admissions with a perfect limiter's over the run: the burst plus the rate times the run's length.\n\n%s", plots.String())
+	sec.Printf("\nThe hot key admitted ÷ limit compares its admissions with a perfect limiter's over the run: the burst plus the rate times the run's length.\n\n%s", plots.String())
 	return sec, nil
 }
 

@@ -1,4 +1,4 @@
-package main
+package scenario
 
 import (
 	"math/rand/v2"
@@ -8,10 +8,10 @@ import (
 	"time"
 )
 
-// throughput runs op from g goroutines for d and returns the operations
+// Throughput runs op from g goroutines for d and returns the operations
 // completed per second; op gets a per-goroutine random source. A failed op
 // stops the run and is returned.
-func throughput(g int, d time.Duration, op func(r *rand.Rand) error) (float64, error) {
+func Throughput(g int, d time.Duration, op func(r *rand.Rand) error) (float64, error) {
 	var n atomic.Int64
 	var stop atomic.Bool
 	var firstErr atomic.Pointer[error]
@@ -41,9 +41,9 @@ func throughput(g int, d time.Duration, op func(r *rand.Rand) error) (float64, e
 	return float64(n.Load()) / time.Since(start).Seconds(), nil
 }
 
-// rounds runs each of fns once per round, in turn (so that a noisy moment
+// Rounds runs each of fns once per round, in turn (so that a noisy moment
 // of the machine falls on all of them alike), and returns each one's median.
-func rounds(k int, fns []func() (float64, error)) ([]float64, error) {
+func Rounds(k int, fns []func() (float64, error)) ([]float64, error) {
 	got := make([][]float64, len(fns))
 	for range k {
 		for i, f := range fns {
