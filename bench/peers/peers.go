@@ -205,9 +205,18 @@ func startGubernator(ctx context.Context, n int, global bool) (func(string) []lo
 	logger.SetOutput(io.Discard)
 	var ds []*guber.Daemon
 	var peers []guber.PeerInfo
+	// gubernator v2.13.0's Close can wait forever in GLOBAL mode (its
+	// global manager waits on a broadcast that no longer comes): give each
+	// a few seconds, and leave the rest to the process's exit.
 	stop := func() {
 		for _, d := range ds {
-			d.Close()
+			done := make(chan struct{})
+			go func() { d.Close(); close(done) }()
+			select {
+			case <-done:
+			case <-time.After(5 * time.Second):
+				fmt.Fprintln(os.Stderr, "peers: a gubernator daemon did not close within 5 s; left running")
+			}
 		}
 	}
 	for range n {
