@@ -73,7 +73,7 @@ type Result struct {
 	Start   time.Time
 	Elapsed time.Duration
 	// Watched holds Config.Watch's decisions per Config.Period, by the
-	// instant each was meant to be sent.
+	// instant each was meant to be sent, up to the last period with one.
 	Watched []Bucket
 	// FirstError is the first error a decision returned.
 	FirstError error
@@ -108,7 +108,8 @@ type Snapshot struct {
 }
 
 // Run sends cfg's requests and returns what it measured. It returns early,
-// with what it measured so far and ctx's error, if ctx ends. If progress is
+// with what it measured so far and ctx's error, if ctx ends; the requests
+// that ctx's end cut short are left out, as if never sent. If progress is
 // not nil, it is called every interval (and once at the end) with a
 // snapshot, on a goroutine of its own.
 func Run(ctx context.Context, cfg Config, progress func(Snapshot), interval time.Duration) (*Result, error) {
@@ -164,10 +165,7 @@ type run struct {
 	watched []Bucket
 }
 
-func newRun(cfg Config) *run {
-	n := int((cfg.Duration + cfg.Period - 1) / cfg.Period)
-	return &run{cfg: cfg, start: time.Now(), watched: make([]Bucket, n)}
-}
+func newRun(cfg Config) *run { return &run{cfg: cfg, start: time.Now()} }
 
 // pace hands out request i at start + i/rate, until Duration. A request
 // whose instant has passed (the senders were all busy, or this goroutine
@@ -213,11 +211,20 @@ func (r *run) send(ctx context.Context, jobs <-chan job) {
 	}
 	defer flush()
 	for j := range jobs {
+		if ctx.Err() != nil { // the run was stopped: this one is not sent
+			r.sent.Add(-1)
+			continue
+		}
 		dctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 		out, err := r.cfg.Target.Decide(dctx, j.key, r.cfg.Cost)
 		cancel()
 		done := time.Now()
 		switch {
+		case err != nil && ctx.Err() != nil:
+			// Cut by the run's stop, not the target's failure: as if
+			// never sent.
+			r.sent.Add(-1)
+			continue
 		case err != nil:
 			r.errs.Add(1)
 			r.firstErr.CompareAndSwap(nil, &err)
@@ -245,8 +252,11 @@ func (r *run) watch(j job, out Outcome, err error) {
 	i := int(j.intended.Sub(r.start) / r.cfg.Period)
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if i < 0 || i >= len(r.watched) {
+	if i < 0 {
 		return
+	}
+	for len(r.watched) <= i { // grown as the run goes: a long run costs no memory up front
+		r.watched = append(r.watched, Bucket{})
 	}
 	b := &r.watched[i]
 	switch {

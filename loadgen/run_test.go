@@ -73,12 +73,12 @@ func TestRunCounts(t *testing.T) {
 		}
 		return Outcome{Allowed: true, Shards: 1}, nil
 	})
-	var snaps atomic.Int64
+	var last atomic.Pointer[Snapshot]
 	res, err := Run(context.Background(), Config{
 		Target: target, Workload: Hotspot("hot", 100, Uniform("k", 5, 1)),
 		Rate: 2000, Duration: 400 * time.Millisecond, Cost: 3,
 		Watch: "hot", Period: 100 * time.Millisecond,
-	}, func(s Snapshot) { snaps.Add(1) }, 50*time.Millisecond)
+	}, func(s Snapshot) { last.Store(&s) }, 50*time.Millisecond)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,8 +106,9 @@ func TestRunCounts(t *testing.T) {
 	if hot != int64(seen["hot"]) || hot < 39 || hot > 40 {
 		t.Errorf("hot key: %d watched, %d decided; want 40", hot, seen["hot"])
 	}
-	if snaps.Load() < 1 {
-		t.Error("no progress reported")
+	// The last snapshot is the run's end: its counts are the result's.
+	if s := last.Load(); s == nil || s.Sent != res.Sent || s.Allowed != res.Allowed || s.Denied != res.Denied || s.Errors != res.Errors || s.Shards != 4 {
+		t.Errorf("last snapshot %+v, want the result's counts and the watched key's 4 shards", s)
 	}
 }
 

@@ -37,7 +37,7 @@ func TestLoadgen(t *testing.T) {
 		return false
 	})
 	t.Logf("split in /v1/hotkeys within %v", took)
-	split := regexp.MustCompile(`shards (\d+)`)
+	split := regexp.MustCompile(`level (\d+)`)
 	testkit.For(t, testkit.Patience, "a progress line with the key split", func() bool {
 		for _, m := range split.FindAllStringSubmatch(errOut.String(), -1) {
 			if n, _ := strconv.Atoi(m[1]); n >= 4 {

@@ -544,7 +544,11 @@ func (d *Daemon) stop(ctx context.Context) error {
 	if err := d.svc.Stop(); err != nil {
 		natsErr = fmt.Errorf("NATS micro service: %w", err)
 	}
-	d.nats.stop() // replies go out before the connection drains
+	// Replies in flight go out before the connection drains, as long as
+	// ctx allows; past it, the connection is closed below.
+	if !d.nats.stop(ctx) {
+		natsErr = errors.Join(natsErr, errors.New("NATS: decisions in flight not done within the shutdown timeout"))
+	}
 	if err := d.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		natsErr = errors.Join(natsErr, fmt.Errorf("NATS drain: %w", err))
 	}

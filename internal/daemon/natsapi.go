@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 )
 
@@ -46,44 +47,65 @@ func (n *natsRequests) run(f func()) {
 	}()
 }
 
-// stop waits for the decisions running on their own goroutines; later ones
-// run on the caller's.
-func (n *natsRequests) stop() {
+// stop waits for the decisions running on their own goroutines, until ctx
+// is done; later ones run on the caller's. It reports whether they all
+// ended.
+func (n *natsRequests) stop(ctx context.Context) bool {
 	n.mu.Lock()
 	n.stopping = true
 	n.mu.Unlock()
-	n.wg.Wait()
+	done := make(chan struct{})
+	go func() { n.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+		return true
+	case <-ctx.Done():
+		return false
+	}
 }
 
 // handleNATS answers a request on hotkey.allow: the same JSON as POST
-// /v1/allow, allowed or denied alike; errors are micro errors with the
-// HTTP status as code (400, 404, 413, 503) and {"error": ...} as body. The
-// queue group spreads requests over the daemons.
+// /v1/allow, allowed or denied alike; errors carry the HTTP status as
+// Nats-Service-Error-Code, the message as Nats-Service-Error, and
+// {"error": ...} as body, as micro's own errors do. The queue group spreads
+// requests over the daemons.
+//
+// The decision runs after the handler has returned, so it must not touch
+// req, which micro reads once the handler returns: it keeps the request's
+// data and reply subject, and publishes its answer itself. So micro's
+// $SRV.STATS counts the requests but neither their errors nor their time;
+// /metrics has both.
 func (d *Daemon) handleNATS(req micro.Request) {
-	d.nats.run(func() { d.answerNATS(req) })
+	data, reply := req.Data(), req.Reply()
+	d.nats.run(func() { d.answerNATS(data, reply) })
 }
 
-func (d *Daemon) answerNATS(req micro.Request) {
-	areq, err := DecodeAllow(req.Data())
+func (d *Daemon) answerNATS(data []byte, reply string) {
+	areq, err := DecodeAllow(data)
 	if err != nil {
-		d.natsError(req, err.(*apiError))
+		d.natsError(reply, err.(*apiError))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), natsDecisionTimeout)
 	defer cancel()
 	resp, _, _, ae := d.decide(ctx, areq)
 	if ae != nil {
-		d.natsError(req, ae)
+		d.natsError(reply, ae)
 		return
 	}
-	if err := req.RespondJSON(resp); err != nil {
+	body, _ := json.Marshal(resp)
+	if err := d.nc.Publish(reply, body); err != nil {
 		d.log.Debug("NATS reply failed", "err", err)
 	}
 }
 
-func (d *Daemon) natsError(req micro.Request, ae *apiError) {
+func (d *Daemon) natsError(reply string, ae *apiError) {
 	body, _ := json.Marshal(ErrorResponse{Error: ae.Msg})
-	if err := req.Error(strconv.Itoa(ae.Status), ae.Msg, body); err != nil {
+	msg := &nats.Msg{Subject: reply, Data: body, Header: nats.Header{
+		micro.ErrorHeader:     []string{ae.Msg},
+		micro.ErrorCodeHeader: []string{strconv.Itoa(ae.Status)},
+	}}
+	if err := d.nc.PublishMsg(msg); err != nil {
 		d.log.Debug("NATS error reply failed", "err", err)
 	}
 }

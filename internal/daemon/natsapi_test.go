@@ -1,14 +1,22 @@
 package daemon
 
 import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
 )
 
 // TestNATSRequests: decisions run on goroutines of their own, never more
-// than the slots at once; stop waits for them, and later ones run on the
-// caller's goroutine (the connection's drain then waits for them).
+// than the slots at once; stop waits for them as long as its ctx allows,
+// and later ones run on the caller's goroutine (the connection's drain then
+// waits for them).
 func TestNATSRequests(t *testing.T) {
 	n := natsRequests{slots: make(chan struct{}, 4)}
 	release := make(chan struct{})
@@ -34,18 +42,77 @@ func TestNATSRequests(t *testing.T) {
 		close(submitted)
 	}()
 	started.Wait() // 4 run at once, on goroutines of their own
-	if r := running.Load(); r != 4 {
-		t.Fatalf("%d running, want 4", r)
+	if r, m := running.Load(), most.Load(); r != 4 || m != 4 {
+		t.Fatalf("%d running, at most %d at once; want 4 (the slots)", r, m)
+	}
+	// stop waits only as long as its ctx: with 4 still blocked, a done
+	// ctx returns false at once.
+	expired, cancel := context.WithCancel(context.Background())
+	cancel()
+	if n.stop(expired) {
+		t.Fatal("stop reported every decision done while 4 were blocked")
 	}
 	close(release)
 	<-submitted
-	n.stop()
-	if done.Load() != 10 || most.Load() > 4 {
-		t.Fatalf("%d done, at most %d at once; want 10, at most 4", done.Load(), most.Load())
+	if !n.stop(context.Background()) {
+		t.Fatal("stop did not see the decisions end")
+	}
+	if done.Load() != 10 {
+		t.Fatalf("%d done, want 10", done.Load())
 	}
 	ran := false
 	n.run(func() { ran = true }) // inline: no goroutine to wait for
 	if !ran {
 		t.Fatal("a request after stop did not run on the caller's goroutine")
 	}
+}
+
+// TestNATSConcurrentReplies: many requests at once over NATS, decisions and
+// errors mixed, each answered on its own reply subject, with the error
+// headers micro clients read (run under -race: answers are published off
+// micro's handler).
+func TestNATSConcurrentReplies(t *testing.T) {
+	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--nats-concurrency", "8"}, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := Start(context.Background(), cfg, slog.New(slog.DiscardHandler), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // only catches a hang
+		defer cancel()
+		if err := d.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	}()
+	nc, err := nats.Connect(d.NATSURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	var wg sync.WaitGroup
+	for i := range 200 {
+		wg.Go(func() {
+			body, wantErr := fmt.Sprintf(`{"key":"k%d"}`, i), ""
+			if i%3 == 0 {
+				body, wantErr = fmt.Sprintf(`{"key":"k%d","policy":"nope"}`, i), "404"
+			}
+			msg, err := nc.Request("hotkey.allow", []byte(body), time.Minute)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			if code := msg.Header.Get("Nats-Service-Error-Code"); code != wantErr {
+				t.Errorf("request %d: error code %q, want %q: %s", i, code, wantErr, msg.Data)
+				return
+			}
+			var ar AllowResponse
+			if wantErr == "" && (json.Unmarshal(msg.Data, &ar) != nil || !ar.Allowed) {
+				t.Errorf("request %d: %s", i, msg.Data)
+			}
+		})
+	}
+	wg.Wait()
 }

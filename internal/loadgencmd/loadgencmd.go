@@ -43,13 +43,17 @@ Usage:
 
 Requests go out at --rate, whatever the daemon answers (an open loop), and
 each one's latency counts from when it was meant to be sent. The progress
-line shows the decisions/s, the share admitted, the p99 latency of the last
-second and the level of --key, as the daemon's /v1/hotkeys reports it.
+line shows the decisions/s and the share admitted since the start, the p99
+latency of the last second, and the level of --key (how many subcounters it
+is split into at most) as the daemon's /v1/hotkeys reports it.
 
 Workloads:
   hotspot   --key at --hot-rate over --keys background keys (uniform)
   ramp      --key rising to --hot-rate over a third of --duration, holding a
-            third and falling a third, over the background: a split and a merge
+            third and falling a third, over the background: the key splits as
+            it rises, and merges back a cool-down (the daemon's --cool-down,
+            1m by default) after it falls, so run it for longer than that to
+            see the merge
   uniform   --keys keys, evenly
   zipf      --keys keys by Zipf's law with exponent --zipf-s
   flood     a new random key every request
@@ -167,7 +171,10 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	defer closeTarget()
 	// One decision first: a daemon that is not there, or a policy it does
 	// not have, is an error before the run rather than a run of errors.
-	if _, err := target.Decide(ctx, c.key, c.cost); err != nil {
+	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	_, err = target.Decide(pctx, c.key, c.cost)
+	cancel()
+	if err != nil {
 		fmt.Fprintf(stderr, "hotkeyd loadgen: %s does not decide: %v\n", c.target, err)
 		return 1
 	}
@@ -239,7 +246,7 @@ func progressLine(s loadgen.Snapshot, shards int) string {
 	if s.Elapsed > 0 {
 		rate = float64(answered) / s.Elapsed.Seconds()
 	}
-	line := fmt.Sprintf("%8.0f decisions/s  admitted %5.1f%%  p99 %-8v  shards %-2d", rate, admitted, s.P99.Round(10*time.Microsecond), shards)
+	line := fmt.Sprintf("%8.0f decisions/s  admitted %5.1f%%  p99 %-8v  level %-2d", rate, admitted, s.P99.Round(10*time.Microsecond), shards)
 	if s.Errors > 0 {
 		line += fmt.Sprintf("  errors %d", s.Errors)
 	}

@@ -42,43 +42,47 @@ type Cluster struct {
 
 // Start starts cfg's engines, each with a NATS coordinator on its own
 // connection to one in-process NATS server.
-func Start(cfg Config) (c *Cluster, err error) {
+func Start(cfg Config) (*Cluster, error) {
+	c := &Cluster{}
+	if err := c.start(cfg); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *Cluster) start(cfg Config) error {
 	n := cfg.Instances
 	if n <= 0 {
 		n = 3
 	}
-	c = &Cluster{}
-	defer func() {
-		if err != nil {
-			c.Close()
-		}
-	}()
+	var err error
 	if c.server, err = natsserver.Start(natsserver.Options{DontListen: true}); err != nil {
-		return nil, err
+		return err
 	}
 	for i := range n {
 		nc, err := c.server.Connect(nats.Name(fmt.Sprintf("loadgen engine %d", i)))
 		if err != nil {
-			return nil, err
+			return err
 		}
 		c.conns = append(c.conns, nc)
 		co, err := coordinator.NewNATS(coordinator.Config{Conn: nc})
 		if err != nil {
-			return nil, err
+			return err
 		}
 		var store counter.Store = counter.NewMemoryStore(counter.MemoryConfig{})
 		if cfg.Store != nil {
 			if store, err = cfg.Store(i); err != nil {
-				return nil, fmt.Errorf("store of engine %d: %w", i, err)
+				return fmt.Errorf("store of engine %d: %w", i, err)
 			}
 		}
 		e, err := hotkey.New(store, append([]hotkey.Option{hotkey.WithCoordinator(co)}, cfg.Options...)...)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		c.Engines = append(c.Engines, e)
 	}
-	return c, nil
+	return nil
 }
 
 // Target decides on the cluster's engines in turn, under p.
