@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
-	"strconv"
-	"strings"
 	"sync"
 	"testing"
 
@@ -13,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/shard"
 )
@@ -155,21 +154,9 @@ func maxOverMean(b *testing.B, ctx context.Context, client *redis.ClusterClient)
 	var mu sync.Mutex
 	var calls []float64
 	err := client.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
-		info, err := c.Info(ctx, "commandstats").Result()
+		n, err := scenario.ScriptCalls(ctx, c)
 		if err != nil {
 			return err
-		}
-		n := 0.0
-		for line := range strings.Lines(info) {
-			if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
-				continue
-			}
-			for field := range strings.SplitSeq(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
-				if v, ok := strings.CutPrefix(field, "calls="); ok {
-					f, _ := strconv.ParseFloat(v, 64)
-					n += f
-				}
-			}
 		}
 		mu.Lock()
 		calls = append(calls, n)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -11,20 +10,10 @@ import (
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/loadgen"
 	"github.com/hotkeyd/hotkey/loadgen/embedded"
 )
-
-// countingStore counts the Takes that reach the store.
-type countingStore struct {
-	counter.Store
-	takes atomic.Int64
-}
-
-func (s *countingStore) Take(ctx context.Context, key string, hash uint64, lim counter.Limit, n int64) (counter.Result, error) {
-	s.takes.Add(1)
-	return s.Store.Take(ctx, key, hash, lim, n)
-}
 
 // runDenyCache sends one key at 10 times its limit to an engine on a
 // redis-server, as an attacker or a retry loop does, and counts the store
@@ -40,7 +29,7 @@ func runDenyCache(ctx context.Context, s *setup) (*scenario.Section, error) {
 		return nil, err
 	}
 	defer rs.Close()
-	store := &countingStore{Store: rs}
+	store := &testkit.Store{Store: rs} // counts the Takes that reach Redis
 	e, err := hotkey.New(store, hotkey.WithoutDetector())
 	if err != nil {
 		return nil, err
@@ -61,7 +50,7 @@ func runDenyCache(ctx context.Context, s *setup) (*scenario.Section, error) {
 	if res.Errors > 0 {
 		return nil, fmt.Errorf("%d errors, first %v", res.Errors, res.FirstError)
 	}
-	takes := store.takes.Load()
+	takes := store.Takes.Load()
 	// A store call decides each admission; the rest were for denials.
 	perDenied := float64(takes-res.Allowed) / float64(max(res.Denied, 1))
 	ideal := float64(lim.Capacity()) + float64(lim.Rate)*res.Elapsed.Seconds()

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -150,28 +149,6 @@ func resetStats(ctx context.Context, ms []*redis.Client) error {
 	return nil
 }
 
-// scriptCalls returns the EVAL and EVALSHA calls m has answered since its
-// stats were reset.
-func scriptCalls(m *redis.Client) (float64, error) {
-	info, err := m.Info(context.Background(), "commandstats").Result()
-	if err != nil {
-		return 0, err
-	}
-	n := 0.0
-	for line := range strings.Lines(info) {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
-			continue
-		}
-		for field := range strings.SplitSeq(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
-			if v, ok := strings.CutPrefix(field, "calls="); ok {
-				f, _ := strconv.ParseFloat(v, 64)
-				n += f
-			}
-		}
-	}
-	return n, nil
-}
-
 // callSample is each master's script calls so far, at an instant.
 type callSample struct {
 	at    time.Duration
@@ -208,7 +185,7 @@ func sampleCalls(ms []*redis.Client, every time.Duration) *sampler {
 	read := func() {
 		smp := callSample{at: time.Since(start), calls: make([]float64, len(ms))}
 		for i, m := range ms {
-			smp.calls[i], _ = scriptCalls(m)
+			smp.calls[i], _ = scenario.ScriptCalls(context.Background(), m)
 		}
 		sm.trace = append(sm.trace, smp)
 	}
