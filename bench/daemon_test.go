@@ -2,7 +2,6 @@ package bench
 
 import (
 	"context"
-	"log/slog"
 	"os"
 	"testing"
 	"time"
@@ -37,11 +36,7 @@ func benchDaemon(b *testing.B, redisAddr string) {
 	if c := os.Getenv("BENCH_NATS_CONCURRENCY"); c != "" {
 		args = append(args, "--nats-concurrency", c)
 	}
-	cfg, err := daemon.ParseArgs(args, func(string) (string, bool) { return "", false }, nil)
-	if err != nil {
-		b.Fatal(err)
-	}
-	d, err := daemon.Start(context.Background(), cfg, slog.New(slog.DiscardHandler), "bench")
+	d, err := daemon.StartArgs(context.Background(), args...)
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package loadgen_test
 
 import (
 	"context"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -20,11 +19,7 @@ import (
 // the default policy (100/s) and a hot threshold of 50/s.
 func startDaemon(t *testing.T) *daemon.Daemon {
 	t.Helper()
-	cfg, err := daemon.ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--hot-threshold", "50"}, func(string) (string, bool) { return "", false }, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := daemon.Start(context.Background(), cfg, slog.New(slog.DiscardHandler), "test")
+	d, err := daemon.StartArgs(context.Background(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--hot-threshold", "50")
 	if err != nil {
 		t.Fatal(err)
 	}

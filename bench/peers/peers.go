@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -176,12 +175,7 @@ func startHotkeyd(ctx context.Context, n int, policies, redisAddr string) (func(
 		if redisAddr != "" {
 			args = append(args, "--redis", "redis://"+redisAddr)
 		}
-		cfg, err := daemon.ParseArgs(args, func(string) (string, bool) { return "", false }, nil)
-		if err != nil {
-			stop()
-			return nil, nil, err
-		}
-		d, err := daemon.Start(ctx, cfg, slog.New(slog.DiscardHandler), "report")
+		d, err := daemon.StartArgs(ctx, args...)
 		if err != nil {
 			stop()
 			return nil, nil, err

@@ -168,6 +168,17 @@ type Daemon struct {
 	stopErr  error
 }
 
+// StartArgs starts a daemon in this process as the flags args say (the
+// environment is not read), logging nowhere: for the tests, benchmarks and
+// reports that run a daemon beside their clients.
+func StartArgs(ctx context.Context, args ...string) (*Daemon, error) {
+	cfg, err := ParseArgs(args, func(string) (string, bool) { return "", false }, nil)
+	if err != nil {
+		return nil, err
+	}
+	return Start(ctx, cfg, slog.New(slog.DiscardHandler), "in-process")
+}
+
 // Start starts a daemon as cfg says and returns once it serves. Errors name
 // the flag to change.
 func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_ *Daemon, err error) {

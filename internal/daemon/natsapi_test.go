@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -72,11 +71,7 @@ func TestNATSRequests(t *testing.T) {
 // headers micro clients read (run under -race: answers are published off
 // micro's handler).
 func TestNATSConcurrentReplies(t *testing.T) {
-	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--nats-concurrency", "8"}, env(nil), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := Start(context.Background(), cfg, slog.New(slog.DiscardHandler), "test")
+	d, err := StartArgs(context.Background(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--nats-concurrency", "8")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -55,11 +54,7 @@ func TestBadFlags(t *testing.T) {
 // the JSON result adds up, and the hot key is split (the daemon's
 // /v1/hotkeys says so, and so do its decisions).
 func TestAgainstDaemon(t *testing.T) {
-	cfg, err := daemon.ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--hot-threshold", "50"}, func(string) (string, bool) { return "", false }, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := daemon.Start(context.Background(), cfg, slog.New(slog.DiscardHandler), "test")
+	d, err := daemon.StartArgs(context.Background(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--hot-threshold", "50")
 	if err != nil {
 		t.Fatal(err)
 	}
