@@ -9,12 +9,17 @@ import (
 // state is one counter's state in the memory store. Field use depends on the
 // algorithm; all instants are Unix nanoseconds.
 type state struct {
+	counts
+	// log holds SlidingLog's admitted units, oldest first (slidinglog.go).
+	log []logEntry
+}
+
+// counts is a counter's fixed-size state: all of it but for a sliding log.
+type counts struct {
 	// TokenBucket: a is the TAT, b its fraction of a ns (see gcra.go).
 	// SlidingWindow, FixedWindow: a is the window index, b the current
 	// window's count, c the previous window's count.
 	a, b, c int64
-	// log holds SlidingLog's admitted units, oldest first (slidinglog.go).
-	log []logEntry
 	// expires is when the state no longer matters (a fresh counter would
 	// decide the same).
 	expires int64

@@ -2,6 +2,7 @@ package counter
 
 import (
 	"context"
+	"hash/maphash"
 	"sync"
 	"time"
 )
@@ -15,7 +16,7 @@ type MemoryConfig struct {
 	// ones, each the soonest-expiring of a small sample.
 	MaxKeys int
 	// Stripes is the number of independently locked stripes, rounded up to a
-	// power of two (default 512). The key hash picks the stripe.
+	// power of two (default 512). A hash of the key picks the stripe.
 	Stripes int
 	// Clock returns the current time (default time.Now).
 	Clock func() time.Time
@@ -29,15 +30,18 @@ func DefaultMemoryConfig() MemoryConfig {
 // evictSample is how many counters an insert into a full stripe looks at.
 const evictSample = 8
 
-// MemoryStore keeps counters in process memory: a map per stripe, each under
-// its own mutex, picked by the key hash. It is safe for concurrent use, never
-// blocks on I/O and allocates only when a counter is created.
+// MemoryStore keeps counters in process memory: a table per stripe (see
+// memtable.go), each under its own mutex, picked by a hash of the key. It is
+// safe for concurrent use and never blocks on I/O. It allocates when a
+// stripe's table grows and for sliding logs' entries, never to decide on a
+// present key; its tables hold no pointers for the garbage collector to
+// scan.
 type MemoryStore struct {
-	stripes   []stripe
-	mask      uint64
-	perStripe int
-	room      int // counters freed at once when a stripe is full
-	clock     func() time.Time
+	stripes []stripe
+	mask    uint64
+	room    int // counters freed at once when a stripe is full
+	clock   func() time.Time
+	seeds   [2]maphash.Seed // of the keys' fingerprints
 
 	// An instant is epochNano plus its time since epoch (see nanos).
 	epoch     time.Time
@@ -45,9 +49,9 @@ type MemoryStore struct {
 }
 
 type stripe struct {
-	mu sync.Mutex // guards m
-	m  map[string]*state
-	_  [40]byte // keep stripes on separate cache lines
+	mu sync.Mutex // guards t
+	t  table
+	_  [32]byte // keep stripes on separate cache lines
 }
 
 var _ Store = (*MemoryStore)(nil)
@@ -71,17 +75,18 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 	for n > 1 && n > cfg.MaxKeys { // keep the bound exact
 		n >>= 1
 	}
+	perStripe := max(1, cfg.MaxKeys/n)
 	s := &MemoryStore{
-		stripes:   make([]stripe, n),
-		mask:      uint64(n - 1),
-		perStripe: max(1, cfg.MaxKeys/n),
-		clock:     cfg.Clock,
+		stripes: make([]stripe, n),
+		mask:    uint64(n - 1),
+		room:    max(1, perStripe/16),
+		clock:   cfg.Clock,
+		seeds:   [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
 	}
 	s.epoch = time.Now() // a monotonic reading, whatever the clock
 	s.epochNano = s.epoch.UnixNano()
-	s.room = max(1, s.perStripe/16)
 	for i := range s.stripes {
-		s.stripes[i].m = make(map[string]*state)
+		s.stripes[i].t = newTable(perStripe)
 	}
 	return s
 }
@@ -98,55 +103,46 @@ func (s *MemoryStore) Take(_ context.Context, key string, hash uint64, lim Limit
 // now.UnixNano(), within 292 years of the store's creation.
 func (s *MemoryStore) nanos(now time.Time) int64 { return s.epochNano + int64(now.Sub(s.epoch)) }
 
-// TakeAt is Take at the instant now. It never fails.
-func (s *MemoryStore) TakeAt(now time.Time, key string, hash uint64, lim Limit, n int64) Result {
-	// The low bits of the hash pick the shard table and Redis slots too;
-	// the high bits keep stripes independent of them.
-	st := &s.stripes[(hash>>32)&s.mask]
+// TakeAt is Take at the instant now. It never fails. The store knows a
+// counter by its own hash of key (see memtable.go), not by hash.
+func (s *MemoryStore) TakeAt(now time.Time, key string, _ uint64, lim Limit, n int64) Result {
+	id := s.fingerprint(key)
+	st := s.stripe(id)
 	t := s.nanos(now)
 	st.mu.Lock()
-	c := st.m[key]
-	if c == nil {
-		if len(st.m) >= s.perStripe {
-			st.evictLocked(t, s.room)
-		}
-		c = &state{}
-		st.m[key] = c
-	} else if c.expires <= t {
-		// An expired counter decides like a fresh one; reuse its memory.
-		*c = state{log: c.log[:0]}
-	}
+	i := s.cell(st, id, t)
+	c := st.t.state(i)
 	res := c.take(t, lim, n)
+	st.t.setState(i, c)
 	st.mu.Unlock()
 	return res
 }
 
-// evictLocked makes room for at least one counter, and for room counters
-// where it can: it drops every expired counter, then, while fewer than room
-// were freed, the soonest-expiring of a sample of live ones. Freeing room at
-// once spreads the cost of the sweep over the next room inserts.
-func (st *stripe) evictLocked(now int64, room int) {
-	freed := 0
-	for k, c := range st.m {
-		if c.expires <= now {
-			delete(st.m, k)
-			freed++
+// fingerprint is key's identity in the store.
+func (s *MemoryStore) fingerprint(key string) [2]uint64 {
+	return fingerprint(maphash.String(s.seeds[0], key), maphash.String(s.seeds[1], key))
+}
+
+// stripe returns the stripe of the key whose fingerprint is id: its first
+// half picks the stripe, its second the cell in the stripe's table.
+func (s *MemoryStore) stripe(id [2]uint64) *stripe { return &s.stripes[(id[0]>>32)&s.mask] }
+
+// cell returns the index of id's cell in st (locked) at t: a new counter if
+// it had none, evicting others if the stripe is full, and a fresh one if
+// its counter had expired.
+func (s *MemoryStore) cell(st *stripe, id [2]uint64, t int64) int {
+	i := st.t.find(id)
+	switch {
+	case i < 0:
+		if st.t.full() {
+			st.t.evict(t, s.room, id[1])
 		}
+		i = st.t.insert(id)
+	case st.t.cells[i].cnt.expires <= t:
+		// An expired counter decides like a fresh one; reuse its memory.
+		st.t.reset(i)
 	}
-	for ; freed < room && len(st.m) > 0; freed++ {
-		var victim string
-		var soonest int64
-		seen := 0
-		for k, c := range st.m { // map iteration starts at a random entry
-			if seen == 0 || c.expires < soonest {
-				victim, soonest = k, c.expires
-			}
-			if seen++; seen == evictSample {
-				break
-			}
-		}
-		delete(st.m, victim)
-	}
+	return i
 }
 
 // Len returns the number of counters held, expired ones included.
@@ -155,7 +151,7 @@ func (s *MemoryStore) Len() int {
 	for i := range s.stripes {
 		st := &s.stripes[i]
 		st.mu.Lock()
-		n += len(st.m)
+		n += st.t.n
 		st.mu.Unlock()
 	}
 	return n

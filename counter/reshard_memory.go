@@ -244,14 +244,16 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 // absent or expired, as TakeAt would read it. With log, it copies the
 // entries still inside the window of sh's limit; otherwise it leaves log out.
 func (s *MemoryStore) peek(sh Shard, t int64, log bool) state {
-	st := &s.stripes[(sh.Hash>>32)&s.mask]
+	id := s.fingerprint(sh.Name)
+	st := s.stripe(id)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	c := st.m[sh.Name]
-	if c == nil || c.expires <= t {
+	i := st.t.find(id)
+	if i < 0 || st.t.cells[i].cnt.expires <= t {
 		return state{}
 	}
-	out := state{a: c.a, b: c.b, c: c.c, expires: c.expires}
+	c := st.t.state(i)
+	out := state{counts: c.counts}
 	if log {
 		cut := t - int64(sh.Limit.Period)
 		for _, e := range c.log {
@@ -276,18 +278,12 @@ func appendUnits(dst []int64, log []logEntry) []int64 {
 // seed runs f on sh's state at t under its stripe's lock, creating the
 // counter (or resetting an expired one) as TakeAt does.
 func (s *MemoryStore) seed(sh Shard, t int64, f func(c *state)) {
-	st := &s.stripes[(sh.Hash>>32)&s.mask]
+	id := s.fingerprint(sh.Name)
+	st := s.stripe(id)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	c := st.m[sh.Name]
-	if c == nil {
-		if len(st.m) >= s.perStripe {
-			st.evictLocked(t, s.room)
-		}
-		c = &state{}
-		st.m[sh.Name] = c
-	} else if c.expires <= t {
-		*c = state{log: c.log[:0]}
-	}
-	f(c)
+	i := s.cell(st, id, t)
+	c := st.t.state(i)
+	f(&c)
+	st.t.setState(i, c)
 }

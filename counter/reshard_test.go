@@ -29,11 +29,12 @@ func memoryReshardHarness() *reshardHarness {
 	h := memoryHarness()
 	s := h.store.(*MemoryStore)
 	return &reshardHarness{harness: h, rs: s, dump: func(t *testing.T, key string) string {
-		st := &s.stripes[(xxhash.Sum64String(key)>>32)&s.mask]
+		id := s.fingerprint(key)
+		st := s.stripe(id)
 		st.mu.Lock()
 		defer st.mu.Unlock()
-		if c := st.m[key]; c != nil {
-			return fmt.Sprintf("%+v", *c)
+		if i := st.t.find(id); i >= 0 {
+			return fmt.Sprintf("%+v", st.t.state(i))
 		}
 		return ""
 	}}

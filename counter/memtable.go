@@ -1,0 +1,239 @@
+package counter
+
+import "math/bits"
+
+// A stripe's counters live in a table: open addressing with linear probing
+// over an array of cells, each one cache line holding a key's
+// identity and its counts inline. The array holds no pointers, so the
+// garbage collector never scans it, and a decision on a present key touches
+// one cache line of it. A sliding log's entries, the one variable-sized
+// state, sit in a side slice that the cell indexes.
+//
+// A key is known by a 128-bit fingerprint: two hashes of it under seeds
+// drawn when the store is made. Two keys share a counter only if both
+// hashes collide, about once in 2^108 stores of a million keys each; the
+// seeds are secret, so nobody can choose keys that do. Holding no key bytes
+// keeps a cell at one cache line, and the caller's key strings are not kept
+// alive.
+
+// maxLoad is the table's highest load, in eighths: beyond it, a table
+// grows, to at most the cells that hold its limit at that load.
+const maxLoad = 6
+
+// cell is one counter: its fingerprint (id[0] == 0 marks an empty cell, so
+// a fingerprint's first half is never 0), its counts, and for a sliding log
+// the index + 1 of its entries in table.logs (0: none).
+type cell struct {
+	id  [2]uint64
+	cnt counts
+	log int32
+	_   [12]byte // one cell per 64-byte cache line
+}
+
+// table is one stripe's counters. It is guarded by its stripe's mutex.
+type table struct {
+	cells []cell
+	n     int // live cells
+	limit int // the most live cells it may hold
+	max   int // the cells' length it may grow to: enough for limit within maxLoad
+	logs  [][]logEntry
+	free  []int32 // indexes of logs not in use
+}
+
+// fingerprint makes a nonzero first half, as cell requires.
+func fingerprint(h1, h2 uint64) [2]uint64 { return [2]uint64{h1 | 1, h2} }
+
+// newTable returns a table for up to keys counters.
+func newTable(keys int) table {
+	return table{limit: keys, max: max(8, (keys*8+maxLoad-1)/maxLoad)}
+}
+
+// home is where id's probe sequence starts: the second half of the
+// fingerprint (the first picks the stripe) scaled to the cells.
+func (t *table) home(id [2]uint64) int {
+	hi, _ := bits.Mul64(id[1], uint64(len(t.cells)))
+	return int(hi)
+}
+
+// next is the cell after i, wrapping around.
+func (t *table) next(i int) int {
+	if i++; i == len(t.cells) {
+		return 0
+	}
+	return i
+}
+
+// dist is how many cells from i forward j is, wrapping around.
+func (t *table) dist(i, j int) int {
+	if j < i {
+		j += len(t.cells)
+	}
+	return j - i
+}
+
+// find returns the index of id's cell, or -1.
+func (t *table) find(id [2]uint64) int {
+	if len(t.cells) == 0 {
+		return -1
+	}
+	for i := t.home(id); ; i = t.next(i) {
+		c := &t.cells[i]
+		if c.id == id {
+			return i
+		}
+		if c.id[0] == 0 {
+			return -1
+		}
+	}
+}
+
+// full reports whether the table holds its limit.
+func (t *table) full() bool { return t.n >= t.limit }
+
+// insert adds id with zero counts and returns its cell's index. id is not
+// in the table, and the table is not full.
+func (t *table) insert(id [2]uint64) int {
+	if (t.n+1)*8 > len(t.cells)*maxLoad {
+		t.grow()
+	}
+	t.n++
+	return t.place(id, counts{}, 0)
+}
+
+// place puts a cell in the first free slot of id's probe sequence.
+func (t *table) place(id [2]uint64, cnt counts, log int32) int {
+	i := t.home(id)
+	for t.cells[i].id[0] != 0 {
+		i = t.next(i)
+	}
+	t.cells[i] = cell{id: id, cnt: cnt, log: log}
+	return i
+}
+
+// grow doubles the cells (to at most max), placing each live one anew.
+func (t *table) grow() {
+	old := t.cells
+	t.cells = make([]cell, min(t.max, max(8, 2*len(old))))
+	for i := range old {
+		if c := &old[i]; c.id[0] != 0 {
+			t.place(c.id, c.cnt, c.log)
+		}
+	}
+}
+
+// remove empties cell i and shifts back the cells after it that its
+// emptiness would cut off from their probe start (backward-shift deletion:
+// no tombstones, so lookups never slow with churn).
+func (t *table) remove(i int) {
+	t.freeLog(t.cells[i].log)
+	t.n--
+	for j := t.next(i); ; j = t.next(j) {
+		c := &t.cells[j]
+		if c.id[0] == 0 {
+			break
+		}
+		// c may fill the hole at i unless its probe starts in (i, j].
+		if t.dist(t.home(c.id), j) >= t.dist(i, j) {
+			t.cells[i] = *c
+			i = j
+		}
+	}
+	t.cells[i] = cell{}
+}
+
+// state returns cell i's state, with its log.
+func (t *table) state(i int) state {
+	c := &t.cells[i]
+	s := state{counts: c.cnt}
+	if c.log > 0 {
+		s.log = t.logs[c.log-1]
+	}
+	return s
+}
+
+// setState stores s into cell i, giving it a log if s has one and it had
+// none.
+func (t *table) setState(i int, s state) {
+	c := &t.cells[i]
+	c.cnt = s.counts
+	switch {
+	case c.log > 0:
+		t.logs[c.log-1] = s.log
+	case s.log != nil:
+		c.log = t.newLog(s.log)
+	}
+}
+
+// newLog keeps log and returns its index + 1.
+func (t *table) newLog(log []logEntry) int32 {
+	if k := len(t.free); k > 0 {
+		j := t.free[k-1]
+		t.free = t.free[:k-1]
+		t.logs[j] = log
+		return j + 1
+	}
+	t.logs = append(t.logs, log)
+	return int32(len(t.logs))
+}
+
+// reusableLog is the capacity of a log kept for the next counter when its
+// own is dropped: larger ones go to the garbage collector.
+const reusableLog = 32
+
+// freeLog releases log index + 1 (0: none).
+func (t *table) freeLog(log int32) {
+	if log == 0 {
+		return
+	}
+	if l := t.logs[log-1]; cap(l) <= reusableLog {
+		t.logs[log-1] = l[:0]
+	} else {
+		t.logs[log-1] = nil
+	}
+	t.free = append(t.free, log-1)
+}
+
+// reset makes cell i a fresh counter, keeping its log's memory.
+func (t *table) reset(i int) {
+	c := &t.cells[i]
+	c.cnt = counts{}
+	if c.log > 0 {
+		t.logs[c.log-1] = t.logs[c.log-1][:0]
+	}
+}
+
+// evict makes room for at least one counter, and for room counters where it
+// can: it drops every expired counter, then, while fewer than room were
+// freed, the soonest-expiring of evictSample live ones from a point chosen
+// by r. Freeing room at once spreads the cost of the sweep over the next
+// room inserts.
+func (t *table) evict(now int64, room int, r uint64) {
+	freed := 0
+	for i := 0; i < len(t.cells); {
+		// A removal may shift a later cell into i (check it next) or a
+		// cell from the start to the end (checked twice: harmless).
+		if c := &t.cells[i]; c.id[0] != 0 && c.cnt.expires <= now {
+			t.remove(i)
+			freed++
+			continue
+		}
+		i++
+	}
+	for ; freed < room && t.n > 0; freed++ {
+		victim, seen := -1, 0
+		for i := int(r % uint64(len(t.cells))); seen < evictSample; i = t.next(i) {
+			if t.cells[i].id[0] == 0 {
+				if seen > 0 && seen >= t.n {
+					break
+				}
+				continue
+			}
+			if victim < 0 || t.cells[i].cnt.expires < t.cells[victim].cnt.expires {
+				victim = i
+			}
+			seen++
+		}
+		t.remove(victim)
+		r = r*0x9e3779b97f4a7c15 + 1
+	}
+}

@@ -1,0 +1,159 @@
+package counter
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// TestTableAgainstMap runs random inserts, updates, removals and evictions on
+// tables of several sizes against a map, and checks after each step that
+// every key the map holds is found with its counts and no other is: so
+// backward-shift removal never cuts a key off its probe sequence, growth
+// keeps every key, and the limit holds.
+func TestTableAgainstMap(t *testing.T) {
+	for _, limit := range []int{1, 2, 7, 64, 200} {
+		t.Run(fmt.Sprint(limit), func(t *testing.T) {
+			r := rand.New(rand.NewPCG(uint64(limit), 1))
+			tb := newTable(limit)
+			model := map[[2]uint64]counts{}
+			// Few distinct ids, half of them with homes at the first, the
+			// middle or the last cells, so probe runs are long and wrap
+			// around the end.
+			ids := make([][2]uint64, 2*limit+5)
+			for i := range ids {
+				h := r.Uint64()
+				if i%2 == 0 {
+					h = []uint64{0, 1 << 63, ^uint64(0)}[r.IntN(3)] ^ r.Uint64N(1<<56)
+				}
+				ids[i] = fingerprint(r.Uint64(), h)
+			}
+			for step := range 10_000 {
+				id := ids[r.IntN(len(ids))]
+				now := int64(step)
+				switch i := tb.find(id); {
+				case i >= 0 && r.IntN(3) == 0:
+					tb.remove(i)
+					delete(model, id)
+				case i >= 0:
+					tb.cells[i].cnt.b++
+					tb.cells[i].cnt.expires = now + r.Int64N(50)
+					model[id] = tb.cells[i].cnt
+				default:
+					if tb.full() {
+						room, expired := max(1, limit/16), 0
+						for _, c := range model {
+							if c.expires <= now {
+								expired++
+							}
+						}
+						tb.evict(now, room, r.Uint64())
+						for k, c := range model { // the model forgets what the table did
+							switch {
+							case tb.find(k) >= 0 && c.expires <= now:
+								t.Fatalf("step %d: an expired counter survived the sweep", step)
+							case tb.find(k) < 0 && c.expires > now && expired >= room:
+								t.Fatalf("step %d: a live counter was evicted though %d expired ones made room for %d", step, expired, room)
+							case tb.find(k) < 0:
+								delete(model, k)
+							}
+						}
+
+						if tb.full() {
+							t.Fatalf("step %d: still full after evicting: %d of %d", step, tb.n, limit)
+						}
+					}
+					i := tb.insert(id)
+					tb.cells[i].cnt = counts{b: 1, expires: now + r.Int64N(50)}
+					model[id] = tb.cells[i].cnt
+				}
+				if tb.n != len(model) || tb.n > limit || len(tb.cells) > tb.max {
+					t.Fatalf("step %d: table holds %d in %d cells (max %d), model %d, limit %d", step, tb.n, len(tb.cells), tb.max, len(model), limit)
+				}
+				for _, k := range ids {
+					i := tb.find(k)
+					c, ok := model[k]
+					if ok != (i >= 0) || ok && tb.cells[i].cnt != c {
+						t.Fatalf("step %d: %x found at %d, model has %v %+v", step, k, i, ok, c)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestTableEvictsSoonest: a full table with no expired counter evicts the
+// soonest-expiring ones it samples, never the one far from expiring when an
+// earlier one is in its sample.
+func TestTableEvictsSoonest(t *testing.T) {
+	tb := newTable(8)
+	for i := range 8 {
+		c := tb.insert(fingerprint(uint64(i+1)<<8, uint64(i)<<60))
+		tb.cells[c].cnt.expires = int64(100 + i)
+	}
+	tb.evict(0, 1, 0)
+	if tb.n != 7 {
+		t.Fatalf("%d left of 8, want 7", tb.n)
+	}
+	if tb.find(fingerprint(1<<8, 0)) >= 0 {
+		t.Error("the soonest-expiring counter of a sample of every counter was kept")
+	}
+}
+
+// TestMemorySlidingLogsReused: counters with sliding logs that expire and
+// are evicted hand their logs on, and a log never passes to a counter with
+// its entries.
+func TestMemorySlidingLogsReused(t *testing.T) {
+	s := NewMemoryStore(MemoryConfig{MaxKeys: 16, Stripes: 1})
+	lim := Limit{Algorithm: SlidingLog, Rate: 3, Period: time.Second}
+	at := t0
+	for round := range 50 {
+		for k := range 16 {
+			key := fmt.Sprintf("r%dk%d", round, k)
+			for n := range 4 {
+				r := s.TakeAt(at, key, 0, lim, 1)
+				if r.Allowed != (n < 3) {
+					t.Fatalf("%s take %d: %+v", key, n+1, r)
+				}
+			}
+		}
+		at = at.Add(2 * time.Second)
+	}
+	st := &s.stripes[0]
+	if len(st.t.logs) > 16 {
+		t.Errorf("%d logs for 16 counters: dropped logs are not reused", len(st.t.logs))
+	}
+}
+
+// TestMemoryStoreAgainstMaps drives many keys through the store and through
+// one state per key kept in a map, at one instant sequence, and wants the
+// same answers: the table finds each key's own counts.
+func TestMemoryStoreAgainstMaps(t *testing.T) {
+	s := NewMemoryStore(MemoryConfig{MaxKeys: 1 << 12, Stripes: 4})
+	model := map[string]*state{}
+	r := rand.New(rand.NewPCG(3, 4))
+	lims := []Limit{
+		{Rate: 5, Period: time.Second},
+		{Algorithm: SlidingWindow, Rate: 5, Period: time.Second},
+		{Algorithm: FixedWindow, Rate: 5, Period: time.Second},
+		{Algorithm: SlidingLog, Rate: 5, Period: time.Second},
+	}
+	at := t0
+	for step := range 50_000 {
+		at = at.Add(time.Duration(r.IntN(200)) * time.Microsecond)
+		key := fmt.Sprintf("k%d", r.IntN(2000))
+		lim := lims[len(key)%len(lims)]
+		n := 1 + r.Int64N(2)
+		got := s.TakeAt(at, key, 0, lim, n)
+		m := model[key]
+		now := s.nanos(at)
+		if m == nil || m.expires <= now {
+			m = &state{}
+			model[key] = m
+		}
+		if want := m.take(now, lim, n); got != want {
+			t.Fatalf("step %d, %s (%v): store %+v, model %+v", step, key, lim.Algorithm, got, want)
+		}
+	}
+}
