@@ -67,7 +67,9 @@ func New(store Store, opts ...Option) (*Engine, error) {
 		e.metrics = m
 	}
 	e.placer, _ = store.(placer)
-	if o.denyCache > 0 {
+	// The deny cache saves store calls; a memory store's call costs what a
+	// lookup in the cache does.
+	if _, inProcess := store.(*counter.MemoryStore); o.denyCache > 0 && !inProcess {
 		e.deny = newDenyCache(o.denyCache)
 	}
 	if o.splitAll > shard.Level1 {

@@ -42,6 +42,7 @@ func withMinShare(n int64) Option {
 // withDenyCache sets how many denying subcounters are remembered locally
 // (default 65536, rounded up to a power of two); 0 disables the cache. A
 // remembered subcounter denies without a store call until its retry-after.
+// An engine on a *counter.MemoryStore keeps none, whatever the size.
 func withDenyCache(size int) Option {
 	return func(o *options) error {
 		if size < 0 {
