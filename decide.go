@@ -142,15 +142,28 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 	}
 	// The counters of the level a cost of 1 fits, under the store's
 	// current placement, hold the key's usage; a larger cost must fit one
-	// of them (below).
-	p := e.placement()
-	level := shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, 1)
-	if e.reshard != nil && !ent.Holds(level, p) {
-		if err := ent.Transfer(level, p, func(from shard.Level, fromP shard.Placement, to shard.Level) error {
-			return e.transfer(ctx, ent, prev, lim, from, fromP, to, p)
-		}); err != nil {
-			return Result{}, err
+	// of them (below). The decision is registered on them (Enter) until it
+	// returns, so that a move of the usage waits for it.
+	var p shard.Placement
+	var level shard.Level
+	for {
+		p = e.placement()
+		level = shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, 1)
+		if e.reshard == nil {
+			break
 		}
+		if !ent.Holds(level, p) {
+			if err := ent.Transfer(level, p, func(from shard.Level, fromP shard.Placement, to shard.Level) error {
+				return e.transfer(ctx, ent, prev, lim, from, fromP, to, p)
+			}); err != nil {
+				return Result{}, err
+			}
+		}
+		if ent.Enter(level, p) {
+			defer ent.Exit()
+			break
+		}
+		ent.AwaitTransfer() // another level or placement is being moved to
 	}
 	// Merged back: out of the table once its usage is on the unsplit
 	// counter (a merge that came during this decision's move leaves it to

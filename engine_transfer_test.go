@@ -3,6 +3,7 @@ package hotkey
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -150,5 +151,95 @@ func TestTransferMemory(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// gatedStore is a memory store whose next Take, once armed, waits for a
+// release before it runs: a decision in flight. It signals each Reshard.
+type gatedStore struct {
+	*counter.MemoryStore
+	armed    atomic.Bool
+	held     chan struct{} // a gated Take has started
+	release  chan struct{}
+	resharde chan struct{}
+}
+
+func (s *gatedStore) Take(ctx context.Context, key string, hash uint64, lim counter.Limit, n int64) (counter.Result, error) {
+	if s.armed.CompareAndSwap(true, false) {
+		s.held <- struct{}{}
+		<-s.release
+	}
+	return s.MemoryStore.Take(ctx, key, hash, lim, n)
+}
+
+func (s *gatedStore) Reshard(ctx context.Context, from, to []counter.Shard) error {
+	select {
+	case s.resharde <- struct{}{}:
+	default:
+	}
+	return s.MemoryStore.Reshard(ctx, from, to)
+}
+
+// TestTransferWaitsForDecisionsInFlight: a decision on a split key's
+// subcounter that is still in flight when the key merges is carried to the
+// unsplit counter: the move waits for it. Without that wait the move reads
+// the subcounters first, the unit lands after, and the merged key admits it
+// again.
+func TestTransferWaitsForDecisionsInFlight(t *testing.T) {
+	checkLeaks(t)
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			clock := testkit.NewClock()
+			store := &gatedStore{
+				MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now}),
+				held:        make(chan struct{}), release: make(chan struct{}), resharde: make(chan struct{}, 1),
+			}
+			e, err := New(store, withClock(clock.Now), WithoutDetector())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			const limit = 40
+			p := pol(Limit{Algorithm: alg, Rate: limit, Period: time.Hour})
+			key, ctx := "inflight", context.Background()
+			handler{e}.SetLevel(key, hashKey(key), 4)
+			for i := range limit - 1 {
+				if r, err := e.Allow(ctx, key, p); err != nil || !r.Allowed || r.Shards != 4 {
+					t.Fatalf("decision %d at level 4: %+v %v", i, r, err)
+				}
+			}
+			select { // the split's move
+			case <-store.resharde:
+			default:
+			}
+			// The last unit's decision enters its subcounter and stays in
+			// flight while the key merges.
+			store.armed.Store(true)
+			last := make(chan Result, 1)
+			go func() {
+				r, _ := e.Allow(ctx, key, p)
+				last <- r
+			}()
+			<-store.held
+			handler{e}.SetLevel(key, hashKey(key), 1)
+			settled := make(chan struct{})
+			go func() {
+				e.settle()
+				close(settled)
+			}()
+			// Let the move read the subcounters if it does not wait.
+			select {
+			case <-store.resharde:
+			case <-time.After(100 * time.Millisecond):
+			}
+			close(store.release)
+			if r := <-last; !r.Allowed {
+				t.Fatalf("the last unit of %d was denied: %+v", limit, r)
+			}
+			<-settled
+			if r, err := e.Allow(ctx, key, p); err != nil || r.Allowed || r.Shards != 1 {
+				t.Errorf("after the merge, a unit past the limit: %+v %v, want denied on the unsplit counter", r, err)
+			}
+		})
 	}
 }

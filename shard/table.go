@@ -1,8 +1,10 @@
 package shard
 
 import (
+	"runtime"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // Selection is how a decision picks one of a split key's subcounters.
@@ -25,7 +27,13 @@ type Entry struct {
 	Hash  uint64
 	level atomic.Int32
 	seq   atomic.Uint64
-	names [4]atomic.Pointer[nameSet] // by Level.index
+	// inflight counts the decisions between Enter and Exit, and moving is
+	// set while Transfer waits for them and moves the usage (see Enter).
+	// Beside seq, which the same decisions write, so that a decision
+	// moves one cache line between cores, not two.
+	inflight atomic.Int64
+	moving   atomic.Bool
+	names    [4]atomic.Pointer[nameSet] // by Level.index
 	// held says which counters hold the key's usage (where the last state
 	// transfer moved it), read whole: a level and a placement read apart
 	// could pair the old level with the new placement mid-transfer and
@@ -87,6 +95,10 @@ func (e *Entry) Holds(level Level, p Placement) bool {
 // that to under p holds it. Concurrent callers wait for the one that moves,
 // so none decides on counters not yet seeded. A failed move is returned and
 // leaves the usage where it was, to be tried again.
+//
+// Before it calls move, Transfer stops new decisions from entering (see
+// Enter) and waits for those that entered to exit, so that every unit a
+// decision took on the old counters is there when move reads them.
 func (e *Entry) Transfer(to Level, p Placement, move func(from Level, fromP Placement, to Level) error) error {
 	if e.Holds(to, p) {
 		return nil
@@ -96,12 +108,51 @@ func (e *Entry) Transfer(to Level, p Placement, move func(from Level, fromP Plac
 	if e.Holds(to, p) {
 		return nil
 	}
+	e.moving.Store(true)
+	defer e.moving.Store(false)
+	for spins := 0; e.inflight.Load() > 0; spins++ {
+		// Decisions in flight finish within a store call.
+		if spins < 16 {
+			runtime.Gosched()
+		} else {
+			time.Sleep(20 * time.Microsecond)
+		}
+	}
 	h := e.held.Load()
 	if err := move(h.level, h.p, to); err != nil {
 		return err
 	}
 	e.held.Store(&heldAt{to, p, version(p)})
 	return nil
+}
+
+// Enter registers a decision on the counters of level under p, if they hold
+// the key's usage and no Transfer is moving it; the caller calls Exit once
+// its decision is taken. Otherwise it registers nothing and reports false:
+// the caller waits for the move (AwaitTransfer), and decides again from the
+// key's level as it is then.
+//
+// Enter and Transfer pair as a Dekker lock on inflight and moving: either
+// Transfer sees the decision in flight and waits for it, or the decision
+// sees the move and does not take from counters that are being read. A
+// unit taken from a key's counters is so never left behind by a move,
+// whatever the concurrency.
+func (e *Entry) Enter(level Level, p Placement) bool {
+	e.inflight.Add(1)
+	if e.moving.Load() || !e.Holds(level, p) {
+		e.inflight.Add(-1)
+		return false
+	}
+	return true
+}
+
+// Exit ends a decision that Enter registered.
+func (e *Entry) Exit() { e.inflight.Add(-1) }
+
+// AwaitTransfer returns once no Transfer of the key is under way.
+func (e *Entry) AwaitTransfer() {
+	e.mu.Lock()
+	e.mu.Unlock() //nolint:staticcheck // an empty critical section: a wait
 }
 
 // Memo returns what SetMemo last stored, or nil.
