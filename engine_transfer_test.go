@@ -161,7 +161,7 @@ type gatedStore struct {
 	armed    atomic.Bool
 	held     chan struct{} // a gated Take has started
 	release  chan struct{}
-	resharde chan struct{}
+	reshards chan struct{}
 }
 
 func (s *gatedStore) Take(ctx context.Context, key string, hash uint64, lim counter.Limit, n int64) (counter.Result, error) {
@@ -174,7 +174,7 @@ func (s *gatedStore) Take(ctx context.Context, key string, hash uint64, lim coun
 
 func (s *gatedStore) Reshard(ctx context.Context, from, to []counter.Shard) error {
 	select {
-	case s.resharde <- struct{}{}:
+	case s.reshards <- struct{}{}:
 	default:
 	}
 	return s.MemoryStore.Reshard(ctx, from, to)
@@ -192,7 +192,7 @@ func TestTransferWaitsForDecisionsInFlight(t *testing.T) {
 			clock := testkit.NewClock()
 			store := &gatedStore{
 				MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now}),
-				held:        make(chan struct{}), release: make(chan struct{}), resharde: make(chan struct{}, 1),
+				held:        make(chan struct{}), release: make(chan struct{}), reshards: make(chan struct{}, 1),
 			}
 			e, err := New(store, withClock(clock.Now), WithoutDetector())
 			if err != nil {
@@ -209,7 +209,7 @@ func TestTransferWaitsForDecisionsInFlight(t *testing.T) {
 				}
 			}
 			select { // the split's move
-			case <-store.resharde:
+			case <-store.reshards:
 			default:
 			}
 			// The last unit's decision enters its subcounter and stays in
@@ -229,7 +229,7 @@ func TestTransferWaitsForDecisionsInFlight(t *testing.T) {
 			}()
 			// Let the move read the subcounters if it does not wait.
 			select {
-			case <-store.resharde:
+			case <-store.reshards:
 			case <-time.After(100 * time.Millisecond):
 			}
 			close(store.release)

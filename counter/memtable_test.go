@@ -59,7 +59,6 @@ func TestTableAgainstMap(t *testing.T) {
 								delete(model, k)
 							}
 						}
-
 						if tb.full() {
 							t.Fatalf("step %d: still full after evicting: %d of %d", step, tb.n, limit)
 						}
