@@ -243,3 +243,64 @@ func TestTransferWaitsForDecisionsInFlight(t *testing.T) {
 		})
 	}
 }
+
+// TestMergeReadsLevelsOfOtherInstances: an instance that decided a key at
+// level 4, then made no decision while the key was at 16, finds on the merge
+// what the instance that did decide took on the 16 subcounters: its move
+// reads every level the key was at since its usage last moved. Before, it
+// read only level 4's counters, and handed out what was taken at 16 again.
+func TestMergeReadsLevelsOfOtherInstances(t *testing.T) {
+	checkLeaks(t)
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			clock := testkit.NewClock()
+			store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
+			busy, idle := newEngineOn(t, store, clock), newEngineOn(t, store, clock)
+			const limit = 320 // 20 a subcounter at 16
+			p := pol(Limit{Algorithm: alg, Rate: limit, Period: time.Hour})
+			key, ctx := "merged", context.Background()
+			admitted := 0
+			allow := func(e *Engine, level shard.Level) {
+				t.Helper()
+				r, err := e.Allow(ctx, key, p)
+				if err != nil || r.Shards != level {
+					t.Fatalf("at level %d: %+v %v", level, r, err)
+				}
+				if r.Allowed {
+					admitted++
+				}
+			}
+			for _, e := range []*Engine{busy, idle} {
+				handler{e}.SetLevel(key, hashKey(key), 4)
+			}
+			allow(idle, 4)
+			for _, e := range []*Engine{busy, idle} {
+				handler{e}.SetLevel(key, hashKey(key), 16)
+			}
+			for range limit {
+				allow(busy, 16)
+			}
+			// Only idle hears the merge: busy's usage is on the 16
+			// subcounters alone.
+			handler{idle}.SetLevel(key, hashKey(key), 1)
+			idle.settle()
+			for range limit {
+				allow(idle, 1)
+			}
+			if admitted > limit {
+				t.Errorf("admitted %d in all, limit %d", admitted, limit)
+			}
+		})
+	}
+}
+
+// newEngineOn returns an engine on store, closed at the end of the test.
+func newEngineOn(t *testing.T, store counter.Store, clock *testkit.Clock) *Engine {
+	t.Helper()
+	e, err := New(store, withClock(clock.Now), WithoutDetector())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	return e
+}

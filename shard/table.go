@@ -33,7 +33,11 @@ type Entry struct {
 	// moves one cache line between cores, not two.
 	inflight atomic.Int64
 	moving   atomic.Bool
-	names    [4]atomic.Pointer[nameSet] // by Level.index
+	// visited has a bit (by Level.index) for each level the key was set
+	// to since its usage last moved: other instances may have taken from
+	// those levels' counters, so the next move reads them too.
+	visited atomic.Uint32
+	names   [4]atomic.Pointer[nameSet] // by Level.index
 	// held says which counters hold the key's usage (where the last state
 	// transfer moved it), read whole: a level and a placement read apart
 	// could pair the old level with the new placement mid-transfer and
@@ -69,7 +73,7 @@ func version(p Placement) uint64 {
 // may be nil: one node.
 func NewEntry(key string, hash uint64, level, held Level, p Placement) *Entry {
 	e := &Entry{Key: key, Hash: hash}
-	e.level.Store(int32(level))
+	e.SetLevel(level)
 	e.held.Store(&heldAt{held, p, version(p)})
 	return e
 }
@@ -82,17 +86,25 @@ func (e *Entry) HeldAt() (Level, Placement) {
 }
 
 // Holds reports whether the counters of level under p hold the key's
-// usage. The unsplit counter is named by the key alone, whatever the
+// usage: its usage last moved to them, and the key has been at no other
+// level since. The unsplit counter is named by the key alone, whatever the
 // placement.
 func (e *Entry) Holds(level Level, p Placement) bool {
 	h := e.held.Load()
-	return h.level == level && (level == Level1 || h.v == version(p))
+	return h.level == level && (level == Level1 || h.v == version(p)) && e.visited.Load()&^level.bit() == 0
 }
+
+// bit is l's bit in Entry.visited.
+func (l Level) bit() uint32 { return 1 << l.index() }
 
 // Transfer moves the key's usage to the counters of level to under
 // placement p, once: if they do not hold it yet, it calls move(from, fromP,
-// to) with the level and placement that hold it, and on success records
-// that to under p holds it. Concurrent callers wait for the one that moves,
+// to) with the level and placement that hold it, and then with each other
+// level the key was set to since (under p): instances that decided the key
+// there while this one did not left their usage on those counters. Seeding
+// never lowers a counter, so the usage moved is the largest of those
+// levels', not their sum, which would count twice what one move copied
+// from another. On success it records that to under p holds it. Concurrent callers wait for the one that moves,
 // so none decides on counters not yet seeded. A failed move is returned and
 // leaves the usage where it was, to be tried again.
 //
@@ -119,10 +131,23 @@ func (e *Entry) Transfer(to Level, p Placement, move func(from Level, fromP Plac
 		}
 	}
 	h := e.held.Load()
-	if err := move(h.level, h.p, to); err != nil {
-		return err
+	visited := e.visited.Load()
+	if h.level != to || h.level != Level1 && h.v != version(p) {
+		if err := move(h.level, h.p, to); err != nil {
+			return err
+		}
+	}
+	for _, l := range []Level{Level1, Level4, Level16, Level64} {
+		if visited&l.bit() == 0 || l == to || l == h.level && (l == Level1 || h.v == version(p)) {
+			continue // none, the target, or just read
+		}
+		if err := move(l, p, to); err != nil {
+			return err
+		}
 	}
 	e.held.Store(&heldAt{to, p, version(p)})
+	// The levels read are done with; one set meanwhile stays.
+	e.visited.And(^(visited &^ to.bit()))
 	return nil
 }
 
@@ -167,7 +192,10 @@ func (e *Entry) SetMemo(v any) { e.memo.Store(v) }
 func (e *Entry) Level() Level { return Level(e.level.Load()) }
 
 // SetLevel changes the entry's level.
-func (e *Entry) SetLevel(l Level) { e.level.Store(int32(l)) }
+func (e *Entry) SetLevel(l Level) {
+	e.level.Store(int32(l))
+	e.visited.Or(l.bit())
+}
 
 // Names returns the names of the key's n subcounters under p (see Names),
 // computed once per level and placement version. The caller must not modify
