@@ -244,15 +244,26 @@ func TestTransferWaitsForDecisionsInFlight(t *testing.T) {
 	}
 }
 
-// TestMergeReadsLevelsOfOtherInstances: an instance that decided a key at
-// level 4, then made no decision while the key was at 16, finds on the merge
-// what the instance that did decide took on the 16 subcounters: its move
-// reads every level the key was at since its usage last moved. Before, it
-// read only level 4's counters, and handed out what was taken at 16 again.
+// TestMergeReadsLevelsOfOtherInstances: an instance that made no decision
+// on a key while it was at 16 finds on the merge what the instance that did
+// decide took on the 16 subcounters: its move reads every level the key
+// was at since its usage last moved. With a decision at 4 first ("decided
+// at 4"), it moves the usage in its loop, under the limit of that decision;
+// with none, it knows no limit, and the key stays parked in its table for
+// its next decision to move. Before, the first read only level 4's
+// counters, and the second took the key out without a move: each handed out
+// what was taken at 16 again.
 func TestMergeReadsLevelsOfOtherInstances(t *testing.T) {
 	checkLeaks(t)
-	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
-		t.Run(alg.String(), func(t *testing.T) {
+	for _, c := range []struct {
+		alg     Algorithm
+		decided bool
+	}{
+		{TokenBucket, true}, {SlidingWindow, true}, {FixedWindow, true}, {SlidingLog, true},
+		{TokenBucket, false}, {SlidingWindow, false}, {FixedWindow, false}, {SlidingLog, false},
+	} {
+		alg := c.alg
+		t.Run(fmt.Sprintf("%v/decided at 4=%v", alg, c.decided), func(t *testing.T) {
 			clock := testkit.NewClock()
 			store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
 			busy, idle := newEngineOn(t, store, clock), newEngineOn(t, store, clock)
@@ -273,7 +284,9 @@ func TestMergeReadsLevelsOfOtherInstances(t *testing.T) {
 			for _, e := range []*Engine{busy, idle} {
 				handler{e}.SetLevel(key, hashKey(key), 4)
 			}
-			allow(idle, 4)
+			if c.decided {
+				allow(idle, 4)
+			}
 			for _, e := range []*Engine{busy, idle} {
 				handler{e}.SetLevel(key, hashKey(key), 16)
 			}
@@ -284,6 +297,9 @@ func TestMergeReadsLevelsOfOtherInstances(t *testing.T) {
 			// subcounters alone.
 			handler{idle}.SetLevel(key, hashKey(key), 1)
 			idle.settle()
+			if ent := idle.table.Lookup(key, hashKey(key)); (ent != nil) == c.decided || ent != nil && !ent.Parked() {
+				t.Fatalf("after the merge the idle instance's entry is %+v, want it parked only with no decision", ent)
+			}
 			for range limit {
 				allow(idle, 1)
 			}

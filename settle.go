@@ -133,9 +133,15 @@ func (e *Engine) settle() (retry bool) {
 	}
 	for _, ent := range cooled {
 		if e.reshard != nil && !ent.Holds(to, p) {
-			// A key's usage leaves its floor only in a decision, which
-			// notes its limit first; with none, it is still there.
+			// A decision notes its limit before it moves the key's
+			// usage. With none, this instance decided nothing on the key
+			// while it was split, but others may have, on the counters
+			// of the levels the key was at: the key stays, parked, for
+			// its next decision to move the usage under its limit.
 			lim, ok := ent.Memo().(Limit)
+			if !ok && to == shard.Level1 && e.table.Park(ent) {
+				continue
+			}
 			if ok {
 				ctx, cancel := context.WithTimeout(e.life, settleTimeout)
 				err := ent.Transfer(to, p, func(from shard.Level, fromP shard.Placement, to shard.Level) error {
@@ -163,7 +169,7 @@ func (e *Engine) settle() (retry bool) {
 	}
 	slices.SortFunc(waiting, outranks)
 	for _, r := range waiting {
-		if ent := e.table.Lookup(r.key, r.hash); ent != nil {
+		if ent := e.table.Lookup(r.key, r.hash); ent != nil && !ent.Parked() {
 			if !e.leaving(ent) {
 				delete(e.refuse.keys, r.key) // split since, at a newer level
 			}

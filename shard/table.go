@@ -33,6 +33,7 @@ type Entry struct {
 	// moves one cache line between cores, not two.
 	inflight atomic.Int64
 	moving   atomic.Bool
+	parked   atomic.Bool // see Table.Park
 	// visited has a bit (by Level.index) for each level the key was set
 	// to since its usage last moved: other instances may have taken from
 	// those levels' counters, so the next move reads them too.
@@ -241,9 +242,10 @@ func SecondChance(i, n int, r uint64) int {
 // decision and written only when a key changes level. The zero value is not
 // usable; call NewTable.
 type Table struct {
-	mu  sync.Mutex // serialises writers
-	m   atomic.Pointer[map[uint64]*Entry]
-	max int
+	mu     sync.Mutex // serialises writers
+	m      atomic.Pointer[map[uint64]*Entry]
+	max    int
+	parked int // entries parked (see Park), not counted against max; under mu
 }
 
 // NewTable returns an empty table holding at most max keys (max ≤ 0: no cap).
@@ -281,10 +283,14 @@ func (t *Table) Set(key string, hash uint64, level, held Level, p Placement) boo
 		if e.Key != key {
 			return false // a 64-bit hash collision: the first key keeps the slot
 		}
+		if e.parked.Load() && t.max > 0 && len(old)-t.parked >= t.max {
+			return false // split again, a parked key takes room as a new one
+		}
+		t.unparkLocked(e)
 		e.SetLevel(level)
 		return true
 	}
-	if t.max > 0 && len(old) >= t.max {
+	if t.max > 0 && len(old)-t.parked >= t.max {
 		return false
 	}
 	m := make(map[uint64]*Entry, len(old)+1)
@@ -319,6 +325,7 @@ func (t *Table) Remove(e *Entry, level Level) bool {
 	if old[e.Hash] != e || e.Level() != level {
 		return false
 	}
+	t.unparkLocked(e)
 	m := make(map[uint64]*Entry, len(old))
 	for h, x := range old {
 		if h != e.Hash {
@@ -327,6 +334,42 @@ func (t *Table) Remove(e *Entry, level Level) bool {
 	}
 	t.m.Store(&m)
 	return true
+}
+
+// Park keeps e, a merged key's entry (at level 1), in the table for the
+// next decision on the key to move its usage back, without counting it
+// against the table's room: for an instance that knows no limit to move
+// the usage with, having made no decision on the key while it was split.
+// At most max entries are parked; Park reports false, changing nothing,
+// when that many are, or e is not in the table at level 1. Set and Remove
+// unpark it.
+func (t *Table) Park(e *Entry) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if (*t.m.Load())[e.Hash] != e || e.Level() != Level1 {
+		return false
+	}
+	if e.parked.Load() {
+		return true
+	}
+	if t.max > 0 && t.parked >= t.max {
+		return false
+	}
+	e.parked.Store(true)
+	t.parked++
+	return true
+}
+
+// Parked reports whether e is parked (see Table.Park).
+func (e *Entry) Parked() bool { return e.parked.Load() }
+
+// unparkLocked counts e against the room again if it was parked. The
+// caller holds t.mu.
+func (t *Table) unparkLocked(e *Entry) {
+	if e.parked.Load() {
+		e.parked.Store(false)
+		t.parked--
+	}
 }
 
 // Range calls f for each entry until f returns false.
