@@ -5,6 +5,7 @@ import (
 	"hash/maphash"
 	"sync"
 	"time"
+	"unsafe"
 )
 
 // MemoryConfig configures a MemoryStore. The zero value is usable: every
@@ -50,9 +51,15 @@ type MemoryStore struct {
 
 type stripe struct {
 	mu sync.Mutex // guards t
-	t  table
-	_  [32]byte // keep stripes on separate cache lines
+	t  table      // its hot fields (cells, n, limit) share mu's cache line
+	_  [stripePad]byte
 }
+
+// stripePad rounds a stripe up to whole cache lines: in an array that
+// starts on a line (as the default 512 stripes' does, being large enough
+// to be page-aligned), two stripes never share a line, and a stripe's mutex
+// and its table's hot fields are on one.
+const stripePad = (64 - (unsafe.Sizeof(sync.Mutex{})+unsafe.Sizeof(table{}))%64) % 64
 
 var _ Store = (*MemoryStore)(nil)
 

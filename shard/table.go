@@ -242,26 +242,43 @@ func SecondChance(i, n int, r uint64) int {
 // decision and written only when a key changes level. The zero value is not
 // usable; call NewTable.
 type Table struct {
-	mu     sync.Mutex // serialises writers
+	_ [64]byte // off the cache line of whatever the allocator puts before
+	// m is nil while the table is empty, so that a decision on a key that
+	// is not split (nearly all) costs one load of this line.
 	m      atomic.Pointer[map[uint64]*Entry]
+	mu     sync.Mutex // serialises writers
 	max    int
 	parked int // entries parked (see Park), not counted against max; under mu
+	_      [40]byte
 }
 
 // NewTable returns an empty table holding at most max keys (max ≤ 0: no cap).
-func NewTable(max int) *Table {
-	t := &Table{max: max}
-	t.m.Store(&map[uint64]*Entry{})
-	return t
+func NewTable(max int) *Table { return &Table{max: max} }
+
+// load returns the map of split keys (nil when there are none).
+func (t *Table) load() map[uint64]*Entry {
+	if m := t.m.Load(); m != nil {
+		return *m
+	}
+	return nil
+}
+
+// store makes m the map of split keys.
+func (t *Table) store(m map[uint64]*Entry) {
+	if len(m) == 0 {
+		t.m.Store(nil)
+		return
+	}
+	t.m.Store(&m)
 }
 
 // Lookup returns the entry of key (with hash), or nil if the key is not split.
 func (t *Table) Lookup(key string, hash uint64) *Entry {
-	m := *t.m.Load()
-	if len(m) == 0 {
+	p := t.m.Load()
+	if p == nil {
 		return nil
 	}
-	if e := m[hash]; e != nil && e.Key == key {
+	if e := (*p)[hash]; e != nil && e.Key == key {
 		return e
 	}
 	return nil
@@ -278,7 +295,7 @@ func (t *Table) Set(key string, hash uint64, level, held Level, p Placement) boo
 	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	old := *t.m.Load()
+	old := t.load()
 	if e := old[hash]; e != nil {
 		if e.Key != key {
 			return false // a 64-bit hash collision: the first key keeps the slot
@@ -298,7 +315,7 @@ func (t *Table) Set(key string, hash uint64, level, held Level, p Placement) boo
 		m[h] = e
 	}
 	m[hash] = NewEntry(key, hash, level, held, p)
-	t.m.Store(&m)
+	t.store(m)
 	return true
 }
 
@@ -308,7 +325,7 @@ func (t *Table) Set(key string, hash uint64, level, held Level, p Placement) boo
 func (t *Table) Merge(key string, hash uint64) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if e := (*t.m.Load())[hash]; e != nil && e.Key == key {
+	if e := t.load()[hash]; e != nil && e.Key == key {
 		e.SetLevel(Level1)
 		return true
 	}
@@ -321,7 +338,7 @@ func (t *Table) Merge(key string, hash uint64) bool {
 func (t *Table) Remove(e *Entry, level Level) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	old := *t.m.Load()
+	old := t.load()
 	if old[e.Hash] != e || e.Level() != level {
 		return false
 	}
@@ -332,7 +349,7 @@ func (t *Table) Remove(e *Entry, level Level) bool {
 			m[h] = x
 		}
 	}
-	t.m.Store(&m)
+	t.store(m)
 	return true
 }
 
@@ -346,7 +363,7 @@ func (t *Table) Remove(e *Entry, level Level) bool {
 func (t *Table) Park(e *Entry) bool {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if (*t.m.Load())[e.Hash] != e || e.Level() != Level1 {
+	if t.load()[e.Hash] != e || e.Level() != Level1 {
 		return false
 	}
 	if e.parked.Load() {
@@ -374,7 +391,7 @@ func (t *Table) unparkLocked(e *Entry) {
 
 // Range calls f for each entry until f returns false.
 func (t *Table) Range(f func(*Entry) bool) {
-	for _, e := range *t.m.Load() {
+	for _, e := range t.load() {
 		if !f(e) {
 			return
 		}
@@ -382,4 +399,4 @@ func (t *Table) Range(f func(*Entry) bool) {
 }
 
 // Len returns the number of split keys.
-func (t *Table) Len() int { return len(*t.m.Load()) }
+func (t *Table) Len() int { return len(t.load()) }
