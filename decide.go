@@ -67,6 +67,9 @@ func (e *Engine) allow(ctx context.Context, key string, p *Policy, n int64) (Res
 		name = CounterName(p.Name, key)
 	}
 	hash := hashKey(name)
+	if e.prefetch != nil {
+		e.prefetch.Prefetch(name) // its miss overlaps the detector's
+	}
 	if e.detect != nil {
 		e.detect.Observe(hash, name)
 	}

@@ -14,6 +14,10 @@ import (
 	"github.com/hotkeyd/hotkey/shard"
 )
 
+// prefetcher is implemented by stores that can start loading a key's
+// counter ahead of a decision (the memory store).
+type prefetcher interface{ Prefetch(key string) }
+
 // placer is implemented by stores that know how counter names map to nodes.
 type placer interface{ Placement() counter.Placement }
 
@@ -27,6 +31,7 @@ type Engine struct {
 	table     *shard.Table
 	splits    []atomic.Pointer[shard.Entry] // per-key state under withSplitAll, direct-mapped
 	deny      *denyCache                    // nil: disabled
+	prefetch  prefetcher                    // nil: the store has no use for the hint
 	detect    *detector.Detector            // nil: disabled
 	coord     coordinator.Coordinator
 	reshard   counter.Resharder // nil: no state transfer
@@ -67,6 +72,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 		e.metrics = m
 	}
 	e.placer, _ = store.(placer)
+	e.prefetch, _ = store.(prefetcher)
 	// The deny cache saves store calls; a memory store's call costs what a
 	// lookup in the cache does.
 	if _, inProcess := store.(*counter.MemoryStore); o.denyCache > 0 && !inProcess {

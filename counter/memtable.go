@@ -1,6 +1,10 @@
 package counter
 
-import "math/bits"
+import (
+	"math/bits"
+	"sync/atomic"
+	"unsafe"
+)
 
 // A stripe's counters live in a table: open addressing with linear probing
 // over an array of cells, each one cache line holding a key's
@@ -33,11 +37,21 @@ type cell struct {
 // table is one stripe's counters. It is guarded by its stripe's mutex.
 type table struct {
 	cells []cell
-	n     int // live cells
-	limit int // the most live cells it may hold
-	max   int // the cells' length it may grow to: enough for limit within maxLoad
+	span  *cellSpan // where cells are, for readers without the mutex; nil: none
+	n     int       // live cells
+	limit int       // the most live cells it may hold
+	max   int       // the cells' length it may grow to: enough for limit within maxLoad
 	logs  [][]logEntry
 	free  []int32 // indexes of logs not in use
+}
+
+// cellSpan says where a table's cells are, for a reader that does not hold the
+// stripe's mutex (MemoryStore.Prefetch): it may read a base and a length of
+// two different arrays, or of one freed since, so it may only use them for
+// a hint.
+type cellSpan struct {
+	base atomic.Uintptr
+	n    atomic.Int64
 }
 
 // fingerprint makes a nonzero first half, as cell requires.
@@ -114,6 +128,11 @@ func (t *table) place(id [2]uint64, cnt counts, log int32) int {
 func (t *table) grow() {
 	old := t.cells
 	t.cells = make([]cell, min(t.max, max(8, 2*len(old))))
+	if t.span != nil {
+		t.span.n.Store(0) // while the two are out of step
+		t.span.base.Store(uintptr(unsafe.Pointer(&t.cells[0])))
+		t.span.n.Store(int64(len(t.cells)))
+	}
 	for i := range old {
 		if c := &old[i]; c.id[0] != 0 {
 			t.place(c.id, c.cnt, c.log)

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 // TestTableAgainstMap runs random inserts, updates, removals and evictions on
@@ -154,5 +155,51 @@ func TestMemoryStoreAgainstMaps(t *testing.T) {
 		if want := m.take(now, lim, n); got != want {
 			t.Fatalf("step %d, %s (%v): store %+v, model %+v", step, key, lim.Algorithm, got, want)
 		}
+	}
+}
+
+// TestPrefetchDuringGrowth: Prefetch reads where each stripe's cells are
+// without the stripe's lock while other goroutines grow the tables (the race
+// detector checks that it reads only what may be read so), it changes no
+// decision, and once the tables stop growing each stripe's span names its
+// cells.
+func TestPrefetchDuringGrowth(t *testing.T) {
+	lim := Limit{Algorithm: FixedWindow, Rate: 2, Period: time.Hour}
+	s := NewMemoryStore(MemoryConfig{MaxKeys: 1 << 14, Stripes: 4})
+	key := func(i int) string { return fmt.Sprintf("k%d", i) }
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+				s.Prefetch(key(i % (1 << 14)))
+			}
+		}
+	}()
+	for i := range 1 << 13 {
+		for n := range 3 {
+			if r := s.TakeAt(t0, key(i), 0, lim, 1); r.Allowed != (n < 2) {
+				close(stop)
+				t.Fatalf("%s take %d: %+v", key(i), n+1, r)
+			}
+		}
+	}
+	close(stop)
+	<-done
+	for i := range s.stripes {
+		st, sp := &s.stripes[i], &s.spans[i]
+		if len(st.t.cells) == 0 {
+			continue
+		}
+		if base, n := sp.base.Load(), sp.n.Load(); base != uintptr(unsafe.Pointer(&st.t.cells[0])) || n != int64(len(st.t.cells)) {
+			t.Errorf("stripe %d: span %#x+%d, cells at %p+%d", i, base, n, &st.t.cells[0], len(st.t.cells))
+		}
+	}
+	if got := s.Len(); got != 1<<13 {
+		t.Errorf("Len %d, want %d", got, 1<<13)
 	}
 }
