@@ -122,7 +122,8 @@ func (e *Engine) settle() (retry bool) {
 
 	var cooled []*shard.Entry
 	e.table.Range(func(ent *shard.Entry) bool {
-		if e.leaving(ent) {
+		// A parked entry waits for a decision on its key, not for settle.
+		if e.leaving(ent) && !ent.Parked() {
 			cooled = append(cooled, ent)
 		}
 		return true
