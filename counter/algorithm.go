@@ -16,13 +16,17 @@ type state struct {
 
 // counts is a counter's fixed-size state: all of it but for a sliding log.
 type counts struct {
-	// TokenBucket: a is the TAT, b its fraction of a ns (see gcra.go).
+	// TokenBucket: a is the TAT, b its fraction of a ns (see gcra.go); c
+	// and f are the emission interval the TAT was written under (whole ns,
+	// and 2^-32 ns), so that a Take under another limit reads the debt in
+	// units, not time (see takeGCRA); both 0 when there is no TAT.
 	// SlidingWindow, FixedWindow: a is the window index, b the current
 	// window's count, c the previous window's count.
 	a, b, c int64
 	// expires is when the state no longer matters (a fresh counter would
 	// decide the same).
 	expires int64
+	f       uint32
 }
 
 // take runs lim's algorithm on s at now. n is positive and at most
@@ -43,19 +47,35 @@ func (s *state) takeGCRA(now int64, lim Limit, n int64) Result {
 	g := newGCRA(lim.Period.Nanoseconds(), lim, n, fracBits)
 	// The TAT is a, with b/2^32 ns more (see gcra.go); one at or behind now
 	// counts as now.
-	tat := fixed{now, 0}
+	var d fixed
 	if s.a > now || s.a == now && s.b > 0 {
-		tat = fixed{s.a, s.b}
+		d = fixed{s.a, s.b}.sub(fixed{now, 0})
 	}
-	d := tat.sub(fixed{now, 0})
+	// A TAT written under another interval (the key's limit changed) holds
+	// d/written units of debt: the same units under this limit are
+	// d·unit/written ahead. Carried as time instead, a change to a slower
+	// rate would shrink the debt and admit it again. As any TAT, the
+	// converted one is written only by an admitted Take: until then the
+	// debt drains at the rate it was written under.
+	if written := s.interval(); written != (fixed{}) && written != g.unit && (fixed{}).less(d) {
+		d = d.rescale(written, g.unit)
+	}
 	ok := g.decide(d)
 	if ok {
-		tat = tat.add(g.inc)
+		tat := fixed{now, 0}.add(d).add(g.inc)
 		s.a, s.b = tat.w, tat.f
+		s.setInterval(g.unit)
 		s.expires = tat.ceil()
 	}
 	return g.result(d, ok, time.Nanosecond)
 }
+
+// interval is the emission interval a token bucket's TAT was written
+// under; zero if none was noted.
+func (c *counts) interval() fixed { return fixed{c.c, int64(c.f)} }
+
+// setInterval notes u as the interval the TAT is written under.
+func (c *counts) setInterval(u fixed) { c.c, c.f = u.w, uint32(u.f) }
 
 func (s *state) takeSlidingWindow(now int64, lim Limit, n int64) Result {
 	p := int64(lim.Period)

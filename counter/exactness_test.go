@@ -331,3 +331,86 @@ func TestRedisTokenBucketExpiryCovers(t *testing.T) {
 		t.Errorf("only %d admissions checked", checked)
 	}
 }
+
+// TestTokenBucketLimitChangeCarriesUnits changes a key's token-bucket limit
+// at fixed instants, on the memory store, and counts what the new limit
+// admits (the Redis store's state does not note its interval yet: see
+// docs/architecture.md, "Algorithms"):
+// the debt left under the old limit must count in units under the new one.
+// Carried as time, 160 units taken at 640/s (burst 160) read as 80 at 320/s
+// (burst 320), and the key admitted 240 more where 160 fit.
+func TestTokenBucketLimitChangeCarriesUnits(t *testing.T) {
+	checkLeaks(t)
+	fast := Limit{Rate: 640, Period: time.Second, Burst: 160}
+	slow := Limit{Rate: 320, Period: time.Second, Burst: 320}
+	perMinute := Limit{Rate: 19_200, Period: time.Minute, Burst: 320} // slow's interval, another period
+	type step struct {
+		after  time.Duration // since the start
+		lim    Limit
+		n      int64 // each take's cost
+		admits int64 // takes admitted before the first denial (at most 1000)
+	}
+	for _, tc := range []struct {
+		name  string
+		steps []step
+	}{
+		{"to a slower rate and a larger burst", []step{{0, fast, 1, 160}, {0, slow, 1, 160}}},
+		{"to a faster rate and a smaller burst", []step{{0, slow, 1, 320}, {0, fast, 1, 0}, {700 * time.Millisecond, fast, 1, 64}}},
+		{"in large costs", []step{{0, fast, 100, 1}, {0, slow, 221, 0}, {0, slow, 220, 1}, {0, slow, 1, 0}}},
+		{"to another period", []step{{0, fast, 1, 160}, {0, perMinute, 1, 160}}},
+		{"and back", []step{{0, fast, 1, 160}, {0, slow, 1, 160}, {0, fast, 1, 0}, {time.Second, fast, 1, 160}}},
+	} {
+		takers := map[string]func(t *testing.T, key string, lim Limit, n, at int64) Result{
+			"memory": func() func(*testing.T, string, Limit, int64, int64) Result {
+				mem := NewMemoryStore(MemoryConfig{})
+				return func(_ *testing.T, key string, lim Limit, n, at int64) Result {
+					return mem.TakeAt(time.UnixMicro(at), key, 0, lim, n)
+				}
+			}(),
+		}
+		for store, take := range takers {
+			t.Run(store+"/"+tc.name, func(t *testing.T) {
+				key := testKey(t)
+				start := t0.UnixMicro()
+				for i, s := range tc.steps {
+					var admitted int64
+					for admitted < 1000 {
+						if r := take(t, key, s.lim, s.n, start+s.after.Microseconds()); !r.Allowed {
+							break
+						}
+						admitted++
+					}
+					if admitted != s.admits {
+						t.Fatalf("step %d (%d/%v burst %d, cost %d, at +%v): admitted %d takes, want %d",
+							i, s.lim.Rate, s.lim.Period, s.lim.Burst, s.n, s.after, admitted, s.admits)
+					}
+				}
+			})
+		}
+	}
+}
+
+// TestMemoryReshardReadsWrittenInterval: a token-bucket counter written
+// under one limit and moved under another (the limit changed between the
+// key's last decision and the move) carries its usage in the units it was
+// taken in: 160 units at 640/s read as 160 under 320/s, not as 80.
+func TestMemoryReshardReadsWrittenInterval(t *testing.T) {
+	fast := Limit{Rate: 640, Period: time.Second, Burst: 160}
+	slow := Limit{Rate: 320, Period: time.Second, Burst: 320}
+	s := NewMemoryStore(MemoryConfig{})
+	for i := range 160 {
+		if !s.TakeAt(t0, "from", 0, fast, 1).Allowed {
+			t.Fatalf("take %d of the fast burst denied", i+1)
+		}
+	}
+	if err := s.ReshardAt(t0, []Shard{{Name: "from", Limit: slow}}, []Shard{{Name: "to", Limit: slow}}); err != nil {
+		t.Fatal(err)
+	}
+	var admitted int
+	for s.TakeAt(t0, "to", 0, slow, 1).Allowed {
+		admitted++
+	}
+	if admitted != 160 {
+		t.Errorf("the moved counter admitted %d under the slow limit, want 160 (320 less the 160 taken)", admitted)
+	}
+}

@@ -1,6 +1,7 @@
 package counter
 
 import (
+	"math/big"
 	"math/bits"
 	"time"
 )
@@ -67,6 +68,25 @@ func (a fixed) per(b fixed) int64 {
 		n++
 	}
 	return n
+}
+
+// rescale is a·to/from, a ≥ 0 and from > 0, rounded up to 2^-32 tick (so
+// a debt never shrinks by it), and at most 2^62 ticks.
+func (a fixed) rescale(from, to fixed) fixed {
+	raw := func(x fixed) *big.Int {
+		v := big.NewInt(x.w)
+		return v.Lsh(v, fracBits).Add(v, big.NewInt(x.f))
+	}
+	num, den := raw(a).Mul(raw(a), raw(to)), raw(from)
+	q, r := new(big.Int).QuoRem(num, den, new(big.Int))
+	if r.Sign() > 0 {
+		q.Add(q, big.NewInt(1))
+	}
+	if q.BitLen() > 62+fracBits {
+		return fixed{1 << 62, 0}
+	}
+	f := new(big.Int).And(q, big.NewInt(fracOne-1)).Int64()
+	return fixed{q.Rsh(q, fracBits).Int64(), f}
 }
 
 func (a fixed) float() float64 { return float64(a.w) + float64(a.f)/fracOne }

@@ -31,8 +31,14 @@ type cell struct {
 	id  [2]uint64
 	cnt counts
 	log int32
-	_   [12]byte // one cell per 64-byte cache line
+	_   [4]byte // one cell per 64-byte cache line
 }
+
+// A cell is exactly one cache line: these fail to compile otherwise.
+var (
+	_ [64 - unsafe.Sizeof(cell{})]byte
+	_ [unsafe.Sizeof(cell{}) - 64]byte
+)
 
 // table is one stripe's counters. It is guarded by its stripe's mutex.
 type table struct {

@@ -148,10 +148,17 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 	switch plan.alg {
 	case TokenBucket:
 		// Σ max(0, TAT_i-now)·rate_i; float64, as takeGCRA's interval is.
+		// A TAT written under another interval than counter i's limit (the
+		// limit changed since) counts in the units of its own: ·Period/T
+		// for the interval T it was written under, not ·rate_i.
 		var d float64
 		for _, sh := range from {
 			if c := s.peek(sh, t, false); c.a > t || c.a == t && c.b > 0 {
-				d += (float64(c.a-t) + float64(c.b)/fracOne) * float64(sh.Limit.Rate)
+				w := float64(sh.Limit.Rate)
+				if u := c.interval(); u != (fixed{}) {
+					w = float64(p) / u.float()
+				}
+				d += (float64(c.a-t) + float64(c.b)/fracOne) * w
 			}
 		}
 		tat := t + int64(math.Round(d/float64(plan.total)))
@@ -159,9 +166,11 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 			return nil
 		}
 		for _, sh := range to {
+			unit := interval(max(1, p), max(1, sh.Limit.Rate))
 			s.seed(sh, t, func(c *state) {
 				if tat > c.a {
 					c.a, c.b = tat, 0
+					c.setInterval(unit)
 				}
 				c.expires = max(c.expires, fixed{c.a, c.b}.ceil()) // takeGCRA's expiry: the TAT
 			})
