@@ -333,9 +333,7 @@ func TestRedisTokenBucketExpiryCovers(t *testing.T) {
 }
 
 // TestTokenBucketLimitChangeCarriesUnits changes a key's token-bucket limit
-// at fixed instants, on the memory store, and counts what the new limit
-// admits (the Redis store's state does not note its interval yet: see
-// docs/architecture.md, "Algorithms"):
+// at fixed instants, on both stores, and counts what the new limit admits:
 // the debt left under the old limit must count in units under the new one.
 // Carried as time, 160 units taken at 640/s (burst 160) read as 80 at 320/s
 // (burst 320), and the key admitted 240 more where 160 fit.
@@ -367,6 +365,9 @@ func TestTokenBucketLimitChangeCarriesUnits(t *testing.T) {
 					return mem.TakeAt(time.UnixMicro(at), key, 0, lim, n)
 				}
 			}(),
+			"redis": func(t *testing.T, key string, lim Limit, n, at int64) Result {
+				return scriptAt(t, newTestClient(t, testRedisAddr), []string{key}, lim, n, at)[0]
+			},
 		}
 		for store, take := range takers {
 			t.Run(store+"/"+tc.name, func(t *testing.T) {

@@ -3,6 +3,7 @@ package counter
 import (
 	"context"
 	"fmt"
+	"math/big"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -17,14 +18,19 @@ import (
 // level's rounded up, and the forms written before the grid still read.
 
 // gcraStateAt is the state gcraScript writes at now (µs) for a TAT ahead
-// units of level k's grid ahead of now, and the PTTL that a write moving
-// the expiry sets; ahead ≥ -now.
-func gcraStateAt(now, ahead, k int64) (string, time.Duration) {
+// units of level k's grid ahead of now under a limit whose interval is iv
+// of those units, and the PTTL that a write moving the expiry sets; ahead ≥
+// -now. With iv 0 it is the form written before the interval was noted:
+// the digits with k-3 blanks after them.
+func gcraStateAt(now, ahead, k, iv int64) (string, time.Duration) {
 	u := int64(1) << gridBits(k)
 	c := 7_000_000_000_000_000 / u
 	m := c * u
 	pos := ((now%c)*u + ahead%m + m) % m
 	state := strconv.FormatInt(2_000_000_000_000_000+pos, 10) + strings.Repeat(" ", int(k)-3)
+	if iv > 0 {
+		state = fmt.Sprintf("%d:%d:%d", 2_000_000_000_000_000+pos, iv, k)
+	}
 	span, half := int64(1000)<<k, int64(500)<<k
 	at := now + (ahead+u-1)/u
 	if ahead < 0 {
@@ -33,6 +39,10 @@ func gcraStateAt(now, ahead, k int64) (string, time.Duration) {
 	lo := at - at%half
 	return state, time.Duration((lo+half+span-now)/1000+1) * time.Millisecond
 }
+
+// blankState is the state gcraStateAt gives with no interval: the form
+// written before intervals were noted.
+func blankState(now, ahead, k int64) string { s, _ := gcraStateAt(now, ahead, k, 0); return s }
 
 // levelLimit is a limit of 1 per 2^k ms: its tolerance is one interval,
 // 2^k ms, so its span level is k (k ≥ minSpanLevel).
@@ -45,7 +55,7 @@ func gcraAt(t *testing.T, client redis.UniversalClient, key string, lim Limit, n
 	src := strings.Replace(gcraScript, "redis.call('TIME')", "{ARGV[#ARGV - 1], ARGV[#ARGV]}", 1)
 	var c call
 	c.setArgs(lim, n)
-	v, err := redis.NewScript(src).Run(context.Background(), client, []string{key}, c.incArg, c.tolArg, now/1e6, now%1e6).Int64Slice()
+	v, err := redis.NewScript(src).Run(context.Background(), client, []string{key}, c.incArg, c.tolArg, c.ivArg, now/1e6, now%1e6).Int64Slice()
 	if err != nil || len(v) != 1 {
 		t.Fatalf("script: %v %v", v, err)
 	}
@@ -55,9 +65,14 @@ func gcraAt(t *testing.T, client redis.UniversalClient, key string, lim Limit, n
 // TestRedisGCRAStateRoundTrip writes states of random levels, instants and
 // TATs (behind now by up to 1.5 spans, the most a live key can be, and
 // ahead by up to a span), and takes from them under limits of random
-// levels. The TAT found must be the one written, exactly on its own level,
-// rounded up on another (where it may be capped far beyond the tolerance);
-// a take admitted must write the state of its TAT on its level.
+// levels. A state noting its interval must be found holding the units of
+// debt written, on any level, each a TAT that many of the reading limit's
+// intervals ahead, rounded up (levelLimit's intervals are 1000·2^36 units
+// of their own grid, but for the levels whose grid is 1 unit per µs); one
+// written before intervals were noted (every fifth) as the time written,
+// exactly on its own level, rounded up on another (where it may be capped
+// far beyond the tolerance). A take admitted must write the state of its
+// TAT on its level.
 func TestRedisGCRAStateRoundTrip(t *testing.T) {
 	checkLeaks(t)
 	client := newTestClient(t, testRedisAddr)
@@ -80,19 +95,34 @@ func TestRedisGCRAStateRoundTrip(t *testing.T) {
 		if i%3 == 0 {
 			ahead = rng.Int64N(spanUnits + 1)
 		}
-		state, _ := gcraStateAt(now, ahead, kw)
+		var w call
+		w.setArgs(levelLimit(kw), 1)
+		iv := w.ivArg
+		if i%5 == 0 {
+			iv = 0
+		}
+		state, _ := gcraStateAt(now, ahead, kw, iv)
 		if err := client.Set(ctx, key, state, 0).Err(); err != nil {
 			t.Fatal(err)
 		}
-		// The TAT found, on kr's grid: ahead scaled, rounded up, and
-		// capped at 2^52 units, far beyond kr's tolerance.
-		want := max(0, ahead)
-		if bw, br := gridBits(kw), gridBits(kr); br >= bw {
-			want = min(want, 1<<52>>(br-bw)) << (br - bw)
-		} else {
-			want = (want + 1<<(bw-br) - 1) >> (bw - br)
-		}
 		lim := levelLimit(kr)
+		var c call
+		c.setArgs(lim, 1)
+		want := max(0, ahead)
+		if iv > 0 && want > 0 { // the units written, in kr's interval, rounded up
+			x := new(big.Int).Mul(big.NewInt(want), big.NewInt(c.ivArg))
+			x.Add(x, big.NewInt(iv-1)).Quo(x, big.NewInt(iv))
+			want = min(x.Int64(), 1<<52)
+		}
+		if iv == 0 {
+			// The TAT found, on kr's grid: ahead scaled, rounded up,
+			// and capped at 2^52 units, far beyond kr's tolerance.
+			if bw, br := gridBits(kw), gridBits(kr); br >= bw {
+				want = min(want, 1<<52>>(br-bw)) << (br - bw)
+			} else {
+				want = (want + 1<<(bw-br) - 1) >> (bw - br)
+			}
+		}
 		got := gcraAt(t, client, key, lim, 1, now)
 		desc := fmt.Sprintf("state %q written at level %d, %d units ahead of %d, read at level %d", state, kw, ahead, now, kr)
 		if want > 0 { // the limit's tolerance is one interval: denied
@@ -104,9 +134,7 @@ func TestRedisGCRAStateRoundTrip(t *testing.T) {
 		if got != 0 {
 			t.Fatalf("%s: reply %d, want 0", desc, got)
 		}
-		var c call
-		c.setArgs(lim, 1)
-		wantState, wantTTL := gcraStateAt(now, c.incArg, kr)
+		wantState, wantTTL := gcraStateAt(now, c.incArg, kr, c.ivArg)
 		if s := client.Get(ctx, key).Val(); s != wantState {
 			t.Fatalf("%s: wrote %q, want %q", desc, s, wantState)
 		}
@@ -118,8 +146,9 @@ func TestRedisGCRAStateRoundTrip(t *testing.T) {
 
 // TestRedisGCRAStateFormsBeforeGrid reads the states written before the
 // grid: a TAT in whole µs, and a pair "w f" of whole µs and 2^-32 µs, with
-// blanks after it. Both are read exactly on the grid of level 10 (2^26 units
-// per µs), a fraction rounded up.
+// blanks after it; and the grid's digits with blanks after them, written
+// before intervals were noted. All are read exactly on the grid of level 10
+// (2^26 units per µs), a fraction rounded up, as time.
 func TestRedisGCRAStateFormsBeforeGrid(t *testing.T) {
 	checkLeaks(t)
 	client := newTestClient(t, testRedisAddr)
@@ -132,6 +161,8 @@ func TestRedisGCRAStateFormsBeforeGrid(t *testing.T) {
 	}{
 		{strconv.FormatInt(now+250_000, 10), 250_000 << 26},
 		{strconv.FormatInt(now+250_000, 10) + strings.Repeat(" ", 11), 250_000 << 26},
+		{blankState(now, 250_000<<26, 10), 250_000 << 26}, // its own level, as time
+		{blankState(now, 250_000<<28, 8), 250_000 << 26},  // another level's
 		{fmt.Sprintf("%d %d%s", now+3, 1<<31, strings.Repeat(" ", 11)), 3<<26 + 1<<25},
 		{fmt.Sprintf("%d %d ", now+3, 1), 3<<26 + 1}, // 2^-32 µs: a unit, rounded up
 		{strconv.FormatInt(now-250_000, 10), 0},

@@ -20,7 +20,11 @@ func poisons(alg Algorithm, w int64) []string {
 	switch alg {
 	case TokenBucket:
 		return []string{"nan", "inf", "-inf", "1e400", "-1e400", "1e300", "99999999999999999999",
-			"-5", "1.5", "0x7fffffffffffffff", " nan ", "9007199254740993"}
+			"-5", "1.5", "0x7fffffffffffffff", " nan ", "9007199254740993",
+			// "P:I:k" states out of their ranges: an interval of 0 or
+			// past 2^53, a level off the scale, P short of O or too long.
+			"5000000000000000:0:10", "5000000000000000:9007199254740993:10", "5000000000000000:" + strings.Repeat("9", 400) + ":10",
+			"5000000000000000:1000:99", "1999999999999999:1000:10", "50000000000000000:1000:10"}
 	case SlidingWindow:
 		return []string{
 			fmt.Sprintf("%d 99999999999999999999 0", w), fmt.Sprintf("%d 0 99999999999999999999", w),

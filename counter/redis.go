@@ -241,7 +241,8 @@ type call struct {
 	rate, period, n int64 // period in µs
 	gcra                  // the token bucket's figures in µs, and the capacity
 	level           int64 // token bucket: its expiry span's level (spanLevel)
-	incArg, tolArg  int64 // token bucket: gcraScript's arguments
+	incArg, tolArg  int64 // token bucket: gcraScript's arguments,
+	ivArg           int64 // with this one
 
 	res  Result
 	err  error
@@ -362,9 +363,9 @@ type worker struct {
 // one script call share: the algorithm, the token-bucket arguments a script
 // call carries once, and the key.
 type runKey struct {
-	alg            Algorithm
-	incArg, tolArg int64
-	key            string
+	alg                   Algorithm
+	incArg, tolArg, ivArg int64
+	key                   string
 }
 
 // group is the calls that share one EVALSHA.
@@ -472,7 +473,7 @@ func (w *worker) run() {
 // run, sent in one script call, next to each other and in their order: the
 // script decides them one after the other, and a hot key's calls in a
 // batch cost one script call, not one each. A script call carries the runs
-// of one algorithm and, for the token bucket, one pair of arguments, which
+// of one algorithm and, for the token bucket, one set of arguments, which
 // it carries once; on a Cluster or Ring, where a script's keys must share a
 // slot, it carries one run.
 func (w *worker) group(calls []*call) []group {
@@ -485,7 +486,7 @@ func (w *worker) group(calls []*call) []group {
 	for _, c := range calls {
 		rk := runKey{alg: c.alg, key: c.key}
 		if c.alg == TokenBucket {
-			rk.incArg, rk.tolArg = c.incArg, c.tolArg
+			rk.incArg, rk.tolArg, rk.ivArg = c.incArg, c.tolArg, c.ivArg
 		}
 		r, isNew := slot(w.runOf, &w.runs, &runs, rk)
 		if isNew { // the run's script call: its class's, or its own

@@ -16,11 +16,12 @@ import (
 // A key's Takes in a batch come next to each other, and each sees the
 // state the one before left. ARGV holds (see appendArgs):
 //
-//   - token bucket: inc and tol·64 + k, once for all its keys: the TAT
+//   - token bucket: inc, tol·64 + k and I, once for all its keys: the TAT
 //     increment of the cost and the burst tolerance, in the units of the
-//     limit's grid, and the level k of its expiry span (computed in Go by
-//     redisGCRA, with the memory store's arithmetic; see the token bucket's
-//     state below). The store groups Takes by these (worker.group);
+//     limit's grid, the level k of its expiry span, and the emission
+//     interval (computed in Go by redisGCRA, with the memory store's
+//     arithmetic; see the token bucket's state below). The store groups
+//     Takes by these (worker.group);
 //   - window algorithms, per key: rate, period in µs, cost n.
 //
 // The reply holds replyWidth integers per key: for the token bucket the TAT
@@ -77,13 +78,22 @@ end
 // number: the tolerance is below 2^47 units (2^46 up to level 36), and inc
 // and tol·64 + k pass exactly as Lua doubles.
 //
-// A state is a number of 16 digits, O = 2e15 plus the TAT's place in a
-// cycle of M = floor(7e15/U)·U units, then k-3 blanks (tonumber reads a
-// number with blanks after it; the blanks tell the level). While its key
-// lives, a TAT is within a few spans of now (the expiry ends at most 1.5
-// spans past it), and M/2 is at least 25 spans, so its place in the cycle
-// and now give it back exactly. The fixed width lets a write overwrite the
-// digits alone (SETRANGE); one tonumber reads a state.
+// A state is "P:I:k": P a number of 16 digits, O = 2e15 plus the TAT's place
+// in a cycle of M = floor(7e15/U)·U units; I the emission interval the TAT
+// was written under, in those units; k the level. While its key lives, a
+// TAT is within a few spans of now (the expiry ends at most 1.5 spans past
+// it), and M/2 is at least 25 spans, so its place in the cycle and now give
+// it back exactly. A take under the limit that wrote the state finds its
+// own ":I:k" after the digits and reads P alone. One under another limit
+// reads the debt in units, (TAT - now)/I, and carries that many of its own
+// intervals, so that a change of limit neither forgets usage nor hands it
+// out again (the memory store does the same; see takeGCRA). The fixed width
+// of P lets a write overwrite the digits alone (SETRANGE).
+//
+// States written before the interval was noted, P with k-3 blanks after it
+// (the blanks tell the level), are still read, as are the older forms
+// below (gcraOffset); they carry their debt as time. A version before this
+// one reads a "P:I:k" state as absent.
 
 // gcraGrid sets U, C (the cycle in µs), M and base (now's place in the
 // cycle, in units) for the level k at the instant now.
@@ -94,16 +104,54 @@ C = C - C % 1
 local M, base = C * U, (now % C) * U
 `
 
-// gcraOffset is a Lua function, offset(v, now, unit): the TAT that the value
-// v holds, less now, in units of unit per µs, rounded up (capped at ±2^52,
-// far beyond any tolerance); nil if v holds none. A state of any level is
-// read on its own grid; a number below O as whole µs and a pair "w f  " as
-// whole µs and 2^-32 µs: the two forms written before the grid. gcraScript
-// calls it for a value it does not read itself, which is rare, so the
-// function is made only then (making it costs as much as a few keys).
-const gcraOffset = `function(v, now, unit)
-	local O, a, x = 2e15, tonumber(v), nil
-	if a then
+// gcraOffset is a Lua function, offset(v, now, unit, iv): the TAT that the
+// value v holds, less now, in units of unit per µs, rounded up (capped at
+// ±2^52, far beyond any tolerance); nil if v holds none. For a "P:I:k"
+// state ahead of now it also returns the debt in units of the limit that
+// wrote it, q = (TAT - now)/I, unrounded; and given iv, the interval of the
+// limit reading in units of unit per µs, the TAT it returns is q·iv ahead,
+// exactly rounded up, so that the debt carries in units. A state of any
+// level is read on its own grid; a number below O as whole µs, a number
+// with blanks after it as a state of the level its length tells, and a
+// pair "w f  " as whole µs and 2^-32 µs: the forms written before.
+// gcraScript calls it for a value it does not read itself, which is rare,
+// so the function is made only then (making it costs as much as a few
+// keys).
+const gcraOffset = `function(v, now, unit, iv)
+	local O, a, x, q = 2e15, tonumber(v), nil, nil
+	local p, i, kk = string.match(v, '^(%d+):(%d+):(%d+)$')
+	if p then
+		a, i = tonumber(p), tonumber(i)
+		local k = tonumber(kk)
+		if not (#p == 16 and a >= O and i > 0 and i < 9007199254740992 and k >= 4 and k <= 37) then return nil end` + gcraGrid + `
+		if a - O >= M then return nil end
+		local y = a - O - base
+		if y >= M / 2 then y = y - M elseif y < -M / 2 then y = y + M end
+		x = math.ceil(y * (unit / U))
+		if y > 0 then
+			q = y / i
+			if iv then
+				-- ceil(y·iv/i) exactly: y = w·i + r, and r·iv/i by long
+				-- multiplication over iv's bits, every figure below 2^53.
+				local w = math.floor(y / i)
+				local r = y - w * i
+				if r < 0 then w, r = w - 1, r + i elseif r >= i then w, r = w + 1, r - i end
+				local hi, lo, b, rest = 0, 0, 2 ^ 52, iv
+				while b >= 1 do
+					hi, lo = 2 * hi, 2 * lo
+					if lo >= i then hi, lo = hi + 1, lo - i end
+					if rest >= b then
+						rest = rest - b
+						lo = lo + r
+						if lo >= i then hi, lo = hi + 1, lo - i end
+					end
+					b = b / 2
+				end
+				if lo > 0 then hi = hi + 1 end
+				x = math.min(w * iv + hi, 4503599627370496)
+			end
+		end
+	elseif a then
 		if a < 0 or a >= 9e15 or a % 1 ~= 0 then return nil end
 		if a < O then
 			x = (a - now) * unit
@@ -121,19 +169,20 @@ const gcraOffset = `function(v, now, unit)
 		if not (w and w < O and f < 4294967296) then return nil end
 		x = (w - now) * unit + math.ceil(f * unit / 4294967296)
 	end
-	return math.max(-4503599627370496, math.min(x, 4503599627370496))
+	return math.max(-4503599627370496, math.min(x, 4503599627370496)), q
 end`
 
 // gcraScript mirrors takeGCRA's decision, in grid units.
-// ARGV: inc, the TAT increment of the cost, and tol·64 + k, tol being the
-// burst tolerance (see call.setArgs). The reply per key is the TAT found,
-// d = max(TAT, now) - now in grid units: d when allowed, -1-d when denied.
+// ARGV: inc, the TAT increment of the cost; tol·64 + k, tol being the
+// burst tolerance; and I, the limit's interval (see call.setArgs). The
+// reply per key is the TAT found, d = max(TAT, now) - now in grid units: d
+// when allowed, -1-d when denied.
 //
-// The common read is one tonumber and a few comparisons: a state at the
-// limit's level (its length says so) whose number is in the cycle (one
-// with a fraction, which no take writes, is read with it: it can cost only
-// its own key a fraction of a unit). Anything else goes through gcraOffset,
-// and a value no take writes reads as absent.
+// The common read is a comparison of the state's tail with this limit's
+// ":I:k" and one tonumber of its digits: a state this limit wrote whose
+// number is in the cycle. Anything else goes through gcraOffset, and a
+// value no take writes reads as absent. A debt noted under another
+// interval is carried in units: q of them are q·I ahead, rounded up.
 //
 // Setting an expiry is the dearest part of a write (the expires table is
 // updated twice and the command rewritten for replication), so a write
@@ -141,10 +190,12 @@ end`
 // it, from now (so that tests can fake TIME), to the end of the TAT's
 // half-span plus a span: at least one span, so at least the tolerance, past
 // the TAT, and at most 1.5 spans. A write whose TAT stays in the half-span
-// of the TAT it replaces, at the same level, keeps that expiry, which still
-// covers the TAT plus the tolerance, and overwrites the state's digits
-// alone (SETRANGE), keeping its blanks. A burst of writes thus moves the
-// expiry once, not once per write.
+// of the TAT it replaces, under the same limit, keeps that expiry, which
+// still covers the TAT plus the tolerance, and overwrites the state's
+// digits alone (SETRANGE), keeping its tail. A burst of writes thus moves
+// the expiry once, not once per write. Only an admitted take writes, so a
+// written TAT is within the tolerance, and a debt carried from another
+// limit drains at the rate it was written under until one is.
 //
 // All reads are one MGET, which answers nil for a key holding another
 // algorithm's state, so such a key starts afresh. A key may come several
@@ -155,16 +206,17 @@ local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 -- The globals a key reads are read once, into locals: a global read per key
 -- is a table lookup per key.
-local tonumber, call, keys = tonumber, redis.call, KEYS
+local tonumber, call, keys, sub, find = tonumber, redis.call, KEYS, string.sub, string.find
 local vals = call('MGET', unpack(keys))
-local inc, tol = tonumber(ARGV[1]), tonumber(ARGV[2])
+local inc, tol, iv = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local k = tol % 64
 tol = (tol - k) / 64` + gcraGrid + `
 local O, H, top = 2e15, M / 2, M - base
 local half = 500 * 2 ^ k -- µs, half the span
 -- Half-spans in units: a TAT x units from now is r + x units into now's.
 local halfU, r = half * U, (now % half) * U
-local len = 13 + k
+local tail = ':' .. ARGV[3] .. ':' .. k
+local len = 16 + #tail
 local out = {}
 -- The takes on one key come one after the other (worker.group): each decides
 -- on the TAT x that the one before left, and the last TAT is written once.
@@ -172,13 +224,14 @@ local i, n = 1, #keys
 while i <= n do
 	local key, v, x, same, moved = keys[i], vals[i], nil, false, false
 	if v then
-		local a = tonumber(v)
-		if a and #v == len and a >= O and a - O < M then
-			x, same = a - O - base, true
-			if x >= H then x = x - M elseif x < -H then x = x + M end
-		else
-			x = (` + gcraOffset + `)(v, now, U)
+		if #v == len and find(v, tail, 17, true) == 17 then
+			local a = tonumber(sub(v, 1, 16))
+			if a and a >= O and a - O < M and a % 1 == 0 then
+				x, same = a - O - base, true
+				if x >= H then x = x - M elseif x < -H then x = x + M end
+			end
 		end
+		if not same then x = (` + gcraOffset + `)(v, now, U, iv) end
 	end
 	local x0 = x
 	repeat
@@ -203,7 +256,7 @@ while i <= n do
 		else
 			local at = now + math.ceil(x / U) -- whole µs, at or after the TAT
 			local lo = at - at % half -- the start of its half-span
-			call('SET', key, string.format('%.0f', s) .. string.rep(' ', k - 3), 'PX', string.format('%.0f', math.floor((lo + 3 * half - now) / 1000) + 1))
+			call('SET', key, string.format('%.0f', s) .. tail, 'PX', string.format('%.0f', math.floor((lo + 3 * half - now) / 1000) + 1))
 		end
 	end
 end
@@ -359,6 +412,7 @@ func (c *call) setArgs(lim Limit, n int64) {
 			c.incArg = c.inc.units(b)
 		}
 		c.tolArg = tol<<6 | c.level
+		c.ivArg = c.unit.units(b)
 	}
 }
 
@@ -412,7 +466,7 @@ func redisGCRA(period int64, lim Limit, n int64) (gcra, int64) {
 // appendArgs appends c's script arguments to args.
 func (c *call) appendArgs(args []any) []any {
 	if c.alg == TokenBucket {
-		return append(args, &c.incArg, &c.tolArg)
+		return append(args, &c.incArg, &c.tolArg, &c.ivArg)
 	}
 	return append(args, &c.rate, &c.period, &c.n)
 }

@@ -41,11 +41,13 @@ var reshardScripts = [numAlgorithms]*redis.Script{
 }
 
 // gcraSeedScript raises KEYS[1]'s TAT to its seed. ARGV: the tol·64 + k
-// argument of a take of 1 on the counter (call.setArgs), total (Σ rate over
-// to), then one (TAT, rate) pair per counter of from that holds a value: the
-// value as GET read it, read here with gcraOffset on the counter's grid (a
-// value no take writes counts as unused). The seed is now + Σ max(0, TAT_i -
-// now)·rate_i / total, rounded to the nearest grid unit; it is written as
+// and I arguments of a take of 1 on the counter (call.setArgs), total (Σ
+// rate over to), the period in µs, then one (TAT, rate) pair per counter of
+// from that holds a value: the value as GET read it, read here with
+// gcraOffset on the counter's grid (a value no take writes counts as
+// unused). A counter's usage is its debt in units, q for a state that notes
+// its interval, else (TAT - now)·rate/period. The seed is now + Σ usage ·
+// period / total, rounded to the nearest grid unit; it is written as
 // gcraScript writes a state, with the expiry a write that moves it sets.
 // Replies 1 if it wrote, else 0.
 const gcraSeedScript = `
@@ -53,16 +55,21 @@ local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local O, offset = 2e15, ` + gcraOffset + `
 local k = tonumber(ARGV[1]) % 64` + gcraGrid + `
+local P = tonumber(ARGV[4]) * U -- the period in grid units
 local d = 0
-for i = 3, #ARGV - 1, 2 do
-	local x = offset(ARGV[i], now, U)
-	if x and x > 0 then d = d + x * tonumber(ARGV[i + 1]) end
+for i = 5, #ARGV - 1, 2 do
+	local x, q = offset(ARGV[i], now, U)
+	if q then
+		d = d + q * P
+	elseif x and x > 0 then
+		d = d + x * tonumber(ARGV[i + 1])
+	end
 end
-local new = math.min(math.floor(d / tonumber(ARGV[2]) + 0.5), 2 ^ 50)
+local new = math.min(math.floor(d / tonumber(ARGV[3]) + 0.5), 2 ^ 50)
 if new <= 0 then return 0 end
 local v = redis.pcall('GET', KEYS[1])
 if type(v) == 'string' then
-	local x = offset(v, now, U)
+	local x = offset(v, now, U, tonumber(ARGV[2]))
 	if x and x >= new then return 0 end
 end
 local top = M - base
@@ -71,7 +78,7 @@ local span = 1000 * 2 ^ k
 local half = span / 2
 local at = now + math.ceil(new / U)
 local lo = at - at % half
-redis.call('SET', KEYS[1], string.format('%.0f', s) .. string.rep(' ', k - 3), 'PX', string.format('%.0f', math.floor((lo + half + span - now) / 1000) + 1))
+redis.call('SET', KEYS[1], string.format('%.0f', s) .. ':' .. ARGV[2] .. ':' .. k, 'PX', string.format('%.0f', math.floor((lo + half + span - now) / 1000) + 1))
 return 1
 `
 
@@ -219,7 +226,7 @@ func (s *RedisStore) reshard(ctx context.Context, plan reshardPlan, from, to []S
 		for _, sh := range to {
 			var c call
 			c.setArgs(sh.Limit, 1)
-			args := append([]any{c.tolArg, plan.total}, tats...)
+			args := append([]any{c.tolArg, c.ivArg, plan.total, p}, tats...)
 			seeds = append(seeds, seedCall{s.cfg.Prefix + sh.Name, args})
 		}
 	case SlidingWindow, FixedWindow:

@@ -516,8 +516,13 @@ func TestRedisReshardSeedScripts(t *testing.T) {
 	if c.level != 10 {
 		t.Fatalf("level %d for a tolerance of 1 s, want 10", c.level)
 	}
-	tbState := func(ahead, k int64) string { s, _ := gcraStateAt(now, ahead<<gridBits(k), k); return s }
-	tbTTL := func(ahead, k int64) time.Duration { _, ttl := gcraStateAt(now, ahead<<gridBits(k), k); return ttl }
+	// States are written noting tb's interval, iv; those given as input
+	// are of the form written before intervals were noted (tbOld), whose
+	// debt counts as time.
+	iv, period := c.ivArg, int64(1_000_000)
+	tbState := func(ahead, k int64) string { s, _ := gcraStateAt(now, ahead<<gridBits(k), k, iv); return s }
+	tbOld := func(ahead, k int64) string { s, _ := gcraStateAt(now, ahead<<gridBits(k), k, 0); return s }
+	tbTTL := func(ahead, k int64) time.Duration { _, ttl := gcraStateAt(now, ahead<<gridBits(k), k, iv); return ttl }
 	steps := []step{
 		{"sw in W", SlidingWindow, nil, []any{p, w, 15, 5}, now, ws(w, 15, 5), time.Duration(left+p) * time.Microsecond},
 		{"sw in W+1 shifts", SlidingWindow, nil, []any{p, w, 15, 5}, now + p, ws(w+1, 0, 15), time.Duration(left+p) * time.Microsecond},
@@ -535,15 +540,15 @@ func TestRedisReshardSeedScripts(t *testing.T) {
 		// expiry a take's write sets. TATs are given in the whole µs of
 		// states written before the grid, and as states of another level
 		// and of this one.
-		{"tb seeds", TokenBucket, nil, []any{tb, 4, now + 4_000_000, 3, now - 1_000_000, 1}, now, tbState(3_000_000, 10), tbTTL(3_000_000, 10)},
-		{"tb seeds from grid states", TokenBucket, nil, []any{tb, 4, tbState(4_000_000, 20), 3, tbState(-1_000_000, 10), 1}, now, tbState(3_000_000, 10), tbTTL(3_000_000, 10)},
-		{"tb raises", TokenBucket, set(strconv.FormatInt(now+1_000_000, 10)), []any{tb, 4, now + 4_000_000, 4}, now, tbState(4_000_000, 10), tbTTL(4_000_000, 10)},
-		{"tb raises a grid state", TokenBucket, set(tbState(1_000_000, 10)), []any{tb, 4, now + 4_000_000, 4}, now, tbState(4_000_000, 10), tbTTL(4_000_000, 10)},
-		{"tb never lowers", TokenBucket, set(strconv.FormatInt(now+5_000_000, 10)), []any{tb, 4, now + 4_000_000, 4}, now,
+		{"tb seeds", TokenBucket, nil, []any{tb, iv, 4, period, now + 4_000_000, 3, now - 1_000_000, 1}, now, tbState(3_000_000, 10), tbTTL(3_000_000, 10)},
+		{"tb seeds from grid states", TokenBucket, nil, []any{tb, iv, 4, period, tbOld(4_000_000, 20), 3, tbOld(-1_000_000, 10), 1}, now, tbState(3_000_000, 10), tbTTL(3_000_000, 10)},
+		{"tb raises", TokenBucket, set(strconv.FormatInt(now+1_000_000, 10)), []any{tb, iv, 4, period, now + 4_000_000, 4}, now, tbState(4_000_000, 10), tbTTL(4_000_000, 10)},
+		{"tb raises a grid state", TokenBucket, set(tbOld(1_000_000, 10)), []any{tb, iv, 4, period, now + 4_000_000, 4}, now, tbState(4_000_000, 10), tbTTL(4_000_000, 10)},
+		{"tb never lowers", TokenBucket, set(strconv.FormatInt(now+5_000_000, 10)), []any{tb, iv, 4, period, now + 4_000_000, 4}, now,
 			strconv.FormatInt(now+5_000_000, 10), -1},
-		{"tb never lowers a grid state", TokenBucket, set(tbState(5_000_000, 12)), []any{tb, 4, now + 4_000_000, 4}, now, tbState(5_000_000, 12), -1},
-		{"tb no usage", TokenBucket, nil, []any{tb, 4, now - 4_000_000, 4, "garbage", 1}, now, "", 0},
-		{"tb replaces foreign state", TokenBucket, zset, []any{tb, 1, now + 500_000, 1}, now, tbState(500_000, 10), tbTTL(500_000, 10)},
+		{"tb never lowers a grid state", TokenBucket, set(tbOld(5_000_000, 12)), []any{tb, iv, 4, period, now + 4_000_000, 4}, now, tbOld(5_000_000, 12), -1},
+		{"tb no usage", TokenBucket, nil, []any{tb, iv, 4, period, now - 4_000_000, 4, "garbage", 1}, now, "", 0},
+		{"tb replaces foreign state", TokenBucket, zset, []any{tb, iv, 1, period, now + 500_000, 1}, now, tbState(500_000, 10), tbTTL(500_000, 10)},
 	}
 	for _, st := range steps {
 		key := testKey(t)
