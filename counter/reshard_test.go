@@ -522,6 +522,7 @@ func TestRedisReshardSeedScripts(t *testing.T) {
 	iv, period := c.ivArg, int64(1_000_000)
 	tbState := func(ahead, k int64) string { s, _ := gcraStateAt(now, ahead<<gridBits(k), k, iv); return s }
 	tbOld := func(ahead, k int64) string { s, _ := gcraStateAt(now, ahead<<gridBits(k), k, 0); return s }
+	tbTwice := func(ahead, k int64) string { s, _ := gcraStateAt(now, ahead<<gridBits(k), k, 2*iv); return s } // written at an interval of 2 s
 	tbTTL := func(ahead, k int64) time.Duration { _, ttl := gcraStateAt(now, ahead<<gridBits(k), k, iv); return ttl }
 	steps := []step{
 		{"sw in W", SlidingWindow, nil, []any{p, w, 15, 5}, now, ws(w, 15, 5), time.Duration(left+p) * time.Microsecond},
@@ -548,6 +549,9 @@ func TestRedisReshardSeedScripts(t *testing.T) {
 			strconv.FormatInt(now+5_000_000, 10), -1},
 		{"tb never lowers a grid state", TokenBucket, set(tbOld(5_000_000, 12)), []any{tb, iv, 4, period, now + 4_000_000, 4}, now, tbOld(5_000_000, 12), -1},
 		{"tb no usage", TokenBucket, nil, []any{tb, iv, 4, period, now - 4_000_000, 4, "garbage", 1}, now, "", 0},
+		// 4 s ahead at 2 s a unit is 2 units, whatever the rate given: 2 s
+		// ahead at tb's 1 s a unit.
+		{"tb seeds from a state of another interval", TokenBucket, nil, []any{tb, iv, 1, period, tbTwice(4_000_000, 10), 7}, now, tbState(2_000_000, 10), tbTTL(2_000_000, 10)},
 		{"tb replaces foreign state", TokenBucket, zset, []any{tb, iv, 1, period, now + 500_000, 1}, now, tbState(500_000, 10), tbTTL(500_000, 10)},
 	}
 	for _, st := range steps {
