@@ -339,6 +339,7 @@ func TestRedisTokenBucketExpiryCovers(t *testing.T) {
 // (burst 320), and the key admitted 240 more where 160 fit.
 func TestTokenBucketLimitChangeCarriesUnits(t *testing.T) {
 	checkLeaks(t)
+	client := newTestClient(t, testRedisAddr)
 	fast := Limit{Rate: 640, Period: time.Second, Burst: 160}
 	slow := Limit{Rate: 320, Period: time.Second, Burst: 320}
 	perMinute := Limit{Rate: 19_200, Period: time.Minute, Burst: 320} // slow's interval, another period
@@ -366,7 +367,7 @@ func TestTokenBucketLimitChangeCarriesUnits(t *testing.T) {
 				}
 			}(),
 			"redis": func(t *testing.T, key string, lim Limit, n, at int64) Result {
-				return scriptAt(t, newTestClient(t, testRedisAddr), []string{key}, lim, n, at)[0]
+				return scriptAt(t, client, []string{key}, lim, n, at)[0]
 			},
 		}
 		for store, take := range takers {
