@@ -68,7 +68,8 @@ func gcraAt(t *testing.T, client redis.UniversalClient, key string, lim Limit, n
 // levels. A state noting its interval must be found holding the units of
 // debt written, on any level, each a TAT that many of the reading limit's
 // intervals ahead, rounded up (levelLimit's intervals are 1000·2^36 units
-// of their own grid, but for the levels whose grid is 1 unit per µs); one
+// of their own grid, but for the levels whose grid is 1 unit per µs; every
+// fifth state notes a random interval instead, for other ratios); one
 // written before intervals were noted (every fifth) as the time written,
 // exactly on its own level, rounded up on another (where it may be capped
 // far beyond the tolerance). A take admitted must write the state of its
@@ -98,8 +99,11 @@ func TestRedisGCRAStateRoundTrip(t *testing.T) {
 		var w call
 		w.setArgs(levelLimit(kw), 1)
 		iv := w.ivArg
-		if i%5 == 0 {
+		switch i % 5 {
+		case 0:
 			iv = 0
+		case 1: // an interval of any size, for any ratio to kr's
+			iv = 1 + rng.Int64N(1<<47)
 		}
 		state, _ := gcraStateAt(now, ahead, kw, iv)
 		if err := client.Set(ctx, key, state, 0).Err(); err != nil {
