@@ -77,8 +77,8 @@ func (a fixed) rescale(from, to fixed) fixed {
 		v := big.NewInt(x.w)
 		return v.Lsh(v, fracBits).Add(v, big.NewInt(x.f))
 	}
-	num, den := raw(a).Mul(raw(a), raw(to)), raw(from)
-	q, r := new(big.Int).QuoRem(num, den, new(big.Int))
+	num := raw(a)
+	q, r := new(big.Int).QuoRem(num.Mul(num, raw(to)), raw(from), new(big.Int))
 	if r.Sign() > 0 {
 		q.Add(q, big.NewInt(1))
 	}

@@ -3,7 +3,6 @@ package counter
 import (
 	"context"
 	"hash/maphash"
-	"math/bits"
 	"sync"
 	"time"
 	"unsafe"
@@ -137,13 +136,12 @@ func (s *MemoryStore) TakeAt(now time.Time, key string, _ uint64, lim Limit, n i
 // large store nearly certain, overlap. It changes nothing.
 func (s *MemoryStore) Prefetch(key string) {
 	id := s.fingerprint(key)
-	sp := &s.spans[(id[0]>>32)&s.mask]
+	sp := &s.spans[s.stripeOf(id)]
 	n := sp.n.Load()
 	if n <= 0 {
 		return
 	}
-	hi, _ := bits.Mul64(id[1], uint64(n))
-	prefetch.Line(sp.base.Load() + uintptr(hi)*unsafe.Sizeof(cell{}))
+	prefetch.Line(sp.base.Load() + uintptr(homeIn(id, int(n)))*unsafe.Sizeof(cell{}))
 }
 
 // fingerprint is key's identity in the store.
@@ -153,7 +151,10 @@ func (s *MemoryStore) fingerprint(key string) [2]uint64 {
 
 // stripe returns the stripe of the key whose fingerprint is id: its first
 // half picks the stripe, its second the cell in the stripe's table.
-func (s *MemoryStore) stripe(id [2]uint64) *stripe { return &s.stripes[(id[0]>>32)&s.mask] }
+func (s *MemoryStore) stripe(id [2]uint64) *stripe { return &s.stripes[s.stripeOf(id)] }
+
+// stripeOf is the index of the stripe of the key whose fingerprint is id.
+func (s *MemoryStore) stripeOf(id [2]uint64) uint64 { return (id[0] >> 32) & s.mask }
 
 // cell returns the index of id's cell in st (locked) at t: a new counter if
 // it had none, evicting others if the stripe is full, and a fresh one if

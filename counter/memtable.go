@@ -68,10 +68,13 @@ func newTable(keys int) table {
 	return table{limit: keys, max: max(8, (keys*8+maxLoad-1)/maxLoad)}
 }
 
-// home is where id's probe sequence starts: the second half of the
-// fingerprint (the first picks the stripe) scaled to the cells.
-func (t *table) home(id [2]uint64) int {
-	hi, _ := bits.Mul64(id[1], uint64(len(t.cells)))
+// home is where id's probe sequence starts.
+func (t *table) home(id [2]uint64) int { return homeIn(id, len(t.cells)) }
+
+// homeIn is where id's probe sequence starts in n cells: the second half of
+// the fingerprint (the first picks the stripe) scaled to them.
+func homeIn(id [2]uint64, n int) int {
+	hi, _ := bits.Mul64(id[1], uint64(n))
 	return int(hi)
 }
 

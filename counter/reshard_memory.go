@@ -166,7 +166,7 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 			return nil
 		}
 		for _, sh := range to {
-			unit := interval(max(1, p), max(1, sh.Limit.Rate))
+			unit := newGCRA(p, sh.Limit, 1, fracBits).unit // as takeGCRA notes it
 			s.seed(sh, t, func(c *state) {
 				if tat > c.a {
 					c.a, c.b = tat, 0

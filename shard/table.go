@@ -105,9 +105,10 @@ func (l Level) bit() uint32 { return 1 << l.index() }
 // there while this one did not left their usage on those counters. Seeding
 // never lowers a counter, so the usage moved is the largest of those
 // levels', not their sum, which would count twice what one move copied
-// from another. On success it records that to under p holds it. Concurrent callers wait for the one that moves,
-// so none decides on counters not yet seeded. A failed move is returned and
-// leaves the usage where it was, to be tried again.
+// from another. On success it records that to under p holds it.
+// Concurrent callers wait for the one that moves, so none decides on
+// counters not yet seeded. A failed move is returned and leaves the usage
+// where it was, to be tried again.
 //
 // Before it calls move, Transfer stops new decisions from entering (see
 // Enter) and waits for those that entered to exit, so that every unit a
