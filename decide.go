@@ -53,16 +53,26 @@ func (e *Engine) AllowN(ctx context.Context, key string, p *Policy, n int64) (Re
 
 // allow is the decision path for n units of key under p (not nil).
 func (e *Engine) allow(ctx context.Context, key string, p *Policy, n int64) (Result, error) {
-	lim := p.Limit
-	if err := e.check(key, lim, n); err != nil {
-		e.metrics.rejectInput(p)
+	name, hash, err := e.admit(key, p, n)
+	if err != nil {
 		return Result{}, err
+	}
+	r, err := e.decideStore(ctx, name, hash, p.Limit, n)
+	return e.conclude(ctx, degraded{key, name, hash, n, p}, r, err)
+}
+
+// admit checks a decision's input and names its counter: the counter name
+// and its hash, which it feeds to the detector.
+func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
+	if err := e.check(key, p.Limit, n); err != nil {
+		e.metrics.rejectInput(p)
+		return "", 0, err
 	}
 	name := key
 	if p.Name != "" {
 		if strings.IndexByte(p.Name, '|') >= 0 {
 			e.metrics.rejectInput(p)
-			return Result{}, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
+			return "", 0, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
 		}
 		name = CounterName(p.Name, key)
 	}
@@ -73,19 +83,24 @@ func (e *Engine) allow(ctx context.Context, key string, p *Policy, n int64) (Res
 	if e.detect != nil {
 		e.detect.Observe(hash, name)
 	}
-	r, err := e.decideStore(ctx, name, hash, lim, n)
+	return name, hash, nil
+}
+
+// conclude ends decision d, which the store answered with r or err: it
+// counts the result, or has the policy's fallback decide.
+func (e *Engine) conclude(ctx context.Context, d degraded, r Result, err error) (Result, error) {
 	if err == nil {
-		e.metrics.decided(p, r, false)
+		e.metrics.decided(d.p, r, false)
 		return r, nil
 	}
 	if errors.Is(ctx.Err(), context.Canceled) { // the caller left: nobody to answer
-		e.metrics.failed(p)
+		e.metrics.failed(d.p)
 		return Result{}, err
 	}
 	if !errors.Is(err, ErrBreakerOpen) {
 		e.metrics.storeFailure()
 	}
-	return e.fallback(ctx, degraded{key, name, hash, n, p}, err)
+	return e.fallback(ctx, d, err)
 }
 
 // degraded is a decision the store could not make: key, its counter name
@@ -283,7 +298,7 @@ func (e *Engine) decide(ctx context.Context, key string, hash uint64, lim Limit,
 	if err != nil {
 		return Result{}, err
 	}
-	return Result{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining, RetryAfter: r.RetryAfter, ResetAfter: r.ResetAfter, Shards: 1}, nil
+	return unsplit(r), nil
 }
 
 // decideSplit takes n from one of the level subcounters of ent, named
@@ -320,26 +335,38 @@ func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level shard.
 // take asks the store for n from counter name, unless the deny cache knows
 // it denies.
 func (e *Engine) take(ctx context.Context, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
-	if e.deny == nil {
-		return e.storeTake(ctx, name, hash, lim, n)
-	}
-	id := denyID(hash, lim)
-	if r, ok := e.deny.lookup(id, n, e.opt.clock); ok {
+	if r, ok := e.knownDenied(hash, lim, n); ok {
 		return r, nil
 	}
 	r, err := e.storeTake(ctx, name, hash, lim, n)
+	if err == nil {
+		e.remember(hash, lim, n, r)
+	}
+	return r, err
+}
+
+// knownDenied answers a take of n from the counter hashed hash under lim if
+// the deny cache knows it denies.
+func (e *Engine) knownDenied(hash uint64, lim Limit, n int64) (counter.Result, bool) {
+	if e.deny == nil {
+		return counter.Result{}, false
+	}
+	return e.deny.lookup(denyID(hash, lim), n, e.opt.clock)
+}
+
+// remember notes in the deny cache what the store answered to a take of n.
+func (e *Engine) remember(hash uint64, lim Limit, n int64, r counter.Result) {
 	switch {
-	case err != nil:
+	case e.deny == nil:
 	case !r.Allowed:
-		e.deny.add(id, n, e.opt.clock(), r)
+		e.deny.add(denyID(hash, lim), n, e.opt.clock(), r)
 	case r.NextAfter > 0:
 		// The admission emptied the bucket: the store says when its next
 		// unit is due. Remember that as a denial too, or a key over its
 		// limit would cost a store call per unit admitted plus one per
 		// unit refused. Other instances can only empty the bucket further.
-		e.deny.add(id, 1, e.opt.clock(), counter.Result{Limit: r.Limit, RetryAfter: r.NextAfter, ResetAfter: r.ResetAfter})
+		e.deny.add(denyID(hash, lim), 1, e.opt.clock(), counter.Result{Limit: r.Limit, RetryAfter: r.NextAfter, ResetAfter: r.ResetAfter})
 	}
-	return r, err
 }
 
 // storeTake is one Take on the store, timed when metrics are kept.

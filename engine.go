@@ -32,6 +32,7 @@ type Engine struct {
 	splits    []atomic.Pointer[shard.Entry] // per-key state under withSplitAll, direct-mapped
 	deny      *denyCache                    // nil: disabled
 	prefetch  prefetcher                    // nil: the store has no use for the hint
+	batcher   counter.Batcher               // nil: a batch's takes go one by one
 	detect    *detector.Detector            // nil: disabled
 	coord     coordinator.Coordinator
 	reshard   counter.Resharder // nil: no state transfer
@@ -73,6 +74,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	}
 	e.placer, _ = store.(placer)
 	e.prefetch, _ = store.(prefetcher)
+	e.batcher, _ = store.(counter.Batcher)
 	// The deny cache saves store calls; a memory store's call costs what a
 	// lookup in the cache does.
 	if _, inProcess := store.(*counter.MemoryStore); o.denyCache > 0 && !inProcess {

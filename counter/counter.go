@@ -178,3 +178,23 @@ type Store interface {
 	// Close releases the store's resources and stops its goroutines.
 	Close() error
 }
+
+// Op is one Take of a batch (see Batcher): its arguments, and once the
+// batch is done, its Result or Err.
+type Op struct {
+	Key   string
+	Hash  uint64
+	Limit Limit
+	N     int64
+
+	Result Result
+	Err    error
+}
+
+// Batcher is implemented by stores that can run many Takes in one round
+// trip.
+type Batcher interface {
+	// TakeBatch runs each of ops as Take would, those on one key in their
+	// order, and sets its Result or Err. It returns when all are done.
+	TakeBatch(ctx context.Context, ops []Op)
+}

@@ -84,6 +84,10 @@ type RedisStore struct {
 	placement atomic.Pointer[Placement]
 	loadMu    sync.Mutex // serializes script reloads
 
+	// batchWorkers are the workers TakeBatch runs its batches with, on
+	// its caller's goroutine.
+	batchWorkers sync.Pool
+
 	// pipelines and calls count round trips and the Takes they carried, so
 	// tests and benchmarks can see batching happen.
 	pipelines, calls atomic.Uint64
@@ -123,6 +127,11 @@ func NewRedisStore(ctx context.Context, client redis.UniversalClient, cfg RedisC
 		cfg:    cfg,
 		queue:  make(chan *call, cfg.Workers*cfg.MaxBatch),
 		done:   make(chan struct{}),
+	}
+	s.batchWorkers.New = func() any {
+		w := s.newWorker()
+		w.ordered = true
+		return w
 	}
 	switch client.(type) {
 	case *redis.ClusterClient, *redis.Ring:
@@ -357,6 +366,14 @@ type worker struct {
 	runs    [][]*call
 	scripts [][]int
 	order   []*call
+
+	held []*call // TakeBatch's calls, in the order of its ops
+
+	// ordered says the calls on one key must be decided in their order
+	// in the batch (TakeBatch's workers); lastOf is group's scratch then.
+	ordered bool
+	lastOf  map[string]runKey
+	waves   []int // the wave of each script call
 }
 
 // runKey is what the calls of a run share, or with no key what the runs of
@@ -366,11 +383,13 @@ type runKey struct {
 	alg                   Algorithm
 	incArg, tolArg, ivArg int64
 	key                   string
+	wave                  int // ordered workers: see group
 }
 
 // group is the calls that share one EVALSHA.
 type group struct {
 	alg   Algorithm
+	wave  int
 	calls []*call
 	cmd   *redis.IntSliceCmd
 }
@@ -482,11 +501,30 @@ func (w *worker) group(calls []*call) []group {
 	}
 	clear(w.runOf)
 	clear(w.callOf)
-	runs, scripts := 0, 0
+	if w.ordered {
+		if w.lastOf == nil {
+			w.lastOf = make(map[string]runKey)
+		}
+		clear(w.lastOf)
+	}
+	runs, scripts, waves := 0, 0, false
 	for _, c := range calls {
 		rk := runKey{alg: c.alg, key: c.key}
 		if c.alg == TokenBucket {
 			rk.incArg, rk.tolArg, rk.ivArg = c.incArg, c.tolArg, c.ivArg
+		}
+		if w.ordered {
+			// A call on a key whose previous call had other arguments
+			// starts a new wave on it: its run, and its script call, come
+			// after every script call of the waves before.
+			if last, seen := w.lastOf[c.key]; seen {
+				rk.wave = last.wave
+				if last.alg != rk.alg || last.incArg != rk.incArg || last.tolArg != rk.tolArg || last.ivArg != rk.ivArg {
+					rk.wave++
+					waves = true
+				}
+			}
+			w.lastOf[c.key] = rk
 		}
 		r, isNew := slot(w.runOf, &w.runs, &runs, rk)
 		if isNew { // the run's script call: its class's, or its own
@@ -494,19 +532,25 @@ func (w *worker) group(calls []*call) []group {
 			if w.s.multiKey {
 				sk.key = ""
 			}
-			g, _ := slot(w.callOf, &w.scripts, &scripts, sk)
+			g, newScript := slot(w.callOf, &w.scripts, &scripts, sk)
+			if newScript {
+				w.waves = append(w.waves[:g], rk.wave)
+			}
 			w.scripts[g] = append(w.scripts[g], r)
 		}
 		w.runs[r] = append(w.runs[r], c)
 	}
 	w.groups, w.order = w.groups[:0], slices.Grow(w.order[:0], len(calls))
-	for _, rs := range w.scripts[:scripts] {
+	for g, rs := range w.scripts[:scripts] {
 		start := len(w.order)
 		for _, r := range rs {
 			w.order = append(w.order, w.runs[r]...)
 		}
 		cs := w.order[start:len(w.order):len(w.order)]
-		w.groups = append(w.groups, group{alg: cs[0].alg, calls: cs})
+		w.groups = append(w.groups, group{alg: cs[0].alg, wave: w.waves[g], calls: cs})
+	}
+	if waves {
+		slices.SortStableFunc(w.groups, func(a, b group) int { return a.wave - b.wave })
 	}
 	return w.groups
 }

@@ -1,0 +1,162 @@
+package hotkey
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/hotkeyd/hotkey/counter"
+)
+
+// Request is one decision of a batch: Cost units of Key under Policy.
+type Request struct {
+	Key    string
+	Policy *Policy
+	Cost   int64
+}
+
+// Decision is the answer to one Request of a batch: the Result, or the
+// error AllowN would have returned for it.
+type Decision struct {
+	Result Result
+	Err    error
+}
+
+// AllowBatch decides reqs, each as AllowN would, and writes their answers
+// to out in order; out must be at least as long as reqs. Decisions on one
+// key are made in their order in reqs.
+//
+// On a store that runs many takes in one round trip (counter.Batcher, as
+// the Redis store does), the takes of the batch's keys that are not split
+// go to the store together: a batch of 100 costs about one round trip, not
+// 100. Split keys are decided as AllowN decides them, concurrently with the
+// rest.
+func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision) {
+	out = out[:len(reqs)]
+	if e.batcher == nil || len(reqs) == 1 {
+		for i, r := range reqs {
+			res, err := e.AllowN(ctx, r.Key, r.Policy, r.Cost)
+			out[i] = Decision{Result: res, Err: err}
+		}
+		return
+	}
+	b := batch{
+		ds:  make([]degraded, 0, len(reqs)),
+		at:  make([]int, 0, len(reqs)),
+		ops: make([]counter.Op, 0, len(reqs)),
+	}
+	var split sync.WaitGroup
+	// Split keys are decided by the whole decision path, each on a
+	// goroutine of its own, but two decisions on one key keep their order:
+	// a key's later requests wait for its earlier ones.
+	var after map[string]chan struct{}
+	for i, r := range reqs {
+		if r.Policy == nil {
+			out[i] = Decision{Err: ErrNilPolicy}
+			continue
+		}
+		name, hash, err := e.admit(r.Key, r.Policy, r.Cost)
+		if err != nil {
+			out[i] = Decision{Err: err}
+			continue
+		}
+		d := degraded{r.Key, name, hash, r.Cost, r.Policy}
+		if ent := e.entry(name, hash); ent != nil {
+			if after == nil {
+				after = make(map[string]chan struct{})
+			}
+			prev, done := after[name], make(chan struct{})
+			after[name] = done
+			split.Add(1)
+			go func() {
+				defer split.Done()
+				defer close(done)
+				if prev != nil {
+					<-prev
+				}
+				res, err := e.decideStore(ctx, name, hash, r.Policy.Limit, r.Cost)
+				res, err = e.conclude(ctx, d, res, err)
+				out[i] = Decision{Result: res, Err: err}
+			}()
+			continue
+		}
+		lim := r.Policy.Limit
+		if cr, ok := e.knownDenied(hash, lim, r.Cost); ok {
+			out[i].Result, out[i].Err = e.conclude(ctx, d, unsplit(cr), nil)
+			continue
+		}
+		b.add(i, d)
+	}
+	e.takeBatch(ctx, &b, out)
+	split.Wait()
+}
+
+// batch is the decisions of an AllowBatch that go to the store together:
+// each one's decision, its index in the batch and its take.
+type batch struct {
+	ds  []degraded
+	at  []int
+	ops []counter.Op
+}
+
+func (b *batch) add(i int, d degraded) {
+	b.ds = append(b.ds, d)
+	b.at = append(b.at, i)
+	b.ops = append(b.ops, counter.Op{Key: d.name, Hash: d.hash, Limit: d.p.Limit, N: d.n})
+}
+
+// takeBatch sends b's takes to the store in one call, through the circuit
+// breaker as storeTake does for one, and writes their decisions to out.
+func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
+	if len(b.ops) == 0 {
+		return
+	}
+	if err := ctx.Err(); err != nil { // over before the store was asked
+		for j, d := range b.ds {
+			out[b.at[j]].Result, out[b.at[j]].Err = e.conclude(ctx, d, Result{}, err)
+		}
+		return
+	}
+	// The breaker is asked once per take, as for takes made one by one:
+	// while it is open, all but a probe fail with ErrBreakerOpen. sent
+	// are the takes it lets through; refused[j] says b.ops[j] is not.
+	refused := make([]bool, len(b.ops))
+	probes := make([]bool, len(b.ops))
+	sent := b.ops[:0]
+	for j := range b.ops {
+		ok, probe := e.brk.allow()
+		refused[j], probes[j] = !ok, probe
+		if ok {
+			sent = append(sent, b.ops[j]) // in place: j ≥ len(sent)
+		}
+	}
+	var start time.Time
+	if e.metrics != nil {
+		start = time.Now()
+	}
+	if len(sent) > 0 {
+		e.batcher.TakeBatch(ctx, sent)
+	}
+	s := 0
+	for j, d := range b.ds {
+		var res Result
+		err := ErrBreakerOpen
+		if !refused[j] {
+			op := &sent[s]
+			s++
+			err = op.Err
+			e.metrics.storeCall(start)
+			e.brk.report(ctx, probes[j], err)
+			if err == nil {
+				e.remember(d.hash, d.p.Limit, d.n, op.Result)
+				res = unsplit(op.Result)
+			}
+		}
+		out[b.at[j]].Result, out[b.at[j]].Err = e.conclude(ctx, d, res, err)
+	}
+}
+
+// unsplit is the decision a take on a key's unsplit counter makes.
+func unsplit(r counter.Result) Result {
+	return Result{Allowed: r.Allowed, Limit: r.Limit, Remaining: r.Remaining, RetryAfter: r.RetryAfter, ResetAfter: r.ResetAfter, Shards: 1}
+}
