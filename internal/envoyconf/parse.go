@@ -1,0 +1,803 @@
+package envoyconf
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+
+	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/counter"
+)
+
+// MaxFileSize bounds the size of one configuration file.
+const MaxFileSize = 1 << 20
+
+// defaultAlgorithm enforces the rules that do not name an algorithm: the
+// closest to envoyproxy/ratelimit's fixed windows without their burst at
+// the window boundary.
+const defaultAlgorithm = counter.SlidingWindow
+
+// Error is a configuration hotkeyd refuses: File is the file at fault,
+// Line the line (1-based, 0 when the file as a whole is), Field the path
+// of the field ("descriptors[1].rate_limit.unit").
+type Error struct {
+	File  string
+	Line  int
+	Field string
+	Msg   string
+}
+
+// Error reads "FILE: line N: FIELD: MSG", without the parts that are empty.
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File)
+		b.WriteString(": ")
+	}
+	if e.Line > 0 {
+		fmt.Fprintf(&b, "line %d: ", e.Line)
+	}
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
+// Load reads the configuration at path: one YAML file, or a directory
+// whose *.yaml and *.yml files, recursively, are each one domain's
+// configuration (names starting with "." are skipped, files and
+// directories; path may be a symbolic link to the directory, and links to
+// files in it are read, links to directories not followed). The files
+// are loaded in the lexical order of their paths.
+func Load(path string) (*Config, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if !fi.IsDir() {
+		data, err := readFile(path)
+		if err != nil {
+			return nil, err
+		}
+		return Parse(map[string][]byte{path: data})
+	}
+	root := path
+	if li, err := os.Lstat(path); err == nil && li.Mode()&fs.ModeSymlink != 0 {
+		root += string(filepath.Separator) // walk the directory the link names
+	}
+	files := make(map[string][]byte)
+	err = filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if p == root {
+			return nil
+		}
+		if strings.HasPrefix(d.Name(), ".") {
+			if d.IsDir() {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if d.IsDir() || !isConfigName(d.Name()) {
+			return nil
+		}
+		if d.Type()&fs.ModeSymlink != 0 {
+			fi, err := os.Stat(p)
+			if err != nil {
+				return err
+			}
+			if !fi.Mode().IsRegular() {
+				return nil
+			}
+		} else if !d.Type().IsRegular() {
+			return nil
+		}
+		data, err := readFile(p)
+		if err != nil {
+			return err
+		}
+		files[p] = data
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if len(files) == 0 {
+		return nil, &Error{File: path, Msg: "no *.yaml or *.yml files in the directory"}
+	}
+	return Parse(files)
+}
+
+func isConfigName(name string) bool {
+	ext := filepath.Ext(name)
+	return ext == ".yaml" || ext == ".yml"
+}
+
+// readFile reads a file of at most MaxFileSize bytes.
+func readFile(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, MaxFileSize+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > MaxFileSize {
+		return nil, &Error{File: path, Msg: fmt.Sprintf("file is over the %d bytes allowed", MaxFileSize)}
+	}
+	return data, nil
+}
+
+// Parse parses configuration files given as name -> content, each one
+// domain's configuration, in the lexical order of their names (which
+// errors use). A domain defined in two files is refused.
+func Parse(files map[string][]byte) (*Config, error) {
+	if len(files) == 0 {
+		return nil, &Error{Msg: "no configuration files"}
+	}
+	names := make([]string, 0, len(files))
+	for n := range files {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	c := &Config{domains: make(map[string]*level)}
+	type origin struct {
+		file string
+		line int
+	}
+	domains := make(map[string]origin)
+	type domainRules struct {
+		domain string
+		rules  []*Rule
+	}
+	var byDomain []domainRules
+	for _, name := range names {
+		f, err := parseFile(name, files[name])
+		if err != nil {
+			return nil, err
+		}
+		if o, ok := domains[f.domain]; ok {
+			return nil, &Error{File: name, Line: f.domainLine, Field: "domain",
+				Msg: fmt.Sprintf("domain %q is already defined in %s (line %d): give each domain one file", f.domain, o.file, o.line)}
+		}
+		domains[f.domain] = origin{name, f.domainLine}
+		c.domains[f.domain] = f.root
+		byDomain = append(byDomain, domainRules{f.domain, f.rules})
+	}
+	slices.SortFunc(byDomain, func(a, b domainRules) int { return strings.Compare(a.domain, b.domain) })
+	for _, d := range byDomain {
+		c.rules = append(c.rules, d.rules...)
+	}
+	if err := checkNames(c.rules); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// checkNames refuses two rules with one path (keys and values holding
+// '.' or '_' can make two descriptors' paths alike, and envoyproxy/ratelimit
+// would mix their stats) or one policy name (a shortened name ending like
+// another's hash).
+func checkNames(rules []*Rule) error {
+	byName := make(map[string]*Rule, len(rules))
+	for _, r := range rules {
+		name := PolicyName(r.Path)
+		if o, ok := byName[name]; ok {
+			msg := fmt.Sprintf("the rule's path %q is also the path of the rule in %s on line %d (%s): change a key or value so that they differ",
+				r.Path, o.File, o.Line, o.field)
+			if o.Path != r.Path {
+				msg = fmt.Sprintf("the rule's policy name %q is also the name of the rule in %s on line %d (%s, path %q): change a key or value",
+					name, o.File, o.Line, o.field, o.Path)
+			}
+			return &Error{File: r.File, Line: r.Line, Field: r.field, Msg: msg}
+		}
+		byName[name] = r
+	}
+	return nil
+}
+
+// file is one parsed configuration file.
+type file struct {
+	domain     string
+	domainLine int
+	root       *level
+	rules      []*Rule
+}
+
+// parser parses one file.
+type parser struct {
+	file   string
+	domain string
+	budget int // nodes left to visit: bounds what aliases expand to
+	rules  []*Rule
+}
+
+func (p *parser) errf(n *yaml.Node, field, format string, args ...any) *Error {
+	line := 0
+	if n != nil {
+		line = n.Line
+	}
+	return &Error{File: p.file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)}
+}
+
+// visit resolves aliases and charges the budget; every node the parser
+// looks at goes through it.
+func (p *parser) visit(n *yaml.Node, field string) (*yaml.Node, error) {
+	for n.Kind == yaml.AliasNode && n.Alias != nil {
+		n = n.Alias
+	}
+	p.budget--
+	if p.budget < 0 {
+		return nil, p.errf(n, field, "the file expands, through YAML aliases, to too many values")
+	}
+	return n, nil
+}
+
+func parseFile(name string, data []byte) (*file, error) {
+	if len(data) > MaxFileSize {
+		return nil, &Error{File: name, Msg: fmt.Sprintf("file is %d bytes, over the %d allowed", len(data), MaxFileSize)}
+	}
+	// A node takes at least a byte of the file: only aliases can make
+	// the parser visit more nodes than the file has bytes.
+	p := &parser{file: name, budget: 2*len(data) + 1<<16}
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	var doc yaml.Node
+	if err := dec.Decode(&doc); err != nil {
+		if errors.Is(err, io.EOF) {
+			return nil, p.errf(nil, "", "file is empty: want a mapping with \"domain\" and \"descriptors\"")
+		}
+		return nil, yamlError(name, data, err)
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); err == nil {
+		at := &extra
+		if len(extra.Content) > 0 {
+			at = extra.Content[0]
+		}
+		return nil, p.errf(at, "", "a second YAML document: each file holds one domain's configuration")
+	} else if !errors.Is(err, io.EOF) {
+		return nil, yamlError(name, data, err)
+	}
+	root := &doc
+	if root.Kind == yaml.DocumentNode {
+		if len(root.Content) == 0 {
+			return nil, p.errf(nil, "", "file is empty: want a mapping with \"domain\" and \"descriptors\"")
+		}
+		root = root.Content[0]
+	}
+	root, err := p.visit(root, "")
+	if err != nil {
+		return nil, err
+	}
+	if root.Kind != yaml.MappingNode {
+		return nil, p.errf(root, "", "want a mapping with \"domain\" and \"descriptors\", found %s", kindName(root))
+	}
+	f := &file{root: &level{}}
+	var domainNode, descNode *yaml.Node
+	err = p.eachField(root, "", func(key string, k, v *yaml.Node) error {
+		switch key {
+		case "domain":
+			domainNode = v
+		case "descriptors":
+			descNode = v
+		default:
+			return p.errf(k, key, "unknown field: want domain or descriptors")
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	if domainNode == nil {
+		return nil, p.errf(root, "domain", "missing: every file names its domain")
+	}
+	if f.domain, err = p.str(domainNode, "domain"); err != nil {
+		return nil, err
+	}
+	if f.domain == "" {
+		return nil, p.errf(domainNode, "domain", "empty: every file names its domain")
+	}
+	f.domainLine = domainNode.Line
+	p.domain = f.domain
+	if descNode != nil {
+		if err := p.descriptors(descNode, "descriptors", f.domain, f.root); err != nil {
+			return nil, err
+		}
+	}
+	f.rules = p.rules
+	return f, nil
+}
+
+// descriptors parses a descriptor list into lvl; path is the stat path of
+// the list's parent.
+func (p *parser) descriptors(v *yaml.Node, field, path string, lvl *level) error {
+	v, err := p.visit(v, field)
+	if err != nil {
+		return err
+	}
+	if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+		return nil
+	}
+	if v.Kind != yaml.SequenceNode {
+		return p.errf(v, field, "want a list of descriptors (- key: ...), found %s", kindName(v))
+	}
+	lines := make(map[pair]int, len(v.Content))
+	for i, item := range v.Content {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		if err := p.descriptor(item, f, path, lvl, lines); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// descriptor parses one descriptor into lvl; lines holds the lines of the
+// descriptors already in lvl.
+func (p *parser) descriptor(v *yaml.Node, field, path string, lvl *level, lines map[pair]int) error {
+	v, err := p.visit(v, field)
+	if err != nil {
+		return err
+	}
+	if v.Kind != yaml.MappingNode {
+		return p.errf(v, field, "want a descriptor (a mapping with key, value, rate_limit, ...), found %s", kindName(v))
+	}
+	n := &node{}
+	var (
+		keyNode, rlNode, childNode, shareNode *yaml.Node
+		shadow, quota, detailed               bool
+	)
+	err = p.eachField(v, field, func(key string, k, val *yaml.Node) error {
+		f := field + "." + key
+		var err error
+		switch key {
+		case "key":
+			keyNode = val
+			n.key, err = p.str(val, f)
+		case "value":
+			n.value, err = p.str(val, f)
+		case "rate_limit":
+			rlNode = val
+		case "descriptors":
+			childNode = val
+		case "shadow_mode":
+			shadow, err = p.bool(val, f)
+		case "quota_mode":
+			quota, err = p.bool(val, f)
+		case "detailed_metric":
+			detailed, err = p.bool(val, f)
+		case "value_to_metric":
+			n.valueToMetric, err = p.bool(val, f)
+		case "share_threshold":
+			shareNode = val
+			n.share, err = p.bool(val, f)
+		case "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "on_store_failure":
+			return p.errf(k, f, "unknown field here: %s belongs inside rate_limit", key)
+		default:
+			return p.errf(k, f, "unknown field: want key, value, rate_limit, descriptors, shadow_mode, quota_mode, detailed_metric, value_to_metric or share_threshold")
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	if keyNode == nil {
+		return p.errf(v, field+".key", "missing: every descriptor has a key")
+	}
+	if n.key == "" {
+		return p.errf(keyNode, field+".key", "empty: every descriptor has a key")
+	}
+	n.wildcard = strings.HasSuffix(n.value, "*")
+	n.prefix = strings.TrimSuffix(n.value, "*")
+	if n.share && !n.wildcard {
+		return p.errf(shareNode, field+".share_threshold", "applies to wildcard values (ending in '*') only, and value is %q", n.value)
+	}
+	id := pair{n.key, n.value}
+	if first, ok := lines[id]; ok {
+		what := fmt.Sprintf("key %q without a value", n.key)
+		if n.value != "" {
+			what = fmt.Sprintf("key %q with value %q", n.key, n.value)
+		}
+		return p.errf(v, field, "%s defined twice (first on line %d)", what, first)
+	}
+	lines[id] = v.Line
+	path += "." + n.key
+	if n.value != "" {
+		path += "_" + n.value
+	}
+	if rlNode != nil {
+		rl, err := p.visit(rlNode, field+".rate_limit")
+		if err != nil {
+			return err
+		}
+		if !(rl.Kind == yaml.ScalarNode && rl.Tag == "!!null") {
+			r := &Rule{Domain: p.domain, Path: path, File: p.file, Line: v.Line, field: field,
+				ShadowMode: shadow, QuotaMode: quota, DetailedMetric: detailed}
+			if err := p.rateLimit(rl, field+".rate_limit", r); err != nil {
+				return err
+			}
+			n.rule = r
+			p.rules = append(p.rules, r)
+		}
+	}
+	if childNode != nil {
+		if err := p.descriptors(childNode, field+".descriptors", path, &n.children); err != nil {
+			return err
+		}
+		n.hasChildren = len(n.children.exact)+len(n.children.keyOnly) > 0
+	}
+	if n.value == "" {
+		if lvl.keyOnly == nil {
+			lvl.keyOnly = make(map[string]*node)
+		}
+		lvl.keyOnly[n.key] = n
+	} else {
+		if lvl.exact == nil {
+			lvl.exact = make(map[pair]*node)
+		}
+		lvl.exact[id] = n
+		if n.wildcard {
+			lvl.wildcards = append(lvl.wildcards, n)
+		}
+	}
+	return nil
+}
+
+// rateLimit parses a rate_limit block into r.
+func (p *parser) rateLimit(v *yaml.Node, field string, r *Rule) error {
+	if v.Kind != yaml.MappingNode {
+		return p.errf(v, field, "want a mapping (unit, requests_per_unit, ...), found %s", kindName(v))
+	}
+	var (
+		unitNode, rpuNode, algNode, fbNode *yaml.Node
+		replNodes                          []*yaml.Node
+		unit                               string
+		alg                                = defaultAlgorithm
+		fallback                           = hotkey.FallbackLocal
+	)
+	err := p.eachField(v, field, func(key string, k, val *yaml.Node) error {
+		f := field + "." + key
+		var err error
+		switch key {
+		case "unit":
+			unitNode = val
+			unit, err = p.str(val, f)
+		case "requests_per_unit":
+			val, err = p.visit(val, f)
+			if err != nil {
+				return err
+			}
+			if val.Kind == yaml.ScalarNode && val.Tag == "!!null" {
+				return nil // as if missing
+			}
+			rpuNode = val
+			r.RequestsPerUnit, err = p.uint32(val, f)
+		case "unlimited":
+			r.Unlimited, err = p.bool(val, f)
+		case "name":
+			r.Name, err = p.str(val, f)
+		case "replaces":
+			r.Replaces, replNodes, err = p.replaces(val, f)
+		case "algorithm":
+			algNode = val
+			var s string
+			if s, err = p.str(val, f); err != nil {
+				return err
+			}
+			if alg, err = counter.ParseAlgorithm(s); err != nil {
+				return p.errf(val, f, "unknown algorithm %q: want token_bucket, sliding_window, fixed_window or sliding_log", s)
+			}
+		case "on_store_failure":
+			fbNode = val
+			var s string
+			if s, err = p.str(val, f); err != nil {
+				return err
+			}
+			if fallback, err = hotkey.ParseFallback(s); err != nil || fallback == hotkey.FallbackError {
+				return p.errf(val, f, "unknown value %q: want local, open or closed", s)
+			}
+		default:
+			return p.errf(k, f, "unknown field: want unit, requests_per_unit, unlimited, name, replaces, algorithm or on_store_failure")
+		}
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	for i, name := range r.Replaces {
+		if name == r.Name {
+			return p.errf(replNodes[i], fmt.Sprintf("%s.replaces[%d].name", field, i), "%q is this rule's own name: a rule cannot replace itself", name)
+		}
+	}
+	if r.Unlimited {
+		switch {
+		case unit != "":
+			return p.errf(unitNode, field+".unit", "given with unlimited: true; an unlimited rule has no unit")
+		case algNode != nil:
+			return p.errf(algNode, field+".algorithm", "given with unlimited: true; an unlimited rule has no counter")
+		case fbNode != nil:
+			return p.errf(fbNode, field+".on_store_failure", "given with unlimited: true; an unlimited rule has no counter")
+		}
+		return nil
+	}
+	if unitNode == nil || unit == "" {
+		at := unitNode
+		if at == nil {
+			at = v
+		}
+		return p.errf(at, field+".unit", "missing: want second, minute, hour, day, week, month or year (or unlimited: true)")
+	}
+	u, ok := parseUnit(unit)
+	if !ok {
+		return p.errf(unitNode, field+".unit", "unknown unit %q: want second, minute, hour, day, week, month or year", unit)
+	}
+	r.Unit = u
+	if rpuNode == nil {
+		return p.errf(v, field+".requests_per_unit", "missing: how many requests per %s (write requests_per_unit: 0 to refuse every request)", u)
+	}
+	if r.RequestsPerUnit == 0 {
+		return nil
+	}
+	lim := counter.Limit{Algorithm: alg, Rate: int64(r.RequestsPerUnit), Period: u.Duration()}
+	if alg == counter.TokenBucket {
+		lim.Burst = lim.Rate
+	}
+	if err := lim.Validate(); err != nil {
+		at, f := rpuNode, field+".requests_per_unit"
+		if errors.Is(err, counter.ErrUnknownAlgorithm) && algNode != nil {
+			at, f = algNode, field+".algorithm"
+		}
+		return p.errf(at, f, "%v", err)
+	}
+	r.Policy = &hotkey.Policy{Name: PolicyName(r.Path), Limit: lim, OnStoreFailure: fallback}
+	return nil
+}
+
+// replaces parses a replaces list, [{name: ...}, ...], into the names
+// and the nodes holding them.
+func (p *parser) replaces(v *yaml.Node, field string) ([]string, []*yaml.Node, error) {
+	v, err := p.visit(v, field)
+	if err != nil {
+		return nil, nil, err
+	}
+	if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+		return nil, nil, nil
+	}
+	if v.Kind != yaml.SequenceNode {
+		return nil, nil, p.errf(v, field, "want a list of {name: ...}, found %s", kindName(v))
+	}
+	var (
+		out   []string
+		nodes []*yaml.Node
+	)
+	for i, item := range v.Content {
+		f := fmt.Sprintf("%s[%d]", field, i)
+		item, err := p.visit(item, f)
+		if err != nil {
+			return nil, nil, err
+		}
+		if item.Kind != yaml.MappingNode {
+			return nil, nil, p.errf(item, f, "want a mapping with a name (- name: other_rule), found %s", kindName(item))
+		}
+		var nameNode *yaml.Node
+		name := ""
+		err = p.eachField(item, f, func(key string, k, val *yaml.Node) error {
+			if key != "name" {
+				return p.errf(k, f+"."+key, "unknown field: want name")
+			}
+			nameNode = val
+			var err error
+			name, err = p.str(val, f+".name")
+			return err
+		})
+		if err != nil {
+			return nil, nil, err
+		}
+		at := nameNode
+		if at == nil {
+			at = item
+		}
+		if name == "" {
+			return nil, nil, p.errf(at, f+".name", "empty: name the rule (rate_limit.name) this one replaces")
+		}
+		out = append(out, name)
+		nodes = append(nodes, at)
+	}
+	return out, nodes, nil
+}
+
+// eachField calls f for each key of mapping m, in order, refusing
+// duplicate, merge and non-scalar keys. path names m in errors.
+func (p *parser) eachField(m *yaml.Node, path string, f func(key string, k, v *yaml.Node) error) error {
+	seen := make(map[string]int, len(m.Content)/2)
+	for i := 0; i+1 < len(m.Content); i += 2 {
+		k, v := m.Content[i], m.Content[i+1]
+		k, err := p.visit(k, path)
+		if err != nil {
+			return err
+		}
+		if k.Kind != yaml.ScalarNode {
+			return p.errf(k, path, "want a field name as key, found %s", kindName(k))
+		}
+		key := k.Value
+		field := key
+		if path != "" {
+			field = path + "." + key
+		}
+		if k.Tag == "!!merge" {
+			return p.errf(k, field, "merge keys (<<) are not supported: write the fields out")
+		}
+		if first, ok := seen[key]; ok {
+			return p.errf(k, field, "defined twice (first on line %d)", first)
+		}
+		seen[key] = k.Line
+		if err := f(key, k, v); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// str reads a scalar as text; nothing (null) reads "", as in
+// envoyproxy/ratelimit.
+func (p *parser) str(v *yaml.Node, field string) (string, error) {
+	v, err := p.visit(v, field)
+	if err != nil {
+		return "", err
+	}
+	if v.Kind != yaml.ScalarNode {
+		return "", p.errf(v, field, "want a single value, found %s", kindName(v))
+	}
+	if v.Tag == "!!null" {
+		return "", nil
+	}
+	return v.Value, nil
+}
+
+// bool reads a boolean (YAML 1.1's yes/no/on/off too, as
+// envoyproxy/ratelimit reads them); nothing (null) reads false.
+func (p *parser) bool(v *yaml.Node, field string) (bool, error) {
+	v, err := p.visit(v, field)
+	if err != nil {
+		return false, err
+	}
+	if v.Kind == yaml.ScalarNode && v.Tag == "!!null" {
+		return false, nil
+	}
+	var b bool
+	if v.Kind != yaml.ScalarNode || v.Style != 0 && v.Style != yaml.TaggedStyle || v.Decode(&b) != nil {
+		return false, p.errf(v, field, "want true or false, found %s", kindName(v))
+	}
+	return b, nil
+}
+
+// uint32 reads a whole number from 0 to 4294967295.
+func (p *parser) uint32(v *yaml.Node, field string) (uint32, error) {
+	if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
+		return 0, p.errf(v, field, "want a whole number from 0 to %d, found %s", uint32(math.MaxUint32), kindName(v))
+	}
+	var x int64
+	if err := v.Decode(&x); err != nil || x < 0 || x > math.MaxUint32 {
+		return 0, p.errf(v, field, "%s is out of range: want a whole number from 0 to %d", v.Value, uint32(math.MaxUint32))
+	}
+	return uint32(x), nil
+}
+
+// yamlError turns a YAML syntax error into an Error with its line.
+// yaml.v3 names the line where the enclosing block starts; the line at
+// fault is the first whose inclusion makes the same error appear, which
+// is found for files of up to maxScanLines lines.
+func yamlError(name string, data []byte, err error) error {
+	line, msg := splitYAMLError(err)
+	if l := faultLine(data, msg); l > 0 {
+		line = l
+	}
+	return &Error{File: name, Line: line, Msg: "invalid YAML: " + msg}
+}
+
+// maxScanLines and maxScanBytes bound the files faultLine scans (it
+// parses prefixes).
+const (
+	maxScanLines = 500
+	maxScanBytes = 64 << 10
+)
+
+// faultLine returns the line at fault for a YAML error msg: the first
+// line n such that the first n lines, and every longer prefix, fail with
+// msg. 0 if not found.
+func faultLine(data []byte, msg string) int {
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	if len(lines) > maxScanLines || len(data) > maxScanBytes {
+		return 0
+	}
+	ends := make([]int, len(lines))
+	end := 0
+	for i, l := range lines {
+		end += len(l)
+		ends[i] = end
+	}
+	fails := func(n int) bool {
+		dec := yaml.NewDecoder(bytes.NewReader(data[:ends[n-1]]))
+		for {
+			var doc yaml.Node
+			err := dec.Decode(&doc)
+			switch {
+			case err == nil:
+				continue
+			case errors.Is(err, io.EOF):
+				return false
+			}
+			_, m := splitYAMLError(err)
+			return m == msg
+		}
+	}
+	n := len(lines)
+	if !fails(n) {
+		return 0
+	}
+	for n > 1 && fails(n-1) {
+		n--
+	}
+	return n
+}
+
+// splitYAMLError splits yaml.v3's "yaml: line N: msg".
+func splitYAMLError(err error) (int, string) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if i := strings.IndexByte(rest, ':'); i > 0 {
+			if n, err := strconv.Atoi(rest[:i]); err == nil {
+				return n, strings.TrimSpace(rest[i+1:])
+			}
+		}
+	}
+	return 0, msg
+}
+
+// kindName describes a node for errors.
+func kindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.DocumentNode:
+		return "a document"
+	case yaml.ScalarNode:
+		switch n.Tag {
+		case "!!null":
+			return "nothing"
+		case "!!str":
+			return fmt.Sprintf("the text %q", truncate(n.Value, 40))
+		}
+		return fmt.Sprintf("%q", truncate(n.Value, 40))
+	}
+	return "an unexpected value"
+}
+
+// truncate shortens s to at most n bytes (on a rune boundary) for messages.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n] + "…"
+}
