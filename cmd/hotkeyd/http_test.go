@@ -160,7 +160,7 @@ func TestHTTPErrors(t *testing.T) {
 		{"PUT allow", "PUT", "/v1/allow", `{"key":"k"}`, 405, "method PUT not allowed"},
 		{"POST hotkeys", "POST", "/v1/hotkeys", `{}`, 405, "use GET"},
 		{"DELETE readyz", "DELETE", "/readyz", ``, 405, "use GET"},
-		{"too large", "POST", "/v1/allow", `{"key":"` + strings.Repeat("k", 64<<10) + `"}`, 413, "request body over the 65536 bytes allowed"},
+		{"too large", "POST", "/v1/allow", `{"key":"` + strings.Repeat("k", 1<<20) + `"}`, 413, "request body over the 1048576 bytes allowed"},
 		{"no such endpoint", "GET", "/v2/allow", ``, 404, "no such endpoint /v2/allow"},
 	}
 	for _, c := range cases {
@@ -187,9 +187,9 @@ func TestHTTPErrors(t *testing.T) {
 		})
 	}
 	// A body just at the cap is read (and decided).
-	key := strings.Repeat("k", 64<<10-len(`{"key":""}`))
+	key := strings.Repeat("k", 1<<20-len(`{"key":""}`))
 	if r := d.allow(t, `{"key":"`+key+`"}`); r.status != 400 || !strings.Contains(r.errorMsg(t), "longer than the 512 allowed") {
-		t.Errorf("body of exactly 64 KiB: %d %s", r.status, r.body)
+		t.Errorf("body of exactly 1 MiB: %d %s", r.status, r.body)
 	}
 }
 

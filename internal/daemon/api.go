@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -15,8 +16,12 @@ import (
 	"github.com/hotkeyd/hotkey"
 )
 
-// MaxBody is the largest request body accepted, over HTTP and NATS.
-const MaxBody = 64 << 10
+// MaxBody is the largest request body accepted, over HTTP and NATS: room
+// for a full batch of long keys, and NATS's default max payload.
+const MaxBody = 1 << 20
+
+// MaxBatch is the most requests a batch holds.
+const MaxBatch = 1000
 
 // AllowRequest is the body of POST /v1/allow and of a request on
 // hotkey.allow.
@@ -36,6 +41,27 @@ type AllowResponse struct {
 	Shards       int   `json:"shards"`
 }
 
+// BatchRequest is the body of a batch: {"requests":[...]}, each item an
+// AllowRequest.
+type BatchRequest struct {
+	Requests []AllowRequest `json:"requests"`
+}
+
+// BatchItem is the answer to one request of a batch: Status 200 (allowed)
+// or 429 (denied) with the fields of AllowResponse, or the status of an
+// error (4xx, 503) with the message the request alone would have had.
+type BatchItem struct {
+	Status int `json:"status"`
+	*AllowResponse
+	Error string `json:"error,omitempty"`
+}
+
+// BatchResponse is the body of the answer to a batch: an item per request,
+// in order.
+type BatchResponse struct {
+	Responses []BatchItem `json:"responses"`
+}
+
 // ErrorResponse is the body of every error.
 type ErrorResponse struct {
 	Error string `json:"error"`
@@ -53,22 +79,88 @@ func errorf(status int, format string, args ...any) *apiError {
 	return &apiError{Status: status, Msg: fmt.Sprintf(format, args...)}
 }
 
-const exampleBody = `{"policy":"default","key":"user_123","cost":1}`
+const (
+	exampleBody  = `{"policy":"default","key":"user_123","cost":1}`
+	exampleBatch = `{"requests":[{"policy":"default","key":"user_123","cost":1},{"key":"user_456"}]}`
+)
+
+// errBatchField is decodeRequest's error for a request with a "requests"
+// field: a batch, or a body mixing the two forms.
+var errBatchField = errors.New(`field "requests"`)
 
 // DecodeAllow parses a request body: one JSON object with the fields of
 // AllowRequest and nothing else. policy defaults to "default", cost to 1.
 // It checks the JSON only; the key and cost are checked by the decision.
 func DecodeAllow(body []byte) (AllowRequest, error) {
-	var req AllowRequest
+	if err := checkBody(body); err != nil {
+		return AllowRequest{}, err
+	}
+	req, err := decodeRequest(body)
+	if errors.Is(err, errBatchField) {
+		return AllowRequest{}, errorf(http.StatusBadRequest, "malformed JSON body: unknown field \"requests\" (the fields are policy, key and cost); send an object like %s", exampleBody)
+	}
+	return req, err
+}
+
+// DecodeAllowBody parses a body of POST /v1/allow or hotkey.allow: one
+// request, as DecodeAllow, or a batch, {"requests":[...]} with 1 to
+// MaxBatch items, each decoded as DecodeAllow decodes a body. batch is nil
+// for one request.
+func DecodeAllowBody(body []byte) (req AllowRequest, batch []AllowRequest, err error) {
+	if err := checkBody(body); err != nil {
+		return AllowRequest{}, nil, err
+	}
+	if !opensBatch(body) {
+		req, err := decodeRequest(body)
+		if !errors.Is(err, errBatchField) {
+			return req, nil, err
+		}
+	}
+	batch, err = decodeBatch(body)
+	return AllowRequest{}, batch, err
+}
+
+// checkBody refuses a body over MaxBody, or empty.
+func checkBody(body []byte) error {
 	if len(body) > MaxBody {
-		return req, errorf(http.StatusRequestEntityTooLarge, "request body is %d bytes, over the %d allowed", len(body), MaxBody)
+		return errorf(http.StatusRequestEntityTooLarge, "request body is %d bytes, over the %d allowed", len(body), MaxBody)
 	}
 	if len(bytes.TrimSpace(body)) == 0 {
-		return req, errorf(http.StatusBadRequest, "empty body: send a JSON object like %s", exampleBody)
+		return errorf(http.StatusBadRequest, "empty body: send a JSON object like %s", exampleBody)
 	}
-	dec := json.NewDecoder(bytes.NewReader(body))
+	return nil
+}
+
+// opensBatch reports whether body is an object whose first field is
+// "requests": a batch, decoded as one without trying the single form
+// first. Other batches are found by that try.
+func opensBatch(body []byte) bool {
+	const field = `"requests"`
+	i := skipSpace(body, 0)
+	if i == len(body) || body[i] != '{' {
+		return false
+	}
+	i = skipSpace(body, i+1)
+	return len(body)-i >= len(field) && bytes.EqualFold(body[i:i+len(field)], []byte(field))
+}
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && (b[i] == ' ' || b[i] == '\t' || b[i] == '\n' || b[i] == '\r') {
+		i++
+	}
+	return i
+}
+
+// decodeRequest decodes one request, the whole body or an item of a batch:
+// the request with its defaults, an *apiError, or errBatchField.
+func decodeRequest(data []byte) (AllowRequest, error) {
+	var req AllowRequest
+	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
+		if isUnknownField(err, "requests") {
+			return AllowRequest{}, errBatchField
+		}
 		return AllowRequest{}, errorf(http.StatusBadRequest, "malformed JSON body: %s; send an object like %s", jsonErrText(err), exampleBody)
 	}
 	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
@@ -77,10 +169,10 @@ func DecodeAllow(body []byte) (AllowRequest, error) {
 	// encoding/json turns invalid UTF-8 and lone surrogate escapes into
 	// U+FFFD, so that "\xff", "\xfe" and "\ud800" would all name one
 	// counter: refuse them.
-	if !utf8.Valid(body) {
+	if !utf8.Valid(data) {
 		return AllowRequest{}, errorf(http.StatusBadRequest, "request body is not valid UTF-8: keys and policy names are text")
 	}
-	if strings.ContainsRune(req.Key, utf8.RuneError) && !validStrings(body) {
+	if strings.ContainsRune(req.Key, utf8.RuneError) && !validStrings(data) {
 		return AllowRequest{}, errorf(http.StatusBadRequest, "key holds a \\u escape of a lone UTF-16 surrogate, which is no character: send the key as valid UTF-8")
 	}
 	if req.Policy == "" {
@@ -91,6 +183,76 @@ func DecodeAllow(body []byte) (AllowRequest, error) {
 		req.Cost = &one
 	}
 	return req, nil
+}
+
+// isUnknownField reports whether err is encoding/json's refusal of the
+// field name (matched as encoding/json matches names: ignoring case).
+func isUnknownField(err error, name string) bool {
+	s, ok := strings.CutPrefix(err.Error(), "json: unknown field ")
+	if !ok {
+		return false
+	}
+	got, uerr := strconv.Unquote(s)
+	return uerr == nil && strings.EqualFold(got, name)
+}
+
+// decodeBatch decodes a body holding a "requests" field: a batch of 1 to
+// MaxBatch requests and nothing else.
+func decodeBatch(body []byte) ([]AllowRequest, error) {
+	var b struct {
+		Requests []json.RawMessage `json:"requests"`
+		// The fields of the single form, to refuse a body mixing both.
+		Policy json.RawMessage `json:"policy"`
+		Key    json.RawMessage `json:"key"`
+		Cost   json.RawMessage `json:"cost"`
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&b); err != nil {
+		msg := jsonErrText(err)
+		if strings.HasPrefix(msg, "unknown field ") {
+			msg = strings.TrimPrefix(err.Error(), "json: ") + ` (a batch has the one field "requests")`
+		}
+		return nil, errorf(http.StatusBadRequest, "malformed JSON body: %s; send a batch like %s", msg, exampleBatch)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return nil, errorf(http.StatusBadRequest, "malformed JSON body: data after the object; send one object like %s", exampleBatch)
+	}
+	var mixed []string
+	for _, f := range []struct {
+		name string
+		v    json.RawMessage
+	}{{"policy", b.Policy}, {"key", b.Key}, {"cost", b.Cost}} {
+		if f.v != nil {
+			mixed = append(mixed, `"`+f.name+`"`)
+		}
+	}
+	if len(mixed) > 0 {
+		return nil, errorf(http.StatusBadRequest, `body mixes a batch ("requests") with the fields of one request (%s): send either one request like %s or a batch like %s`, strings.Join(mixed, ", "), exampleBody, exampleBatch)
+	}
+	switch n := len(b.Requests); {
+	case n == 0:
+		return nil, errorf(http.StatusBadRequest, `empty batch: "requests" must hold 1 to %d requests, like %s`, MaxBatch, exampleBatch)
+	case n > MaxBatch:
+		return nil, errorf(http.StatusBadRequest, "batch of %d requests, over the %d allowed: split it into batches of at most %d", n, MaxBatch, MaxBatch)
+	}
+	reqs := make([]AllowRequest, len(b.Requests))
+	for i, raw := range b.Requests {
+		req, err := decodeRequest(raw)
+		switch {
+		case errors.Is(err, errBatchField):
+			return nil, errorf(http.StatusBadRequest, "requests[%d]: a batch cannot hold a batch: send requests like %s", i, exampleBody)
+		case err != nil:
+			ae := err.(*apiError)
+			return nil, errorf(ae.Status, "requests[%d]: %s", i, ae.Msg)
+		}
+		reqs[i] = req
+	}
+	// The items are valid UTF-8: the rest must be too.
+	if !utf8.Valid(body) {
+		return nil, errorf(http.StatusBadRequest, "request body is not valid UTF-8: keys and policy names are text")
+	}
+	return reqs, nil
 }
 
 // validStrings reports whether no string of the JSON document body (valid
@@ -163,6 +325,8 @@ func jsonErrText(err error) string {
 			want = "a string"
 		case "daemon.AllowRequest":
 			want = "an object"
+		case "[]json.RawMessage":
+			want = "a list of requests"
 		}
 		if te.Field != "" {
 			return fmt.Sprintf("field %q must be %s, not a JSON %s", te.Field, want, te.Value)
@@ -181,20 +345,92 @@ func jsonErrText(err error) string {
 
 // decide runs one decision for req: the response, or an *apiError.
 func (d *Daemon) decide(ctx context.Context, req AllowRequest) (AllowResponse, *hotkey.Policy, hotkey.Result, *apiError) {
+	p, ae := d.policy(req)
+	if ae != nil {
+		return AllowResponse{}, nil, hotkey.Result{}, ae
+	}
+	res, err := d.engine.AllowN(ctx, req.Key, p, *req.Cost)
+	resp, ae := d.answer(ctx, req, p, res, err)
+	return resp, p, res, ae
+}
+
+// decideBatch decides a batch: the requests whose policy is known in one
+// call to the engine, so that the store takes them together; the others
+// get their 404 without it. Each request gets its own answer, in order.
+func (d *Daemon) decideBatch(ctx context.Context, reqs []AllowRequest) BatchResponse {
+	items := make([]BatchItem, len(reqs))
+	resps := make([]AllowResponse, len(reqs))
+	ereqs := make([]hotkey.Request, 0, len(reqs))
+	at := make([]int, 0, len(reqs)) // ereqs[j] is reqs[at[j]]
+	var known string                // the policies, listed once
+	for i, req := range reqs {
+		p, ok := d.policies[req.Policy]
+		if !ok {
+			if known == "" {
+				known = d.policyList()
+			}
+			ae := unknownPolicy(req.Policy, known)
+			items[i] = BatchItem{Status: ae.Status, Error: ae.Msg}
+			continue
+		}
+		ereqs = append(ereqs, hotkey.Request{Key: req.Key, Policy: p, Cost: *req.Cost})
+		at = append(at, i)
+	}
+	if len(ereqs) > 0 {
+		out := make([]hotkey.Decision, len(ereqs))
+		d.engine.AllowBatch(ctx, ereqs, out)
+		for j, dec := range out {
+			i := at[j]
+			resp, ae := d.answer(ctx, reqs[i], ereqs[j].Policy, dec.Result, dec.Err)
+			if ae != nil {
+				items[i] = BatchItem{Status: ae.Status, Error: ae.Msg}
+				continue
+			}
+			resps[i] = resp
+			items[i] = BatchItem{Status: allowStatus(resp.Allowed), AllowResponse: &resps[i]}
+		}
+	}
+	return BatchResponse{Responses: items}
+}
+
+// policy is req's policy, or the 404 of an unknown one.
+func (d *Daemon) policy(req AllowRequest) (*hotkey.Policy, *apiError) {
 	p, ok := d.policies[req.Policy]
 	if !ok {
-		return AllowResponse{}, nil, hotkey.Result{}, errorf(http.StatusNotFound, "unknown policy %q: this daemon has %s", truncate(req.Policy, maxPolicyName+8), strings.Join(quoteAll(d.policies.Names()), ", "))
+		return nil, unknownPolicy(req.Policy, d.policyList())
 	}
-	cost := *req.Cost
-	res, err := d.engine.AllowN(ctx, req.Key, p, cost)
+	return p, nil
+}
+
+// policyList lists the daemon's policies for unknownPolicy.
+func (d *Daemon) policyList() string {
+	return strings.Join(quoteAll(d.policies.Names()), ", ")
+}
+
+// unknownPolicy is the 404 of a policy not among known.
+func unknownPolicy(name, known string) *apiError {
+	return errorf(http.StatusNotFound, "unknown policy %q: this daemon has %s", truncate(name, maxPolicyName+8), known)
+}
+
+// answer maps the engine's answer to req under p, res and err as AllowN
+// returns them, to the response or an *apiError.
+func (d *Daemon) answer(ctx context.Context, req AllowRequest, p *hotkey.Policy, res hotkey.Result, err error) (AllowResponse, *apiError) {
 	if err != nil {
-		return AllowResponse{}, p, res, d.decisionError(ctx, req, p, err)
+		return AllowResponse{}, d.decisionError(ctx, req, p, err)
 	}
 	if p.Unavailable(res) {
-		return AllowResponse{}, p, res, errorf(http.StatusServiceUnavailable,
+		return AllowResponse{}, errorf(http.StatusServiceUnavailable,
 			"the counter store is unavailable and policy %q fails closed (on_store_failure: closed): only its allowlisted keys pass until the store is back", p.Name)
 	}
-	return response(res), p, res, nil
+	return response(res), nil
+}
+
+// allowStatus is the HTTP status of a decision: 200 allowed, 429 denied.
+func allowStatus(allowed bool) int {
+	if allowed {
+		return http.StatusOK
+	}
+	return http.StatusTooManyRequests
 }
 
 func (d *Daemon) decisionError(ctx context.Context, req AllowRequest, p *hotkey.Policy, err error) *apiError {

@@ -55,7 +55,7 @@ func TestDecodeAllow(t *testing.T) {
 		{`"k"`, 400, "want an object"},
 		{`{"key":"k"}{"key":"j"}`, 400, "data after the object"},
 		{`{"key":"k"} x`, 400, "data after the object"},
-		{strings.Repeat(" ", MaxBody+1), 413, "over the 65536 allowed"},
+		{strings.Repeat(" ", MaxBody+1), 413, "over the 1048576 allowed"},
 		// Each of these would decode to U+FFFD and share its counter.
 		{"{\"key\":\"\xff\"}", 400, "not valid UTF-8"},
 		{"{\"key\":\"\xfe\"}", 400, "not valid UTF-8"},

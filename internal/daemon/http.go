@@ -78,10 +78,16 @@ func (d *Daemon) handleAllow(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
 		return
 	}
-	req, err := DecodeAllow(body)
+	req, batch, err := DecodeAllowBody(body)
 	if err != nil {
 		ae := err.(*apiError)
 		writeError(w, ae.Status, ae.Msg)
+		return
+	}
+	if batch != nil {
+		// 200 with an answer per request, and no rate-limit headers: no
+		// one decision for them to describe.
+		writeJSON(w, http.StatusOK, d.decideBatch(r.Context(), batch))
 		return
 	}
 	resp, p, res, ae := d.decide(r.Context(), req)
@@ -90,11 +96,7 @@ func (d *Daemon) handleAllow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	hotkey.SetHeaders(w.Header(), p, res, time.Now()) // the X-RateLimit-*, RateLimit-Policy, RateLimit and, if denied, Retry-After headers
-	status := http.StatusOK
-	if !res.Allowed {
-		status = http.StatusTooManyRequests
-	}
-	writeJSON(w, status, resp)
+	writeJSON(w, allowStatus(res.Allowed), resp)
 }
 
 // HotKey is one entry of GET /v1/hotkeys: a policy's counter for a key.

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"net/http"
 	"strconv"
 	"sync"
 	"time"
@@ -65,10 +66,10 @@ func (n *natsRequests) stop(ctx context.Context) bool {
 }
 
 // handleNATS answers a request on hotkey.allow: the same JSON as POST
-// /v1/allow, allowed or denied alike; errors carry the HTTP status as
-// Nats-Service-Error-Code, the message as Nats-Service-Error, and
-// {"error": ...} as body, as micro's own errors do. The queue group spreads
-// requests over the daemons.
+// /v1/allow, one request or a batch, allowed or denied alike; errors carry
+// the HTTP status as Nats-Service-Error-Code, the message as
+// Nats-Service-Error, and {"error": ...} as body, as micro's own errors do.
+// The queue group spreads requests over the daemons.
 //
 // The decision runs after the handler has returned, so it must not touch
 // req, which micro reads once the handler returns: it keeps the request's
@@ -81,19 +82,31 @@ func (d *Daemon) handleNATS(req micro.Request) {
 }
 
 func (d *Daemon) answerNATS(data []byte, reply string) {
-	areq, err := DecodeAllow(data)
+	areq, batch, err := DecodeAllowBody(data)
 	if err != nil {
 		d.natsError(reply, err.(*apiError))
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), natsDecisionTimeout)
 	defer cancel()
-	resp, _, _, ae := d.decide(ctx, areq)
-	if ae != nil {
-		d.natsError(reply, ae)
-		return
+	var body []byte
+	if batch != nil {
+		body, _ = json.Marshal(d.decideBatch(ctx, batch))
+		// Long error messages (an unknown policy's lists the policies)
+		// could make the answer too long for the server, and the
+		// requester would time out: say why instead.
+		if limit := d.nc.MaxPayload(); int64(len(body)) > limit {
+			d.natsError(reply, errorf(http.StatusInternalServerError, "the answer to this batch of %d requests (decided) is %d bytes, over the NATS max payload of %d: send smaller batches", len(batch), len(body), limit))
+			return
+		}
+	} else {
+		resp, _, _, ae := d.decide(ctx, areq)
+		if ae != nil {
+			d.natsError(reply, ae)
+			return
+		}
+		body, _ = json.Marshal(resp)
 	}
-	body, _ := json.Marshal(resp)
 	if err := d.nc.Publish(reply, body); err != nil {
 		d.log.Debug("NATS reply failed", "err", err)
 	}
