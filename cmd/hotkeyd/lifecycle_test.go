@@ -100,7 +100,7 @@ func TestSIGTERM(t *testing.T) {
 	}
 }
 
-// TestPortTaken: a taken HTTP or NATS port ends the daemon with a message
+// TestPortTaken: a taken HTTP, NATS or gRPC port ends the daemon with a message
 // naming the flag to change.
 func TestPortTaken(t *testing.T) {
 	t.Parallel()
@@ -114,8 +114,9 @@ func TestPortTaken(t *testing.T) {
 		args []string
 		flag string
 	}{
-		{[]string{"--listen", taken, "--nats-listen", freeAddr(t)}, "change it with --listen (HOTKEYD_LISTEN)"},
-		{[]string{"--listen", freeAddr(t), "--nats-listen", taken}, "change it with --nats-listen (HOTKEYD_NATS_LISTEN)"},
+		{[]string{"--listen", taken, "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t)}, "change it with --listen (HOTKEYD_LISTEN)"},
+		{[]string{"--listen", freeAddr(t), "--nats-listen", taken, "--grpc-listen", freeAddr(t)}, "change it with --nats-listen (HOTKEYD_NATS_LISTEN)"},
+		{[]string{"--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", taken}, "change it with --grpc-listen (HOTKEYD_GRPC_LISTEN)"},
 	}
 	for _, c := range cases {
 		code, out := runBinary(t, c.args...)
@@ -148,7 +149,7 @@ func TestInvalidPoliciesRefused(t *testing.T) {
 	}
 	for _, c := range cases {
 		path := writeFile(t, "policies.yaml", c.file)
-		code, out := runBinary(t, "--policies", path, "--listen", freeAddr(t), "--nats-listen", freeAddr(t))
+		code, out := runBinary(t, "--policies", path, "--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t))
 		if code == 0 {
 			t.Errorf("started on %q", c.file)
 			continue

@@ -80,6 +80,7 @@ type proc struct {
 	t        testing.TB
 	cmd      *exec.Cmd
 	base     string // http://127.0.0.1:PORT
+	grpcAddr string // 127.0.0.1:PORT of the gRPC listener
 	natsURL  string // the embedded server's, or the one joined
 	id       string // instance ID, from the "serving" log line
 	stderr   *testkit.Buffer
@@ -137,8 +138,14 @@ func tryStart(t testing.TB, o daemonOpts) (*proc, error) {
 	} else {
 		args = append(args, "--nats", o.join)
 	}
+	grpcAddr := freeAddr(t)
+	if o.viaEnv {
+		env = append(env, "HOTKEYD_GRPC_LISTEN="+grpcAddr)
+	} else {
+		args = append(args, "--grpc-listen", grpcAddr)
+	}
 	args = append(args, o.args...)
-	d := &proc{t: t, base: "http://" + listen, natsURL: natsURL, stderr: &testkit.Buffer{}, done: make(chan struct{})}
+	d := &proc{t: t, base: "http://" + listen, grpcAddr: grpcAddr, natsURL: natsURL, stderr: &testkit.Buffer{}, done: make(chan struct{})}
 	d.cmd = exec.Command(bin, args...)
 	d.cmd.Env = append(append(os.Environ(), o.env...), env...)
 	d.cmd.Stderr = d.stderr

@@ -18,6 +18,7 @@ import (
 // Defaults of the flags.
 const (
 	DefaultListen       = "127.0.0.1:8080"
+	DefaultGRPCListen   = "127.0.0.1:8081"
 	DefaultNATSListen   = "127.0.0.1:4222"
 	DefaultBreakerProbe = hotkey.DefaultBreakerProbe
 	// DefaultNATSConcurrency is as many decisions in flight as the Redis
@@ -30,7 +31,9 @@ const (
 // Config is what the flags (or their environment variables) say.
 type Config struct {
 	Listen       string
+	GRPCListen   string // Envoy's rate-limit service; empty: off
 	Policies     string
+	EnvoyConfig  string // envoyproxy/ratelimit's YAML: a file or a directory
 	Redis        string
 	RedisCluster []string
 
@@ -69,6 +72,8 @@ type flagDoc struct {
 // flagDocs lists the flags in the order --help shows them.
 var flagDocs = []flagDoc{
 	{"listen", "ADDR", "HTTP API, /metrics and health checks listen on ADDR"},
+	{"grpc-listen", "ADDR", "Envoy's rate-limit service (envoy.service.ratelimit.v3, gRPC health and reflection) listens on ADDR; empty turns it off"},
+	{"envoy-config", "PATH", "envoyproxy/ratelimit's YAML configuration (a file, or a directory of them) for the gRPC rate-limit service; see docs/envoy.md"},
 	{"policies", "FILE", "YAML file of named policies (see docs/api.md); without it, the built-in \"default\": token_bucket 100/s, burst 100, on_store_failure local"},
 	{"redis", "URL", "keep counters in a standalone Redis (redis://[user:password@]host:port[/db], rediss:// for TLS); without --redis or --redis-cluster, counters are in memory"},
 	{"redis-cluster", "ADDR,ADDR,...", "keep counters in a Redis Cluster reached through these seed nodes (host:port)"},
@@ -111,6 +116,8 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.SetOutput(io.Discard)
 	var cluster, level string
 	fs.StringVar(&cfg.Listen, "listen", DefaultListen, "")
+	fs.StringVar(&cfg.GRPCListen, "grpc-listen", DefaultGRPCListen, "")
+	fs.StringVar(&cfg.EnvoyConfig, "envoy-config", "", "")
 	fs.StringVar(&cfg.Policies, "policies", "", "")
 	fs.StringVar(&cfg.Redis, "redis", "", "")
 	fs.StringVar(&cluster, "redis-cluster", "", "")
@@ -197,6 +204,14 @@ func (c *Config) check() error {
 	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
 		return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:8080 or :8080", flagName("listen"), c.Listen)
 	}
+	if c.GRPCListen != "" {
+		if _, _, err := net.SplitHostPort(c.GRPCListen); err != nil {
+			return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:8081, or empty to turn gRPC off", flagName("grpc-listen"), c.GRPCListen)
+		}
+	}
+	if c.EnvoyConfig != "" && c.GRPCListen == "" {
+		return fmt.Errorf("%s is served over gRPC, which an empty %s turns off", flagName("envoy-config"), flagName("grpc-listen"))
+	}
 	if c.Redis != "" && len(c.RedisCluster) > 0 {
 		return fmt.Errorf("%s and %s: give one or the other", flagName("redis"), flagName("redis-cluster"))
 	}
@@ -255,8 +270,8 @@ Usage:
   hotkeyd --help       this text
 
 With no flags: counters in memory, an embedded NATS server on 127.0.0.1:4222,
-HTTP on 127.0.0.1:8080, and the policy "default" (token_bucket, 100/s,
-burst 100, on_store_failure local).
+HTTP on 127.0.0.1:8080, gRPC on 127.0.0.1:8081, and the policy "default"
+(token_bucket, 100/s, burst 100, on_store_failure local).
 
 Each flag can also be set by its environment variable; a flag on the command
 line wins over the environment.
@@ -278,7 +293,8 @@ Flags:
 	}
 	fmt.Fprint(w, `
 API: POST /v1/allow {"policy":"default","key":"user_123","cost":1} -> 200 or 429;
-GET /v1/hotkeys, /metrics, /healthz, /readyz; NATS: request on hotkey.allow.
-See docs/api.md.
+GET /v1/hotkeys, /metrics, /healthz, /readyz; NATS: request on hotkey.allow;
+gRPC: envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit.
+See docs/api.md and docs/envoy.md.
 `)
 }

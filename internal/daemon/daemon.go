@@ -31,11 +31,14 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/redis/go-redis/v9"
 	"github.com/redis/go-redis/v9/maintnotifications"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/health"
 
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/internal/envoyconf"
 	"github.com/hotkeyd/hotkey/internal/loadgencmd"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/redact"
@@ -96,7 +99,7 @@ func Main(version string, args []string, lookup func(string) (string, bool), std
 	case <-ctx.Done():
 		log.Info("shutting down", "signal", "SIGTERM or SIGINT")
 	case err := <-d.Failed():
-		log.Error("HTTP server failed", "err", err)
+		log.Error("server failed", "err", err)
 		code = 1
 	}
 	stop() // a second signal ends the process at once
@@ -143,6 +146,7 @@ type Daemon struct {
 	log      *slog.Logger
 	id       string
 	policies Policies
+	envoy    *envoyconf.Config // nil without --envoy-config
 	readyz   *hotkey.Policy
 
 	ln       net.Listener
@@ -150,6 +154,14 @@ type Daemon struct {
 	conns    connTracker
 	httpDone chan struct{} // closed when HTTP Shutdown has returned
 	failed   chan error
+
+	grpcLn      net.Listener // nil when gRPC is off
+	grpcSrv     *grpc.Server
+	rls         *rls
+	health      *health.Server
+	healthStop  chan struct{}
+	healthDone  chan struct{}
+	descMetrics *descMetrics
 
 	ns       *natsserver.Server // nil when joining an existing NATS
 	natsURL  string
@@ -170,8 +182,10 @@ type Daemon struct {
 
 // StartArgs starts a daemon in this process as the flags args say (the
 // environment is not read), logging nowhere: for the tests, benchmarks and
-// reports that run a daemon beside their clients.
+// reports that run a daemon beside their clients. Unless args set
+// --grpc-listen, gRPC listens on a free loopback port, not the default one.
 func StartArgs(ctx context.Context, args ...string) (*Daemon, error) {
+	args = append([]string{"--grpc-listen", "127.0.0.1:0"}, args...)
 	cfg, err := ParseArgs(args, func(string) (string, bool) { return "", false }, nil)
 	if err != nil {
 		return nil, err
@@ -190,6 +204,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	}()
 	if d.policies, err = loadPolicies(cfg.Policies); err != nil {
 		return nil, err
+	}
+	if cfg.EnvoyConfig != "" {
+		if d.envoy, err = envoyconf.Load(cfg.EnvoyConfig); err != nil {
+			return nil, fmt.Errorf("envoy configuration, set by %s, refused: %w", flagName("envoy-config"), err)
+		}
 	}
 	secret, err := readSecret(cfg.NATSSecretFile, log)
 	if err != nil {
@@ -221,7 +240,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	d.reg.MustRegister(build)
 
 	// Hot keys are counter names, policy|key: room for the longest.
-	maxName := maxPolicyName + 1 + hotkey.DefaultMaxKeyLen
+	maxName := max(maxPolicyName, envoyconf.MaxPolicyName) + 1 + hotkey.DefaultMaxKeyLen
 	if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
@@ -265,9 +284,18 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	}
 	go func() {
 		if err := d.httpSrv.Serve(d.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			d.failed <- err
+			select {
+			case d.failed <- err:
+			default:
+			}
 		}
 	}()
+	if cfg.GRPCListen != "" {
+		d.descMetrics = newDescMetrics(d.reg)
+		if err = d.startGRPC(); err != nil {
+			return nil, err
+		}
+	}
 	store := "memory"
 	switch {
 	case cfg.Redis != "":
@@ -279,8 +307,18 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	if d.ns != nil {
 		nats = "embedded " + d.natsURL
 	}
-	log.Info("serving", "http", d.Addr(), "nats", nats, "store", store, "instance", d.id,
-		"policies", strings.Join(d.policies.Names(), ","), "version", version)
+	grpcAddr, domains := "off", "none"
+	if d.grpcLn != nil {
+		grpcAddr = d.GRPCAddr()
+	}
+	if d.envoy != nil {
+		domains = strings.Join(d.envoy.Domains(), ",")
+	}
+	log.Info("serving", "http", d.Addr(), "grpc", grpcAddr, "nats", nats, "store", store, "instance", d.id,
+		"policies", strings.Join(d.policies.Names(), ","), "envoy_domains", domains, "version", version)
+	if d.grpcLn != nil && d.envoy == nil {
+		log.Info("the gRPC rate-limit service has no rules: every descriptor is answered OK until " + flagName("envoy-config") + " gives some")
+	}
 	return d, nil
 }
 
@@ -521,8 +559,10 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 func (d *Daemon) stop(ctx context.Context) error {
 	var errs []error
 	var wg sync.WaitGroup
+	var grpcErr error
+	wg.Go(func() { grpcErr = d.stopGRPC(ctx) })
 	wg.Add(1)
-	go func() { // HTTP and NATS drain in parallel
+	go func() { // HTTP, gRPC and NATS drain in parallel
 		defer wg.Done()
 		done := make(chan struct{})
 		go func() {
@@ -570,6 +610,9 @@ func (d *Daemon) stop(ctx context.Context) error {
 		natsErr = errors.Join(natsErr, errors.New("NATS drain: timed out"))
 	}
 	wg.Wait()
+	if grpcErr != nil {
+		errs = append(errs, grpcErr)
+	}
 	if natsErr != nil {
 		errs = append(errs, natsErr)
 	}
@@ -603,6 +646,13 @@ func (d *Daemon) abort() {
 	}
 	if d.ln != nil {
 		d.ln.Close()
+	}
+	if d.grpcSrv != nil {
+		close(d.healthStop)
+		<-d.healthDone
+		d.grpcSrv.Stop()
+	} else if d.grpcLn != nil {
+		d.grpcLn.Close()
 	}
 	if d.nc != nil {
 		d.nc.Close()

@@ -1,0 +1,417 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/redis/go-redis/v9"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/hotkeyd/hotkey/internal/testkit"
+)
+
+// gatewayConfig is an envoyproxy/ratelimit configuration with one rule of
+// each kind the gRPC tests drive. Limits are per hour or day, so that
+// nothing refills within a test.
+const gatewayConfig = `domain: gateway
+descriptors:
+  # One counter per tenant: a hot tenant is split like any hot key. 600
+  # an hour gives 16 subcounters at most (10 per subcounter at least).
+  - key: tenant
+    rate_limit:
+      unit: hour
+      requests_per_unit: 600
+  # Nested: per user on one route.
+  - key: route
+    value: /login
+    descriptors:
+      - key: user
+        rate_limit:
+          unit: hour
+          requests_per_unit: 5
+  - key: route
+    value: /search
+    descriptors:
+      - key: user
+        shadow_mode: true
+        rate_limit:
+          unit: hour
+          requests_per_unit: 3
+  - key: internal
+    rate_limit:
+      unlimited: true
+  - key: bulk
+    rate_limit:
+      unit: day
+      requests_per_unit: 10
+      algorithm: token_bucket
+`
+
+// rlsConn dials d's gRPC listener; the connection closes at cleanup.
+func rlsConn(t *testing.T, d *proc) *grpc.ClientConn {
+	t.Helper()
+	conn, err := grpc.NewClient(d.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
+}
+
+// desc builds a descriptor from key, value pairs.
+func desc(kv ...string) *ratelimit.RateLimitDescriptor {
+	d := &ratelimit.RateLimitDescriptor{}
+	for i := 0; i+1 < len(kv); i += 2 {
+		d.Entries = append(d.Entries, &ratelimit.RateLimitDescriptor_Entry{Key: kv[i], Value: kv[i+1]})
+	}
+	return d
+}
+
+// should asks ShouldRateLimit of domain for descs with hits (0: unset).
+func should(t *testing.T, c rlpb.RateLimitServiceClient, domain string, hits uint32, descs ...*ratelimit.RateLimitDescriptor) *rlpb.RateLimitResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	resp, err := c.ShouldRateLimit(ctx, &rlpb.RateLimitRequest{Domain: domain, Descriptors: descs, HitsAddend: hits})
+	if err != nil {
+		t.Fatalf("ShouldRateLimit %s %v: %v", domain, descs, err)
+	}
+	if len(resp.Statuses) != len(descs) {
+		t.Fatalf("%d statuses for %d descriptors", len(resp.Statuses), len(descs))
+	}
+	return resp
+}
+
+const (
+	ok   = rlpb.RateLimitResponse_OK
+	over = rlpb.RateLimitResponse_OVER_LIMIT
+)
+
+func headers(resp *rlpb.RateLimitResponse) map[string]string {
+	h := map[string]string{}
+	for _, hv := range resp.ResponseHeadersToAdd {
+		h[hv.Key] = hv.Value
+	}
+	return h
+}
+
+// TestGRPCShouldRateLimit drives envoy.service.ratelimit.v3's
+// ShouldRateLimit through go-control-plane's generated client over a real
+// connection to the daemon, on the memory store and on Redis: nested
+// descriptors, shadow mode, unlimited, hits_addend, several descriptors in
+// one request, the headers, the health and reflection services, and a hot
+// descriptor value split to 16 subcounters while its total stays within
+// the limit.
+func TestGRPCShouldRateLimit(t *testing.T) {
+	t.Parallel()
+	cfg := writeFile(t, "gateway.yaml", gatewayConfig)
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			t.Parallel()
+			args := []string{"--envoy-config", cfg, "--hot-threshold", "50"}
+			var rc *redis.Client
+			if store == "redis" {
+				srv := startRedis(t)
+				args = append(args, "--redis", "redis://"+srv.Addr)
+				rc = redis.NewClient(&redis.Options{Addr: srv.Addr})
+				t.Cleanup(func() { rc.Close() })
+			}
+			d := startDaemon(t, daemonOpts{args: args})
+			conn := rlsConn(t, d)
+			c := rlsClient(conn)
+
+			t.Run("nested", func(t *testing.T) {
+				for i := range 5 {
+					resp := should(t, c, "gateway", 0, desc("route", "/login", "user", "bob"))
+					st := resp.Statuses[0]
+					if resp.OverallCode != ok || st.Code != ok || st.CurrentLimit.GetRequestsPerUnit() != 5 ||
+						st.CurrentLimit.GetUnit() != rlpb.RateLimitResponse_RateLimit_HOUR || st.LimitRemaining != uint32(4-i) ||
+						st.DurationUntilReset.AsDuration() <= 0 || st.DurationUntilReset.AsDuration() > 2*time.Hour {
+						t.Fatalf("request %d: %v", i, resp)
+					}
+				}
+				if resp := should(t, c, "gateway", 0, desc("route", "/login", "user", "bob")); resp.OverallCode != over || resp.Statuses[0].Code != over {
+					t.Fatalf("6th request: %v", resp)
+				}
+				// Another user has his own counter; the route alone, at
+				// another depth, matches no rule.
+				if resp := should(t, c, "gateway", 0, desc("route", "/login", "user", "eve"), desc("route", "/login")); resp.OverallCode != ok ||
+					resp.Statuses[0].LimitRemaining != 4 || resp.Statuses[1].CurrentLimit != nil {
+					t.Fatalf("other user, and the route alone: %v", resp)
+				}
+			})
+
+			t.Run("shadow", func(t *testing.T) {
+				for i := range 6 {
+					resp := should(t, c, "gateway", 0, desc("route", "/search", "user", "bob"))
+					if resp.OverallCode != ok || resp.Statuses[0].Code != ok {
+						t.Fatalf("shadow-mode request %d: %v", i, resp)
+					}
+				}
+				scrape := string(do(t, "GET", d.base+"/metrics", "").body)
+				labels := `{descriptor="gateway.route_/search.user",domain="gateway"}`
+				if h, o, s := metric(scrape, "hotkey_descriptor_hits_total"+labels), metric(scrape, "hotkey_descriptor_over_limit_total"+labels),
+					metric(scrape, "hotkey_descriptor_shadow_mode_total"+labels); h != 6 || o != 3 || s != 3 {
+					t.Errorf("shadow-mode metrics: hits %v, over %v, shadow %v; want 6, 3, 3", h, o, s)
+				}
+			})
+
+			t.Run("unlimited", func(t *testing.T) {
+				for range 3 {
+					resp := should(t, c, "gateway", 1000, desc("internal", "x"))
+					if resp.OverallCode != ok || resp.Statuses[0].LimitRemaining != math.MaxUint32 {
+						t.Fatalf("unlimited: %v", resp)
+					}
+				}
+				// Unknown domains and descriptors have no limit.
+				if resp := should(t, c, "nowhere", 0, desc("tenant", "a")); resp.OverallCode != ok || resp.Statuses[0].CurrentLimit != nil {
+					t.Fatalf("unknown domain: %v", resp)
+				}
+			})
+
+			t.Run("hits_addend", func(t *testing.T) {
+				steps := []struct {
+					reqHits  uint32
+					descHits *wrapperspb.UInt64Value
+					code     rlpb.RateLimitResponse_Code
+					left     uint32
+				}{
+					{4, nil, ok, 6},
+					{4, wrapperspb.UInt64(7), over, 6}, // 6 left: 7 does not fit
+					{0, wrapperspb.UInt64(6), ok, 0},
+					{1, nil, over, 0},
+				}
+				for i, s := range steps {
+					dd := desc("bulk", "b")
+					dd.HitsAddend = s.descHits
+					resp := should(t, c, "gateway", s.reqHits, dd)
+					if st := resp.Statuses[0]; st.Code != s.code || st.LimitRemaining != s.left {
+						t.Fatalf("step %d: %v, want %v with %d left", i, resp, s.code, s.left)
+					}
+				}
+				// A cost over the limit is over whatever the counter holds.
+				if resp := should(t, c, "gateway", 11, desc("bulk", "fresh")); resp.Statuses[0].Code != over {
+					t.Fatalf("11 hits on a limit of 10: %v", resp)
+				}
+				if resp := should(t, c, "gateway", 10, desc("bulk", "fresh")); resp.Statuses[0].Code != ok {
+					t.Fatalf("10 hits on a fresh counter of 10: %v", resp)
+				}
+			})
+
+			t.Run("descriptors and headers", func(t *testing.T) {
+				// One over its limit makes the request over; the headers
+				// describe it.
+				resp := should(t, c, "gateway", 0, desc("internal", "y"), desc("route", "/login", "user", "bob"), desc("tenant", "quiet"))
+				if resp.OverallCode != over || resp.Statuses[0].Code != ok || resp.Statuses[1].Code != over || resp.Statuses[2].Code != ok {
+					t.Fatalf("mixed request: %v", resp)
+				}
+				h := headers(resp)
+				if h["x-ratelimit-limit"] != "5" || h["x-ratelimit-remaining"] != "0" || h["retry-after"] == "" || h["x-ratelimit-reset"] == "" ||
+					h["ratelimit-policy"] != `"envoy/gateway.route_/login.user";q=5;w=3600` || !strings.HasPrefix(h["ratelimit"], `"envoy/gateway.route_/login.user";r=0;t=`) {
+					t.Errorf("headers of the over-limit descriptor: %v", h)
+				}
+				// When all pass, the one closest to its limit.
+				resp = should(t, c, "gateway", 0, desc("tenant", "quiet"), desc("route", "/login", "user", "zed"))
+				h = headers(resp)
+				if resp.OverallCode != ok || h["x-ratelimit-limit"] != "5" || h["x-ratelimit-remaining"] != "4" || h["retry-after"] != "" {
+					t.Errorf("headers when all pass: %v %v", resp.OverallCode, h)
+				}
+			})
+
+			t.Run("errors", func(t *testing.T) {
+				ctx := context.Background()
+				for _, req := range []*rlpb.RateLimitRequest{
+					{Descriptors: []*ratelimit.RateLimitDescriptor{desc("tenant", "a")}},
+					{Domain: "gateway"},
+				} {
+					if _, err := c.ShouldRateLimit(ctx, req); status.Code(err) != codes.InvalidArgument {
+						t.Errorf("%v: %v, want InvalidArgument", req, err)
+					}
+				}
+			})
+
+			t.Run("health and reflection", func(t *testing.T) {
+				hc := healthpb.NewHealthClient(conn)
+				for _, svc := range []string{"", "envoy.service.ratelimit.v3.RateLimitService"} {
+					testkit.For(t, time.Minute, "health SERVING", func() bool {
+						r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
+						return err == nil && r.Status == healthpb.HealthCheckResponse_SERVING
+					})
+				}
+				stream, err := reflectionpb.NewServerReflectionClient(conn).ServerReflectionInfo(context.Background())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer stream.CloseSend()
+				if err := stream.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+					t.Fatal(err)
+				}
+				r, err := stream.Recv()
+				if err != nil {
+					t.Fatal(err)
+				}
+				var names []string
+				for _, s := range r.GetListServicesResponse().GetService() {
+					names = append(names, s.Name)
+				}
+				if !slices.Contains(names, "envoy.service.ratelimit.v3.RateLimitService") || !slices.Contains(names, "grpc.health.v1.Health") {
+					t.Errorf("reflection lists %v", names)
+				}
+			})
+
+			t.Run("hot value split", func(t *testing.T) {
+				// 1,800 requests for tenant acme (3x its 600 an hour) from
+				// 16 clients, beside cold tenants: acme is split, and
+				// admits 600 (±2%), as the unsplit counter would.
+				const clients = 16
+				var admitted, cold, colds atomic.Int64
+				var wg sync.WaitGroup
+				start := time.Now()
+				for w := range clients {
+					wg.Go(func() {
+						for i := range 1800 / clients {
+							ds := []*ratelimit.RateLimitDescriptor{desc("tenant", "acme")}
+							if i%10 == 0 {
+								ds = append(ds, desc("tenant", "cold-"+strconv.Itoa(w)))
+								colds.Add(1)
+							}
+							resp, err := c.ShouldRateLimit(context.Background(), &rlpb.RateLimitRequest{Domain: "gateway", Descriptors: ds})
+							if err != nil {
+								t.Error(err)
+								return
+							}
+							if resp.Statuses[0].Code == ok {
+								admitted.Add(1)
+							}
+							if len(ds) == 2 && resp.Statuses[1].Code == ok {
+								cold.Add(1)
+							}
+						}
+					})
+				}
+				wg.Wait()
+				// The README's guarantees bound a split key: its limit, plus
+				// a sliding window's share of the elapsed time, plus per
+				// move of its usage (1 to 4, 4 to 16 counters) a unit per
+				// new subcounter and a unit per take in flight (one per
+				// client).
+				elapsed := time.Since(start)
+				bound := 600 + int64(math.Ceil(600*elapsed.Seconds()/3600)) + 4 + 16 + 2*clients
+				got := admitted.Load()
+				t.Logf("acme admitted %d of 1800 in %v (%.2f%% of its limit; bound %d); cold tenants %d of %d", got, elapsed.Round(time.Millisecond), 100*float64(got)/600, bound, cold.Load(), colds.Load())
+				if got > bound || got < 588 {
+					t.Errorf("acme admitted %d: want 600 ±2%%, at most %d", got, bound)
+				}
+				if cold.Load() != colds.Load() {
+					t.Errorf("cold tenants admitted %d of %d", cold.Load(), colds.Load())
+				}
+				level := 0
+				for _, h := range d.hotKeys(t).HotKeys {
+					if h.Policy == "envoy/gateway.tenant" && h.Key == "acme" {
+						level = h.Level
+					}
+				}
+				if level < 16 {
+					t.Errorf("acme at level %d in /v1/hotkeys, want 16 or more", level)
+				}
+				if rc != nil {
+					// Its usage is on its 16 subcounters (600/64 is under
+					// the 10 a subcounter gets at least).
+					for n, want := range map[int]int{16: 16, 64: 0} {
+						keys, err := rc.Keys(context.Background(), fmt.Sprintf("hk:envoy/gateway.tenant|acme|%d|*", n)).Result()
+						if err != nil {
+							t.Fatal(err)
+						}
+						if len(keys) != want {
+							t.Errorf("%d subcounters at level %d in Redis, want %d: %v", len(keys), n, want, keys)
+						}
+					}
+				}
+			})
+		})
+	}
+}
+
+// TestGRPCEnvoyExample loads envoyproxy/ratelimit's example configuration,
+// copied as it is, and checks that the daemon behaves as that project's
+// README says for its full test environment.
+func TestGRPCEnvoyExample(t *testing.T) {
+	t.Parallel()
+	d := startDaemon(t, daemonOpts{args: []string{"--envoy-config", "../../internal/envoyconf/testdata/ratelimit-example"}})
+	c := rlsClient(rlsConn(t, d))
+	codes := func(n int, hits uint32, descs ...*ratelimit.RateLimitDescriptor) []rlpb.RateLimitResponse_Code {
+		var out []rlpb.RateLimitResponse_Code
+		for range n {
+			out = append(out, should(t, c, "rl", hits, descs...).OverallCode)
+		}
+		return out
+	}
+	seq := func(oks, overs int) []rlpb.RateLimitResponse_Code {
+		return append(slices.Repeat([]rlpb.RateLimitResponse_Code{ok}, oks), slices.Repeat([]rlpb.RateLimitResponse_Code{over}, overs)...)
+	}
+	for _, tt := range []struct {
+		name  string
+		descs []*ratelimit.RateLimitDescriptor
+		n     int
+		want  []rlpb.RateLimitResponse_Code
+		unit  time.Duration // the limit's: a slower run proves nothing
+	}{
+		// curl localhost:8888/test: source_cluster and destination_cluster, 1 a minute.
+		{"/test", []*ratelimit.RateLimitDescriptor{desc("source_cluster", "proxy", "destination_cluster", "mock")}, 3, seq(1, 2), time.Minute},
+		// curl localhost:8888/header -H "foo: foo": 2 a minute.
+		{"/header", []*ratelimit.RateLimitDescriptor{desc("foo", "foo")}, 3, seq(2, 1), time.Minute},
+		// -H "foo: foo" -H "bar: bar": 3 a minute.
+		{"/twoheader bar", []*ratelimit.RateLimitDescriptor{desc("foo", "foo", "bar", "bar")}, 4, seq(3, 1), time.Minute},
+		// -H "foo: foo" -H "baz: baz": 1 a second, "will be rate limited".
+		{"/twoheader baz", []*ratelimit.RateLimitDescriptor{desc("foo", "foo", "baz", "baz")}, 2, seq(1, 1), time.Second},
+		// -H "bar: banned": 0 a minute, banned.
+		{"/twoheader banned", []*ratelimit.RateLimitDescriptor{desc("foo", "foo", "bar", "banned")}, 2, seq(0, 2), 0},
+		// -H "baz: shady": shadow mode, never limited.
+		{"/twoheader shady", []*ratelimit.RateLimitDescriptor{desc("foo", "foo", "baz", "shady")}, 5, seq(5, 0), 0},
+		// -H "baz: not-so-shady": 3 a minute.
+		{"/twoheader not-so-shady", []*ratelimit.RateLimitDescriptor{desc("foo", "foo", "baz", "not-so-shady")}, 4, seq(3, 1), time.Minute},
+		// bay under foo, and qux, are unlimited.
+		{"unlimited", []*ratelimit.RateLimitDescriptor{desc("foo", "foo", "bay", "x"), desc("qux", "y")}, 5, seq(5, 0), 0},
+		// category=account (4 a minute) replaces bkthomps (1 a minute):
+		// together, only the 4 a minute applies.
+		{"replaces", []*ratelimit.RateLimitDescriptor{desc("category", "account"), desc("foo", "foo", "bar", "bkthomps")}, 5, seq(4, 1), time.Minute},
+		// bkthomps alone, not replaced: its own 1 a minute, which the
+		// requests above left untouched.
+		{"bkthomps", []*ratelimit.RateLimitDescriptor{desc("foo", "foo", "bar", "bkthomps")}, 2, seq(1, 1), time.Minute},
+	} {
+		start := time.Now()
+		got := codes(tt.n, 0, tt.descs...)
+		if tt.unit > 0 && time.Since(start) >= tt.unit {
+			t.Logf("%s: %v in %v, a whole unit of its limit: not checked", tt.name, got, time.Since(start))
+			continue
+		}
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("%s: %v, want %v", tt.name, got, tt.want)
+		}
+	}
+	// The second file's domain: 500 a second per database value.
+	resp, err := c.ShouldRateLimit(context.Background(), &rlpb.RateLimitRequest{Domain: "mongo_cps", Descriptors: []*ratelimit.RateLimitDescriptor{desc("database", "users")}, HitsAddend: 500})
+	if err != nil || resp.OverallCode != ok || resp.Statuses[0].CurrentLimit.GetRequestsPerUnit() != 500 {
+		t.Errorf("mongo_cps: %v %v", resp, err)
+	}
+}
+
+func rlsClient(conn *grpc.ClientConn) rlpb.RateLimitServiceClient {
+	return rlpb.NewRateLimitServiceClient(conn)
+}

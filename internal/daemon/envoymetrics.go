@@ -1,0 +1,98 @@
+package daemon
+
+import (
+	"sync"
+	"sync/atomic"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/internal/envoyconf"
+)
+
+// nearLimitRatio is the share of a limit past which admitted hits count
+// as near the limit, as envoyproxy/ratelimit's default NEAR_LIMIT_RATIO.
+const nearLimitRatio = 0.8
+
+// maxDetailedLabels bounds the descriptor labels that detailed_metric and
+// value_to_metric add beyond the rules' own paths: past it, a descriptor
+// is counted under its rule's path.
+const maxDetailedLabels = 10000
+
+// descMetrics counts hits per Envoy descriptor, as envoyproxy/ratelimit's
+// per-descriptor stats: total_hits, over_limit, near_limit, within_limit
+// and shadow_mode, under hotkey_descriptor_* names, with labels domain and
+// descriptor (the rule's path, or with detailed_metric the descriptor's
+// own, up to maxDetailedLabels of them).
+type descMetrics struct {
+	hits, over, near, within, shadow *prometheus.CounterVec
+
+	mu       sync.Mutex
+	detailed map[string]bool // labels beyond the rules' paths
+	full     atomic.Bool     // detailed holds maxDetailedLabels
+}
+
+func newDescMetrics(reg prometheus.Registerer) *descMetrics {
+	vec := func(name, help string) *prometheus.CounterVec {
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hotkey_descriptor_" + name, Help: help}, []string{"domain", "descriptor"})
+		reg.MustRegister(v)
+		return v
+	}
+	return &descMetrics{
+		hits:     vec("hits_total", "Hits (hits_addend) asked of Envoy rate-limit descriptors, by domain and descriptor (the rule's path; the descriptor's own with detailed_metric)."),
+		over:     vec("over_limit_total", "Hits of Envoy rate-limit descriptors over their limit (counted in shadow mode too)."),
+		near:     vec("near_limit_total", "Admitted hits of Envoy rate-limit descriptors past 80% of their limit."),
+		within:   vec("within_limit_total", "Admitted hits of Envoy rate-limit descriptors."),
+		shadow:   vec("shadow_mode_total", "Hits over the limit that shadow_mode answered OK."),
+		detailed: make(map[string]bool),
+	}
+}
+
+// label returns the descriptor label of m, bounded.
+func (dm *descMetrics) label(m envoyconf.Match) string {
+	if m.Metric == m.Rule.Path || m.Metric == "" {
+		return m.Rule.Path
+	}
+	if dm.full.Load() {
+		dm.mu.Lock()
+		known := dm.detailed[m.Metric]
+		dm.mu.Unlock()
+		if !known {
+			return m.Rule.Path
+		}
+		return m.Metric
+	}
+	dm.mu.Lock()
+	defer dm.mu.Unlock()
+	if !dm.detailed[m.Metric] {
+		if len(dm.detailed) >= maxDetailedLabels {
+			dm.full.Store(true)
+			return m.Rule.Path
+		}
+		dm.detailed[m.Metric] = true
+	}
+	return m.Metric
+}
+
+// count counts a decision of hits on m's rule: res, over its limit or not.
+func (dm *descMetrics) count(m envoyconf.Match, hits int64, res hotkey.Result, over bool) {
+	if dm == nil {
+		return
+	}
+	labels := []string{m.Rule.Domain, dm.label(m)}
+	h := float64(hits)
+	dm.hits.WithLabelValues(labels...).Add(h)
+	if over {
+		dm.over.WithLabelValues(labels...).Add(h)
+		if m.Rule.ShadowMode {
+			dm.shadow.WithLabelValues(labels...).Add(h)
+		}
+		return
+	}
+	dm.within.WithLabelValues(labels...).Add(h)
+	limit := int64(m.Rule.RequestsPerUnit)
+	threshold := int64(float64(limit) * nearLimitRatio)
+	if used := limit - max(0, res.Remaining); used > threshold {
+		dm.near.WithLabelValues(labels...).Add(float64(min(hits, used-threshold)))
+	}
+}

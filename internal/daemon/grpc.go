@@ -1,0 +1,352 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/reflection"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
+
+	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/envoyconf"
+)
+
+// MaxDescriptors bounds the descriptors of one ShouldRateLimit request, as
+// MaxBatch bounds a batch.
+const MaxDescriptors = MaxBatch
+
+// healthInterval is how often the gRPC health service re-reads readiness.
+const healthInterval = time.Second
+
+// rlsService is the gRPC service name of Envoy's rate-limit protocol, under
+// which the health service reports too.
+const rlsService = "envoy.service.ratelimit.v3.RateLimitService"
+
+// rls serves envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
+// from the rules of --envoy-config.
+type rls struct {
+	rlpb.UnimplementedRateLimitServiceServer
+	d *Daemon
+
+	// overrides holds the policies of descriptors that carry their own
+	// limit (RateLimitDescriptor.limit), by domain, entry keys and limit.
+	overrides sync.Map // string → *envoyconf.Rule
+	overMu    sync.Mutex
+	nOverride int // entries in overrides, under overMu
+}
+
+// maxOverrides bounds the policies kept for descriptors' own limits; past
+// it, such a policy is built per request.
+const maxOverrides = 10000
+
+// startGRPC listens on --grpc-listen and serves the rate-limit service, the
+// health service and reflection. It does nothing when the flag is empty.
+func (d *Daemon) startGRPC() error {
+	if d.cfg.GRPCListen == "" {
+		return nil
+	}
+	ln, err := net.Listen("tcp", d.cfg.GRPCListen)
+	if err != nil {
+		return listenError("gRPC", d.cfg.GRPCListen, "grpc-listen", err)
+	}
+	d.grpcLn = ln
+	d.grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxBody))
+	d.rls = &rls{d: d}
+	rlpb.RegisterRateLimitServiceServer(d.grpcSrv, d.rls)
+	d.health = health.NewServer()
+	healthpb.RegisterHealthServer(d.grpcSrv, d.health)
+	reflection.Register(d.grpcSrv)
+	d.healthStop = make(chan struct{})
+	d.healthDone = make(chan struct{})
+	go d.followReadiness()
+	go func() {
+		if err := d.grpcSrv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+			select {
+			case d.failed <- fmt.Errorf("gRPC: %w", err):
+			default:
+			}
+		}
+	}()
+	return nil
+}
+
+// followReadiness sets the gRPC health status, for the whole server and
+// for the rate-limit service, from what /readyz reports, until Shutdown.
+func (d *Daemon) followReadiness() {
+	defer close(d.healthDone)
+	t := time.NewTicker(healthInterval)
+	defer t.Stop()
+	for {
+		st := healthpb.HealthCheckResponse_SERVING
+		ctx, cancel := context.WithTimeout(context.Background(), healthInterval)
+		if reasons := d.notReady(ctx); len(reasons) > 0 {
+			st = healthpb.HealthCheckResponse_NOT_SERVING
+		}
+		cancel()
+		d.health.SetServingStatus("", st)
+		d.health.SetServingStatus(rlsService, st)
+		select {
+		case <-d.healthStop:
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// stopGRPC stops the gRPC server: gracefully until ctx is done, then at
+// once.
+func (d *Daemon) stopGRPC(ctx context.Context) error {
+	if d.grpcSrv == nil {
+		return nil
+	}
+	close(d.healthStop)
+	<-d.healthDone
+	d.health.Shutdown() // NOT_SERVING, so that clients move away first
+	done := make(chan struct{})
+	go func() { d.grpcSrv.GracefulStop(); close(done) }()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		d.grpcSrv.Stop()
+		<-done
+		return errors.New("gRPC: requests in flight not done within the shutdown timeout")
+	}
+}
+
+// GRPCAddr returns the gRPC listen address, or "" when gRPC is off.
+func (d *Daemon) GRPCAddr() string {
+	if d.grpcLn == nil {
+		return ""
+	}
+	return d.grpcLn.Addr().String()
+}
+
+// rlsItem is what one descriptor of a request comes to.
+type rlsItem struct {
+	m      envoyconf.Match // m.Rule nil: no rule applies
+	hits   int64
+	decide int // index in the batch, -1 if no decision is asked
+}
+
+// ShouldRateLimit decides each descriptor of req under the rule it
+// matches, as envoyproxy/ratelimit does (see docs/envoy.md): the
+// descriptors with a limit go to the engine as one batch; the overall code
+// is OVER_LIMIT if any descriptor is, shadow-mode and quota-mode ones
+// aside.
+func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (*rlpb.RateLimitResponse, error) {
+	if req.GetDomain() == "" {
+		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	}
+	descs := req.GetDescriptors()
+	switch {
+	case len(descs) == 0:
+		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+	case len(descs) > MaxDescriptors:
+		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors, over the %d allowed in one request", len(descs), MaxDescriptors)
+	}
+	cfg := s.d.envoy
+	items := make([]rlsItem, len(descs))
+	rules := make([]*envoyconf.Rule, len(descs))
+	entries := make([]envoyconf.Entry, 0, 8)
+	for i, desc := range descs {
+		it := &items[i]
+		it.decide = -1
+		entries = entries[:0]
+		for _, e := range desc.GetEntries() {
+			entries = append(entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		if ov := desc.GetLimit(); ov != nil {
+			if envoyconf.Unit(ov.GetUnit()).Duration() == 0 {
+				return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d].limit: unit %v: want SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR", i, ov.GetUnit())
+			}
+			it.m = s.override(req.GetDomain(), entries, ov.GetRequestsPerUnit(), envoyconf.Unit(ov.GetUnit()))
+		} else if cfg != nil {
+			it.m, _ = cfg.Match(req.GetDomain(), entries)
+		}
+		rules[i] = it.m.Rule
+		it.hits = max(1, int64(req.GetHitsAddend()))
+		if h := desc.GetHitsAddend(); h != nil {
+			it.hits = int64(min(h.GetValue(), math.MaxInt64))
+		}
+		if desc.GetIsNegativeHits() {
+			it.hits = 0 // a refund: not supported, nothing is charged
+		}
+	}
+	replaced := envoyconf.Replaced(rules)
+	var reqs []hotkey.Request
+	for i := range items {
+		it := &items[i]
+		if replaced[i] {
+			it.m.Rule = nil
+		}
+		r := it.m.Rule
+		if r == nil || r.Policy == nil || it.hits == 0 {
+			continue
+		}
+		if it.hits > r.Policy.Limit.Capacity() {
+			continue // over the limit whatever the counter holds
+		}
+		it.decide = len(reqs)
+		reqs = append(reqs, hotkey.Request{Key: it.m.Key, Policy: r.Policy, Cost: it.hits})
+	}
+	out := make([]hotkey.Decision, len(reqs))
+	if len(reqs) > 0 {
+		s.d.engine.AllowBatch(ctx, reqs, out)
+	}
+
+	resp := &rlpb.RateLimitResponse{OverallCode: rlpb.RateLimitResponse_OK, Statuses: make([]*rlpb.RateLimitResponse_DescriptorStatus, len(items))}
+	// The headers describe the descriptor closest to its limit: the first
+	// over it, else the one with the least remaining.
+	var head *hotkey.Policy
+	var headRes hotkey.Result
+	now := time.Now()
+	for i := range items {
+		it := &items[i]
+		st, res, decided, err := s.status(it, out)
+		if err != nil {
+			return nil, err
+		}
+		resp.Statuses[i] = st
+		if !decided {
+			continue
+		}
+		r := it.m.Rule
+		over := st.Code == rlpb.RateLimitResponse_OVER_LIMIT
+		s.d.descMetrics.count(it.m, it.hits, res, over)
+		if over && (r.ShadowMode || r.QuotaMode) {
+			st.Code = rlpb.RateLimitResponse_OK
+			over = false
+		}
+		if over && resp.OverallCode != rlpb.RateLimitResponse_OVER_LIMIT {
+			resp.OverallCode = rlpb.RateLimitResponse_OVER_LIMIT
+			head, headRes = ruleHeaderPolicy(r), res
+		} else if resp.OverallCode == rlpb.RateLimitResponse_OK && (head == nil || res.Remaining < headRes.Remaining) {
+			head, headRes = ruleHeaderPolicy(r), res
+		}
+	}
+	if head != nil {
+		h := make(http.Header, 6)
+		hotkey.SetHeaders(h, head, headRes, now)
+		for k, vs := range h { // lower case, as HTTP/2 and Envoy write header names
+			for _, v := range vs {
+				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &core.HeaderValue{Key: strings.ToLower(k), Value: v})
+			}
+		}
+		sortHeaders(resp.ResponseHeadersToAdd)
+	}
+	return resp, nil
+}
+
+// status is the descriptor status of it, given the batch's decisions out,
+// and if a decision was made (one charged, or refused whatever the counter
+// holds), that decision: the headers and metrics describe it.
+func (s *rls) status(it *rlsItem, out []hotkey.Decision) (_ *rlpb.RateLimitResponse_DescriptorStatus, _ hotkey.Result, decided bool, _ error) {
+	r := it.m.Rule
+	switch {
+	case r == nil:
+		return &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK}, hotkey.Result{}, false, nil
+	case r.Unlimited:
+		return &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}, hotkey.Result{}, false, nil
+	}
+	limit := &rlpb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: rlpb.RateLimitResponse_RateLimit_Unit(r.Unit)}
+	if it.hits == 0 {
+		// Nothing to charge (hits_addend 0, or a refund): the engine has
+		// no check without a charge, so the status says only the limit.
+		return &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK, CurrentLimit: limit}, hotkey.Result{}, false, nil
+	}
+	period := r.Unit.Duration()
+	var res hotkey.Result
+	if it.decide >= 0 {
+		d := out[it.decide]
+		if d.Err != nil {
+			return nil, res, false, decisionStatus(d.Err)
+		}
+		res = d.Result
+	} else { // requests_per_unit 0, or hits over the limit: over whatever the counter holds
+		res = hotkey.Result{Limit: int64(r.RequestsPerUnit), RetryAfter: period, ResetAfter: period}
+	}
+	code := rlpb.RateLimitResponse_OK
+	if !res.Allowed {
+		code = rlpb.RateLimitResponse_OVER_LIMIT
+	}
+	return &rlpb.RateLimitResponse_DescriptorStatus{
+		Code:               code,
+		CurrentLimit:       limit,
+		LimitRemaining:     uint32(min(max(0, res.Remaining), math.MaxUint32)),
+		DurationUntilReset: durationpb.New(res.ResetAfter),
+	}, res, true, nil
+}
+
+// decisionStatus is the gRPC error for a decision the engine could not
+// make (bad input is refused before it reaches the engine).
+func decisionStatus(err error) error {
+	switch {
+	case errors.Is(err, context.Canceled):
+		return status.Error(codes.Canceled, err.Error())
+	case errors.Is(err, context.DeadlineExceeded):
+		return status.Error(codes.DeadlineExceeded, err.Error())
+	case errors.Is(err, hotkey.ErrClosed):
+		return status.Error(codes.Unavailable, "the daemon is shutting down: retry on another instance")
+	case errors.Is(err, hotkey.ErrEmptyKey), errors.Is(err, hotkey.ErrKeyTooLong):
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	return status.Error(codes.Unavailable, "no decision: "+err.Error())
+}
+
+// ruleHeaderPolicy is the policy the RateLimit headers name for r.
+func ruleHeaderPolicy(r *envoyconf.Rule) *hotkey.Policy {
+	if r.Policy != nil {
+		return r.Policy
+	}
+	return &hotkey.Policy{Name: envoyconf.PolicyName(r.Path), Limit: counter.Limit{Rate: max(1, int64(r.RequestsPerUnit)), Period: r.Unit.Duration()}}
+}
+
+// override returns the match of a descriptor that carries its own limit:
+// a rule of that limit on the descriptor's keys, in domain. Its counters
+// are those of the keys and values, apart from the configured rules'.
+func (s *rls) override(domain string, entries []envoyconf.Entry, rpu uint32, unit envoyconf.Unit) envoyconf.Match {
+	var path strings.Builder
+	path.WriteString(domain)
+	for _, e := range entries {
+		path.WriteByte('.')
+		path.WriteString(e.Key)
+	}
+	id := fmt.Sprintf("%s\x00%d\x00%d", path.String(), rpu, unit)
+	var rule *envoyconf.Rule
+	if v, ok := s.overrides.Load(id); ok {
+		rule = v.(*envoyconf.Rule)
+	} else {
+		rule = envoyconf.OverrideRule(domain, path.String(), rpu, unit)
+		s.overMu.Lock()
+		if s.nOverride < maxOverrides {
+			if _, loaded := s.overrides.LoadOrStore(id, rule); !loaded {
+				s.nOverride++
+			}
+		}
+		s.overMu.Unlock()
+	}
+	return envoyconf.Match{Rule: rule, Key: envoyconf.CounterKey(entries), Metric: rule.Path}
+}
+
+// sortHeaders orders headers by name, for answers that read the same every
+// time.
+func sortHeaders(hs []*core.HeaderValue) {
+	slices.SortFunc(hs, func(a, b *core.HeaderValue) int { return strings.Compare(a.Key, b.Key) })
+}
