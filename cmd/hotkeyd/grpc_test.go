@@ -415,3 +415,45 @@ func TestGRPCEnvoyExample(t *testing.T) {
 func rlsClient(conn *grpc.ClientConn) rlpb.RateLimitServiceClient {
 	return rlpb.NewRateLimitServiceClient(conn)
 }
+
+// TestGRPCHealthFollowsReadiness: the gRPC health service says what
+// /readyz says: NOT_SERVING while Redis is down, SERVING again once it is
+// back; and ShouldRateLimit still answers meanwhile, by the rule's
+// fallback (local: the instance's share of the limit).
+func TestGRPCHealthFollowsReadiness(t *testing.T) {
+	t.Parallel()
+	srv := startRedis(t)
+	cfg := writeFile(t, "gateway.yaml", gatewayConfig)
+	d := startDaemon(t, daemonOpts{args: []string{"--envoy-config", cfg, "--redis", "redis://" + srv.Addr, "--breaker-probe", "200ms"}})
+	conn := rlsConn(t, d)
+	hc := healthpb.NewHealthClient(conn)
+	c := rlsClient(conn)
+	state := func(want healthpb.HealthCheckResponse_ServingStatus) func() bool {
+		return func() bool {
+			for _, svc := range []string{"", "envoy.service.ratelimit.v3.RateLimitService"} {
+				r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
+				if err != nil || r.Status != want {
+					return false
+				}
+			}
+			return true
+		}
+	}
+	testkit.For(t, time.Minute, "SERVING", state(healthpb.HealthCheckResponse_SERVING))
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.For(t, time.Minute, "NOT_SERVING with Redis down", state(healthpb.HealthCheckResponse_NOT_SERVING))
+	if r := do(t, "GET", d.base+"/readyz", ""); r.status != 503 {
+		t.Errorf("/readyz %d with Redis down", r.status)
+	}
+	for i := range 3 {
+		if resp := should(t, c, "gateway", 0, desc("route", "/login", "user", "down")); resp.OverallCode != ok {
+			t.Fatalf("request %d with Redis down (local fallback, 5 an hour): %v", i, resp)
+		}
+	}
+	if err := srv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.For(t, time.Minute, "SERVING with Redis back", state(healthpb.HealthCheckResponse_SERVING))
+}
