@@ -3,6 +3,7 @@ package hotkey
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/hotkeyd/hotkey/counter"
@@ -61,7 +62,9 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 			continue
 		}
 		d := degraded{r.Key, name, hash, r.Cost, r.Policy}
+		f := e.enterUnsplit(hash) // until the batch's takes are done
 		if ent := e.entry(name, hash); ent != nil {
+			exitUnsplit(f)
 			if after == nil {
 				after = make(map[string]chan struct{})
 			}
@@ -82,27 +85,43 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 		}
 		lim := r.Policy.Limit
 		if cr, ok := e.knownDenied(hash, lim, r.Cost); ok {
+			exitUnsplit(f)
 			out[i].Result, out[i].Err = e.conclude(ctx, d, unsplit(cr), nil)
 			continue
 		}
-		b.add(i, d)
+		b.add(i, d, f)
 	}
 	e.takeBatch(ctx, &b, out)
 	split.Wait()
 }
 
 // batch is the decisions of an AllowBatch that go to the store together:
-// each one's decision, its index in the batch and its take.
+// each one's decision, its index in the batch, its take, and its
+// registration as a decision on an unsplit counter (see enterUnsplit).
 type batch struct {
-	ds  []degraded
-	at  []int
-	ops []counter.Op
+	ds      []degraded
+	at      []int
+	ops     []counter.Op
+	flights []*atomic.Int32
 }
 
-func (b *batch) add(i int, d degraded) {
+func (b *batch) add(i int, d degraded, f *atomic.Int32) {
 	b.ds = append(b.ds, d)
 	b.at = append(b.at, i)
 	b.ops = append(b.ops, counter.Op{Key: d.name, Hash: d.hash, Limit: d.p.Limit, N: d.n})
+	if f != nil {
+		b.flights = append(b.flights, f)
+	}
+}
+
+// landed ends the registrations of b's decisions on unsplit counters:
+// their takes are done (or will not be made), and a move of those keys'
+// usage may start.
+func (b *batch) landed() {
+	for _, f := range b.flights {
+		exitUnsplit(f)
+	}
+	b.flights = nil
 }
 
 // takeBatch sends b's takes to the store in one call, through the circuit
@@ -112,6 +131,7 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 		return
 	}
 	if err := ctx.Err(); err != nil { // over before the store was asked
+		b.landed()
 		for j, d := range b.ds {
 			out[b.at[j]].Result, out[b.at[j]].Err = e.conclude(ctx, d, Result{}, err)
 		}
@@ -137,6 +157,7 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 	if len(sent) > 0 {
 		e.batcher.TakeBatch(ctx, sent)
 	}
+	b.landed()
 	s := 0
 	for j, d := range b.ds {
 		var res Result
