@@ -41,6 +41,7 @@ var scenarios = []named{
 	{"convergence", "Convergence across 3 instances", runConvergence},
 	{"denycache", "The deny cache under an attacker at 10× the limit", runDenyCache},
 	{"detector", "Detector precision and recall: Zipf traffic with a random-key flood", runDetector},
+	{"envoy", "Envoy's gRPC protocol and batches", runEnvoy},
 }
 
 // setup is what every scenario runs on.
