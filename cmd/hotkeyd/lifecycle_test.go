@@ -169,6 +169,43 @@ func TestInvalidPoliciesRefused(t *testing.T) {
 	}
 }
 
+// TestInvalidEnvoyConfigRefused: the daemon does not start on a bad
+// --envoy-config, and names the file, line and field at fault; a missing
+// path names the flag, and --envoy-config without gRPC is refused.
+func TestInvalidEnvoyConfigRefused(t *testing.T) {
+	t.Parallel()
+	cases := []struct {
+		file string
+		want []string
+	}{
+		{"domain: rl\ndescriptors:\n  - key: foo\n    rate_limit:\n      unit: fortnight\n      requests_per_unit: 5\n",
+			[]string{"line 5", "descriptors[0].rate_limit.unit", "fortnight"}},
+		{"domain: rl\ndescriptors:\n  - key: foo\n    rate_limit:\n      unit: minute\n",
+			[]string{"descriptors[0].rate_limit", "requests_per_unit: 0"}},
+		{"domain: rl\ndescriptors:\n  - key: foo\n    shadow_mode: true\n    rate_limts:\n      unit: minute\n",
+			[]string{"line 5", "descriptors[0].rate_limts", "unknown field"}},
+	}
+	for _, c := range cases {
+		path := writeFile(t, "rl.yaml", c.file)
+		code, out := runBinary(t, "--envoy-config", path, "--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t))
+		if code == 0 {
+			t.Errorf("started on %q", c.file)
+			continue
+		}
+		for _, w := range append(c.want, path, "--envoy-config") {
+			if !strings.Contains(out, w) {
+				t.Errorf("file %q: output %q lacks %q", c.file, out, w)
+			}
+		}
+	}
+	if code, out := runBinary(t, "--envoy-config", "/nonexistent/rl.yaml", "--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t)); code == 0 || !strings.Contains(out, "--envoy-config") {
+		t.Errorf("missing path: exit %d, %q", code, out)
+	}
+	if code, out := runBinary(t, "--envoy-config", "/x.yaml", "--grpc-listen", ""); code != 2 || !strings.Contains(out, "--grpc-listen") {
+		t.Errorf("--envoy-config without gRPC: exit %d, %q", code, out)
+	}
+}
+
 // TestVersionAndHelp: hotkeyd version, and --help documenting every flag.
 func TestVersionAndHelp(t *testing.T) {
 	t.Parallel()
