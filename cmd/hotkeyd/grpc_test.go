@@ -14,6 +14,7 @@ import (
 
 	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"github.com/redis/go-redis/v9"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -163,6 +164,10 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 					if resp.OverallCode != ok || resp.Statuses[0].Code != ok {
 						t.Fatalf("shadow-mode request %d: %v", i, resp)
 					}
+					// Over its limit, it is answered OK, headers included.
+					if h := headers(resp); h["retry-after"] != "" || h["x-ratelimit-remaining"] != "0" && i >= 3 {
+						t.Errorf("shadow-mode request %d: headers %v", i, h)
+					}
 				}
 				scrape := string(do(t, "GET", d.base+"/metrics", "").body)
 				labels := `{descriptor="gateway.route_/search.user",domain="gateway"}`
@@ -211,6 +216,33 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 				}
 				if resp := should(t, c, "gateway", 10, desc("bulk", "fresh")); resp.Statuses[0].Code != ok {
 					t.Fatalf("10 hits on a fresh counter of 10: %v", resp)
+				}
+			})
+
+			t.Run("own limit", func(t *testing.T) {
+				// A descriptor may carry its own limit: it counts on a
+				// counter of its keys and values, apart from the rules'.
+				own := func(rpu uint32, kv ...string) *ratelimit.RateLimitDescriptor {
+					d := desc(kv...)
+					d.Limit = &ratelimit.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: typev3.RateLimitUnit_HOUR}
+					return d
+				}
+				for i, want := range []rlpb.RateLimitResponse_Code{ok, ok, over} {
+					resp := should(t, c, "gateway", 0, own(2, "tenant", "own"))
+					if st := resp.Statuses[0]; st.Code != want || st.CurrentLimit.GetRequestsPerUnit() != 2 {
+						t.Fatalf("own limit of 2, request %d: %v", i, resp)
+					}
+					if h := headers(resp); !strings.HasPrefix(h["ratelimit-policy"], `"envoy-override/gateway.tenant";q=2;`) {
+						t.Errorf("own limit, request %d: headers %v", i, h)
+					}
+				}
+				// The rule on the same keys has its own counter.
+				if resp := should(t, c, "gateway", 0, desc("tenant", "own")); resp.Statuses[0].LimitRemaining != 599 {
+					t.Errorf("the rule beside an own limit: %v", resp)
+				}
+				resp := should(t, c, "gateway", 0, own(0, "tenant", "banned"))
+				if h := headers(resp); resp.OverallCode != over || !strings.HasPrefix(h["ratelimit-policy"], `"envoy-override/gateway.tenant";`) {
+					t.Errorf("own limit of 0: %v", resp)
 				}
 			})
 

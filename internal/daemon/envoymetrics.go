@@ -48,9 +48,20 @@ func newDescMetrics(reg prometheus.Registerer) *descMetrics {
 	}
 }
 
-// label returns the descriptor label of m, bounded.
+// overrideLabel is the descriptor label of the descriptors that carry
+// their own limit once maxDetailedLabels labels are in use: their paths
+// are the requests' keys, which the configuration does not bound.
+const overrideLabel = "(own limit)"
+
+// label returns the descriptor label of m, bounded: a configured rule's
+// path; or a label the configuration does not bound (detailed_metric,
+// value_to_metric, a descriptor's own limit) while fewer than
+// maxDetailedLabels are in use, and then the rule's path, or overrideLabel.
 func (dm *descMetrics) label(m envoyconf.Match) string {
-	if m.Metric == m.Rule.Path || m.Metric == "" {
+	fallback := m.Rule.Path
+	if m.Rule.Override {
+		fallback = overrideLabel
+	} else if m.Metric == m.Rule.Path || m.Metric == "" {
 		return m.Rule.Path
 	}
 	if dm.full.Load() {
@@ -58,7 +69,7 @@ func (dm *descMetrics) label(m envoyconf.Match) string {
 		known := dm.detailed[m.Metric]
 		dm.mu.Unlock()
 		if !known {
-			return m.Rule.Path
+			return fallback
 		}
 		return m.Metric
 	}
@@ -67,7 +78,7 @@ func (dm *descMetrics) label(m envoyconf.Match) string {
 	if !dm.detailed[m.Metric] {
 		if len(dm.detailed) >= maxDetailedLabels {
 			dm.full.Store(true)
-			return m.Rule.Path
+			return fallback
 		}
 		dm.detailed[m.Metric] = true
 	}

@@ -57,7 +57,14 @@ func TestDescMetrics(t *testing.T) {
 	if got := get(dm.hits, "d.ip_7"); got != 2 {
 		t.Errorf("known detailed label after the cap: %v hits, want 2", got)
 	}
-	if n := testutil.CollectAndCount(dm.hits); n != maxDetailedLabels+3 {
-		t.Errorf("%d hit series, want %d (two rules, the detailed cap, the fallback)", n, maxDetailedLabels+3)
+	// A descriptor's own limit: its path is the request's keys, counted
+	// as a detailed label, and past the cap under overrideLabel.
+	own := envoyconf.OverrideRule("d", "d.anything", 5, envoyconf.Hour)
+	dm.count(envoyconf.Match{Rule: own, Metric: own.Path}, 1, hotkey.Result{Allowed: true, Remaining: 4}, false)
+	if got := get(dm.hits, overrideLabel); got != 1 {
+		t.Errorf("own limit past the cap: %v hits under %q, want 1", got, overrideLabel)
+	}
+	if n := testutil.CollectAndCount(dm.hits); n != maxDetailedLabels+4 {
+		t.Errorf("%d hit series, want %d (two rules, the detailed cap, the fallbacks)", n, maxDetailedLabels+4)
 	}
 }

@@ -233,6 +233,7 @@ func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (
 		if over && (r.ShadowMode || r.QuotaMode) {
 			st.Code = rlpb.RateLimitResponse_OK
 			over = false
+			res.Allowed, res.RetryAfter = true, 0 // its headers say OK too
 		}
 		if over && resp.OverallCode != rlpb.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlpb.RateLimitResponse_OVER_LIMIT
@@ -315,7 +316,11 @@ func ruleHeaderPolicy(r *envoyconf.Rule) *hotkey.Policy {
 	if r.Policy != nil {
 		return r.Policy
 	}
-	return &hotkey.Policy{Name: envoyconf.PolicyName(r.Path), Limit: counter.Limit{Rate: max(1, int64(r.RequestsPerUnit)), Period: r.Unit.Duration()}}
+	name := envoyconf.PolicyName(r.Path)
+	if r.Override {
+		name = envoyconf.OverridePolicyName(r.Path)
+	}
+	return &hotkey.Policy{Name: name, Limit: counter.Limit{Rate: max(1, int64(r.RequestsPerUnit)), Period: r.Unit.Duration()}}
 }
 
 // override returns the match of a descriptor that carries its own limit:

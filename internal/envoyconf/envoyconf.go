@@ -131,6 +131,9 @@ type Rule struct {
 	// Policy is the hotkey policy enforcing the rule: nil when Unlimited
 	// or RequestsPerUnit is 0. Its Name is unique across the Config.
 	Policy *hotkey.Policy
+	// Override says the rule is a request's own limit (OverrideRule), not
+	// the configuration's: its Path holds the request's keys.
+	Override bool
 
 	field string // the descriptor's field path, for errors
 }
@@ -282,16 +285,20 @@ func CounterKey(entries []Entry) string { return counterKey(entries, nil) }
 // that a descriptor whose limit changes keeps its counter, and the usage
 // it holds.
 func OverrideRule(domain, path string, requestsPerUnit uint32, unit Unit) *Rule {
-	r := &Rule{Domain: domain, Path: path, RequestsPerUnit: requestsPerUnit, Unit: unit}
+	r := &Rule{Domain: domain, Path: path, RequestsPerUnit: requestsPerUnit, Unit: unit, Override: true}
 	if requestsPerUnit > 0 {
 		r.Policy = &hotkey.Policy{
-			Name:           policyName(overridePrefix, path),
+			Name:           OverridePolicyName(path),
 			Limit:          counter.Limit{Algorithm: counter.SlidingWindow, Rate: int64(requestsPerUnit), Period: unit.Duration()},
 			OnStoreFailure: hotkey.FallbackLocal,
 		}
 	}
 	return r
 }
+
+// OverridePolicyName returns the name of the policy of OverrideRule's rule
+// at path: "envoy-override/" and path, cut as PolicyName cuts.
+func OverridePolicyName(path string) string { return policyName(overridePrefix, path) }
 
 // counterKey builds Match.Key; nodes nil is no share_threshold match.
 func counterKey(entries []Entry, nodes []*node) string {
