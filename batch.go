@@ -3,7 +3,6 @@ package hotkey
 import (
 	"context"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/hotkeyd/hotkey/counter"
@@ -62,9 +61,7 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 			continue
 		}
 		d := degraded{r.Key, name, hash, r.Cost, r.Policy}
-		f := e.enterUnsplit(hash) // until the batch's takes are done
 		if ent := e.entry(name, hash); ent != nil {
-			exitUnsplit(f)
 			if after == nil {
 				after = make(map[string]chan struct{})
 			}
@@ -85,43 +82,27 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 		}
 		lim := r.Policy.Limit
 		if cr, ok := e.knownDenied(hash, lim, r.Cost); ok {
-			exitUnsplit(f)
 			out[i].Result, out[i].Err = e.conclude(ctx, d, unsplit(cr), nil)
 			continue
 		}
-		b.add(i, d, f)
+		b.add(i, d)
 	}
 	e.takeBatch(ctx, &b, out)
 	split.Wait()
 }
 
 // batch is the decisions of an AllowBatch that go to the store together:
-// each one's decision, its index in the batch, its take, and its
-// registration as a decision on an unsplit counter (see enterUnsplit).
+// each one's decision, its index in the batch and its take.
 type batch struct {
-	ds      []degraded
-	at      []int
-	ops     []counter.Op
-	flights []*atomic.Int32
+	ds  []degraded
+	at  []int
+	ops []counter.Op
 }
 
-func (b *batch) add(i int, d degraded, f *atomic.Int32) {
+func (b *batch) add(i int, d degraded) {
 	b.ds = append(b.ds, d)
 	b.at = append(b.at, i)
 	b.ops = append(b.ops, counter.Op{Key: d.name, Hash: d.hash, Limit: d.p.Limit, N: d.n})
-	if f != nil {
-		b.flights = append(b.flights, f)
-	}
-}
-
-// landed ends the registrations of b's decisions on unsplit counters:
-// their takes are done (or will not be made), and a move of those keys'
-// usage may start.
-func (b *batch) landed() {
-	for _, f := range b.flights {
-		exitUnsplit(f)
-	}
-	b.flights = nil
 }
 
 // takeBatch sends b's takes to the store in one call, through the circuit
@@ -131,7 +112,6 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 		return
 	}
 	if err := ctx.Err(); err != nil { // over before the store was asked
-		b.landed()
 		for j, d := range b.ds {
 			out[b.at[j]].Result, out[b.at[j]].Err = e.conclude(ctx, d, Result{}, err)
 		}
@@ -157,7 +137,6 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 	if len(sent) > 0 {
 		e.batcher.TakeBatch(ctx, sent)
 	}
-	b.landed()
 	s := 0
 	for j, d := range b.ds {
 		var res Result
@@ -171,6 +150,11 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 			if err == nil {
 				e.remember(d.hash, d.p.Limit, d.n, op.Result)
 				res = unsplit(op.Result)
+				if res.Allowed && e.resplit(d.name, d.hash) != nil {
+					// Split while the take was in flight: decide again
+					// on the key's new counters, as decideStore does.
+					res, err = e.decideStore(ctx, d.name, d.hash, d.p.Limit, d.n)
+				}
 			}
 		}
 		out[b.at[j]].Result, out[b.at[j]].Err = e.conclude(ctx, d, res, err)

@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
@@ -147,14 +145,17 @@ func (e *Engine) fallback(ctx context.Context, d degraded, cause error) (Result,
 
 // decideStore decides on the store: the key whole, or split.
 func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
-	f := e.enterUnsplit(hash)
 	ent := e.entry(key, hash)
 	if ent == nil {
 		r, err := e.decide(ctx, key, hash, lim, n)
-		exitUnsplit(f)
-		return r, err
+		if err != nil || !r.Allowed {
+			return r, err
+		}
+		if ent = e.resplit(key, hash); ent == nil {
+			return r, nil
+		}
+		// Split while the take was in flight: decide again below.
 	}
-	exitUnsplit(f)
 	// The counters that hold the key's usage were last written under the
 	// limit of the decision before: a move reads them under it.
 	prev, ok := ent.Memo().(Limit)
@@ -207,60 +208,33 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 	return e.decideSplit(ctx, ent, level, p, lim, n)
 }
 
-// unsplitStripes is the number of stripes of Engine.unsplit.
-const unsplitStripes = 4096
-
-// enterUnsplit registers a decision that may take from the unsplit counter
-// of the key hashed hash, before it looks the key up in the split table;
-// the caller calls exitUnsplit with the result once its take is done. A
-// move of the key's usage off the unsplit counter (transfer) first waits
-// for the decisions registered on its stripe. Registering before the
-// lookup makes it exact: a decision that finds the key unsplit registered
-// before the key entered the table, so before any move of it began, and
-// the move waits for it; one that finds the key split decides on the
-// counters the split table says. nil without state transfer.
-func (e *Engine) enterUnsplit(hash uint64) *atomic.Int32 {
-	if e.unsplit == nil {
+// resplit returns key's entry in the split table if a take admitted on
+// its unsplit counter may have landed after the key was split and its
+// usage moved off that counter, which would leave the unit behind: the key
+// is in the table now, and its usage is being moved, or was moved, off the
+// unsplit counter. The decision is then made again on the key's new
+// counters. If the take landed before the move read the counter, the
+// decision is charged twice: it never admits more than the limit.
+//
+// It reads the move's flag before the level that holds the usage
+// (Transfer sets the flag, reads, notes the new level, then clears the
+// flag): a move that began after the flag was read reads the counter after
+// the take landed, and carries its unit.
+func (e *Engine) resplit(key string, hash uint64) *shard.Entry {
+	if e.reshard == nil {
 		return nil
 	}
-	f := &e.unsplit[hash&(unsplitStripes-1)]
-	f.Add(1)
-	return f
-}
-
-// exitUnsplit ends what enterUnsplit registered.
-func exitUnsplit(f *atomic.Int32) {
-	if f != nil {
-		f.Add(-1)
+	ent := e.entry(key, hash)
+	if ent == nil {
+		return nil
 	}
-}
-
-// maxUnsplitWait bounds a move's wait for the decisions in flight on its
-// key's stripe of unsplit counters, which finish within a store call. Past
-// it (a stripe that other keys keep busy), the move goes on, and a take
-// that lands on the unsplit counter after it is carried by the key's next
-// move.
-const maxUnsplitWait = 2 * time.Second
-
-// awaitUnsplit waits until no decision registered by enterUnsplit is in
-// flight on the stripe of hash, for at most maxUnsplitWait or until ctx is
-// done.
-func (e *Engine) awaitUnsplit(ctx context.Context, hash uint64) {
-	f := &e.unsplit[hash&(unsplitStripes-1)]
-	var deadline time.Time
-	for spins := 0; f.Load() > 0; spins++ {
-		switch {
-		case spins < 16:
-			runtime.Gosched()
-			continue
-		case spins == 16:
-			deadline = time.Now().Add(maxUnsplitWait)
-		case ctx.Err() != nil || time.Now().After(deadline):
-			e.log.Debug("hot key usage moved with decisions in flight on its unsplit counter's stripe", "waited", maxUnsplitWait)
-			return
-		}
-		time.Sleep(20 * time.Microsecond)
+	if ent.Moving() {
+		return ent
 	}
+	if level, _ := ent.HeldAt(); level != shard.Level1 {
+		return ent
+	}
+	return nil
 }
 
 // transfer moves the usage of ent's key from its counters at level from,
@@ -268,9 +242,6 @@ func (e *Engine) awaitUnsplit(ctx context.Context, hash uint64) {
 // to under toP, under lim (see counter.Resharder). Counters written under
 // another algorithm or period hold no usage lim can read: nothing moves.
 func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Limit, from shard.Level, fromP shard.Placement, to shard.Level, toP shard.Placement) error {
-	if from == shard.Level1 {
-		e.awaitUnsplit(ctx, ent.Hash) // takes that found the key unsplit land first
-	}
 	src, dst := shards(ent, fromLim, from, fromP), shards(ent, lim, to, toP)
 	if len(src) == 0 || len(dst) == 0 || fromLim.Algorithm != lim.Algorithm || fromLim.Period != lim.Period {
 		return nil

@@ -47,11 +47,11 @@ func (s *gateStore) Reshard(ctx context.Context, from, to []counter.Shard) error
 	return s.MemoryStore.Reshard(ctx, from, to)
 }
 
-// TestTakeInFlightWhileSplit: a decision that found its key unsplit and is
-// still taking from the unsplit counter when the key is split lands before
-// the key's usage moves off that counter, so its unit is carried to the
-// subcounters and the key admits no more than its limit; one at a time
-// (AllowN) and in a batch (AllowBatch).
+// TestTakeInFlightWhileSplit: a decision that found its key unsplit, and
+// whose take lands on the unsplit counter after the key was split and its
+// usage moved off that counter, is made again on the new counters, so the
+// key admits no more than its limit; one at a time (AllowN) and in a batch
+// (AllowBatch).
 func TestTakeInFlightWhileSplit(t *testing.T) {
 	for _, batched := range []bool{false, true} {
 		name := "single"
@@ -98,16 +98,12 @@ func TestTakeInFlightWhileSplit(t *testing.T) {
 			handler{e}.SetLevel(gs.hold, hashKey(gs.hold), shard.Level4)
 			wg.Go(decide) // finds the key split: moves its usage, then decides
 			// Let the held take go once the move has read the unsplit
-			// counter (the fault), or after a while (no move comes before
-			// the take lands).
-			select {
-			case <-gs.reshards:
-			case <-time.After(200 * time.Millisecond):
-			}
+			// counter: its unit lands after the read.
+			<-gs.reshards
 			close(gs.release)
 			wg.Wait()
-			if gs.early.Load() {
-				t.Error("the key's usage moved off its unsplit counter while a take on it was in flight")
+			if !gs.early.Load() {
+				t.Fatal("the move did not read the unsplit counter while the take was in flight: the race this test is for did not happen")
 			}
 			for range 200 {
 				decide()
