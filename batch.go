@@ -61,6 +61,7 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 			continue
 		}
 		d := degraded{r.Key, name, hash, r.Cost, r.Policy}
+		gen := e.moveGen(hash) // before the lookup: see moved
 		if ent := e.entry(name, hash); ent != nil {
 			if after == nil {
 				after = make(map[string]chan struct{})
@@ -85,24 +86,27 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 			out[i].Result, out[i].Err = e.conclude(ctx, d, unsplit(cr), nil)
 			continue
 		}
-		b.add(i, d)
+		b.add(i, d, gen)
 	}
 	e.takeBatch(ctx, &b, out)
 	split.Wait()
 }
 
 // batch is the decisions of an AllowBatch that go to the store together:
-// each one's decision, its index in the batch and its take.
+// each one's decision, its index in the batch, its take, and the count of
+// moves on its stripe before its key was looked up.
 type batch struct {
-	ds  []degraded
-	at  []int
-	ops []counter.Op
+	ds   []degraded
+	at   []int
+	ops  []counter.Op
+	gens []uint32 // moveGen before each key was looked up
 }
 
-func (b *batch) add(i int, d degraded) {
+func (b *batch) add(i int, d degraded, gen uint32) {
 	b.ds = append(b.ds, d)
 	b.at = append(b.at, i)
 	b.ops = append(b.ops, counter.Op{Key: d.name, Hash: d.hash, Limit: d.p.Limit, N: d.n})
+	b.gens = append(b.gens, gen)
 }
 
 // takeBatch sends b's takes to the store in one call, through the circuit
@@ -150,9 +154,9 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 			if err == nil {
 				e.remember(d.hash, d.p.Limit, d.n, op.Result)
 				res = unsplit(op.Result)
-				if res.Allowed && e.resplit(d.name, d.hash) != nil {
-					// Split while the take was in flight: decide again
-					// on the key's new counters, as decideStore does.
+				if res.Allowed && e.moved(d.hash, b.gens[j]) {
+					// A move began while the take was in flight: decide
+					// again where the usage is, as decideStore does.
 					res, err = e.decideStore(ctx, d.name, d.hash, d.p.Limit, d.n)
 				}
 			}

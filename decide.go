@@ -145,16 +145,14 @@ func (e *Engine) fallback(ctx context.Context, d degraded, cause error) (Result,
 
 // decideStore decides on the store: the key whole, or split.
 func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
+	gen := e.moveGen(hash)
 	ent := e.entry(key, hash)
 	if ent == nil {
 		r, err := e.decide(ctx, key, hash, lim, n)
-		if err != nil || !r.Allowed {
+		if err != nil || !r.Allowed || !e.moved(hash, gen) {
 			return r, err
 		}
-		if ent = e.resplit(key, hash); ent == nil {
-			return r, nil
-		}
-		// Split while the take was in flight: decide again below.
+		return e.decideStore(ctx, key, hash, lim, n) // see moved
 	}
 	// The counters that hold the key's usage were last written under the
 	// limit of the decision before: a move reads them under it.
@@ -208,33 +206,35 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 	return e.decideSplit(ctx, ent, level, p, lim, n)
 }
 
-// resplit returns key's entry in the split table if a take admitted on
-// its unsplit counter may have landed after the key was split and its
-// usage moved off that counter, which would leave the unit behind: the key
-// is in the table now, and its usage is being moved, or was moved, off the
-// unsplit counter. The decision is then made again on the key's new
-// counters. If the take landed before the move read the counter, the
-// decision is charged twice: it never admits more than the limit.
+// moveStripes is the number of stripes of Engine.moves.
+const moveStripes = 4096
+
+// moveGen returns the count of moves off the unsplit counters of the
+// stripe of hash, 0 without state transfer.
+func (e *Engine) moveGen(hash uint64) uint32 {
+	if e.moves == nil {
+		return 0
+	}
+	return e.moves[hash&(moveStripes-1)].Load()
+}
+
+// moved reports whether a move off an unsplit counter of the stripe of
+// hash began since moveGen returned gen. A decision reads gen before it
+// looks its key up in the split table; if it finds the key unsplit and its
+// take is admitted, but a move began meanwhile, the take may have landed
+// after the move read the counter, and its unit would be left behind: the
+// decision is made again where the key's usage is now (decideStore). Had
+// the take landed before the read, or was the move another key's, the
+// decision is counted twice: the key admits less, never more.
 //
-// It reads the move's flag before the level that holds the usage
-// (Transfer sets the flag, reads, notes the new level, then clears the
-// flag): a move that began after the flag was read reads the counter after
-// the take landed, and carries its unit.
-func (e *Engine) resplit(key string, hash uint64) *shard.Entry {
-	if e.reshard == nil {
-		return nil
-	}
-	ent := e.entry(key, hash)
-	if ent == nil {
-		return nil
-	}
-	if ent.Moving() {
-		return ent
-	}
-	if level, _ := ent.HeldAt(); level != shard.Level1 {
-		return ent
-	}
-	return nil
+// A move that read the counter before the take landed began after gen was
+// read: had it begun before, the key was in the table already (a move
+// begins once a decision or the engine's loop finds the key there), and
+// the lookup would have found it. This holds across a split and a merge
+// back within one take (the key out of the table again by the time the
+// take returns), which a look at the key's entry would miss.
+func (e *Engine) moved(hash uint64, gen uint32) bool {
+	return e.moves != nil && e.moves[hash&(moveStripes-1)].Load() != gen
 }
 
 // transfer moves the usage of ent's key from its counters at level from,
@@ -242,6 +242,9 @@ func (e *Engine) resplit(key string, hash uint64) *shard.Entry {
 // to under toP, under lim (see counter.Resharder). Counters written under
 // another algorithm or period hold no usage lim can read: nothing moves.
 func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Limit, from shard.Level, fromP shard.Placement, to shard.Level, toP shard.Placement) error {
+	if from == shard.Level1 && e.moves != nil {
+		e.moves[ent.Hash&(moveStripes-1)].Add(1) // before the read: see moved
+	}
 	src, dst := shards(ent, fromLim, from, fromP), shards(ent, lim, to, toP)
 	if len(src) == 0 || len(dst) == 0 || fromLim.Algorithm != lim.Algorithm || fromLim.Period != lim.Period {
 		return nil

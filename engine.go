@@ -24,19 +24,22 @@ type placer interface{ Placement() counter.Placement }
 // Engine makes rate-limit decisions on a Store. It is safe for concurrent
 // use. The zero value is not usable; call New.
 type Engine struct {
-	store     Store
-	placer    placer // nil: one node
-	opt       options
-	seed      uint64 // per instance: offsets subcounter choice
-	table     *shard.Table
-	splits    []atomic.Pointer[shard.Entry] // per-key state under withSplitAll, direct-mapped
-	deny      *denyCache                    // nil: disabled
-	prefetch  prefetcher                    // nil: the store has no use for the hint
-	batcher   counter.Batcher               // nil: a batch's takes go one by one
-	detect    *detector.Detector            // nil: disabled
-	coord     coordinator.Coordinator
-	reshard   counter.Resharder // nil: no state transfer
-	instances atomic.Int32      // live instances, as the coordinator last said
+	store    Store
+	placer   placer // nil: one node
+	opt      options
+	seed     uint64 // per instance: offsets subcounter choice
+	table    *shard.Table
+	splits   []atomic.Pointer[shard.Entry] // per-key state under withSplitAll, direct-mapped
+	deny     *denyCache                    // nil: disabled
+	prefetch prefetcher                    // nil: the store has no use for the hint
+	batcher  counter.Batcher               // nil: a batch's takes go one by one
+	detect   *detector.Detector            // nil: disabled
+	coord    coordinator.Coordinator
+	reshard  counter.Resharder // nil: no state transfer
+	// moves counts, per stripe of hashes, the moves of usage off unsplit
+	// counters (nil without state transfer): see moved.
+	moves     []atomic.Uint32
+	instances atomic.Int32 // live instances, as the coordinator last said
 	brk       *breaker
 	local     *counter.MemoryStore // FallbackLocal's counters
 	metrics   *metrics             // nil: none kept
@@ -93,6 +96,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	}
 	if rs, ok := store.(counter.Resharder); ok && o.transfer {
 		e.reshard = rs
+		e.moves = make([]atomic.Uint32, moveStripes)
 	}
 	e.instances.Store(1)
 	if o.detect {

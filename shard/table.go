@@ -153,9 +153,6 @@ func (e *Entry) Transfer(to Level, p Placement, move func(from Level, fromP Plac
 	return nil
 }
 
-// Moving reports whether a Transfer of the key's usage is under way.
-func (e *Entry) Moving() bool { return e.moving.Load() }
-
 // Enter registers a decision on the counters of level under p, if they hold
 // the key's usage and no Transfer is moving it; the caller calls Exit once
 // its decision is taken. Otherwise it registers nothing and reports false:

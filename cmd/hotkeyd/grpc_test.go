@@ -232,7 +232,7 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 					if st := resp.Statuses[0]; st.Code != want || st.CurrentLimit.GetRequestsPerUnit() != 2 {
 						t.Fatalf("own limit of 2, request %d: %v", i, resp)
 					}
-					if h := headers(resp); !strings.HasPrefix(h["ratelimit-policy"], `"envoy-override/gateway.tenant";q=2;`) {
+					if h := headers(resp); !strings.HasPrefix(h["ratelimit-policy"], `"envoy-override/gateway";q=2;`) {
 						t.Errorf("own limit, request %d: headers %v", i, h)
 					}
 				}
@@ -240,9 +240,18 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 				if resp := should(t, c, "gateway", 0, desc("tenant", "own")); resp.Statuses[0].LimitRemaining != 599 {
 					t.Errorf("the rule beside an own limit: %v", resp)
 				}
+				// Other keys with the same value count apart.
+				if resp := should(t, c, "gateway", 0, own(2, "user", "own")); resp.Statuses[0].Code != ok || resp.Statuses[0].LimitRemaining != 1 {
+					t.Errorf("own limit on other keys: %v", resp)
+				}
 				resp := should(t, c, "gateway", 0, own(0, "tenant", "banned"))
-				if h := headers(resp); resp.OverallCode != over || !strings.HasPrefix(h["ratelimit-policy"], `"envoy-override/gateway.tenant";`) {
+				if h := headers(resp); resp.OverallCode != over || !strings.HasPrefix(h["ratelimit-policy"], `"envoy-override/gateway";`) {
 					t.Errorf("own limit of 0: %v", resp)
+				}
+				// A domain the configuration does not have limits nothing,
+				// own limits included, as in envoyproxy/ratelimit.
+				if resp := should(t, c, "elsewhere", 0, own(0, "tenant", "x")); resp.OverallCode != ok || resp.Statuses[0].CurrentLimit != nil {
+					t.Errorf("own limit in an unknown domain: %v", resp)
 				}
 			})
 

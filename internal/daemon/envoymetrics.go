@@ -1,8 +1,11 @@
 package daemon
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"sync"
 	"sync/atomic"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -53,6 +56,24 @@ func newDescMetrics(reg prometheus.Registerer) *descMetrics {
 // are the requests' keys, which the configuration does not bound.
 const overrideLabel = "(own limit)"
 
+// maxLabelLen bounds a descriptor label the configuration does not bound:
+// a longer one is cut, and ends in "~" and 16 hex digits of its SHA-256.
+const maxLabelLen = 200
+
+// boundLabel returns l, or if it is longer than maxLabelLen a prefix of it
+// (cut on a rune boundary) and a hash of the whole.
+func boundLabel(l string) string {
+	if len(l) <= maxLabelLen {
+		return l
+	}
+	sum := sha256.Sum256([]byte(l))
+	n := maxLabelLen - 17
+	for n > 0 && !utf8.RuneStart(l[n]) {
+		n--
+	}
+	return l[:n] + "~" + hex.EncodeToString(sum[:8])
+}
+
 // label returns the descriptor label of m, bounded: a configured rule's
 // path; or a label the configuration does not bound (detailed_metric,
 // value_to_metric, a descriptor's own limit) while fewer than
@@ -64,6 +85,7 @@ func (dm *descMetrics) label(m envoyconf.Match) string {
 	} else if m.Metric == m.Rule.Path || m.Metric == "" {
 		return m.Rule.Path
 	}
+	m.Metric = boundLabel(m.Metric)
 	if dm.full.Load() {
 		dm.mu.Lock()
 		known := dm.detailed[m.Metric]

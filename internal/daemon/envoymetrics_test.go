@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -59,10 +60,15 @@ func TestDescMetrics(t *testing.T) {
 	}
 	// A descriptor's own limit: its path is the request's keys, counted
 	// as a detailed label, and past the cap under overrideLabel.
-	own := envoyconf.OverrideRule("d", "d.anything", 5, envoyconf.Hour)
-	dm.count(envoyconf.Match{Rule: own, Metric: own.Path}, 1, hotkey.Result{Allowed: true, Remaining: 4}, false)
+	own := envoyconf.OverrideRule("d", 5, envoyconf.Hour)
+	dm.count(envoyconf.Match{Rule: own, Metric: "d.anything"}, 1, hotkey.Result{Allowed: true, Remaining: 4}, false)
 	if got := get(dm.hits, overrideLabel); got != 1 {
 		t.Errorf("own limit past the cap: %v hits under %q, want 1", got, overrideLabel)
+	}
+	// A long label is cut, and keeps a hash of the whole.
+	long := strings.Repeat("x", 5000)
+	if l := boundLabel(long); len(l) > maxLabelLen || l == boundLabel(long+"y") {
+		t.Errorf("bounded label of 5,000 bytes: %d bytes, or not distinct", len(l))
 	}
 	if n := testutil.CollectAndCount(dm.hits); n != maxDetailedLabels+4 {
 		t.Errorf("%d hit series, want %d (two rules, the detailed cap, the fallbacks)", n, maxDetailedLabels+4)

@@ -44,15 +44,15 @@ type rls struct {
 	rlpb.UnimplementedRateLimitServiceServer
 	d *Daemon
 
-	// overrides holds the policies of descriptors that carry their own
-	// limit (RateLimitDescriptor.limit), by domain, entry keys and limit.
+	// overrides holds the rules of descriptors that carry their own limit
+	// (RateLimitDescriptor.limit), by domain and limit.
 	overrides sync.Map // string → *envoyconf.Rule
 	overMu    sync.Mutex
 	nOverride int // entries in overrides, under overMu
 }
 
-// maxOverrides bounds the policies kept for descriptors' own limits; past
-// it, such a policy is built per request.
+// maxOverrides bounds the rules kept for descriptors' own limits, one per
+// domain and limit; past it, such a rule is built per request.
 const maxOverrides = 10000
 
 // startGRPC listens on --grpc-listen and serves the rate-limit service, the
@@ -172,12 +172,16 @@ func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (
 		for _, e := range desc.GetEntries() {
 			entries = append(entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
 		}
-		if ov := desc.GetLimit(); ov != nil {
+		switch ov := desc.GetLimit(); {
+		case cfg == nil || !cfg.HasDomain(req.GetDomain()):
+			// An unknown domain has no limit, a descriptor's own
+			// included, as in envoyproxy/ratelimit.
+		case ov != nil:
 			if envoyconf.Unit(ov.GetUnit()).Duration() == 0 {
 				return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d].limit: unit %v: want SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR", i, ov.GetUnit())
 			}
 			it.m = s.override(req.GetDomain(), entries, ov.GetRequestsPerUnit(), envoyconf.Unit(ov.GetUnit()))
-		} else if cfg != nil {
+		default:
 			it.m, _ = cfg.Match(req.GetDomain(), entries)
 		}
 		rules[i] = it.m.Rule
@@ -318,27 +322,24 @@ func ruleHeaderPolicy(r *envoyconf.Rule) *hotkey.Policy {
 	}
 	name := envoyconf.PolicyName(r.Path)
 	if r.Override {
-		name = envoyconf.OverridePolicyName(r.Path)
+		name = envoyconf.OverridePolicyName(r.Domain)
 	}
 	return &hotkey.Policy{Name: name, Limit: counter.Limit{Rate: max(1, int64(r.RequestsPerUnit)), Period: r.Unit.Duration()}}
 }
 
-// override returns the match of a descriptor that carries its own limit:
-// a rule of that limit on the descriptor's keys, in domain. Its counters
-// are those of the keys and values, apart from the configured rules'.
+// override returns the match of a descriptor of domain, a domain of the
+// configuration, that carries its own limit: the domain's rule of that
+// limit (OverrideRule), its counter that of the descriptor's keys and
+// values (OverrideKey), apart from the configured rules' counters. Its
+// metrics label is the domain and the descriptor's keys, bounded as the
+// detailed labels are.
 func (s *rls) override(domain string, entries []envoyconf.Entry, rpu uint32, unit envoyconf.Unit) envoyconf.Match {
-	var path strings.Builder
-	path.WriteString(domain)
-	for _, e := range entries {
-		path.WriteByte('.')
-		path.WriteString(e.Key)
-	}
-	id := fmt.Sprintf("%s\x00%d\x00%d", path.String(), rpu, unit)
+	id := fmt.Sprintf("%s\x00%d\x00%d", domain, rpu, unit)
 	var rule *envoyconf.Rule
 	if v, ok := s.overrides.Load(id); ok {
 		rule = v.(*envoyconf.Rule)
 	} else {
-		rule = envoyconf.OverrideRule(domain, path.String(), rpu, unit)
+		rule = envoyconf.OverrideRule(domain, rpu, unit)
 		s.overMu.Lock()
 		if s.nOverride < maxOverrides {
 			if _, loaded := s.overrides.LoadOrStore(id, rule); !loaded {
@@ -347,7 +348,13 @@ func (s *rls) override(domain string, entries []envoyconf.Entry, rpu uint32, uni
 		}
 		s.overMu.Unlock()
 	}
-	return envoyconf.Match{Rule: rule, Key: envoyconf.CounterKey(entries), Metric: rule.Path}
+	var label strings.Builder
+	label.WriteString(domain)
+	for _, e := range entries {
+		label.WriteByte('.')
+		label.WriteString(e.Key)
+	}
+	return envoyconf.Match{Rule: rule, Key: envoyconf.OverrideKey(entries), Metric: label.String()}
 }
 
 // sortHeaders orders headers by name, for answers that read the same every

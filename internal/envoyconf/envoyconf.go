@@ -131,8 +131,8 @@ type Rule struct {
 	// Policy is the hotkey policy enforcing the rule: nil when Unlimited
 	// or RequestsPerUnit is 0. Its Name is unique across the Config.
 	Policy *hotkey.Policy
-	// Override says the rule is a request's own limit (OverrideRule), not
-	// the configuration's: its Path holds the request's keys.
+	// Override says the rule is the one of a domain's descriptors that
+	// carry their own limit (OverrideRule), not the configuration's.
 	Override bool
 
 	field string // the descriptor's field path, for errors
@@ -204,6 +204,9 @@ const (
 	byKey
 )
 
+// HasDomain reports whether the configuration has rules for domain.
+func (c *Config) HasDomain(domain string) bool { return c.domains[domain] != nil }
+
 // Domains returns the configured domains, sorted.
 func (c *Config) Domains() []string {
 	ds := make([]string, 0, len(c.domains))
@@ -273,22 +276,19 @@ func (c *Config) Match(domain string, entries []Entry) (m Match, ok bool) {
 	return Match{Rule: r, Key: counterKey(entries, nodes), Metric: metric(domain, r, entries, nodes, hows)}, true
 }
 
-// CounterKey returns the counter key of a descriptor's entries as Match
-// builds it when no share_threshold wildcard matched.
-func CounterKey(entries []Entry) string { return counterKey(entries, nil) }
-
-// OverrideRule returns the rule of a descriptor that carries its own limit
-// (RateLimitDescriptor.limit in the RLS protocol): requestsPerUnit per unit
-// (not zero) on the descriptor's keys, path (the domain, then "." and each
-// entry's key), under the sliding-window counter, with the local fallback.
-// Its policy is named "envoy-override/" and path whatever the limit, so
-// that a descriptor whose limit changes keeps its counter, and the usage
-// it holds.
-func OverrideRule(domain, path string, requestsPerUnit uint32, unit Unit) *Rule {
-	r := &Rule{Domain: domain, Path: path, RequestsPerUnit: requestsPerUnit, Unit: unit, Override: true}
+// OverrideRule returns the rule of the descriptors of domain that carry
+// their own limit (RateLimitDescriptor.limit in the RLS protocol):
+// requestsPerUnit per unit (not zero), under the sliding-window counter,
+// with the local fallback. Its policy is named "envoy-override/" and the
+// domain, whatever the limit, so that a descriptor whose limit changes
+// keeps its counter and the usage it holds; the counter key of a
+// descriptor is OverrideKey of its entries. Its Path, the label its
+// metrics fall back to, is the domain and ".(own limit)".
+func OverrideRule(domain string, requestsPerUnit uint32, unit Unit) *Rule {
+	r := &Rule{Domain: domain, Path: domain + ".(own limit)", RequestsPerUnit: requestsPerUnit, Unit: unit, Override: true}
 	if requestsPerUnit > 0 {
 		r.Policy = &hotkey.Policy{
-			Name:           OverridePolicyName(path),
+			Name:           OverridePolicyName(domain),
 			Limit:          counter.Limit{Algorithm: counter.SlidingWindow, Rate: int64(requestsPerUnit), Period: unit.Duration()},
 			OnStoreFailure: hotkey.FallbackLocal,
 		}
@@ -296,9 +296,21 @@ func OverrideRule(domain, path string, requestsPerUnit uint32, unit Unit) *Rule 
 	return r
 }
 
+// OverrideKey returns the counter key, under an OverrideRule's policy, of
+// a descriptor with entries: its keys and values, escaped and joined as
+// Match joins values, so that two descriptors share a counter only if
+// their keys and values are the same.
+func OverrideKey(entries []Entry) string {
+	kv := make([]Entry, 0, 2*len(entries))
+	for _, e := range entries {
+		kv = append(kv, Entry{Value: e.Key}, Entry{Value: e.Value})
+	}
+	return counterKey(kv, nil)
+}
+
 // OverridePolicyName returns the name of the policy of OverrideRule's rule
-// at path: "envoy-override/" and path, cut as PolicyName cuts.
-func OverridePolicyName(path string) string { return policyName(overridePrefix, path) }
+// for domain: "envoy-override/" and the domain, cut as PolicyName cuts.
+func OverridePolicyName(domain string) string { return policyName(overridePrefix, domain) }
 
 // counterKey builds Match.Key; nodes nil is no share_threshold match.
 func counterKey(entries []Entry, nodes []*node) string {

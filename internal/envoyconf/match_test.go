@@ -475,3 +475,33 @@ descriptors:
 		t.Error("domain without descriptors: a match")
 	}
 }
+
+// TestOverrideKey: descriptors that carry their own limit share a counter
+// only if their keys and values are the same.
+func TestOverrideKey(t *testing.T) {
+	seen := map[string][]Entry{}
+	for _, es := range [][]Entry{
+		{{"a", "b"}},
+		{{"a.b", ""}},
+		{{"a", "b"}, {"c", "d"}},
+		{{"a", "b,c"}, {"", "d"}},
+		{{"a,b", "c"}, {"d", ""}},
+		{{"a", "b\\"}, {"c", "d"}},
+		{{"b", "a"}},
+		{{"~x", "y"}},
+		{{"", ""}},
+	} {
+		k := OverrideKey(es)
+		if prev, ok := seen[k]; ok {
+			t.Errorf("%v and %v share the key %q", prev, es, k)
+		}
+		seen[k] = es
+	}
+	r := OverrideRule("edge", 5, Minute)
+	if r.Policy == nil || r.Policy.Name != "envoy-override/edge" || r.Policy.Limit.Rate != 5 || !r.Override {
+		t.Errorf("OverrideRule: %+v", r)
+	}
+	if r := OverrideRule("edge", 0, Minute); r.Policy != nil {
+		t.Errorf("OverrideRule of 0: a policy %+v", r.Policy)
+	}
+}
