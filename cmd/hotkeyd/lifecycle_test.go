@@ -95,6 +95,9 @@ func TestSIGTERM(t *testing.T) {
 	}
 	// "stopped", not "shutdown incomplete": Shutdown returned before its
 	// deadline, which an idle connection would have held it to.
+	if out := d.stderr.String(); !strings.Contains(out, "signal=SIGTERM") {
+		t.Errorf("the shutdown log does not name SIGTERM: %s", out)
+	}
 	if out := d.stderr.String(); !strings.Contains(out, "msg=stopped") || strings.Contains(out, "shutdown incomplete") {
 		t.Errorf("no graceful stop logged:\n%s", out)
 	}
@@ -209,8 +212,10 @@ func TestInvalidEnvoyConfigRefused(t *testing.T) {
 // TestVersionAndHelp: hotkeyd version, and --help documenting every flag.
 func TestVersionAndHelp(t *testing.T) {
 	t.Parallel()
-	if code, out := runBinary(t, "version"); code != 0 || out != "hotkeyd v0.0.0-test\n" {
-		t.Errorf("version: %d %q", code, out)
+	for _, arg := range []string{"version", "--version"} {
+		if code, out := runBinary(t, arg); code != 0 || out != "hotkeyd v0.0.0-test\n" {
+			t.Errorf("%s: %d %q", arg, code, out)
+		}
 	}
 	code, out := runBinary(t, "--help")
 	if code != 0 {

@@ -115,6 +115,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs := flag.NewFlagSet("hotkeyd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var cluster, level string
+	var showVersion bool
 	fs.StringVar(&cfg.Listen, "listen", DefaultListen, "")
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", DefaultGRPCListen, "")
 	fs.StringVar(&cfg.EnvoyConfig, "envoy-config", "", "")
@@ -134,9 +135,11 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.NATSSecretFile, "nats-secret-file", "", "")
 	fs.IntVar(&cfg.NATSConcurrency, "nats-concurrency", DefaultNATSConcurrency, "")
 	fs.Float64Var(&cfg.HotThreshold, "hot-threshold", detector.DefaultConfig().Threshold, "")
-	fs.DurationVar(&cfg.CoolDown, "cool-down", detector.DefaultConfig().CoolDown, "")
-	fs.DurationVar(&cfg.BreakerProbe, "breaker-probe", DefaultBreakerProbe, "")
+	cfg.CoolDown, cfg.BreakerProbe = detector.DefaultConfig().CoolDown, DefaultBreakerProbe
+	fs.Var((*durationFlag)(&cfg.CoolDown), "cool-down", "")
+	fs.Var((*durationFlag)(&cfg.BreakerProbe), "breaker-probe", "")
 	fs.StringVar(&level, "log-level", "info", "")
+	fs.BoolVar(&showVersion, "version", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			Usage(out, fs)
@@ -145,7 +148,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 		return cfg, fmt.Errorf("%v (hotkeyd --help lists the flags)", err)
 	}
 	switch rest := fs.Args(); {
-	case len(rest) == 1 && rest[0] == "version":
+	case showVersion && len(rest) == 0, len(rest) == 1 && rest[0] == "version":
 		return cfg, errVersion
 	case len(rest) == 1 && rest[0] == "help":
 		Usage(out, fs)
@@ -156,7 +159,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.Visit(func(f *flag.Flag) { cfg.set[f.Name] = true })
 	var envErr error
 	fs.VisitAll(func(f *flag.Flag) {
-		if envErr != nil || cfg.set[f.Name] {
+		if envErr != nil || cfg.set[f.Name] || f.Name == "version" {
 			return
 		}
 		env := EnvName(f.Name)
@@ -184,6 +187,20 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 		return cfg, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
 	return cfg, cfg.check()
+}
+
+// durationFlag is a time.Duration flag whose error says what to write.
+type durationFlag time.Duration
+
+func (d *durationFlag) String() string { return time.Duration(*d).String() }
+
+func (d *durationFlag) Set(s string) error {
+	v, err := time.ParseDuration(s)
+	if err != nil {
+		return fmt.Errorf("want a duration with its unit, e.g. 60s, 1m or 500ms")
+	}
+	*d = durationFlag(v)
+	return nil
 }
 
 func cleanFlagErr(err error) string {
@@ -266,7 +283,7 @@ func Usage(w io.Writer, fs *flag.FlagSet) {
 Usage:
   hotkeyd [flags]      serve (HTTP API, NATS micro service "hotkey", /metrics)
   hotkeyd loadgen ...  send load to a running hotkeyd (hotkeyd loadgen --help)
-  hotkeyd version      print the version
+  hotkeyd version      print the version (or --version)
   hotkeyd --help       this text
 
 With no flags: counters in memory, an embedded NATS server on 127.0.0.1:4222,

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"log/slog"
+	"runtime/debug"
 	"strings"
 	"testing"
 	"time"
@@ -53,6 +54,8 @@ func TestParseArgsErrors(t *testing.T) {
 	}{
 		{[]string{"--hot-threshold", "x"}, nil, "hot-threshold"},
 		{nil, map[string]string{"HOTKEYD_COOL_DOWN": "soon"}, "HOTKEYD_COOL_DOWN"},
+		{[]string{"--cool-down", "5"}, nil, "want a duration with its unit, e.g. 60s"},
+		{nil, map[string]string{"HOTKEYD_BREAKER_PROBE": "10"}, "HOTKEYD_BREAKER_PROBE=\"10\": want a duration with its unit"},
 		{[]string{"--hot-threshold", "0"}, nil, "--hot-threshold"},
 		{[]string{"--cool-down", "0s"}, nil, "--cool-down"},
 		{[]string{"--breaker-probe", "-1s"}, nil, "--breaker-probe"},
@@ -97,5 +100,39 @@ func TestHelpAndVersion(t *testing.T) {
 	}
 	if got := serviceVersion("v1.2.3"); got != "1.2.3" {
 		t.Errorf("serviceVersion(v1.2.3) = %q", got)
+	}
+}
+
+// TestVersionFlag: --version asks for the version as the version command
+// does; HOTKEYD_VERSION does not.
+func TestVersionFlag(t *testing.T) {
+	if _, err := ParseArgs([]string{"--version"}, env(nil), nil); !errors.Is(err, errVersion) {
+		t.Errorf("--version: %v", err)
+	}
+	if _, err := ParseArgs(nil, env(map[string]string{"HOTKEYD_VERSION": "true"}), nil); err != nil {
+		t.Errorf("HOTKEYD_VERSION=true: %v, want a daemon to start", err)
+	}
+}
+
+// TestBuildVersion: without a version set at link time, the version is
+// the module's and the VCS revision of the build.
+func TestBuildVersion(t *testing.T) {
+	rev := func(r, modified string) []debug.BuildSetting {
+		return []debug.BuildSetting{{Key: "vcs.revision", Value: r}, {Key: "vcs.modified", Value: modified}}
+	}
+	for _, c := range []struct {
+		bi   *debug.BuildInfo
+		want string
+	}{
+		{nil, "devel"},
+		{&debug.BuildInfo{Main: debug.Module{Version: "(devel)"}}, "devel"},
+		{&debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: rev("0123456789abcdef0123", "false")}, "devel+0123456789ab"},
+		{&debug.BuildInfo{Main: debug.Module{Version: "(devel)"}, Settings: rev("0123456789abcdef0123", "true")}, "devel+0123456789ab-dirty"},
+		{&debug.BuildInfo{Main: debug.Module{Version: "v1.2.3"}}, "v1.2.3"},
+		{&debug.BuildInfo{Main: debug.Module{Version: "v0.0.0-20261203-0123456789ab"}, Settings: rev("0123456789abcdef0123", "false")}, "v0.0.0-20261203-0123456789ab"},
+	} {
+		if got := buildVersion(c.bi); got != c.want {
+			t.Errorf("%+v: %q, want %q", c.bi, got, c.want)
+		}
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -87,8 +88,21 @@ func Main(version string, args []string, lookup func(string) (string, bool), std
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
 	redis.SetLogger(redisLogger{log})
 
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	stop := func() { signal.Stop(sigs) }
 	defer stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var got atomic.Value // the signal that ends the daemon
+	go func() {
+		select {
+		case s := <-sigs:
+			got.Store(s)
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	d, err := Start(ctx, cfg, log, version)
 	if err != nil {
 		fmt.Fprintf(stderr, "hotkeyd: %v\n", err)
@@ -97,7 +111,7 @@ func Main(version string, args []string, lookup func(string) (string, bool), std
 	code := 0
 	select {
 	case <-ctx.Done():
-		log.Info("shutting down", "signal", "SIGTERM or SIGINT")
+		log.Info("shutting down", "signal", signalName(got.Load()))
 	case err := <-d.Failed():
 		log.Error("server failed", "err", err)
 		code = 1
@@ -114,13 +128,55 @@ func Main(version string, args []string, lookup func(string) (string, bool), std
 	return code
 }
 
-// fullVersion is the version set at link time, else the module's.
+// signalName names the signal s (an os.Signal), as kill -l does.
+func signalName(s any) string {
+	switch s {
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGINT:
+		return "SIGINT"
+	}
+	return fmt.Sprint(s)
+}
+
+// fullVersion is the version set at link time, else the one the build
+// info gives.
 func fullVersion(v string) string {
-	if v == "" {
-		v = "devel"
-		if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
-			v = bi.Main.Version
+	if v != "" {
+		return v
+	}
+	bi, _ := debug.ReadBuildInfo()
+	return buildVersion(bi)
+}
+
+// buildVersion is the module's version and the VCS revision the binary
+// was built from, as bi records them: "v1.2.3", "devel+0123456789ab",
+// "v1.2.3+0123456789ab-dirty"; "devel" when bi records neither.
+func buildVersion(bi *debug.BuildInfo) string {
+	v := "devel"
+	if bi == nil {
+		return v
+	}
+	if bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		v = bi.Main.Version
+	}
+	var rev string
+	var dirty bool
+	for _, s := range bi.Settings {
+		switch s.Key {
+		case "vcs.revision":
+			rev = s.Value
+		case "vcs.modified":
+			dirty = s.Value == "true"
 		}
+	}
+	// A module version from a proxy already names its commit.
+	if rev == "" || strings.Contains(v, rev[:min(12, len(rev))]) {
+		return v
+	}
+	v += "+" + rev[:min(12, len(rev))]
+	if dirty {
+		v += "-dirty"
 	}
 	return v
 }
