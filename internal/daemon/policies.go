@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strconv"
 	"strings"
 	"time"
 
@@ -14,6 +13,7 @@ import (
 
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/yamlerr"
 )
 
 // DefaultPolicy is the name of the policy a request without one uses.
@@ -166,75 +166,9 @@ func ParsePolicies(data []byte) (Policies, error) {
 }
 
 // yamlError turns a YAML syntax error into a PolicyError with its line.
-// yaml.v3 names the line where the enclosing block starts; the line at
-// fault is the first whose inclusion makes the same error appear, which
-// is found for files of up to maxScanLines lines.
 func yamlError(data []byte, err error) error {
-	line, msg := splitYAMLError(err)
-	if l := faultLine(data, msg); l > 0 {
-		line = l
-	}
+	line, msg := yamlerr.Locate(data, err)
 	return &PolicyError{Line: line, Msg: "invalid YAML: " + msg}
-}
-
-// maxScanLines and maxScanBytes bound the files faultLine scans (it parses
-// prefixes).
-const (
-	maxScanLines = 500
-	maxScanBytes = 64 << 10
-)
-
-// faultLine returns the line at fault for a YAML error msg: the first line
-// n such that the first n lines, and every longer prefix, fail with msg
-// (an earlier prefix may fail only for being cut short, inside a flow list
-// that a later line closes). 0 if not found.
-func faultLine(data []byte, msg string) int {
-	lines := bytes.SplitAfter(data, []byte("\n"))
-	if len(lines) > maxScanLines || len(data) > maxScanBytes {
-		return 0
-	}
-	ends := make([]int, len(lines))
-	end := 0
-	for i, l := range lines {
-		end += len(l)
-		ends[i] = end
-	}
-	fails := func(n int) bool { // the first n lines fail with msg
-		dec := yaml.NewDecoder(bytes.NewReader(data[:ends[n-1]]))
-		for {
-			var doc yaml.Node
-			err := dec.Decode(&doc)
-			switch {
-			case err == nil:
-				continue
-			case errors.Is(err, io.EOF):
-				return false
-			}
-			_, m := splitYAMLError(err)
-			return m == msg
-		}
-	}
-	n := len(lines)
-	if !fails(n) {
-		return 0
-	}
-	for n > 1 && fails(n-1) {
-		n--
-	}
-	return n
-}
-
-// splitYAMLError splits yaml.v3's "yaml: line N: msg".
-func splitYAMLError(err error) (int, string) {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	if rest, ok := strings.CutPrefix(msg, "line "); ok {
-		if i := strings.IndexByte(rest, ':'); i > 0 {
-			if n, err := strconv.Atoi(rest[:i]); err == nil {
-				return n, strings.TrimSpace(rest[i+1:])
-			}
-		}
-	}
-	return 0, msg
 }
 
 // eachField calls f for each key of mapping m, in order, refusing
@@ -421,37 +355,7 @@ func stringList(v *yaml.Node, field string) ([]string, error) {
 }
 
 // kindName describes a node for errors.
-func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.AliasNode:
-		return "an alias"
-	case yaml.DocumentNode:
-		return "a document"
-	case yaml.ScalarNode:
-		switch n.Tag {
-		case "!!null":
-			return "nothing"
-		case "!!str":
-			return fmt.Sprintf("the text %q", truncate(n.Value, 40))
-		}
-		return fmt.Sprintf("%q", truncate(n.Value, 40))
-	}
-	return "an unexpected value"
-}
+func kindName(n *yaml.Node) string { return yamlerr.KindName(n) }
 
 // truncate shortens s to at most n bytes (on a rune boundary) for messages.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && !utf8RuneStart(s[n]) {
-		n--
-	}
-	return s[:n] + "…"
-}
-
-func utf8RuneStart(b byte) bool { return b&0xC0 != 0x80 }
+func truncate(s string, n int) string { return yamlerr.Truncate(s, n) }

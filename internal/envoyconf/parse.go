@@ -10,13 +10,13 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 
 	"gopkg.in/yaml.v3"
 
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/yamlerr"
 )
 
 // MaxFileSize bounds the size of one configuration file.
@@ -698,106 +698,10 @@ func (p *parser) uint32(v *yaml.Node, field string) (uint32, error) {
 }
 
 // yamlError turns a YAML syntax error into an Error with its line.
-// yaml.v3 names the line where the enclosing block starts; the line at
-// fault is the first whose inclusion makes the same error appear, which
-// is found for files of up to maxScanLines lines.
 func yamlError(name string, data []byte, err error) error {
-	line, msg := splitYAMLError(err)
-	if l := faultLine(data, msg); l > 0 {
-		line = l
-	}
+	line, msg := yamlerr.Locate(data, err)
 	return &Error{File: name, Line: line, Msg: "invalid YAML: " + msg}
 }
 
-// maxScanLines and maxScanBytes bound the files faultLine scans (it
-// parses prefixes).
-const (
-	maxScanLines = 500
-	maxScanBytes = 64 << 10
-)
-
-// faultLine returns the line at fault for a YAML error msg: the first
-// line n such that the first n lines, and every longer prefix, fail with
-// msg. 0 if not found.
-func faultLine(data []byte, msg string) int {
-	lines := bytes.SplitAfter(data, []byte("\n"))
-	if len(lines) > maxScanLines || len(data) > maxScanBytes {
-		return 0
-	}
-	ends := make([]int, len(lines))
-	end := 0
-	for i, l := range lines {
-		end += len(l)
-		ends[i] = end
-	}
-	fails := func(n int) bool {
-		dec := yaml.NewDecoder(bytes.NewReader(data[:ends[n-1]]))
-		for {
-			var doc yaml.Node
-			err := dec.Decode(&doc)
-			switch {
-			case err == nil:
-				continue
-			case errors.Is(err, io.EOF):
-				return false
-			}
-			_, m := splitYAMLError(err)
-			return m == msg
-		}
-	}
-	n := len(lines)
-	if !fails(n) {
-		return 0
-	}
-	for n > 1 && fails(n-1) {
-		n--
-	}
-	return n
-}
-
-// splitYAMLError splits yaml.v3's "yaml: line N: msg".
-func splitYAMLError(err error) (int, string) {
-	msg := strings.TrimPrefix(err.Error(), "yaml: ")
-	if rest, ok := strings.CutPrefix(msg, "line "); ok {
-		if i := strings.IndexByte(rest, ':'); i > 0 {
-			if n, err := strconv.Atoi(rest[:i]); err == nil {
-				return n, strings.TrimSpace(rest[i+1:])
-			}
-		}
-	}
-	return 0, msg
-}
-
 // kindName describes a node for errors.
-func kindName(n *yaml.Node) string {
-	switch n.Kind {
-	case yaml.MappingNode:
-		return "a mapping"
-	case yaml.SequenceNode:
-		return "a list"
-	case yaml.AliasNode:
-		return "an alias"
-	case yaml.DocumentNode:
-		return "a document"
-	case yaml.ScalarNode:
-		switch n.Tag {
-		case "!!null":
-			return "nothing"
-		case "!!str":
-			return fmt.Sprintf("the text %q", truncate(n.Value, 40))
-		}
-		return fmt.Sprintf("%q", truncate(n.Value, 40))
-	}
-	return "an unexpected value"
-}
-
-// truncate shortens s to at most n bytes (on a rune boundary) for messages.
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	for n > 0 && s[n]&0xC0 == 0x80 {
-		n--
-	}
-	return s[:n] + "…"
-}
+func kindName(n *yaml.Node) string { return yamlerr.KindName(n) }

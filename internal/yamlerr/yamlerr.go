@@ -1,0 +1,123 @@
+// Package yamlerr makes the errors of files read with gopkg.in/yaml.v3
+// name the line at fault and describe what was found, for the daemon's
+// policies file and Envoy rules files alike.
+package yamlerr
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"gopkg.in/yaml.v3"
+)
+
+// maxScanLines and maxScanBytes bound the files Locate scans for the line
+// at fault (it parses prefixes).
+const (
+	maxScanLines = 500
+	maxScanBytes = 64 << 10
+)
+
+// Locate splits a YAML syntax error of data into its line and message.
+// yaml.v3 names the line where the enclosing block starts; the line at
+// fault is the first whose inclusion makes the same error appear, which is
+// found for files of up to 500 lines and 64 KiB.
+func Locate(data []byte, err error) (line int, msg string) {
+	line, msg = split(err)
+	if l := faultLine(data, msg); l > 0 {
+		line = l
+	}
+	return line, msg
+}
+
+// faultLine returns the line at fault for a YAML error msg: the first line
+// n such that the first n lines, and every longer prefix, fail with msg
+// (an earlier prefix may fail only for being cut short, inside a flow list
+// that a later line closes). 0 if not found.
+func faultLine(data []byte, msg string) int {
+	lines := bytes.SplitAfter(data, []byte("\n"))
+	if len(lines) > maxScanLines || len(data) > maxScanBytes {
+		return 0
+	}
+	ends := make([]int, len(lines))
+	end := 0
+	for i, l := range lines {
+		end += len(l)
+		ends[i] = end
+	}
+	fails := func(n int) bool { // the first n lines fail with msg
+		dec := yaml.NewDecoder(bytes.NewReader(data[:ends[n-1]]))
+		for {
+			var doc yaml.Node
+			err := dec.Decode(&doc)
+			switch {
+			case err == nil:
+				continue
+			case errors.Is(err, io.EOF):
+				return false
+			}
+			_, m := split(err)
+			return m == msg
+		}
+	}
+	n := len(lines)
+	if !fails(n) {
+		return 0
+	}
+	for n > 1 && fails(n-1) {
+		n--
+	}
+	return n
+}
+
+// split splits yaml.v3's "yaml: line N: msg".
+func split(err error) (int, string) {
+	msg := strings.TrimPrefix(err.Error(), "yaml: ")
+	if rest, ok := strings.CutPrefix(msg, "line "); ok {
+		if i := strings.IndexByte(rest, ':'); i > 0 {
+			if n, err := strconv.Atoi(rest[:i]); err == nil {
+				return n, strings.TrimSpace(rest[i+1:])
+			}
+		}
+	}
+	return 0, msg
+}
+
+// KindName describes a node for errors: "a mapping", "a list", "nothing",
+// the text "…", and so on.
+func KindName(n *yaml.Node) string {
+	switch n.Kind {
+	case yaml.MappingNode:
+		return "a mapping"
+	case yaml.SequenceNode:
+		return "a list"
+	case yaml.AliasNode:
+		return "an alias"
+	case yaml.DocumentNode:
+		return "a document"
+	case yaml.ScalarNode:
+		switch n.Tag {
+		case "!!null":
+			return "nothing"
+		case "!!str":
+			return fmt.Sprintf("the text %q", Truncate(n.Value, 40))
+		}
+		return fmt.Sprintf("%q", Truncate(n.Value, 40))
+	}
+	return "an unexpected value"
+}
+
+// Truncate shortens s to at most n bytes (cut on a rune boundary), and
+// marks the cut with "…", for messages.
+func Truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && s[n]&0xC0 == 0x80 {
+		n--
+	}
+	return s[:n] + "…"
+}
