@@ -4,7 +4,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"sync"
-	"sync/atomic"
 	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -32,7 +31,6 @@ type descMetrics struct {
 
 	mu       sync.Mutex
 	detailed map[string]bool // labels beyond the rules' paths
-	full     atomic.Bool     // detailed holds maxDetailedLabels
 }
 
 func newDescMetrics(reg prometheus.Registerer) *descMetrics {
@@ -86,20 +84,10 @@ func (dm *descMetrics) label(m envoyconf.Match) string {
 		return m.Rule.Path
 	}
 	m.Metric = boundLabel(m.Metric)
-	if dm.full.Load() {
-		dm.mu.Lock()
-		known := dm.detailed[m.Metric]
-		dm.mu.Unlock()
-		if !known {
-			return fallback
-		}
-		return m.Metric
-	}
 	dm.mu.Lock()
 	defer dm.mu.Unlock()
 	if !dm.detailed[m.Metric] {
 		if len(dm.detailed) >= maxDetailedLabels {
-			dm.full.Store(true)
 			return fallback
 		}
 		dm.detailed[m.Metric] = true

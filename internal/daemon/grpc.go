@@ -46,9 +46,15 @@ type rls struct {
 
 	// overrides holds the rules of descriptors that carry their own limit
 	// (RateLimitDescriptor.limit), by domain and limit.
-	overrides sync.Map // string → *envoyconf.Rule
-	overMu    sync.Mutex
-	nOverride int // entries in overrides, under overMu
+	overMu    sync.RWMutex
+	overrides map[overrideID]*envoyconf.Rule
+}
+
+// overrideID names the rule of a domain's descriptors that carry one limit.
+type overrideID struct {
+	domain string
+	rpu    uint32
+	unit   envoyconf.Unit
 }
 
 // maxOverrides bounds the rules kept for descriptors' own limits, one per
@@ -334,17 +340,20 @@ func ruleHeaderPolicy(r *envoyconf.Rule) *hotkey.Policy {
 // metrics label is the domain and the descriptor's keys, bounded as the
 // detailed labels are.
 func (s *rls) override(domain string, entries []envoyconf.Entry, rpu uint32, unit envoyconf.Unit) envoyconf.Match {
-	id := fmt.Sprintf("%s\x00%d\x00%d", domain, rpu, unit)
-	var rule *envoyconf.Rule
-	if v, ok := s.overrides.Load(id); ok {
-		rule = v.(*envoyconf.Rule)
-	} else {
+	id := overrideID{domain, rpu, unit}
+	s.overMu.RLock()
+	rule := s.overrides[id]
+	s.overMu.RUnlock()
+	if rule == nil {
 		rule = envoyconf.OverrideRule(domain, rpu, unit)
 		s.overMu.Lock()
-		if s.nOverride < maxOverrides {
-			if _, loaded := s.overrides.LoadOrStore(id, rule); !loaded {
-				s.nOverride++
-			}
+		if s.overrides == nil {
+			s.overrides = make(map[overrideID]*envoyconf.Rule)
+		}
+		if r, ok := s.overrides[id]; ok {
+			rule = r
+		} else if len(s.overrides) < maxOverrides {
+			s.overrides[id] = rule
 		}
 		s.overMu.Unlock()
 	}

@@ -450,20 +450,20 @@ const (
 // "~" and the first 16 hex digits of the SHA-256 of path.
 func PolicyName(path string) string { return policyName(policyPrefix, path) }
 
-func policyName(policyPrefix, path string) string {
-	if len(policyPrefix)+len(path) <= MaxPolicyName && !strings.Contains(path, "|") {
-		return policyPrefix + path
+func policyName(prefix, path string) string {
+	if len(prefix)+len(path) <= MaxPolicyName && !strings.Contains(path, "|") {
+		return prefix + path
 	}
 	sum := sha256.Sum256([]byte(path))
 	suffix := "~" + hex.EncodeToString(sum[:8])
-	room := MaxPolicyName - len(policyPrefix) - len(suffix)
-	prefix := path
-	if len(prefix) > room {
+	room := MaxPolicyName - len(prefix) - len(suffix)
+	cut := path
+	if len(cut) > room {
 		n := room
-		for n > 0 && !utf8.RuneStart(prefix[n]) {
+		for n > 0 && !utf8.RuneStart(cut[n]) {
 			n--
 		}
-		prefix = prefix[:n]
+		cut = cut[:n]
 	}
-	return policyPrefix + strings.ReplaceAll(prefix, "|", "_") + suffix
+	return prefix + strings.ReplaceAll(cut, "|", "_") + suffix
 }
