@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"testing"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // TestRedisTakeBatch checks that TakeBatch decides as Take does, in one
@@ -14,17 +12,7 @@ import (
 // one server and on a Cluster, with every algorithm and mixed costs.
 func TestRedisTakeBatch(t *testing.T) {
 	checkLeaks(t)
-	for _, tt := range []struct {
-		name   string
-		client func(t *testing.T) redis.UniversalClient
-	}{
-		{"standalone", func(t *testing.T) redis.UniversalClient { return newTestClient(t, testRedisAddr) }},
-		{"cluster", func(t *testing.T) redis.UniversalClient {
-			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testClusterAddrs})
-			t.Cleanup(func() { c.Close() })
-			return c
-		}},
-	} {
+	for _, tt := range deployments {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newTestStore(t, tt.client(t), RedisConfig{MaxBatch: 64})
 			ctx := context.Background()

@@ -274,21 +274,25 @@ func nearMicro(us, ns time.Duration) bool {
 	return us-ns < time.Microsecond && ns-us < time.Microsecond
 }
 
+// deployments are the two Redis deployments a store runs on: one server,
+// and a 3-master Cluster; client opens a client to it, closed at cleanup.
+var deployments = []struct {
+	name   string
+	client func(t *testing.T) redis.UniversalClient
+}{
+	{"standalone", func(t *testing.T) redis.UniversalClient { return newTestClient(t, testRedisAddr) }},
+	{"cluster", func(t *testing.T) redis.UniversalClient {
+		c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testClusterAddrs})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}},
+}
+
 // TestRedisConcurrentTakes proves the scripts atomic under batching: 64
 // goroutines race for 1000 units and exactly 1000 pass.
 func TestRedisConcurrentTakes(t *testing.T) {
 	checkLeaks(t)
-	for _, tt := range []struct {
-		name   string
-		client func(t *testing.T) redis.UniversalClient
-	}{
-		{"standalone", func(t *testing.T) redis.UniversalClient { return newTestClient(t, testRedisAddr) }},
-		{"cluster", func(t *testing.T) redis.UniversalClient {
-			c := redis.NewClusterClient(&redis.ClusterOptions{Addrs: testClusterAddrs})
-			t.Cleanup(func() { c.Close() })
-			return c
-		}},
-	} {
+	for _, tt := range deployments {
 		t.Run(tt.name, func(t *testing.T) {
 			s := newTestStore(t, tt.client(t), RedisConfig{})
 			for alg := range numAlgorithms {
