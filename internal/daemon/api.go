@@ -362,14 +362,11 @@ func (d *Daemon) decideBatch(ctx context.Context, reqs []AllowRequest) BatchResp
 	resps := make([]AllowResponse, len(reqs))
 	ereqs := make([]hotkey.Request, 0, len(reqs))
 	at := make([]int, 0, len(reqs)) // ereqs[j] is reqs[at[j]]
-	var known string                // the policies, listed once
+	rs := d.rules.Load()
 	for i, req := range reqs {
-		p, ok := d.policies[req.Policy]
+		p, ok := rs.policies[req.Policy]
 		if !ok {
-			if known == "" {
-				known = d.policyList()
-			}
-			ae := unknownPolicy(req.Policy, known)
+			ae := unknownPolicy(req.Policy, rs.known)
 			items[i] = BatchItem{Status: ae.Status, Error: ae.Msg}
 			continue
 		}
@@ -395,16 +392,12 @@ func (d *Daemon) decideBatch(ctx context.Context, reqs []AllowRequest) BatchResp
 
 // policy is req's policy, or the 404 of an unknown one.
 func (d *Daemon) policy(req AllowRequest) (*hotkey.Policy, *apiError) {
-	p, ok := d.policies[req.Policy]
+	rs := d.rules.Load()
+	p, ok := rs.policies[req.Policy]
 	if !ok {
-		return nil, unknownPolicy(req.Policy, d.policyList())
+		return nil, unknownPolicy(req.Policy, rs.known)
 	}
 	return p, nil
-}
-
-// policyList lists the daemon's policies for unknownPolicy.
-func (d *Daemon) policyList() string {
-	return strings.Join(quoteAll(d.policies.Names()), ", ")
 }
 
 // unknownPolicy is the 404 of a policy not among known.

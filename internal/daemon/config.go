@@ -21,6 +21,9 @@ const (
 	DefaultGRPCListen   = "127.0.0.1:8081"
 	DefaultNATSListen   = "127.0.0.1:4222"
 	DefaultBreakerProbe = hotkey.DefaultBreakerProbe
+	// DefaultReloadInterval is how often the rules' files are checked for
+	// changes.
+	DefaultReloadInterval = 2 * time.Second
 	// DefaultNATSConcurrency is as many decisions in flight as the Redis
 	// store batches well: a daemon over NATS forms batches as one over
 	// HTTP does, where each connection has its own goroutine.
@@ -30,12 +33,15 @@ const (
 
 // Config is what the flags (or their environment variables) say.
 type Config struct {
-	Listen       string
-	GRPCListen   string // Envoy's rate-limit service; empty: off
-	Policies     string
-	EnvoyConfig  string // envoyproxy/ratelimit's YAML: a file or a directory
-	Redis        string
-	RedisCluster []string
+	Listen      string
+	GRPCListen  string // Envoy's rate-limit service; empty: off
+	Policies    string // a file or a directory
+	EnvoyConfig string // envoyproxy/ratelimit's YAML: a file or a directory
+	// ReloadInterval is how often the files of Policies and EnvoyConfig
+	// are checked for changes, which reload them; 0: only SIGHUP does.
+	ReloadInterval time.Duration
+	Redis          string
+	RedisCluster   []string
 
 	NATS         string // URL(s) of an existing NATS; empty: embed a server
 	NATSListen   string // the embedded server's address
@@ -74,7 +80,8 @@ var flagDocs = []flagDoc{
 	{"listen", "ADDR", "HTTP API, /metrics and health checks listen on ADDR"},
 	{"grpc-listen", "ADDR", "Envoy's rate-limit service (envoy.service.ratelimit.v3, gRPC health and reflection) listens on ADDR; empty turns it off"},
 	{"envoy-config", "PATH", "envoyproxy/ratelimit's YAML configuration (a file, or a directory of them) for the gRPC rate-limit service; see docs/envoy.md"},
-	{"policies", "FILE", "YAML file of named policies (see docs/api.md); without it, the built-in \"default\": token_bucket 100/s, burst 100, on_store_failure local"},
+	{"policies", "PATH", "YAML file of named policies, or a directory of them (see docs/api.md); without it, the built-in \"default\": token_bucket 100/s, burst 100, on_store_failure local"},
+	{"reload-interval", "DURATION", "check the files of --policies and --envoy-config for changes this often, and reload them when they change (SIGHUP reloads too; a file refused keeps the rules in force); 0 checks never"},
 	{"redis", "URL", "keep counters in a standalone Redis (redis://[user:password@]host:port[/db], rediss:// for TLS); without --redis or --redis-cluster, counters are in memory"},
 	{"redis-cluster", "ADDR,ADDR,...", "keep counters in a Redis Cluster reached through these seed nodes (host:port)"},
 	{"nats", "URL", "join an existing NATS (nats:// or tls://, comma-separated for a cluster) instead of embedding a server"},
@@ -138,6 +145,8 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	cfg.CoolDown, cfg.BreakerProbe = detector.DefaultConfig().CoolDown, DefaultBreakerProbe
 	fs.Var((*durationFlag)(&cfg.CoolDown), "cool-down", "")
 	fs.Var((*durationFlag)(&cfg.BreakerProbe), "breaker-probe", "")
+	cfg.ReloadInterval = DefaultReloadInterval
+	fs.Var((*durationFlag)(&cfg.ReloadInterval), "reload-interval", "")
 	fs.StringVar(&level, "log-level", "info", "")
 	fs.BoolVar(&showVersion, "version", false, "")
 	if err := fs.Parse(args); err != nil {
@@ -272,6 +281,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 60s", flagName("cool-down"), c.CoolDown)
 	case c.BreakerProbe <= 0:
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 10s", flagName("breaker-probe"), c.BreakerProbe)
+	case c.ReloadInterval < 0:
+		return fmt.Errorf("%s %v: want a positive duration, e.g. 2s, or 0 to check never", flagName("reload-interval"), c.ReloadInterval)
 	}
 	return nil
 }

@@ -68,7 +68,8 @@ const readyzKey = "hotkeyd:readyz"
 // Main runs hotkeyd with args (without the program name), reading flags'
 // environment variables through lookup. It returns the exit code: 0 after
 // --help, version or a graceful shutdown on SIGTERM or SIGINT; 2 for bad
-// flags; 1 when the daemon cannot start or fails.
+// flags; 1 when the daemon cannot start or fails. SIGHUP reloads the
+// policies and Envoy rules (Reload).
 func Main(version string, args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "loadgen" {
 		return loadgencmd.Main(args[1:], stdout, stderr)
@@ -92,6 +93,11 @@ func Main(version string, args []string, lookup func(string) (string, bool), std
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	stop := func() { signal.Stop(sigs) }
 	defer stop()
+	// SIGHUP reloads the rules; one that comes while the daemon starts is
+	// held until it serves.
+	hups := make(chan os.Signal, 1)
+	signal.Notify(hups, syscall.SIGHUP)
+	defer signal.Stop(hups)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var got atomic.Value // the signal that ends the daemon
@@ -109,12 +115,19 @@ func Main(version string, args []string, lookup func(string) (string, bool), std
 		return 1
 	}
 	code := 0
-	select {
-	case <-ctx.Done():
-		log.Info("shutting down", "signal", signalName(got.Load()))
-	case err := <-d.Failed():
-		log.Error("server failed", "err", err)
-		code = 1
+serve:
+	for {
+		select {
+		case <-hups:
+			_ = d.Reload("SIGHUP") // logged and counted
+		case <-ctx.Done():
+			log.Info("shutting down", "signal", signalName(got.Load()))
+			break serve
+		case err := <-d.Failed():
+			log.Error("server failed", "err", err)
+			code = 1
+			break serve
+		}
 	}
 	stop() // a second signal ends the process at once
 	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
@@ -198,12 +211,16 @@ func serviceVersion(v string) string {
 
 // Daemon is a running hotkeyd.
 type Daemon struct {
-	cfg      Config
-	log      *slog.Logger
-	id       string
-	policies Policies
-	envoy    *envoyconf.Config // nil without --envoy-config
-	readyz   *hotkey.Policy
+	cfg    Config
+	log    *slog.Logger
+	id     string
+	rules  atomic.Pointer[rules]
+	readyz *hotkey.Policy
+
+	reloadMu  sync.Mutex // one reload at a time
+	reloads   *reloadMetrics
+	watchStop chan struct{} // nil without a watch
+	watchDone chan struct{}
 
 	ln       net.Listener
 	httpSrv  *http.Server
@@ -258,14 +275,12 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 			d.abort()
 		}
 	}()
-	if d.policies, err = loadPolicies(cfg.Policies); err != nil {
+	sources := sourcesPrint(cfg) // before reading: a change after it is seen
+	r, err := loadRules(cfg)
+	if err != nil {
 		return nil, err
 	}
-	if cfg.EnvoyConfig != "" {
-		if d.envoy, err = envoyconf.Load(cfg.EnvoyConfig); err != nil {
-			return nil, fmt.Errorf("envoy configuration, set by %s, refused: %w", flagName("envoy-config"), err)
-		}
-	}
+	d.rules.Store(r)
 	secret, err := readSecret(cfg.NATSSecretFile, log)
 	if err != nil {
 		return nil, err
@@ -294,6 +309,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	})
 	build.Set(1)
 	d.reg.MustRegister(build)
+	d.reloads = newReloadMetrics(d.reg)
 
 	// Hot keys are counter names, policy|key: room for the longest.
 	maxName := max(maxPolicyName, envoyconf.MaxPolicyName) + 1 + hotkey.DefaultMaxKeyLen
@@ -367,12 +383,16 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	if d.grpcLn != nil {
 		grpcAddr = d.GRPCAddr()
 	}
-	if d.envoy != nil {
-		domains = strings.Join(d.envoy.Domains(), ",")
+	if r.envoy != nil {
+		domains = strings.Join(r.envoy.Domains(), ",")
+	}
+	if cfg.ReloadInterval > 0 && (cfg.Policies != "" || cfg.EnvoyConfig != "") {
+		d.watchStop, d.watchDone = make(chan struct{}), make(chan struct{})
+		go d.watch(cfg.ReloadInterval, sources, d.watchStop, d.watchDone)
 	}
 	log.Info("serving", "http", d.Addr(), "grpc", grpcAddr, "nats", nats, "store", store, "instance", d.id,
-		"policies", strings.Join(d.policies.Names(), ","), "envoy_domains", domains, "version", version)
-	if d.grpcLn != nil && d.envoy == nil {
+		"policies", strings.Join(r.policies.Names(), ","), "envoy_domains", domains, "version", version)
+	if d.grpcLn != nil && r.envoy == nil {
 		log.Info("the gRPC rate-limit service has no rules: every descriptor is answered OK until " + flagName("envoy-config") + " gives some")
 	}
 	return d, nil
@@ -402,21 +422,6 @@ func instanceID() string {
 		host = "hotkeyd"
 	}
 	return host + "-" + hex.EncodeToString(b[:])
-}
-
-func loadPolicies(file string) (Policies, error) {
-	if file == "" {
-		return Policies{DefaultPolicy: BuiltinPolicy()}, nil
-	}
-	data, err := os.ReadFile(file)
-	if err != nil {
-		return nil, fmt.Errorf("policies file, set by %s: %w", flagName("policies"), err)
-	}
-	ps, err := ParsePolicies(data)
-	if err != nil {
-		return nil, fmt.Errorf("policies file %s refused: %w", file, err)
-	}
-	return ps, nil
 }
 
 // readSecret reads the coordinator's secret from file, without the white
@@ -613,6 +618,7 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 }
 
 func (d *Daemon) stop(ctx context.Context) error {
+	d.stopWatch()
 	var errs []error
 	var wg sync.WaitGroup
 	var grpcErr error
@@ -695,8 +701,18 @@ func (d *Daemon) closeRest() {
 	}
 }
 
+// stopWatch stops the watch of the rules' files, if any, and waits for it.
+func (d *Daemon) stopWatch() {
+	if d.watchStop != nil {
+		close(d.watchStop)
+		<-d.watchDone
+		d.watchStop = nil
+	}
+}
+
 // abort undoes a Start that failed part way.
 func (d *Daemon) abort() {
+	d.stopWatch()
 	if d.svc != nil {
 		d.svc.Stop()
 	}

@@ -167,7 +167,7 @@ func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (
 	case len(descs) > MaxDescriptors:
 		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors, over the %d allowed in one request", len(descs), MaxDescriptors)
 	}
-	cfg := s.d.envoy
+	cfg := s.d.rules.Load().envoy
 	items := make([]rlsItem, len(descs))
 	rules := make([]*envoyconf.Rule, len(descs))
 	entries := make([]envoyconf.Entry, 0, 8)

@@ -50,17 +50,23 @@ func (p Policies) Names() []string {
 	return names
 }
 
-// PolicyError is a policies file the daemon refuses: Line is the line at
-// fault (1-based, 0 when the file as a whole is), Field the path of the
-// field ("policies.login.period").
+// PolicyError is a policies file the daemon refuses: File is the file at
+// fault (empty for ParsePolicies), Line the line (1-based, 0 when the file
+// as a whole is), Field the path of the field ("policies.login.period").
 type PolicyError struct {
+	File  string
 	Line  int
 	Field string
 	Msg   string
 }
 
+// Error reads "FILE: line N: FIELD: MSG", without the parts that are empty.
 func (e *PolicyError) Error() string {
 	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File)
+		b.WriteString(": ")
+	}
 	if e.Line > 0 {
 		fmt.Fprintf(&b, "line %d: ", e.Line)
 	}
@@ -95,6 +101,18 @@ func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
 // enforce are errors (a *PolicyError naming the line and field). A file
 // without a "default" policy gets the built-in one.
 func ParsePolicies(data []byte) (Policies, error) {
+	ps, err := parsePolicies(data)
+	if err != nil {
+		return nil, err
+	}
+	if _, ok := ps[DefaultPolicy]; !ok {
+		ps[DefaultPolicy] = BuiltinPolicy()
+	}
+	return ps, nil
+}
+
+// parsePolicies is ParsePolicies without the built-in default.
+func parsePolicies(data []byte) (Policies, error) {
 	if len(data) > maxPoliciesFile {
 		return nil, &PolicyError{Msg: fmt.Sprintf("file is %d bytes, over the %d allowed", len(data), maxPoliciesFile)}
 	}
@@ -158,9 +176,6 @@ func ParsePolicies(data []byte) (Policies, error) {
 		return nil
 	}); err != nil {
 		return nil, err
-	}
-	if _, ok := ps[DefaultPolicy]; !ok {
-		ps[DefaultPolicy] = BuiltinPolicy()
 	}
 	return ps, nil
 }

@@ -1,0 +1,283 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/internal/envoyconf"
+)
+
+// rules are what a reload replaces, as one: the policies and the Envoy
+// rules. A request (a batch, a gRPC request) reads them once, so that it
+// never sees half a reload.
+type rules struct {
+	policies Policies
+	known    string            // the policies' names, quoted, for the 404 of an unknown one
+	envoy    *envoyconf.Config // nil without --envoy-config
+}
+
+func newRules(ps Policies, envoy *envoyconf.Config) *rules {
+	return &rules{policies: ps, known: strings.Join(quoteAll(ps.Names()), ", "), envoy: envoy}
+}
+
+// loadRules reads the policies and the Envoy rules the flags name.
+func loadRules(cfg Config) (*rules, error) {
+	ps := Policies{DefaultPolicy: BuiltinPolicy()}
+	if cfg.Policies != "" {
+		var err error
+		if ps, err = LoadPolicies(cfg.Policies); err != nil {
+			return nil, fmt.Errorf("policies, set by %s, refused: %w", flagName("policies"), err)
+		}
+	}
+	var envoy *envoyconf.Config
+	if cfg.EnvoyConfig != "" {
+		var err error
+		if envoy, err = envoyconf.Load(cfg.EnvoyConfig); err != nil {
+			return nil, fmt.Errorf("envoy configuration, set by %s, refused: %w", flagName("envoy-config"), err)
+		}
+	}
+	return newRules(ps, envoy), nil
+}
+
+// LoadPolicies reads the policies at path: one YAML file (see
+// ParsePolicies), or a directory whose *.yaml and *.yml files (names
+// starting with "." skipped; links to files followed, so a Kubernetes
+// ConfigMap's directory reads as its keys) together hold the policies. A
+// name defined in two files is refused. Without a "default" policy in any
+// file, the built-in one is added. Errors are a *PolicyError naming the
+// file, or the error of reading it.
+func LoadPolicies(path string) (Policies, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	files := []string{path}
+	if fi.IsDir() {
+		if files, err = policyFiles(path); err != nil {
+			return nil, err
+		}
+		if len(files) == 0 {
+			return nil, &PolicyError{File: path, Msg: "no *.yaml or *.yml files in the directory"}
+		}
+	}
+	all := make(Policies)
+	from := make(map[string]string) // policy name → its file
+	for _, f := range files {
+		ps, err := loadPoliciesFile(f)
+		if err != nil {
+			return nil, err
+		}
+		for _, name := range ps.Names() {
+			if prev, dup := from[name]; dup {
+				return nil, &PolicyError{File: f, Field: "policies." + name, Msg: "defined in " + prev + " too: a policy name must be defined once"}
+			}
+			from[name] = f
+			all[name] = ps[name]
+		}
+	}
+	if _, ok := all[DefaultPolicy]; !ok {
+		all[DefaultPolicy] = BuiltinPolicy()
+	}
+	return all, nil
+}
+
+// policyFiles lists the policy files of directory dir, sorted.
+func policyFiles(dir string) ([]string, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var files []string
+	for _, e := range ents {
+		name := e.Name()
+		if strings.HasPrefix(name, ".") || !(strings.HasSuffix(name, ".yaml") || strings.HasSuffix(name, ".yml")) {
+			continue
+		}
+		p := filepath.Join(dir, name)
+		fi, err := os.Stat(p) // through a link
+		if err != nil {
+			return nil, err
+		}
+		if fi.Mode().IsRegular() {
+			files = append(files, p)
+		}
+	}
+	slices.Sort(files)
+	return files, nil
+}
+
+// loadPoliciesFile reads and parses one policies file, without the built-in
+// default.
+func loadPoliciesFile(file string) (Policies, error) {
+	f, err := os.Open(file)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxPoliciesFile+1))
+	if err != nil {
+		return nil, err
+	}
+	ps, err := parsePolicies(data)
+	if pe, ok := errors.AsType[*PolicyError](err); ok {
+		pe.File = file
+	}
+	return ps, err
+}
+
+// reloadMetrics count the reloads.
+type reloadMetrics struct {
+	ok, failed prometheus.Counter
+	success    prometheus.Gauge
+}
+
+func newReloadMetrics(reg prometheus.Registerer) *reloadMetrics {
+	v := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "hotkey_policy_reloads_total",
+		Help: "Reloads of the policies and Envoy rules (on SIGHUP or a change of their files), by result: ok, or error (the files were refused and the rules in force stay).",
+	}, []string{"result"})
+	g := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "hotkey_policy_last_reload_successful",
+		Help: "1 if the last reload of the policies and Envoy rules (or the start) read them, 0 if it refused them and older rules are in force.",
+	})
+	g.Set(1)
+	reg.MustRegister(v, g)
+	return &reloadMetrics{ok: v.WithLabelValues("ok"), failed: v.WithLabelValues("error"), success: g}
+}
+
+// Reload reads the policies and the Envoy rules again and puts them in
+// force at once, both together: decisions from then on use them, those in
+// flight finish on the old ones. A file refused keeps all the rules in
+// force; its error (naming the file, line and field) is logged and
+// returned. cause says what asked for it, for the log.
+func (d *Daemon) Reload(cause string) error {
+	d.reloadMu.Lock()
+	defer d.reloadMu.Unlock()
+	r, err := loadRules(d.cfg)
+	if err != nil {
+		d.reloads.failed.Inc()
+		d.reloads.success.Set(0)
+		attrs := []any{"cause", cause, "err", err}
+		if pe, ok := errors.AsType[*PolicyError](err); ok {
+			attrs = append(attrs, "file", pe.File, "line", pe.Line, "field", pe.Field)
+		} else if ee, ok := errors.AsType[*envoyconf.Error](err); ok {
+			attrs = append(attrs, "file", ee.File, "line", ee.Line, "field", ee.Field)
+		}
+		d.log.Error("reload refused: the rules in force stay", attrs...)
+		return err
+	}
+	old := d.rules.Load()
+	d.rules.Store(r)
+	d.reloads.ok.Inc()
+	d.reloads.success.Set(1)
+	added, removed, changed := diffPolicies(old.policies, r.policies)
+	attrs := []any{"cause", cause, "policies", strings.Join(r.policies.Names(), ","),
+		"added", strings.Join(added, ","), "removed", strings.Join(removed, ","), "changed", strings.Join(changed, ",")}
+	if r.envoy != nil {
+		attrs = append(attrs, "envoy_domains", strings.Join(r.envoy.Domains(), ","))
+	}
+	d.log.Info("reloaded", attrs...)
+	return nil
+}
+
+// diffPolicies names the policies of b that a lacks, those of a that b
+// lacks, and those of both that differ.
+func diffPolicies(a, b Policies) (added, removed, changed []string) {
+	for _, n := range b.Names() {
+		pa, ok := a[n]
+		switch {
+		case !ok:
+			added = append(added, n)
+		case !samePolicy(pa, b[n]):
+			changed = append(changed, n)
+		}
+	}
+	for _, n := range a.Names() {
+		if _, ok := b[n]; !ok {
+			removed = append(removed, n)
+		}
+	}
+	return added, removed, changed
+}
+
+func samePolicy(a, b *hotkey.Policy) bool {
+	return a.Name == b.Name && a.Limit == b.Limit && a.OnStoreFailure == b.OnStoreFailure && slices.Equal(a.Allowlist, b.Allowlist)
+}
+
+// watch reloads when the files of --policies or --envoy-config change,
+// looking every interval, until stop is closed. A change is seen in the
+// files' sizes, times and inodes (a ConfigMap's update swaps a link,
+// which changes the inode the path reads), so that nothing is parsed
+// while nothing changed; a reload that finds the same rules changes
+// nothing.
+func (d *Daemon) watch(interval time.Duration, last uint64, stop <-chan struct{}, done chan<- struct{}) {
+	defer close(done)
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if now := sourcesPrint(d.cfg); now != last {
+			last = now
+			_ = d.Reload("file change") // logged and counted
+		}
+	}
+}
+
+// sourcesPrint is a digest of what the files of --policies and
+// --envoy-config are now: each file's path, size, time and inode, through
+// links, a directory's recursively (names starting with "." skipped).
+// Files that cannot be read enter it as their error.
+func sourcesPrint(cfg Config) uint64 {
+	h := xxhash.New()
+	for _, root := range []string{cfg.Policies, cfg.EnvoyConfig} {
+		if root == "" {
+			continue
+		}
+		walk := root
+		if fi, err := os.Lstat(root); err == nil && fi.Mode()&fs.ModeSymlink != 0 {
+			if fi, err := os.Stat(root); err == nil && fi.IsDir() {
+				walk += string(filepath.Separator) // walk the directory a link names
+			}
+		}
+		err := filepath.WalkDir(walk, func(p string, e fs.DirEntry, err error) error {
+			if err != nil {
+				fmt.Fprintf(h, "%s: %v\n", p, err)
+				return nil
+			}
+			if p != walk && strings.HasPrefix(e.Name(), ".") {
+				if e.IsDir() {
+					return filepath.SkipDir
+				}
+				return nil
+			}
+			fi, err := os.Stat(p)
+			if err != nil {
+				fmt.Fprintf(h, "%s: %v\n", p, err)
+				return nil
+			}
+			if !fi.IsDir() {
+				fmt.Fprintf(h, "%s %d %d %d\n", p, fi.Size(), fi.ModTime().UnixNano(), inode(fi))
+			}
+			return nil
+		})
+		if err != nil {
+			fmt.Fprintf(h, "%s: %v\n", root, err)
+		}
+	}
+	return h.Sum64()
+}
