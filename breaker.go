@@ -6,6 +6,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/hotkeyd/hotkey/counter"
 )
 
 // Breaker defaults.
@@ -127,7 +129,9 @@ func (b *breaker) failure(probe bool, err error) {
 
 // report reports the outcome of a store call allowed with probe: err nil is
 // a success; an error after the caller cancelled ctx is no verdict on the
-// store; any other error is a failure, a call cut by the caller's deadline
+// store, nor is a store not set up yet (counter.ErrNotReady: it failed at
+// once, without a round trip, and is ready as soon as its server answers,
+// not a probe interval later); any other error is a failure, a call cut by the caller's deadline
 // included: the store did not answer within the time callers allow, and
 // callers with deadlines shorter than the store's timeout would otherwise
 // never open the breaker, however stalled the store.
@@ -135,7 +139,7 @@ func (b *breaker) report(ctx context.Context, probe bool, err error) {
 	switch {
 	case err == nil:
 		b.success(probe)
-	case errors.Is(ctx.Err(), context.Canceled):
+	case errors.Is(ctx.Err(), context.Canceled), errors.Is(err, counter.ErrNotReady):
 		b.abandon(probe)
 	default:
 		b.failure(probe, err)

@@ -175,3 +175,50 @@ func TestBreakerCountsStoreCalls(t *testing.T) {
 		t.Fatal("3 failed store calls in a row, with cached denials between them, did not open the breaker")
 	}
 }
+
+// notReadyStore fails every call with counter.ErrNotReady while NotReady is
+// set, as a store whose setup has not succeeded yet.
+type notReadyStore struct {
+	testkit.Store
+}
+
+func (s *notReadyStore) Take(ctx context.Context, key string, hash uint64, lim counter.Limit, n int64) (counter.Result, error) {
+	if s.Down.Load() {
+		s.Takes.Add(1)
+		return counter.Result{}, fmt.Errorf("test: %w", counter.ErrNotReady)
+	}
+	return s.Store.Take(ctx, key, hash, lim, n)
+}
+
+// TestBreakerNotReady: a store not set up yet (counter.ErrNotReady) is no
+// verdict for the breaker: decisions follow the fallback, each asks the
+// store, and the first one after it is set up goes to it, with no probe
+// interval to wait.
+func TestBreakerNotReady(t *testing.T) {
+	checkLeaks(t)
+	clock := testkit.NewClock()
+	store := &notReadyStore{testkit.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}}
+	store.Down.Store(true)
+	e, err := New(store, withClock(clock.Now), WithoutDetector(), withDenyCache(0), WithBreaker(3, 10*time.Second, 40*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	p := &Policy{Limit: PerSecond(1000), OnStoreFailure: FallbackOpen}
+	for i := range 10 {
+		r, err := e.Allow(context.Background(), "k", p)
+		if err != nil || !r.Allowed || !r.Degraded {
+			t.Fatalf("decision %d before setup: %+v, %v; want the open fallback", i, r, err)
+		}
+	}
+	if got := store.Takes.Load(); got != 10 {
+		t.Errorf("%d of 10 decisions asked the store before setup, want all", got)
+	}
+	if e.BreakerState() != BreakerClosed {
+		t.Fatalf("breaker %v after 10 takes of a store not set up, want closed", e.BreakerState())
+	}
+	store.Down.Store(false)
+	if r, err := e.Allow(context.Background(), "k", p); err != nil || !r.Allowed || r.Degraded || r.Remaining != 999 {
+		t.Errorf("first decision once set up: %+v, %v; want the store's", r, err)
+	}
+}

@@ -201,9 +201,17 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 		return 0, fmt.Errorf("coordinator: subscribe: %w", err)
 	}
 	// The subscriptions are in place on the server before anything is
-	// asked of the peers.
-	if err = c.nc.FlushTimeout(c.cfg.ConnectTimeout); err != nil {
-		return 0, fmt.Errorf("coordinator: flush subscriptions to NATS: %w", err)
+	// asked of the peers. A connection not up yet (a given one made with
+	// nats.RetryOnFailedConnect) sends them when it connects; its first
+	// connection counts as a reconnect, after which the publisher sends the
+	// heartbeat and sync request that go nowhere now.
+	reconnects := c.nc.Stats().Reconnects
+	connected := c.nc.IsConnected()
+	if connected {
+		if err = c.nc.FlushTimeout(c.cfg.ConnectTimeout); err != nil {
+			return 0, fmt.Errorf("coordinator: flush subscriptions to NATS: %w", err)
+		}
+		reconnects = c.nc.Stats().Reconnects
 	}
 	c.h = h
 	c.started = true
@@ -211,7 +219,7 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 	c.publish(c.subjHB, encodeControl(c.cfg.ID, typeHB))
 	c.requestSync()
 	c.wg.Add(3)
-	return c.nc.Stats().Reconnects, nil
+	return reconnects, nil
 }
 
 // Announce implements Coordinator. A level of 4, 16 or 64 becomes this

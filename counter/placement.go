@@ -67,6 +67,15 @@ func (singleNode) Nodes() int      { return 1 }
 func (singleNode) Node(string) int { return 0 }
 func (singleNode) Version() uint64 { return 1 }
 
+// pendingNode is the placement of a Cluster or Ring store not set up yet
+// (RedisConfig.SetupRetry): one node, under version 0, which no node map
+// read from the server has.
+type pendingNode struct{}
+
+func (pendingNode) Nodes() int      { return 1 }
+func (pendingNode) Node(string) int { return 0 }
+func (pendingNode) Version() uint64 { return 0 }
+
 // slotPlacement maps names to Cluster masters by hash slot.
 type slotPlacement struct {
 	prefix  string

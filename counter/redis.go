@@ -35,6 +35,14 @@ type RedisConfig struct {
 	// RefreshInterval is how often the node map of a Cluster or Ring is
 	// re-read (default 10s).
 	RefreshInterval time.Duration
+	// SetupRetry, when positive, lets NewRedisStore return although the
+	// setup (loading the scripts, reading the node map) failed, say
+	// because the server cannot be reached yet: the store retries it every
+	// SetupRetry until it succeeds, and until then Take, TakeBatch and
+	// Reshard fail at once with ErrNotReady (wrapped), without a round
+	// trip. Ready says which. Zero: NewRedisStore fails when its setup
+	// does.
+	SetupRetry time.Duration
 }
 
 // DefaultRedisConfig returns the defaults documented on RedisConfig.
@@ -50,7 +58,10 @@ func DefaultRedisConfig() RedisConfig {
 
 // Errors of the Redis store.
 var (
-	ErrStoreClosed   = errors.New("store closed")
+	ErrStoreClosed = errors.New("store closed")
+	// ErrNotReady is the error of a call before a store made with
+	// RedisConfig.SetupRetry is set up: no round trip was made.
+	ErrNotReady      = errors.New("store not set up yet")
 	ErrInvalidPrefix = errors.New("redis prefix must not contain '{' or '}'")
 	// ErrInvalidConfig is in every error NewRedisStore returns for a
 	// RedisConfig it refuses (errors.Is).
@@ -94,6 +105,9 @@ type RedisStore struct {
 
 	skew     atomic.Int64 // the server's clock minus ours, in ns
 	skewRead atomic.Bool  // skew has been measured
+
+	ready    atomic.Bool           // set up: scripts loaded, node map read
+	setupErr atomic.Pointer[error] // the last failed setup's error, until ready
 }
 
 var _ Store = (*RedisStore)(nil)
@@ -142,23 +156,87 @@ func NewRedisStore(ctx context.Context, client redis.UniversalClient, cfg RedisC
 		sum := sha1.Sum([]byte(src))
 		s.shas[i] = hex.EncodeToString(sum[:])
 	}
-	if err := s.loadScripts(ctx); err != nil {
+	err := s.setup(ctx)
+	if err != nil && cfg.SetupRetry <= 0 {
 		return nil, err
 	}
-	p, err := readPlacement(ctx, client, cfg.Prefix, 1)
-	if err != nil {
-		return nil, fmt.Errorf("redis store: %w", err)
-	}
-	s.placement.Store(&p)
-	s.measureSkew(ctx)
 	s.ctx, s.cancel = context.WithCancel(context.Background())
 	for range cfg.Workers {
 		s.wg.Add(1)
 		go s.newWorker().loop()
 	}
 	s.wg.Add(1)
-	go s.refresh()
+	if err != nil {
+		s.setupErr.Store(&err)
+		// Until set up, the store maps every name to one node, under a
+		// version no node map read from the server has: a split key's
+		// names change once the real map is read.
+		var p Placement = pendingNode{}
+		if _, ok := client.(*redis.Client); ok {
+			p = singleNode{} // what a standalone server's map will be
+		}
+		s.placement.Store(&p)
+		go s.retrySetup()
+	} else {
+		go s.refresh()
+	}
 	return s, nil
+}
+
+// setup loads the scripts, reads the node map and measures the clock
+// skew; then the store is ready.
+func (s *RedisStore) setup(ctx context.Context) error {
+	if err := s.loadScripts(ctx); err != nil {
+		return err
+	}
+	p, err := readPlacement(ctx, s.client, s.cfg.Prefix, 1)
+	if err != nil {
+		return fmt.Errorf("redis store: %w", err)
+	}
+	s.placement.Store(&p)
+	s.measureSkew(ctx)
+	s.ready.Store(true)
+	return nil
+}
+
+// retrySetup retries the setup every SetupRetry until it succeeds or the
+// store is closed, then refreshes.
+func (s *RedisStore) retrySetup() {
+	t := time.NewTicker(s.cfg.SetupRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.done:
+			s.wg.Done()
+			return
+		case <-t.C:
+		}
+		ctx, cancel := context.WithTimeout(s.ctx, max(s.cfg.Timeout, time.Second))
+		err := s.setup(ctx)
+		cancel()
+		if err == nil {
+			s.refresh() // calls wg.Done
+			return
+		}
+		s.setupErr.Store(&err)
+	}
+}
+
+// Ready returns nil once the store is set up (always, unless made with
+// RedisConfig.SetupRetry and the setup has not succeeded yet); before, an
+// error that wraps ErrNotReady and says why the last setup failed.
+func (s *RedisStore) Ready() error {
+	if s.ready.Load() {
+		return nil
+	}
+	return s.notReady()
+}
+
+func (s *RedisStore) notReady() error {
+	if e := s.setupErr.Load(); e != nil {
+		return fmt.Errorf("%w: %w", ErrNotReady, *e)
+	}
+	return ErrNotReady
 }
 
 func isSingle(p Placement) bool {
@@ -283,6 +361,9 @@ func (c *call) release() {
 func (s *RedisStore) Take(ctx context.Context, key string, _ uint64, lim Limit, n int64) (Result, error) {
 	if lim.Algorithm >= numAlgorithms {
 		return Result{}, fmt.Errorf("redis take: %w: %d", ErrUnknownAlgorithm, lim.Algorithm)
+	}
+	if !s.ready.Load() {
+		return Result{}, fmt.Errorf("redis take: %w", s.notReady())
 	}
 	c := callPool.Get().(*call)
 	c.ctx, c.key = ctx, s.cfg.Prefix+key

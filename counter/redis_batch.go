@@ -31,6 +31,9 @@ func (s *RedisStore) runOps(ctx context.Context, w *worker, ops []Op) {
 		case s.ctx.Err() != nil:
 			op.Err = fmt.Errorf("redis take: %w", ErrStoreClosed)
 			continue
+		case !s.ready.Load():
+			op.Err = fmt.Errorf("redis take: %w", s.notReady())
+			continue
 		}
 		c := callPool.Get().(*call)
 		c.ctx, c.key = ctx, s.cfg.Prefix+op.Key

@@ -187,6 +187,9 @@ func (s *RedisStore) Reshard(ctx context.Context, from, to []Shard) error {
 		return fmt.Errorf("redis reshard: %w", ErrStoreClosed)
 	default:
 	}
+	if !s.ready.Load() {
+		return fmt.Errorf("redis reshard: %w", s.notReady())
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	defer context.AfterFunc(s.ctx, cancel)() // Close cuts it short

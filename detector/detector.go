@@ -84,8 +84,14 @@ type Config struct {
 	// Threshold is T, the global rate per key in requests per second at
 	// which a key is split to level 4; 16 at 4T and 64 at 16T. Each instance
 	// compares its local rate with T divided by the live instances (see
-	// SetInstances). Default 1000.
+	// SetInstances), but never with less than Floor. Default 1000.
 	Threshold float64
+	// Floor is the lowest local threshold, in requests per second, however
+	// many instances share T: a key is split only once this instance alone
+	// sees it at Floor (capped at T), so that among many instances a
+	// handful of requests in a sub-window does not split a key. 0: none
+	// (the default).
+	Floor float64
 	// SubWindow is the span over which the rate deciding a level-up is
 	// measured, and the life of one sketch. Default 100ms.
 	SubWindow time.Duration
@@ -160,6 +166,8 @@ func (c Config) withDefaults() (Config, error) {
 	switch {
 	case !(c.Threshold > 0) || math.IsInf(c.Threshold, 0):
 		return c, fmt.Errorf("%w: Threshold %v", ErrInvalidConfig, c.Threshold)
+	case !(c.Floor >= 0) || math.IsInf(c.Floor, 0):
+		return c, fmt.Errorf("%w: Floor %v", ErrInvalidConfig, c.Floor)
 	case c.Steps < 1 || c.SubWindow < time.Duration(c.Steps):
 		return c, fmt.Errorf("%w: SubWindow %v in %d steps", ErrInvalidConfig, c.SubWindow, c.Steps)
 	case c.Slots < 1:
@@ -387,9 +395,10 @@ func (d *Detector) SetInstances(n int) {
 	d.setPromoteLocked()
 }
 
-// localLocked returns the local threshold in requests per second.
+// localLocked returns the local threshold in requests per second: T over
+// the live instances, at least the floor (at most T).
 func (d *Detector) localLocked() float64 {
-	return d.cfg.Threshold / float64(d.instances)
+	return max(d.cfg.Threshold/float64(d.instances), min(d.cfg.Floor, d.cfg.Threshold))
 }
 
 // setPromoteLocked sets the promotion threshold P: a share of the local

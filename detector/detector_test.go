@@ -156,6 +156,45 @@ func TestSetInstances(t *testing.T) {
 	}
 }
 
+// TestFloor: among many instances the local threshold stops at Floor, so
+// a key this instance sees at under Floor is not split however small T/N
+// is; a Floor over T is capped at T.
+func TestFloor(t *testing.T) {
+	s := newSim(t, Config{Threshold: 10000, Floor: 1000, Width: 1024})
+	s.d.SetInstances(20) // T/N = 500
+	if got := s.d.localLocked(); got != 1000 {
+		t.Fatalf("local threshold %v with 20 instances and a floor of 1000, want 1000", got)
+	}
+	k := newSource("k")
+	k.rate = 700 // over T/N, under the floor
+	for range 50 {
+		s.run(k)
+	}
+	if evs := s.eventsOf("k"); len(evs) != 0 {
+		t.Fatalf("a key at 700/s under a floor of 1000: events %+v, want none", evs)
+	}
+	k.rate = 1500
+	for range 20 {
+		s.run(k)
+	}
+	if evs := s.eventsOf("k"); len(evs) != 1 || evs[0].Level != 4 {
+		t.Fatalf("a key at 1500/s over a floor of 1000: events %+v, want a step up to 4", evs)
+	}
+	s.d.SetInstances(2) // T/N = 5000, over the floor
+	if got := s.d.localLocked(); got != 5000 {
+		t.Fatalf("local threshold %v with 2 instances, want T/N = 5000", got)
+	}
+
+	capped := newSim(t, Config{Threshold: 50, Floor: 100, Width: 1024})
+	capped.d.SetInstances(4)
+	if got := capped.d.localLocked(); got != 50 {
+		t.Fatalf("local threshold %v with T 50 and a floor of 100, want T", got)
+	}
+	if _, err := New(Config{Floor: -1}, epoch); err == nil {
+		t.Error("a negative floor: no error")
+	}
+}
+
 // TestTickTiming: ticks before the end of a step do nothing, and a late
 // tick counts the time that really passed, so rates stay right when ticks
 // are missed.
