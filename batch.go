@@ -33,9 +33,19 @@ type Decision struct {
 // rest.
 func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision) {
 	out = out[:len(reqs)]
+	if e.metrics != nil {
+		// Each decision is observed with the batch's time: its caller
+		// has no answer before the batch returns.
+		start := monotonic()
+		defer func() { e.metrics.decisionTook(monotonic()-start, decisions(reqs)) }()
+	}
 	if e.batcher == nil || len(reqs) == 1 {
 		for i, r := range reqs {
-			res, err := e.AllowN(ctx, r.Key, r.Policy, r.Cost)
+			var res Result
+			err := ErrNilPolicy
+			if r.Policy != nil {
+				res, err = e.allow(ctx, r.Key, r.Policy, r.Cost)
+			}
 			out[i] = Decision{Result: res, Err: err}
 		}
 		return
@@ -92,6 +102,18 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 	split.Wait()
 }
 
+// decisions is the count of reqs that make a decision (and count in
+// hotkey_decisions_total): those with a policy.
+func decisions(reqs []Request) int {
+	n := 0
+	for _, r := range reqs {
+		if r.Policy != nil {
+			n++
+		}
+	}
+	return n
+}
+
 // batch is the decisions of an AllowBatch that go to the store together:
 // each one's decision, its index in the batch, its take, and the count of
 // moves on its stripe before its key was looked up.
@@ -134,12 +156,16 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 			sent = append(sent, b.ops[j]) // in place: j ≥ len(sent)
 		}
 	}
-	var start time.Time
-	if e.metrics != nil {
-		start = time.Now()
-	}
+	var took time.Duration // the round trip, each take's time
 	if len(sent) > 0 {
+		var start time.Duration
+		if e.metrics != nil {
+			start = monotonic()
+		}
 		e.batcher.TakeBatch(ctx, sent)
+		if e.metrics != nil {
+			took = monotonic() - start
+		}
 	}
 	s := 0
 	for j, d := range b.ds {
@@ -149,7 +175,7 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 			op := &sent[s]
 			s++
 			err = op.Err
-			e.metrics.storeCall(start)
+			e.metrics.storeTook(took)
 			e.brk.report(ctx, probes[j], err)
 			if err == nil {
 				e.remember(d.hash, d.p.Limit, d.n, op.Result)

@@ -48,7 +48,13 @@ func (e *Engine) AllowN(ctx context.Context, key string, p *Policy, n int64) (Re
 	if p == nil {
 		return Result{}, ErrNilPolicy
 	}
-	return e.allow(ctx, key, p, n)
+	if e.metrics == nil {
+		return e.allow(ctx, key, p, n)
+	}
+	start := monotonic()
+	r, err := e.allow(ctx, key, p, n)
+	e.metrics.decisionTook(monotonic()-start, 1)
+	return r, err
 }
 
 // allow is the decision path for n units of key under p (not nil).
@@ -390,7 +396,11 @@ func (e *Engine) knownDenied(hash uint64, lim Limit, n int64) (counter.Result, b
 	if e.deny == nil {
 		return counter.Result{}, false
 	}
-	return e.deny.lookup(denyID(hash, lim), n, e.opt.clock)
+	r, ok := e.deny.lookup(denyID(hash, lim), n, e.opt.clock)
+	if ok {
+		e.metrics.denyHit()
+	}
+	return r, ok
 }
 
 // remember notes in the deny cache what the store answered to a take of n.
@@ -420,9 +430,9 @@ func (e *Engine) storeTake(ctx context.Context, name string, hash uint64, lim Li
 	if !ok {
 		return counter.Result{}, ErrBreakerOpen
 	}
-	var start time.Time
+	var start time.Duration
 	if e.metrics != nil {
-		start = time.Now()
+		start = monotonic()
 	}
 	r, err := e.store.Take(ctx, name, hash, lim, n)
 	e.metrics.storeCall(start)
