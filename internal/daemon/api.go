@@ -39,6 +39,9 @@ type AllowResponse struct {
 	ResetAfterMs int64 `json:"reset_after_ms"`
 	RetryAfterMs int64 `json:"retry_after_ms"`
 	Shards       int   `json:"shards"`
+	// Degraded says the store could not answer and the policy's
+	// on_store_failure decided.
+	Degraded bool `json:"degraded"`
 }
 
 // BatchRequest is the body of a batch: {"requests":[...]}, each item an
@@ -466,6 +469,7 @@ func response(r hotkey.Result) AllowResponse {
 		ResetAfterMs: ceilDiv(r.ResetAfter, time.Millisecond),
 		RetryAfterMs: ceilDiv(r.RetryAfter, time.Millisecond),
 		Shards:       int(r.Shards),
+		Degraded:     r.Degraded,
 	}
 }
 

@@ -264,14 +264,14 @@ func TestBatchJSON(t *testing.T) {
 	}
 	keys := func(m map[string]any) string {
 		var ks []string
-		for _, k := range []string{"status", "allowed", "limit", "remaining", "reset_after_ms", "retry_after_ms", "shards", "error"} {
+		for _, k := range []string{"status", "allowed", "limit", "remaining", "reset_after_ms", "retry_after_ms", "shards", "degraded", "error"} {
 			if _, ok := m[k]; ok {
 				ks = append(ks, k)
 			}
 		}
 		return fmt.Sprintf("%d fields: %s", len(m), strings.Join(ks, ","))
 	}
-	decision := "7 fields: status,allowed,limit,remaining,reset_after_ms,retry_after_ms,shards"
+	decision := "8 fields: status,allowed,limit,remaining,reset_after_ms,retry_after_ms,shards,degraded"
 	for i, want := range []string{decision, decision, "2 fields: status,error"} {
 		if got := keys(raw.Responses[i]); got != want {
 			t.Errorf("item %d: %s, want %s (%s)", i, got, want, b)

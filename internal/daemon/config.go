@@ -7,20 +7,28 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/url"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
 )
 
 // Defaults of the flags.
 const (
-	DefaultListen       = "127.0.0.1:8080"
-	DefaultGRPCListen   = "127.0.0.1:8081"
-	DefaultNATSListen   = "127.0.0.1:4222"
-	DefaultBreakerProbe = hotkey.DefaultBreakerProbe
+	DefaultListen     = "127.0.0.1:8080"
+	DefaultGRPCListen = "127.0.0.1:8081"
+	DefaultNATSListen = "127.0.0.1:4222"
+	// DefaultHotFloor is the least rate, per daemon, that splits a key:
+	// 10 requests in a 100 ms sub-window, a count whose noise no longer
+	// decides.
+	DefaultHotFloor = 100
+	// DefaultNATSClusterName names the embedded servers' cluster.
+	DefaultNATSClusterName = "hotkey"
+	DefaultBreakerProbe    = hotkey.DefaultBreakerProbe
 	// DefaultReloadInterval is how often the rules' files are checked for
 	// changes.
 	DefaultReloadInterval = 2 * time.Second
@@ -42,17 +50,34 @@ type Config struct {
 	ReloadInterval time.Duration
 	Redis          string
 	RedisCluster   []string
+	// RequireStore stops the start when Redis cannot be reached, instead
+	// of starting degraded.
+	RequireStore bool
+	// RedisUser and RedisPassword log in to Redis (ACL user, or the
+	// password alone for requirepass); they win over those of the URL.
+	RedisUser, RedisPassword string
+	RedisTLS                 bool   // TLS to Redis (rediss:// turns it on too)
+	RedisCA                  string // PEM CA that signs Redis's certificates; turns TLS on
+	RedisPrefix              string // prepended to every counter name
 
-	NATS         string // URL(s) of an existing NATS; empty: embed a server
-	NATSListen   string // the embedded server's address
-	NATSUser     string
-	NATSPassword string
-	NATSToken    string
-	NATSNkeySeed string
-	NATSCreds    string
-	NATSCA       string
-	NATSCert     string
-	NATSKey      string
+	NATS       string // URL(s) of an existing NATS; empty: embed a server
+	NATSListen string // the embedded server's address
+	// NATSClusterListen is where the embedded server accepts routes from
+	// the other daemons' embedded servers; empty: no cluster.
+	NATSClusterListen string
+	NATSRoutes        []string // the other daemons' route URLs
+	NATSClusterName   string
+	// NATSClientUser and NATSClientPassword are a second user of the
+	// embedded server, for API clients: it may only ask for decisions.
+	NATSClientUser, NATSClientPassword string
+	NATSUser                           string
+	NATSPassword                       string
+	NATSToken                          string
+	NATSNkeySeed                       string
+	NATSCreds                          string
+	NATSCA                             string
+	NATSCert                           string
+	NATSKey                            string
 	// NATSSecretFile names a file holding the coordinator's shared secret
 	// (coordinator.Config.Secret): read at start, never passed in argv.
 	NATSSecretFile string
@@ -61,6 +86,7 @@ type Config struct {
 	NATSConcurrency int
 
 	HotThreshold float64
+	HotFloor     float64 // the least local threshold, requests per second
 	CoolDown     time.Duration
 	BreakerProbe time.Duration
 	LogLevel     slog.Level
@@ -84,10 +110,21 @@ var flagDocs = []flagDoc{
 	{"reload-interval", "DURATION", "check the files of --policies and --envoy-config for changes this often, and reload them when they change (SIGHUP reloads too; a file refused keeps the rules in force); 0 checks never"},
 	{"redis", "URL", "keep counters in a standalone Redis (redis://[user:password@]host:port[/db], rediss:// for TLS); without --redis or --redis-cluster, counters are in memory"},
 	{"redis-cluster", "ADDR,ADDR,...", "keep counters in a Redis Cluster reached through these seed nodes (host:port)"},
+	{"redis-user", "USER", "Redis ACL user, with --redis or --redis-cluster (wins over the URL's)"},
+	{"redis-password", "PASSWORD", "Redis password, with --redis or --redis-cluster (wins over the URL's; prefer the environment variable to the flag)"},
+	{"redis-tls", "", "TLS to Redis, verified against the system's roots (rediss:// in --redis turns it on too)"},
+	{"redis-ca", "FILE", "PEM CA that signs Redis's certificates; turns TLS on"},
+	{"redis-prefix", "PREFIX", "prepended to every counter name in Redis (no '{' or '}'), so that deployments can share a Redis apart"},
+	{"require-store", "", "stop the start when Redis cannot be reached; without it the daemon starts degraded (each policy's on_store_failure decides, /readyz answers 503) until Redis answers"},
 	{"nats", "URL", "join an existing NATS (nats:// or tls://, comma-separated for a cluster) instead of embedding a server"},
 	{"nats-listen", "ADDR", "the embedded NATS server listens on ADDR (other daemons join with --nats nats://ADDR); not with --nats"},
+	{"nats-cluster-listen", "ADDR", "the embedded NATS server accepts routes from other daemons' embedded servers on ADDR, so that they form one NATS cluster without a separate nats-server (see --nats-routes); not with --nats"},
+	{"nats-routes", "URL,URL,...", "the --nats-cluster-listen addresses of the other daemons (nats-route://host:6222, or host:6222) to route to; with --nats-user/--nats-password or --nats-token, routes must log in with them too"},
+	{"nats-cluster-name", "NAME", "the name of the embedded servers' NATS cluster: the same on every daemon"},
 	{"nats-user", "USER", "NATS user (with --nats-password); with the embedded server, clients must log in as USER"},
 	{"nats-password", "PASSWORD", "NATS password for --nats-user"},
+	{"nats-client-user", "USER", "a second user of the embedded NATS server, for API clients, with --nats-client-password: it may publish on hotkey.allow and subscribe to _INBOX.> only, so that it cannot touch the daemons' coordination subjects (needs --nats-user)"},
+	{"nats-client-password", "PASSWORD", "the password of --nats-client-user"},
 	{"nats-token", "TOKEN", "NATS token; with the embedded server, clients must present TOKEN"},
 	{"nats-nkey-seed", "FILE", "NATS nkey seed file (with --nats)"},
 	{"nats-creds", "FILE", "NATS credentials (JWT) file (with --nats)"},
@@ -96,7 +133,8 @@ var flagDocs = []flagDoc{
 	{"nats-key", "FILE", "PEM key of --nats-cert"},
 	{"nats-secret-file", "FILE", "sign and check the daemons' coordination messages with the secret in FILE (at least 16 bytes, white space around it ignored; e.g. openssl rand -hex 32); every daemon needs the same, and drops the others' messages"},
 	{"nats-concurrency", "N", "decide up to N requests on hotkey.allow at once (1: one at a time); more wait in the NATS client's buffer"},
-	{"hot-threshold", "RATE", "requests per second, over all daemons, at which a key is split in 4 (16 at 4x, 64 at 16x)"},
+	{"hot-threshold", "RATE", "T: requests per second for one key, over all daemons, at which it is split in 4 (16 at 4T, 64 at 16T). Each daemon measures the key's rate it sees over the last 100 ms (sliding by 10 ms) and compares it with T divided by the live daemons, or --hot-floor if that is more"},
+	{"hot-floor", "RATE", "the least rate one daemon must see of a key for it to split, however many daemons divide --hot-threshold (capped at it): without it, among 20 daemons at T 1000, 5 requests in 100 ms on one would split a key"},
 	{"cool-down", "DURATION", "how long a split key's rate must stay under half its level's threshold before it is merged back a level"},
 	{"breaker-probe", "DURATION", "after the store fails (3 calls in a row), decisions follow each policy's on_store_failure; the store is probed again after DURATION, doubling up to 2m (or DURATION if longer)"},
 	{"log-level", "LEVEL", "debug, info, warn or error (logs go to stderr)"},
@@ -121,7 +159,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	cfg := Config{set: make(map[string]bool)}
 	fs := flag.NewFlagSet("hotkeyd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var cluster, level string
+	var cluster, routes, level string
 	var showVersion bool
 	fs.StringVar(&cfg.Listen, "listen", DefaultListen, "")
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", DefaultGRPCListen, "")
@@ -129,9 +167,20 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.Policies, "policies", "", "")
 	fs.StringVar(&cfg.Redis, "redis", "", "")
 	fs.StringVar(&cluster, "redis-cluster", "", "")
+	fs.BoolVar(&cfg.RequireStore, "require-store", false, "")
+	fs.StringVar(&cfg.RedisUser, "redis-user", "", "")
+	fs.StringVar(&cfg.RedisPassword, "redis-password", "", "")
+	fs.BoolVar(&cfg.RedisTLS, "redis-tls", false, "")
+	fs.StringVar(&cfg.RedisCA, "redis-ca", "", "")
+	fs.StringVar(&cfg.RedisPrefix, "redis-prefix", counter.DefaultRedisConfig().Prefix, "")
 	fs.StringVar(&cfg.NATS, "nats", "", "")
 	fs.StringVar(&cfg.NATSListen, "nats-listen", DefaultNATSListen, "")
+	fs.StringVar(&cfg.NATSClusterListen, "nats-cluster-listen", "", "")
+	fs.StringVar(&routes, "nats-routes", "", "")
+	fs.StringVar(&cfg.NATSClusterName, "nats-cluster-name", DefaultNATSClusterName, "")
 	fs.StringVar(&cfg.NATSUser, "nats-user", "", "")
+	fs.StringVar(&cfg.NATSClientUser, "nats-client-user", "", "")
+	fs.StringVar(&cfg.NATSClientPassword, "nats-client-password", "", "")
 	fs.StringVar(&cfg.NATSPassword, "nats-password", "", "")
 	fs.StringVar(&cfg.NATSToken, "nats-token", "", "")
 	fs.StringVar(&cfg.NATSNkeySeed, "nats-nkey-seed", "", "")
@@ -142,6 +191,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.NATSSecretFile, "nats-secret-file", "", "")
 	fs.IntVar(&cfg.NATSConcurrency, "nats-concurrency", DefaultNATSConcurrency, "")
 	fs.Float64Var(&cfg.HotThreshold, "hot-threshold", detector.DefaultConfig().Threshold, "")
+	fs.Float64Var(&cfg.HotFloor, "hot-floor", DefaultHotFloor, "")
 	cfg.CoolDown, cfg.BreakerProbe = detector.DefaultConfig().CoolDown, DefaultBreakerProbe
 	fs.Var((*durationFlag)(&cfg.CoolDown), "cool-down", "")
 	fs.Var((*durationFlag)(&cfg.BreakerProbe), "breaker-probe", "")
@@ -190,6 +240,11 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 			if a = strings.TrimSpace(a); a != "" {
 				cfg.RedisCluster = append(cfg.RedisCluster, a)
 			}
+		}
+	}
+	for _, r := range strings.Split(routes, ",") {
+		if r = strings.TrimSpace(r); r != "" {
+			cfg.NATSRoutes = append(cfg.NATSRoutes, r)
 		}
 	}
 	if err := cfg.LogLevel.UnmarshalText([]byte(level)); err != nil {
@@ -244,11 +299,48 @@ func (c *Config) check() error {
 	if c.set["redis-cluster"] && len(c.RedisCluster) == 0 {
 		return fmt.Errorf("%s: no address given", flagName("redis-cluster"))
 	}
+	if c.Redis == "" && len(c.RedisCluster) == 0 {
+		for _, f := range []string{"redis-user", "redis-password", "redis-tls", "redis-ca", "redis-prefix"} {
+			if c.set[f] {
+				return fmt.Errorf("%s applies to Redis, which neither %s nor %s names: counters are in memory", flagName(f), flagName("redis"), flagName("redis-cluster"))
+			}
+		}
+	}
+	if c.RedisPrefix == "" || strings.ContainsAny(c.RedisPrefix, "{}") {
+		return fmt.Errorf("%s %q: want a non-empty prefix without '{' or '}' (a counter's own hash tag decides its Cluster slot)", flagName("redis-prefix"), c.RedisPrefix)
+	}
 	if c.NATS != "" {
-		if c.set["nats-listen"] {
-			return fmt.Errorf("%s is for the embedded NATS server, which %s replaces: give one or the other", flagName("nats-listen"), flagName("nats"))
+		for _, f := range []string{"nats-listen", "nats-cluster-listen", "nats-routes", "nats-cluster-name", "nats-client-user", "nats-client-password"} {
+			if c.set[f] {
+				return fmt.Errorf("%s is for the embedded NATS server, which %s replaces: give one or the other", flagName(f), flagName("nats"))
+			}
 		}
 	} else {
+		if c.NATSClusterListen != "" {
+			if _, port, err := net.SplitHostPort(c.NATSClusterListen); err != nil {
+				return fmt.Errorf("%s %q: want host:port, e.g. 0.0.0.0:6222", flagName("nats-cluster-listen"), c.NATSClusterListen)
+			} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+				return fmt.Errorf("%s %q: bad port", flagName("nats-cluster-listen"), c.NATSClusterListen)
+			}
+		} else if len(c.NATSRoutes) > 0 {
+			return fmt.Errorf("%s needs %s: the embedded server accepts routes there", flagName("nats-routes"), flagName("nats-cluster-listen"))
+		}
+		for _, r := range c.NATSRoutes {
+			if _, err := routeURL(r); err != nil {
+				return fmt.Errorf("%s %q: %v", flagName("nats-routes"), r, err)
+			}
+		}
+		switch {
+		case c.NATSClientUser != "" && c.NATSUser == "":
+			return fmt.Errorf("%s needs %s: the daemons log in as that user, with every right", flagName("nats-client-user"), flagName("nats-user"))
+		case (c.NATSClientUser == "") != (c.NATSClientPassword == ""):
+			return fmt.Errorf("%s and %s go together", flagName("nats-client-user"), flagName("nats-client-password"))
+		case c.NATSClientUser != "" && c.NATSClientUser == c.NATSUser:
+			return fmt.Errorf("%s %q is %s's user: give API clients a user of their own", flagName("nats-client-user"), c.NATSClientUser, flagName("nats-user"))
+		}
+		if c.NATSClusterName == "" || strings.ContainsAny(c.NATSClusterName, " \t\n.*>") {
+			return fmt.Errorf("%s %q: want a name without spaces, '.', '*' or '>'", flagName("nats-cluster-name"), c.NATSClusterName)
+		}
 		if _, port, err := net.SplitHostPort(c.NATSListen); err != nil {
 			return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:4222", flagName("nats-listen"), c.NATSListen)
 		} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
@@ -277,6 +369,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s %d: want 1 to %d", flagName("nats-concurrency"), c.NATSConcurrency, 1<<20)
 	case !(c.HotThreshold > 0) || c.HotThreshold > 1e12:
 		return fmt.Errorf("%s %v: want a positive rate in requests per second", flagName("hot-threshold"), c.HotThreshold)
+	case !(c.HotFloor >= 0) || c.HotFloor > 1e12:
+		return fmt.Errorf("%s %v: want a rate in requests per second, 0 or more", flagName("hot-floor"), c.HotFloor)
 	case c.CoolDown <= 0:
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 60s", flagName("cool-down"), c.CoolDown)
 	case c.BreakerProbe <= 0:
@@ -285,6 +379,27 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 2s, or 0 to check never", flagName("reload-interval"), c.ReloadInterval)
 	}
 	return nil
+}
+
+// routeURL parses a route of --nats-routes: nats-route://host:port,
+// nats://host:port or host:port, without credentials (the daemon adds its
+// own).
+func routeURL(s string) (*url.URL, error) {
+	if !strings.Contains(s, "://") {
+		s = "nats-route://" + s
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return nil, errors.New("want nats-route://host:port or host:port")
+	case u.Scheme != "nats-route" && u.Scheme != "nats":
+		return nil, fmt.Errorf("scheme %q: want nats-route://host:port or host:port", u.Scheme)
+	case u.User != nil:
+		return nil, errors.New("no credentials in a route: routes log in with --nats-user/--nats-password or --nats-token")
+	case u.Hostname() == "" || u.Port() == "" || u.Path != "" && u.Path != "/":
+		return nil, errors.New("want nats-route://host:port or host:port")
+	}
+	return u, nil
 }
 
 // Usage writes --help.
@@ -312,10 +427,10 @@ Flags:
 		switch {
 		case def == "":
 			def = "none"
-		case d.name == "hot-threshold":
+		case d.name == "hot-threshold", d.name == "hot-floor":
 			def += "/s"
 		}
-		fmt.Fprintf(w, "  --%s %s\n", d.name, d.arg)
+		fmt.Fprintf(w, "  %s\n", strings.TrimSpace("--"+d.name+" "+d.arg))
 		fmt.Fprintf(w, "        %s\n", d.usage)
 		fmt.Fprintf(w, "        env %s, default %s\n", EnvName(d.name), def)
 	}

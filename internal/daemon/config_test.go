@@ -69,6 +69,19 @@ func TestParseArgsErrors(t *testing.T) {
 		{[]string{"--nats", "nats://x", "--nats-token", "t", "--nats-user", "u"}, nil, "at most one"},
 		{[]string{"--nats-password", "p"}, nil, "--nats-user"},
 		{[]string{"serve"}, nil, `unexpected argument "serve"`},
+		{[]string{"--reload-interval", "-1s"}, nil, "--reload-interval"},
+		{[]string{"--redis-password", "pw"}, nil, "--redis-password (HOTKEYD_REDIS_PASSWORD) applies to Redis"},
+		{nil, map[string]string{"HOTKEYD_REDIS_PREFIX": "gw:"}, "--redis-prefix"},
+		{[]string{"--redis", "redis://h:1", "--redis-prefix", "{gw}:"}, nil, "--redis-prefix"},
+		{[]string{"--redis", "redis://h:1", "--redis-prefix", ""}, nil, "--redis-prefix"},
+		{[]string{"--nats-routes", "10.0.0.6:6222"}, nil, "--nats-routes (HOTKEYD_NATS_ROUTES) needs --nats-cluster-listen"},
+		{[]string{"--nats", "nats://x:4222", "--nats-cluster-listen", ":6222"}, nil, "--nats-cluster-listen"},
+		{[]string{"--nats", "nats://x:4222", "--nats-routes", "h:6222"}, nil, "--nats-routes"},
+		{[]string{"--nats-cluster-listen", "6222"}, nil, "want host:port"},
+		{[]string{"--nats-cluster-listen", ":6222", "--nats-routes", "nats-route://u:p@h:6222"}, nil, "no credentials in a route"},
+		{[]string{"--nats-cluster-listen", ":6222", "--nats-routes", "http://h:6222"}, nil, `scheme "http"`},
+		{[]string{"--nats-cluster-listen", ":6222", "--nats-routes", "h"}, nil, "want nats-route://host:port"},
+		{[]string{"--nats-cluster-name", "a.b"}, nil, "--nats-cluster-name"},
 	}
 	for _, c := range cases {
 		_, err := ParseArgs(c.args, env(c.env), nil)
@@ -84,7 +97,7 @@ func TestHelpAndVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, d := range flagDocs {
-		if !strings.Contains(out.String(), "--"+d.name+" ") || !strings.Contains(out.String(), "env "+EnvName(d.name)+", default ") {
+		if !strings.Contains(out.String(), "  "+strings.TrimSpace("--"+d.name+" "+d.arg)+"\n") || !strings.Contains(out.String(), "env "+EnvName(d.name)+", default ") {
 			t.Errorf("--help does not document --%s with its environment variable and default", d.name)
 		}
 	}

@@ -7,6 +7,8 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -14,6 +16,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/signal"
 	"regexp"
@@ -50,11 +53,15 @@ const (
 	// ShutdownTimeout bounds a graceful shutdown; the daemon exits within
 	// it whatever is left in flight.
 	ShutdownTimeout = 4500 * time.Millisecond
-	startTimeout    = 5 * time.Second        // reaching Redis and NATS at start
-	pingTimeout     = 300 * time.Millisecond // /readyz's Redis PING
-	drainTimeout    = 2 * time.Second        // NATS drain at shutdown
-	newConnGrace    = 250 * time.Millisecond // at shutdown, connections with no request yet are closed after this
-	redisDial       = time.Second
+	startTimeout    = 5 * time.Second // reaching Redis and NATS at start
+	// storeSetupTimeout bounds the first try to set the store up, without
+	// --require-store; then it is tried every storeSetupRetry.
+	storeSetupTimeout = 2 * time.Second
+	storeSetupRetry   = 250 * time.Millisecond
+	pingTimeout       = 300 * time.Millisecond // /readyz's Redis PING
+	drainTimeout      = 2 * time.Second        // NATS drain at shutdown
+	newConnGrace      = 250 * time.Millisecond // at shutdown, connections with no request yet are closed after this
+	redisDial         = time.Second
 	// natsSubject is the micro endpoint's subject.
 	natsSubject = "hotkey.allow"
 	// ServiceName is the NATS micro service's name.
@@ -217,10 +224,11 @@ type Daemon struct {
 	rules  atomic.Pointer[rules]
 	readyz *hotkey.Policy
 
-	reloadMu  sync.Mutex // one reload at a time
-	reloads   *reloadMetrics
-	watchStop chan struct{} // nil without a watch
-	watchDone chan struct{}
+	reloadMu sync.Mutex // one reload at a time
+	reloads  *reloadMetrics
+
+	bg     sync.WaitGroup // the loops of background
+	bgStop chan struct{}  // closed to stop them; nil before the first
 
 	ln       net.Listener
 	httpSrv  *http.Server
@@ -244,6 +252,7 @@ type Daemon struct {
 	nats     natsRequests
 
 	store  counter.Store
+	rstore *counter.RedisStore   // the store if on Redis, else nil
 	redis  redis.UniversalClient // nil for the memory store
 	coord  *coordinator.NATS
 	engine *hotkey.Engine
@@ -321,7 +330,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		hotkey.WithCoordinator(d.coord),
 		hotkey.WithMetrics(d.reg),
 		hotkey.WithLogger(log),
-		hotkey.WithDetector(detector.Config{Threshold: cfg.HotThreshold, CoolDown: cfg.CoolDown}),
+		hotkey.WithDetector(detector.Config{Threshold: cfg.HotThreshold, Floor: cfg.HotFloor, CoolDown: cfg.CoolDown}),
 		hotkey.WithBreaker(hotkey.DefaultBreakerFailures, probe, max(hotkey.DefaultBreakerMaxProbe, probe)),
 	)
 	if err != nil {
@@ -341,8 +350,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	if err = d.svc.AddEndpoint("allow", micro.HandlerFunc(d.handleNATS), micro.WithEndpointSubject(natsSubject)); err != nil {
 		return nil, fmt.Errorf("NATS micro endpoint %s: %w", natsSubject, err)
 	}
-	if err = d.nc.FlushTimeout(startTimeout); err != nil {
-		return nil, fmt.Errorf("NATS: flush: %w", err)
+	if d.nc.IsConnected() {
+		if err = d.nc.FlushTimeout(startTimeout); err != nil {
+			return nil, fmt.Errorf("NATS: flush: %w", err)
+		}
 	}
 
 	d.httpSrv = &http.Server{
@@ -375,9 +386,12 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	case len(cfg.RedisCluster) > 0:
 		store = "redis cluster " + strings.Join(cfg.RedisCluster, ",")
 	}
-	nats := d.natsURL
+	nats := redact.URLs(strings.Split(d.natsURL, ","))
 	if d.ns != nil {
 		nats = "embedded " + d.natsURL
+		if cfg.NATSClusterListen != "" {
+			nats += fmt.Sprintf(" cluster %s on %s routes %s", cfg.NATSClusterName, d.ns.Server().ClusterAddr(), strings.Join(cfg.NATSRoutes, ","))
+		}
 	}
 	grpcAddr, domains := "off", "none"
 	if d.grpcLn != nil {
@@ -387,8 +401,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		domains = strings.Join(r.envoy.Domains(), ",")
 	}
 	if cfg.ReloadInterval > 0 && (cfg.Policies != "" || cfg.EnvoyConfig != "") {
-		d.watchStop, d.watchDone = make(chan struct{}), make(chan struct{})
-		go d.watch(cfg.ReloadInterval, sources, d.watchStop, d.watchDone)
+		d.background(func(stop <-chan struct{}) { d.watch(cfg.ReloadInterval, sources, stop) })
 	}
 	log.Info("serving", "http", d.Addr(), "grpc", grpcAddr, "nats", nats, "store", store, "instance", d.id,
 		"policies", strings.Join(r.policies.Names(), ","), "envoy_domains", domains, "version", version)
@@ -498,8 +511,16 @@ func (d *Daemon) startNATS() error {
 		}
 	} else {
 		d.natsURL = cfg.NATS
+		// A NATS not up yet is connected to when it is: until then the
+		// daemon decides alone, and /readyz says so.
+		opts = append(opts, nats.RetryOnFailedConnect(true), nats.ConnectHandler(func(nc *nats.Conn) {
+			d.log.Info("connected to NATS", "url", redact.URL(nc.ConnectedUrl()))
+		}))
 	}
 	nc, err := nats.Connect(d.natsURL, opts...)
+	if err == nil && !nc.IsConnected() {
+		d.log.Warn("cannot reach NATS yet: deciding alone (hot keys are not agreed with other daemons, /readyz answers 503) until it answers", "url", redact.URLs(strings.Split(d.natsURL, ",")))
+	}
 	if err != nil {
 		if d.ns != nil {
 			return fmt.Errorf("connect to the embedded NATS server at %s: %w", d.natsURL, err)
@@ -536,11 +557,17 @@ func (d *Daemon) startEmbedded() error {
 			}
 			o.ServerName = "hotkeyd-" + d.id
 			switch {
+			case d.cfg.NATSClientUser != "":
+				o.Users = []*server.User{
+					{Username: d.cfg.NATSUser, Password: d.cfg.NATSPassword},
+					{Username: d.cfg.NATSClientUser, Password: d.cfg.NATSClientPassword, Permissions: clientPermissions()},
+				}
 			case d.cfg.NATSUser != "":
 				o.Username, o.Password = d.cfg.NATSUser, d.cfg.NATSPassword
 			case d.cfg.NATSToken != "":
 				o.Authorization = d.cfg.NATSToken
 			}
+			d.configureCluster(o)
 		},
 	})
 	if err != nil {
@@ -559,52 +586,222 @@ func (d *Daemon) startEmbedded() error {
 	return nil
 }
 
+// clientPermissions are those of --nats-client-user on the embedded NATS
+// server: ask for decisions on hotkey.allow, and hear the answers.
+func clientPermissions() *server.Permissions {
+	return &server.Permissions{
+		Publish:   &server.SubjectPermission{Allow: []string{natsSubject}},
+		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
+	}
+}
+
+// routeUser is the user routes log in as when the daemons share a token.
+const routeUser = "hotkeyd-route"
+
+// configureCluster sets o's cluster from --nats-cluster-listen and
+// --nats-routes: routes log in as clients do, with --nats-user and
+// --nats-password, or as routeUser with --nats-token as the password.
+func (d *Daemon) configureCluster(o *server.Options) {
+	cfg := d.cfg
+	if cfg.NATSClusterListen == "" {
+		return
+	}
+	host, portStr, _ := net.SplitHostPort(cfg.NATSClusterListen)
+	port, _ := strconv.Atoi(portStr)
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	o.Cluster.Name, o.Cluster.Host, o.Cluster.Port = cfg.NATSClusterName, host, port
+	var creds *url.Userinfo
+	switch {
+	case cfg.NATSUser != "":
+		o.Cluster.Username, o.Cluster.Password = cfg.NATSUser, cfg.NATSPassword
+		creds = url.UserPassword(cfg.NATSUser, cfg.NATSPassword)
+	case cfg.NATSToken != "":
+		o.Cluster.Username, o.Cluster.Password = routeUser, cfg.NATSToken
+		creds = url.UserPassword(routeUser, cfg.NATSToken)
+	}
+	for _, r := range cfg.NATSRoutes {
+		u, _ := routeURL(r) // checked by ParseArgs
+		u.User = creds
+		o.Routes = append(o.Routes, u)
+	}
+}
+
 // openStore opens the counter store: memory, or Redis.
 func (d *Daemon) openStore(ctx context.Context) error {
 	cfg := d.cfg
 	var what string
 	switch {
 	case cfg.Redis != "":
-		opt, err := redis.ParseURL(cfg.Redis)
+		opt, err := redisOptions(cfg)
 		if err != nil {
-			return fmt.Errorf("%s %s: %w", flagName("redis"), redact.URL(cfg.Redis), err)
+			return err
 		}
-		if opt.DialTimeout == 0 {
-			opt.DialTimeout = redisDial
-		}
-		if opt.MaxRetries == 0 {
-			opt.MaxRetries = 1
-		}
-		if opt.DialerRetries == 0 {
-			opt.DialerRetries = 1 // a refused dial fails the call at once, not at its deadline
-		}
-		opt.ContextTimeoutEnabled = true
-		opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
 		d.redis = redis.NewClient(opt)
 		what = fmt.Sprintf("Redis at %s, set by %s", redact.URL(cfg.Redis), flagName("redis"))
 	case len(cfg.RedisCluster) > 0:
-		d.redis = redis.NewClusterClient(&redis.ClusterOptions{
-			Addrs:                    cfg.RedisCluster,
-			DialTimeout:              redisDial,
-			MaxRetries:               1,
-			DialerRetries:            1,
-			ContextTimeoutEnabled:    true,
-			MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
-		})
+		opt, err := redisClusterOptions(cfg)
+		if err != nil {
+			return err
+		}
+		d.redis = redis.NewClusterClient(opt)
 		what = fmt.Sprintf("Redis Cluster at %s, set by %s", strings.Join(cfg.RedisCluster, ","), flagName("redis-cluster"))
 	default:
 		d.store = counter.NewMemoryStore(counter.MemoryConfig{})
+		if cfg.NATS != "" || cfg.NATSClusterListen != "" || !loopback(cfg.NATSListen) {
+			d.log.Warn("counters are in memory, yet other daemons may share this NATS: each keeps its own counters, and requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted once per daemon; give them one store with " +
+				flagName("redis") + " or " + flagName("redis-cluster") + " (/readyz warns while peers are seen)")
+		}
 		return nil
 	}
-	if err := d.redis.Ping(ctx).Err(); err != nil {
-		return fmt.Errorf("cannot reach %s: %w", what, err)
+	if cfg.RequireStore {
+		if err := d.redis.Ping(ctx).Err(); err != nil {
+			return fmt.Errorf("cannot reach %s: %w", what, err)
+		}
+		s, err := counter.NewRedisStore(ctx, d.redis, counter.RedisConfig{Prefix: cfg.RedisPrefix})
+		if err != nil {
+			return fmt.Errorf("%s: %w", what, err)
+		}
+		d.store, d.rstore = s, s
+		return nil
 	}
-	s, err := counter.NewRedisStore(ctx, d.redis, counter.RedisConfig{})
+	// Without --require-store the daemon starts whether or not Redis
+	// answers: decisions follow each policy's fallback, and /readyz says
+	// not ready, until the store is set up.
+	ctx, cancel := context.WithTimeout(ctx, storeSetupTimeout)
+	defer cancel()
+	s, err := counter.NewRedisStore(ctx, d.redis, counter.RedisConfig{Prefix: cfg.RedisPrefix, SetupRetry: storeSetupRetry})
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
-	d.store = s
+	d.store, d.rstore = s, s
+	if err := s.Ready(); err != nil {
+		d.log.Warn("cannot reach the store: starting degraded; decisions follow each policy's on_store_failure, and /readyz answers 503, until it answers (retried every "+storeSetupRetry.String()+"); "+flagName("require-store")+" makes this stop the start instead",
+			"store", what, "err", err)
+		d.background(d.awaitStore)
+	}
 	return nil
+}
+
+// redisOptions are the client options of --redis and the flags that
+// refine it.
+func redisOptions(cfg Config) (*redis.Options, error) {
+	opt, err := redis.ParseURL(cfg.Redis)
+	if err != nil {
+		return nil, fmt.Errorf("%s %s: %w", flagName("redis"), redact.URL(cfg.Redis), err)
+	}
+	if opt.DialTimeout == 0 {
+		opt.DialTimeout = redisDial
+	}
+	if opt.MaxRetries == 0 {
+		opt.MaxRetries = 1
+	}
+	if opt.DialerRetries == 0 {
+		opt.DialerRetries = 1 // a refused dial fails the call at once, not at its deadline
+	}
+	opt.ContextTimeoutEnabled = true
+	opt.MaintNotificationsConfig = &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}
+	if cfg.RedisUser != "" {
+		opt.Username = cfg.RedisUser
+	}
+	if cfg.RedisPassword != "" {
+		opt.Password = cfg.RedisPassword
+	}
+	if opt.TLSConfig, err = redisTLS(cfg, opt.TLSConfig); err != nil {
+		return nil, err
+	}
+	return opt, nil
+}
+
+// redisClusterOptions are the client options of --redis-cluster and the
+// flags that refine it.
+func redisClusterOptions(cfg Config) (*redis.ClusterOptions, error) {
+	tc, err := redisTLS(cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &redis.ClusterOptions{
+		Addrs:                    cfg.RedisCluster,
+		Username:                 cfg.RedisUser,
+		Password:                 cfg.RedisPassword,
+		TLSConfig:                tc,
+		DialTimeout:              redisDial,
+		MaxRetries:               1,
+		DialerRetries:            1,
+		ContextTimeoutEnabled:    true,
+		MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled},
+	}, nil
+}
+
+// redisTLS is the TLS configuration to Redis: tc (that of a rediss://
+// URL, or nil), turned on by --redis-tls or --redis-ca, with the CA of
+// --redis-ca as its roots.
+func redisTLS(cfg Config, tc *tls.Config) (*tls.Config, error) {
+	if tc == nil && (cfg.RedisTLS || cfg.RedisCA != "") {
+		tc = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if cfg.RedisCA != "" {
+		pem, err := os.ReadFile(cfg.RedisCA)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", flagName("redis-ca"), err)
+		}
+		pool := x509.NewCertPool()
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("%s %s: no PEM certificate in it", flagName("redis-ca"), cfg.RedisCA)
+		}
+		tc.RootCAs = pool
+	}
+	return tc, nil
+}
+
+// loopback reports whether addr's host is a loopback address or
+// localhost: a NATS server there is reached from this host only.
+func loopback(addr string) bool {
+	host, _, _ := net.SplitHostPort(addr)
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// awaitStore logs when the store, unreachable at start, is set up.
+func (d *Daemon) awaitStore(stop <-chan struct{}) {
+	t := time.NewTicker(storeSetupRetry)
+	defer t.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		if d.rstore.Ready() == nil {
+			d.log.Info("store ready: decisions go to it")
+			return
+		}
+	}
+}
+
+// background runs f on its own goroutine until Shutdown (or a failed
+// Start) closes its stop channel, and waits for it there.
+func (d *Daemon) background(f func(stop <-chan struct{})) {
+	if d.bgStop == nil {
+		d.bgStop = make(chan struct{})
+	}
+	d.bg.Go(func() { f(d.bgStop) })
+}
+
+// stopBackground stops what background started and waits for it.
+func (d *Daemon) stopBackground() {
+	if d.bgStop != nil {
+		close(d.bgStop)
+		d.bg.Wait()
+		d.bgStop = nil
+	}
 }
 
 // Shutdown stops the daemon gracefully: HTTP stops accepting and finishes
@@ -618,7 +815,7 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 }
 
 func (d *Daemon) stop(ctx context.Context) error {
-	d.stopWatch()
+	d.stopBackground()
 	var errs []error
 	var wg sync.WaitGroup
 	var grpcErr error
@@ -701,18 +898,9 @@ func (d *Daemon) closeRest() {
 	}
 }
 
-// stopWatch stops the watch of the rules' files, if any, and waits for it.
-func (d *Daemon) stopWatch() {
-	if d.watchStop != nil {
-		close(d.watchStop)
-		<-d.watchDone
-		d.watchStop = nil
-	}
-}
-
 // abort undoes a Start that failed part way.
 func (d *Daemon) abort() {
-	d.stopWatch()
+	d.stopBackground()
 	if d.svc != nil {
 		d.svc.Stop()
 	}

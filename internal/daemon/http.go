@@ -20,7 +20,9 @@ import (
 // routes returns the HTTP API.
 func (d *Daemon) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/allow", d.handleAllow)
+	reqs := newRequestMetrics(d.reg)
+	reqs.api(apiNATS) // exported from the start, as HTTP's; gRPC's once it serves
+	mux.HandleFunc("/v1/allow", timedHTTP(reqs.api(apiHTTP), d.handleAllow))
 	mux.HandleFunc("/v1/hotkeys", get(d.handleHotKeys))
 	metrics := promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{ErrorLog: slogPrinter{d}})
 	mux.HandleFunc("/metrics", get(metrics.ServeHTTP))
@@ -127,14 +129,25 @@ func (d *Daemon) handleHotKeys(w http.ResponseWriter, r *http.Request) {
 type Readiness struct {
 	Status string `json:"status"`
 	Reason string `json:"reason,omitempty"`
+	// Warnings say what works but not as a deployment would want.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
+	warnings := d.warnings()
 	if reasons := d.notReady(r.Context()); len(reasons) > 0 {
-		writeJSON(w, http.StatusServiceUnavailable, Readiness{Status: "not ready", Reason: strings.Join(reasons, "; ")})
+		writeJSON(w, http.StatusServiceUnavailable, Readiness{Status: "not ready", Reason: strings.Join(reasons, "; "), Warnings: warnings})
 		return
 	}
-	writeJSON(w, http.StatusOK, Readiness{Status: "ready"})
+	writeJSON(w, http.StatusOK, Readiness{Status: "ready", Warnings: warnings})
+}
+
+// warnings are /readyz's: daemons on memory counters that share NATS.
+func (d *Daemon) warnings() []string {
+	if n := d.engine.Instances(); d.redis == nil && n > 1 {
+		return []string{fmt.Sprintf("%d daemons share NATS but each keeps its counters in memory: requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted up to %d times its limit; give them one store with --redis or --redis-cluster", n, n)}
+	}
+	return nil
 }
 
 // notReady says why the store or the coordinator is not usable now, if it
@@ -143,6 +156,11 @@ func (d *Daemon) notReady(ctx context.Context) []string {
 	var reasons []string
 	if st := d.nc.Status(); st != nats.CONNECTED {
 		reasons = append(reasons, fmt.Sprintf("NATS connection %s: hot keys are not agreed with other daemons", strings.ToLower(st.String())))
+	}
+	if d.rstore != nil {
+		if err := d.rstore.Ready(); err != nil {
+			reasons = append(reasons, "store not set up, decisions follow each policy's on_store_failure: "+err.Error())
+		}
 	}
 	pingOK := true
 	if d.redis != nil {

@@ -10,6 +10,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // natsDecisionTimeout bounds one decision asked over NATS (the requester
@@ -28,6 +29,15 @@ type natsRequests struct {
 	mu       sync.RWMutex  // guards stopping against wg.Add
 	stopping bool
 	wg       sync.WaitGroup
+
+	observerOnce sync.Once
+	observer     prometheus.Observer // hotkeyd_request_duration_seconds{api="nats"}
+}
+
+// seconds returns hotkeyd_request_duration_seconds{api="nats"} on reg.
+func (n *natsRequests) seconds(reg prometheus.Registerer) prometheus.Observer {
+	n.observerOnce.Do(func() { n.observer = newRequestMetrics(reg).api(apiNATS) })
+	return n.observer
 }
 
 // run runs f on a goroutine once a slot is free; once stopping, on the
@@ -75,10 +85,15 @@ func (n *natsRequests) stop(ctx context.Context) bool {
 // req, which micro reads once the handler returns: it keeps the request's
 // data and reply subject, and publishes its answer itself. So micro's
 // $SRV.STATS counts the requests but neither their errors nor their time;
-// /metrics has both.
+// /metrics has both (their time: hotkeyd_request_duration_seconds).
 func (d *Daemon) handleNATS(req micro.Request) {
+	start := time.Now()
 	data, reply := req.Data(), req.Reply()
-	d.nats.run(func() { d.answerNATS(data, reply) })
+	seconds := d.nats.seconds(d.reg)
+	d.nats.run(func() {
+		d.answerNATS(data, reply)
+		since(seconds, start)
+	})
 }
 
 func (d *Daemon) answerNATS(data []byte, reply string) {

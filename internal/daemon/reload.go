@@ -221,8 +221,7 @@ func samePolicy(a, b *hotkey.Policy) bool {
 // which changes the inode the path reads), so that nothing is parsed
 // while nothing changed; a reload that finds the same rules changes
 // nothing.
-func (d *Daemon) watch(interval time.Duration, last uint64, stop <-chan struct{}, done chan<- struct{}) {
-	defer close(done)
+func (d *Daemon) watch(interval time.Duration, last uint64, stop <-chan struct{}) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {

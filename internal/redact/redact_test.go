@@ -7,7 +7,9 @@ func TestURL(t *testing.T) {
 		"nats://alice:s3cret@10.0.0.5:4222": "nats://alice:xxxxx@10.0.0.5:4222",
 		"redis://:pw@127.0.0.1:6379/0":      "redis://:xxxxx@127.0.0.1:6379/0",
 		"nats://127.0.0.1:4222":             "nats://127.0.0.1:4222",
-		"nats://token@127.0.0.1:4222":       "nats://token@127.0.0.1:4222", // no password to hide
+		"nats://token@127.0.0.1:4222":       "nats://xxxxx@127.0.0.1:4222", // a NATS token
+		"tls://token@127.0.0.1:4222":        "tls://xxxxx@127.0.0.1:4222",
+		"redis://alice@127.0.0.1:6379":      "redis://alice@127.0.0.1:6379", // no password to hide
 		"127.0.0.1:6379":                    "127.0.0.1:6379",
 		"%zz":                               "%zz",
 	} {
