@@ -185,9 +185,11 @@ func TestDecisionDuration(t *testing.T) {
 	}
 }
 
-// TestDenyCacheHits: hotkey_deny_cache_hits_total counts the takes the
-// deny cache answered, exactly: a denial the store did not see.
-func TestDenyCacheHits(t *testing.T) {
+// newMetricsEngine is an engine with metrics, on a simulated clock, over a
+// store that batches (and, not being a *counter.MemoryStore, gets a deny
+// cache), closed when t ends.
+func newMetricsEngine(t *testing.T) (*testkit.Clock, *batchStore, *prometheus.Registry, *Engine) {
+	t.Helper()
 	clock := testkit.NewClock()
 	bs := &batchStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 	reg := prometheus.NewRegistry()
@@ -195,7 +197,14 @@ func TestDenyCacheHits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer e.Close()
+	t.Cleanup(func() { e.Close() })
+	return clock, bs, reg, e
+}
+
+// TestDenyCacheHits: hotkey_deny_cache_hits_total counts the takes the
+// deny cache answered, exactly: a denial the store did not see.
+func TestDenyCacheHits(t *testing.T) {
+	clock, bs, reg, e := newMetricsEngine(t)
 	if e.deny == nil {
 		t.Fatal("no deny cache")
 	}
@@ -250,14 +259,7 @@ func TestDenyCacheHits(t *testing.T) {
 // one key and mixed costs, single and in batches; not denials nor the
 // fallback's decisions.
 func TestNearLimit(t *testing.T) {
-	clock := testkit.NewClock()
-	bs := &batchStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-	reg := prometheus.NewRegistry()
-	e, err := New(bs, withClock(clock.Now), WithoutDetector(), WithMetrics(reg))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer e.Close()
+	_, bs, reg, e := newMetricsEngine(t)
 	ctx := context.Background()
 	a := &Policy{Name: "a", Limit: Limit{Rate: 10, Period: time.Hour}, OnStoreFailure: FallbackOpen}
 	b := &Policy{Name: "b", Limit: Limit{Rate: 7, Period: time.Hour}, OnStoreFailure: FallbackOpen}

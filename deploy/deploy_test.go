@@ -66,6 +66,18 @@ func readFile(t *testing.T, rel string) []byte {
 	return b
 }
 
+// readYAML reads the YAML file at path (not relative to the root) into v.
+func readYAML(t *testing.T, path string, v any) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := yaml.Unmarshal(b, v); err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+}
+
 // ---------------------------------------------------------------- Dockerfile
 
 // instruction is one Dockerfile instruction, continuation lines joined.
@@ -1046,13 +1058,7 @@ func checkComposeGrafana(t *testing.T, c compose) {
 				Type, URL, UID string
 			} `yaml:"datasources"`
 		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := yaml.Unmarshal(b, &doc); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
+		readYAML(t, f, &doc)
 		for _, ds := range doc.Datasources {
 			if ds.Type == "prometheus" {
 				promDS++
@@ -1075,13 +1081,7 @@ func checkComposeGrafana(t *testing.T, c compose) {
 				Options struct{ Path string }
 			} `yaml:"providers"`
 		}
-		b, err := os.ReadFile(f)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := yaml.Unmarshal(b, &doc); err != nil {
-			t.Fatalf("%s: %v", f, err)
-		}
+		readYAML(t, f, &doc)
 		for _, p := range doc.Providers {
 			h, ok := m.resolve(p.Options.Path)
 			if !ok {

@@ -771,7 +771,18 @@ func loopback(addr string) bool {
 
 // awaitStore logs when the store, unreachable at start, is set up.
 func (d *Daemon) awaitStore(stop <-chan struct{}) {
-	t := time.NewTicker(storeSetupRetry)
+	every(stop, storeSetupRetry, func() bool {
+		if d.rstore.Ready() != nil {
+			return true
+		}
+		d.log.Info("store ready: decisions go to it")
+		return false
+	})
+}
+
+// every calls f every interval until stop is closed or f returns false.
+func every(stop <-chan struct{}, interval time.Duration, f func() bool) {
+	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
 		select {
@@ -779,8 +790,7 @@ func (d *Daemon) awaitStore(stop <-chan struct{}) {
 			return
 		case <-t.C:
 		}
-		if d.rstore.Ready() == nil {
-			d.log.Info("store ready: decisions go to it")
+		if !f() {
 			return
 		}
 	}

@@ -222,19 +222,13 @@ func samePolicy(a, b *hotkey.Policy) bool {
 // while nothing changed; a reload that finds the same rules changes
 // nothing.
 func (d *Daemon) watch(interval time.Duration, last uint64, stop <-chan struct{}) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-stop:
-			return
-		case <-t.C:
-		}
+	every(stop, interval, func() bool {
 		if now := sourcesPrint(d.cfg); now != last {
 			last = now
 			_ = d.Reload("file change") // logged and counted
 		}
-	}
+		return true
+	})
 }
 
 // sourcesPrint is a digest of what the files of --policies and
