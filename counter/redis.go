@@ -171,9 +171,10 @@ func NewRedisStore(ctx context.Context, client redis.UniversalClient, cfg RedisC
 		// Until set up, the store maps every name to one node, under a
 		// version no node map read from the server has: a split key's
 		// names change once the real map is read.
-		var p Placement = pendingNode{}
-		if _, ok := client.(*redis.Client); ok {
-			p = singleNode{} // what a standalone server's map will be
+		var p Placement = singleNode{} // what a standalone server's map will be
+		switch client.(type) {
+		case *redis.ClusterClient, *redis.Ring:
+			p = pendingNode{}
 		}
 		s.placement.Store(&p)
 		go s.retrySetup()
@@ -194,8 +195,8 @@ func (s *RedisStore) setup(ctx context.Context) error {
 		return fmt.Errorf("redis store: %w", err)
 	}
 	s.placement.Store(&p)
-	s.measureSkew(ctx)
 	s.ready.Store(true)
+	s.measureSkew(ctx)
 	return nil
 }
 

@@ -1398,7 +1398,7 @@ func TestKubernetes(t *testing.T) {
 			if rel, ok := strings.CutPrefix(cfg.Policies, strings.TrimSuffix(vm.MountPath, "/")+"/"); ok && vm.SubPath == "" {
 				key, volName = rel, vm.Name
 			} else if vm.MountPath == cfg.Policies && vm.SubPath != "" {
-				key, volName = vm.SubPath, vm.Name
+				t.Errorf("%s: --policies %s is mounted with subPath, which the kubelet never updates: a change of the ConfigMap would not reach the daemon", where, cfg.Policies)
 			}
 		}
 		if volName == "" {
@@ -1864,10 +1864,12 @@ func TestMetricNames(t *testing.T) {
 		add(got)
 		return got["hotkey_level_changes_total"] != nil
 	})
-	// However slowly the machine sends them, a key that asks for its whole
-	// burst (the default policy's 100) twice in a row is denied once.
-	for range 2 {
-		statuses[allowN("deploy-deny", 100)]++
+	// A key that asks for its whole burst (the default policy's 100) twice
+	// within a second is denied once; on a machine so slow that a second
+	// passed, try again.
+	for try := 0; statuses[http.StatusTooManyRequests] == 0 && try < 10; try++ {
+		allowN(fmt.Sprintf("deploy-deny-%d", try), 100)
+		statuses[allowN(fmt.Sprintf("deploy-deny-%d", try), 100)]++
 	}
 	t.Logf("hot key split after %v; answers %v", took.Round(time.Millisecond), statuses)
 	if statuses[http.StatusOK] == 0 || statuses[http.StatusTooManyRequests] == 0 {

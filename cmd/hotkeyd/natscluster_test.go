@@ -35,6 +35,11 @@ func TestEmbeddedNATSCluster(t *testing.T) {
 	t.Parallel()
 	const password, clientPassword = "s3cret-route-pw", "gateway-pw"
 	hosts := []string{"127.0.0.1", "127.0.0.2"}
+	if l, err := net.Listen("tcp", "127.0.0.2:0"); err != nil {
+		t.Skipf("no 127.0.0.2 on this host (%v): Linux routes all of 127/8 to loopback, others may not", err)
+	} else {
+		l.Close()
+	}
 	var clients, routes [2]string
 	for i, h := range hosts {
 		clients[i], routes[i] = freeAddrOn(t, h), freeAddrOn(t, h)
@@ -97,6 +102,36 @@ func TestEmbeddedNATSCluster(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Errorf("the client user's try to %s: no permissions violation", try.what)
 		}
+	}
+
+	// Nor may it have the daemons answer on its behalf outside the clients'
+	// inboxes: a request whose reply subject is elsewhere is dropped, where
+	// one whose reply is an inbox is answered.
+	daemonUser, err := nats.Connect("nats://"+clients[0], nats.UserInfo("hotkey", password), nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer daemonUser.Close()
+	elsewhere, err := daemonUser.SubscribeSync("not.an.inbox")
+	if err != nil {
+		t.Fatal(err)
+	}
+	daemonUser.Flush()
+	inbox := nc.NewInbox()
+	answered, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, reply := range []string{"not.an.inbox", inbox} {
+		if err := nc.PublishRequest("hotkey.allow", reply, []byte(`{"key":"reply-to"}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := answered.NextMsg(30 * time.Second); err != nil {
+		t.Errorf("a request answered in the client's inbox: %v", err)
+	}
+	if m, err := elsewhere.NextMsg(500 * time.Millisecond); err == nil {
+		t.Errorf("the daemon answered the client user on %s: %s", m.Subject, m.Data)
 	}
 
 	// A key hot on the first daemon is split on both.

@@ -15,6 +15,7 @@ import (
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/internal/redact"
 )
 
 // Defaults of the flags.
@@ -133,7 +134,7 @@ var flagDocs = []flagDoc{
 	{"nats-key", "FILE", "PEM key of --nats-cert"},
 	{"nats-secret-file", "FILE", "sign and check the daemons' coordination messages with the secret in FILE (at least 16 bytes, white space around it ignored; e.g. openssl rand -hex 32); every daemon needs the same, and drops the others' messages"},
 	{"nats-concurrency", "N", "decide up to N requests on hotkey.allow at once (1: one at a time); more wait in the NATS client's buffer"},
-	{"hot-threshold", "RATE", "T: requests per second for one key, over all daemons, at which it is split in 4 (16 at 4T, 64 at 16T). Each daemon measures the key's rate it sees over the last 100 ms (sliding by 10 ms) and compares it with T divided by the live daemons, or --hot-floor if that is more"},
+	{"hot-threshold", "RATE", "T: requests per second for one key, over all daemons, at which it is split in 4 (16 at 4T, 64 at 16T). Each daemon measures the key's rate it sees over the last 100 ms (sliding by 10 ms) and compares it with T divided by the live daemons, or --hot-floor if that is more (so among more than T/floor daemons a key evenly spread splits at daemons x floor, over T)"},
 	{"hot-floor", "RATE", "the least rate one daemon must see of a key for it to split, however many daemons divide --hot-threshold (capped at it): without it, among 20 daemons at T 1000, 5 requests in 100 ms on one would split a key"},
 	{"cool-down", "DURATION", "how long a split key's rate must stay under half its level's threshold before it is merged back a level"},
 	{"breaker-probe", "DURATION", "after the store fails (3 calls in a row), decisions follow each policy's on_store_failure; the store is probed again after DURATION, doubling up to 2m (or DURATION if longer)"},
@@ -322,12 +323,16 @@ func (c *Config) check() error {
 			} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
 				return fmt.Errorf("%s %q: bad port", flagName("nats-cluster-listen"), c.NATSClusterListen)
 			}
-		} else if len(c.NATSRoutes) > 0 {
-			return fmt.Errorf("%s needs %s: the embedded server accepts routes there", flagName("nats-routes"), flagName("nats-cluster-listen"))
+		} else {
+			for _, f := range []string{"nats-routes", "nats-cluster-name"} {
+				if c.set[f] {
+					return fmt.Errorf("%s needs %s: the embedded server accepts routes there", flagName(f), flagName("nats-cluster-listen"))
+				}
+			}
 		}
 		for _, r := range c.NATSRoutes {
 			if _, err := routeURL(r); err != nil {
-				return fmt.Errorf("%s %q: %v", flagName("nats-routes"), r, err)
+				return fmt.Errorf("%s %q: %v", flagName("nats-routes"), redact.URL(r), err)
 			}
 		}
 		switch {
@@ -335,6 +340,8 @@ func (c *Config) check() error {
 			return fmt.Errorf("%s needs %s: the daemons log in as that user, with every right", flagName("nats-client-user"), flagName("nats-user"))
 		case (c.NATSClientUser == "") != (c.NATSClientPassword == ""):
 			return fmt.Errorf("%s and %s go together", flagName("nats-client-user"), flagName("nats-client-password"))
+		case c.NATSClientUser != "" && c.NATSPassword == "":
+			return fmt.Errorf("%s needs %s: without it anyone could log in as %s's user, with every right", flagName("nats-client-user"), flagName("nats-password"), flagName("nats-user"))
 		case c.NATSClientUser != "" && c.NATSClientUser == c.NATSUser:
 			return fmt.Errorf("%s %q is %s's user: give API clients a user of their own", flagName("nats-client-user"), c.NATSClientUser, flagName("nats-user"))
 		}

@@ -81,7 +81,13 @@ func TestParseArgsErrors(t *testing.T) {
 		{[]string{"--nats-cluster-listen", ":6222", "--nats-routes", "nats-route://u:p@h:6222"}, nil, "no credentials in a route"},
 		{[]string{"--nats-cluster-listen", ":6222", "--nats-routes", "http://h:6222"}, nil, `scheme "http"`},
 		{[]string{"--nats-cluster-listen", ":6222", "--nats-routes", "h"}, nil, "want nats-route://host:port"},
-		{[]string{"--nats-cluster-name", "a.b"}, nil, "--nats-cluster-name"},
+		{[]string{"--nats-cluster-listen", ":6222", "--nats-cluster-name", "a.b"}, nil, "--nats-cluster-name"},
+		{[]string{"--nats-cluster-name", "fleet"}, nil, "--nats-cluster-name (HOTKEYD_NATS_CLUSTER_NAME) needs --nats-cluster-listen"},
+		{[]string{"--nats-cluster-listen", ":6222", "--nats-routes", "nats-route://u:s3cret@h:6222"}, nil, "nats-route://u:xxxxx@h:6222"},
+		{[]string{"--nats-user", "hotkey", "--nats-client-user", "gw", "--nats-client-password", "p"}, nil, "--nats-client-user (HOTKEYD_NATS_CLIENT_USER) needs --nats-password"},
+		{[]string{"--nats-client-user", "gw", "--nats-client-password", "p"}, nil, "needs --nats-user"},
+		{[]string{"--nats-user", "u", "--nats-password", "p", "--nats-client-user", "gw"}, nil, "go together"},
+		{[]string{"--nats-user", "u", "--nats-password", "p", "--nats-client-user", "u", "--nats-client-password", "q"}, nil, "a user of their own"},
 	}
 	for _, c := range cases {
 		_, err := ParseArgs(c.args, env(c.env), nil)

@@ -226,6 +226,7 @@ type Daemon struct {
 
 	reloadMu sync.Mutex // one reload at a time
 	reloads  *reloadMetrics
+	reqs     requestMetrics
 
 	bg     sync.WaitGroup // the loops of background
 	bgStop chan struct{}  // closed to stop them; nil before the first
@@ -244,12 +245,18 @@ type Daemon struct {
 	healthDone  chan struct{}
 	descMetrics *descMetrics
 
-	ns       *natsserver.Server // nil when joining an existing NATS
-	natsURL  string
-	nc       *nats.Conn
-	ncClosed chan struct{}
-	svc      micro.Service
-	nats     natsRequests
+	ns      *natsserver.Server // nil when joining an existing NATS
+	natsURL string
+	nc      *nats.Conn
+	// natsSynced says the server has confirmed the subscriptions since the
+	// connection last came up (/readyz checks it).
+	natsSynced atomic.Bool
+	// natsLastErr is the last reconnect error logged (reconnects run
+	// one at a time).
+	natsLastErr string
+	ncClosed    chan struct{}
+	svc         micro.Service
+	nats        natsRequests
 
 	store  counter.Store
 	rstore *counter.RedisStore   // the store if on Redis, else nil
@@ -319,6 +326,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	build.Set(1)
 	d.reg.MustRegister(build)
 	d.reloads = newReloadMetrics(d.reg)
+	d.reqs = newRequestMetrics(d.reg)
+	// The series of each API from the start, at 0 (gRPC's once it serves).
+	d.reqs.api(apiHTTP)
+	d.nats.seconds = d.reqs.api(apiNATS)
 
 	// Hot keys are counter names, policy|key: room for the longest.
 	maxName := max(maxPolicyName, envoyconf.MaxPolicyName) + 1 + hotkey.DefaultMaxKeyLen
@@ -354,6 +365,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		if err = d.nc.FlushTimeout(startTimeout); err != nil {
 			return nil, fmt.Errorf("NATS: flush: %w", err)
 		}
+		d.natsSynced.Store(true)
 	}
 
 	d.httpSrv = &http.Server{
@@ -478,6 +490,7 @@ func (d *Daemon) startNATS() error {
 		nats.NoEcho(), // the coordinator ignores its own messages anyway
 		nats.DrainTimeout(drainTimeout),
 		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
+			d.natsSynced.Store(false)
 			if !nc.IsClosed() && !nc.IsDraining() {
 				d.log.Warn("disconnected from NATS: decisions go on; hot keys are agreed again on reconnect", "err", err)
 			}
@@ -486,6 +499,14 @@ func (d *Daemon) startNATS() error {
 			d.log.Info("reconnected to NATS", "url", redact.URL(nc.ConnectedUrl()))
 		}),
 		nats.ClosedHandler(func(*nats.Conn) { close(d.ncClosed) }),
+		nats.ReconnectErrHandler(func(_ *nats.Conn, err error) {
+			// Each attempt fails alike while the server is down: say each
+			// new reason once (an authorization error is no outage).
+			if msg := err.Error(); msg != d.natsLastErr {
+				d.natsLastErr = msg
+				d.log.Warn("cannot connect to NATS", "err", err)
+			}
+		}),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			d.log.Warn("NATS error", "err", err)
 		}),
@@ -504,6 +525,11 @@ func (d *Daemon) startNATS() error {
 		return fmt.Errorf("%s %s: %w", flagName("nats-nkey-seed"), cfg.NATSNkeySeed, errors.Unwrap(err))
 	}
 	opts = append(opts, auth...)
+	if cfg.NATSClientUser != "" {
+		// API clients may subscribe to _INBOX.>: the daemons' own inboxes
+		// (the coordinator's sync replies) are elsewhere.
+		opts = append(opts, nats.CustomInboxPrefix(daemonInboxPrefix))
+	}
 
 	if cfg.NATS == "" {
 		if err := d.startEmbedded(); err != nil {
@@ -538,10 +564,13 @@ func (d *Daemon) startEmbedded() error {
 	port, _ := strconv.Atoi(portStr)
 	// nats-server reports a port in use only as a readiness timeout: try
 	// the address first, for a clear message.
-	if port != 0 {
-		l, err := net.Listen("tcp", addr)
+	for _, a := range []struct{ addr, flag string }{{addr, "nats-listen"}, {d.cfg.NATSClusterListen, "nats-cluster-listen"}} {
+		if _, p, _ := net.SplitHostPort(a.addr); p == "" || p == "0" {
+			continue
+		}
+		l, err := net.Listen("tcp", a.addr)
 		if err != nil {
-			return listenError("embedded NATS server", addr, "nats-listen", err)
+			return listenError("embedded NATS server", a.addr, a.flag, err)
 		}
 		l.Close()
 	}
@@ -594,6 +623,10 @@ func clientPermissions() *server.Permissions {
 		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
 	}
 }
+
+// daemonInboxPrefix is the daemons' inbox prefix with --nats-client-user,
+// out of the clients' _INBOX.>.
+const daemonInboxPrefix = "_HOTKEYD_INBOX"
 
 // routeUser is the user routes log in as when the daemons share a token.
 const routeUser = "hotkeyd-route"
@@ -682,7 +715,7 @@ func (d *Daemon) openStore(ctx context.Context) error {
 	if err := s.Ready(); err != nil {
 		d.log.Warn("cannot reach the store: starting degraded; decisions follow each policy's on_store_failure, and /readyz answers 503, until it answers (retried every "+storeSetupRetry.String()+"); "+flagName("require-store")+" makes this stop the start instead",
 			"store", what, "err", err)
-		d.background(d.awaitStore)
+		d.background(func(stop <-chan struct{}) { d.awaitStore(stop, err) })
 	}
 	return nil
 }
@@ -769,14 +802,21 @@ func loopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// awaitStore logs when the store, unreachable at start, is set up.
-func (d *Daemon) awaitStore(stop <-chan struct{}) {
+// awaitStore logs when the store, unreachable at start, is set up, and
+// each new reason it is not (a wrong password is no outage).
+func (d *Daemon) awaitStore(stop <-chan struct{}, first error) {
+	last := first.Error()
 	every(stop, storeSetupRetry, func() bool {
-		if d.rstore.Ready() != nil {
-			return true
+		err := d.rstore.Ready()
+		if err == nil {
+			d.log.Info("store ready: decisions go to it")
+			return false
 		}
-		d.log.Info("store ready: decisions go to it")
-		return false
+		if err.Error() != last {
+			last = err.Error()
+			d.log.Warn("store still not set up: decisions follow each policy's on_store_failure", "err", err)
+		}
+		return true
 	})
 }
 
@@ -869,7 +909,9 @@ func (d *Daemon) stop(ctx context.Context) error {
 	if !d.nats.stop(ctx) {
 		natsErr = errors.Join(natsErr, errors.New("NATS: decisions in flight not done within the shutdown timeout"))
 	}
-	if err := d.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
+	if !d.nc.IsConnected() {
+		d.nc.Close() // nothing to drain to a server it never reached, or lost
+	} else if err := d.nc.Drain(); err != nil && !errors.Is(err, nats.ErrConnectionClosed) {
 		natsErr = errors.Join(natsErr, fmt.Errorf("NATS drain: %w", err))
 	}
 	select {

@@ -72,7 +72,7 @@ func (d *Daemon) startGRPC() error {
 		return listenError("gRPC", d.cfg.GRPCListen, "grpc-listen", err)
 	}
 	d.grpcLn = ln
-	d.grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{newRequestMetrics(d.reg).api(apiGRPC)}))
+	d.grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{d.reqs.api(apiGRPC)}))
 	d.rls = &rls{d: d}
 	rlpb.RegisterRateLimitServiceServer(d.grpcSrv, d.rls)
 	d.health = health.NewServer()

@@ -20,9 +20,7 @@ import (
 // routes returns the HTTP API.
 func (d *Daemon) routes() http.Handler {
 	mux := http.NewServeMux()
-	reqs := newRequestMetrics(d.reg)
-	reqs.api(apiNATS) // exported from the start, as HTTP's; gRPC's once it serves
-	mux.HandleFunc("/v1/allow", timedHTTP(reqs.api(apiHTTP), d.handleAllow))
+	mux.HandleFunc("/v1/allow", timedHTTP(d.reqs.api(apiHTTP), d.handleAllow))
 	mux.HandleFunc("/v1/hotkeys", get(d.handleHotKeys))
 	metrics := promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{ErrorLog: slogPrinter{d}})
 	mux.HandleFunc("/metrics", get(metrics.ServeHTTP))
@@ -142,12 +140,17 @@ func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, Readiness{Status: "ready", Warnings: warnings})
 }
 
-// warnings are /readyz's: daemons on memory counters that share NATS.
+// warnings are /readyz's: daemons on memory counters that share NATS; an
+// embedded NATS server with routes configured and none up.
 func (d *Daemon) warnings() []string {
+	var w []string
 	if n := d.engine.Instances(); d.redis == nil && n > 1 {
-		return []string{fmt.Sprintf("%d daemons share NATS but each keeps its counters in memory: requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted up to %d times its limit; give them one store with --redis or --redis-cluster", n, n)}
+		w = append(w, fmt.Sprintf("%d daemons share NATS but each keeps its counters in memory: requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted up to %d times its limit; give them one store with --redis or --redis-cluster", n, n))
 	}
-	return nil
+	if d.ns != nil && len(d.cfg.NATSRoutes) > 0 && d.ns.Server().NumRoutes() == 0 {
+		w = append(w, "no route of the embedded NATS server to the other daemons' (--nats-routes) is up: this daemon agrees hot keys with none of them; check their addresses, that they run, and that they share --nats-user/--nats-password")
+	}
+	return w
 }
 
 // notReady says why the store or the coordinator is not usable now, if it
@@ -156,6 +159,15 @@ func (d *Daemon) notReady(ctx context.Context) []string {
 	var reasons []string
 	if st := d.nc.Status(); st != nats.CONNECTED {
 		reasons = append(reasons, fmt.Sprintf("NATS connection %s: hot keys are not agreed with other daemons", strings.ToLower(st.String())))
+	} else if !d.natsSynced.Load() {
+		// Connected since the last check: the server has the subscriptions
+		// (hotkey.allow, the coordinator's) once it answers a PING sent
+		// after them.
+		if err := d.nc.FlushTimeout(pingTimeout); err != nil {
+			reasons = append(reasons, "NATS subscriptions not confirmed yet: "+err.Error())
+		} else {
+			d.natsSynced.Store(true)
+		}
 	}
 	if d.rstore != nil {
 		if err := d.rstore.Ready(); err != nil {

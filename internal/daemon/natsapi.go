@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -29,15 +30,7 @@ type natsRequests struct {
 	mu       sync.RWMutex  // guards stopping against wg.Add
 	stopping bool
 	wg       sync.WaitGroup
-
-	observerOnce sync.Once
-	observer     prometheus.Observer // hotkeyd_request_duration_seconds{api="nats"}
-}
-
-// seconds returns hotkeyd_request_duration_seconds{api="nats"} on reg.
-func (n *natsRequests) seconds(reg prometheus.Registerer) prometheus.Observer {
-	n.observerOnce.Do(func() { n.observer = newRequestMetrics(reg).api(apiNATS) })
-	return n.observer
+	seconds  prometheus.Observer // hotkeyd_request_duration_seconds{api="nats"}
 }
 
 // run runs f on a goroutine once a slot is free; once stopping, on the
@@ -89,7 +82,14 @@ func (n *natsRequests) stop(ctx context.Context) bool {
 func (d *Daemon) handleNATS(req micro.Request) {
 	start := time.Now()
 	data, reply := req.Data(), req.Reply()
-	seconds := d.nats.seconds(d.reg)
+	if d.cfg.NATSClientUser != "" && !strings.HasPrefix(reply, "_INBOX.") {
+		// The client user may publish on hotkey.allow only: the daemon,
+		// which may publish anywhere, does not answer on its behalf
+		// elsewhere than in the clients' inboxes.
+		d.log.Debug("hotkey.allow request with a reply subject outside _INBOX. ignored", "reply", truncate(reply, 100))
+		return
+	}
+	seconds := d.nats.seconds
 	d.nats.run(func() {
 		d.answerNATS(data, reply)
 		since(seconds, start)

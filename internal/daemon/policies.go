@@ -101,7 +101,7 @@ func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
 // enforce are errors (a *PolicyError naming the line and field). A file
 // without a "default" policy gets the built-in one.
 func ParsePolicies(data []byte) (Policies, error) {
-	ps, err := parsePolicies(data)
+	ps, _, err := parsePolicies(data)
 	if err != nil {
 		return nil, err
 	}
@@ -111,18 +111,19 @@ func ParsePolicies(data []byte) (Policies, error) {
 	return ps, nil
 }
 
-// parsePolicies is ParsePolicies without the built-in default.
-func parsePolicies(data []byte) (Policies, error) {
+// parsePolicies is ParsePolicies without the built-in default; it also
+// returns the line of each policy's name.
+func parsePolicies(data []byte) (Policies, map[string]int, error) {
 	if len(data) > maxPoliciesFile {
-		return nil, &PolicyError{Msg: fmt.Sprintf("file is %d bytes, over the %d allowed", len(data), maxPoliciesFile)}
+		return nil, nil, &PolicyError{Msg: fmt.Sprintf("file is %d bytes, over the %d allowed", len(data), maxPoliciesFile)}
 	}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, &PolicyError{Msg: "file is empty: want a top-level \"policies:\" mapping"}
+			return nil, nil, &PolicyError{Msg: "file is empty: want a top-level \"policies:\" mapping"}
 		}
-		return nil, yamlError(data, err)
+		return nil, nil, yamlError(data, err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); err == nil {
@@ -130,19 +131,19 @@ func parsePolicies(data []byte) (Policies, error) {
 		if len(extra.Content) > 0 {
 			at = extra.Content[0]
 		}
-		return nil, perr(at, "", "a second YAML document: the file must hold one")
+		return nil, nil, perr(at, "", "a second YAML document: the file must hold one")
 	} else if !errors.Is(err, io.EOF) {
-		return nil, yamlError(data, err)
+		return nil, nil, yamlError(data, err)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode {
 		if len(root.Content) == 0 {
-			return nil, &PolicyError{Msg: "file is empty: want a top-level \"policies:\" mapping"}
+			return nil, nil, &PolicyError{Msg: "file is empty: want a top-level \"policies:\" mapping"}
 		}
 		root = root.Content[0]
 	}
 	if root.Kind != yaml.MappingNode {
-		return nil, perr(root, "", "want a mapping with a \"policies\" key, found %s", kindName(root))
+		return nil, nil, perr(root, "", "want a mapping with a \"policies\" key, found %s", kindName(root))
 	}
 	var list *yaml.Node
 	if err := eachField(root, "", func(key string, k, v *yaml.Node) error {
@@ -152,18 +153,19 @@ func parsePolicies(data []byte) (Policies, error) {
 		list = v
 		return nil
 	}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if list == nil {
-		return nil, perr(root, "policies", "missing: want a \"policies:\" mapping of names to policies")
+		return nil, nil, perr(root, "policies", "missing: want a \"policies:\" mapping of names to policies")
 	}
 	if list.Kind != yaml.MappingNode {
-		return nil, perr(list, "policies", "want a mapping of names to policies, found %s", kindName(list))
+		return nil, nil, perr(list, "policies", "want a mapping of names to policies, found %s", kindName(list))
 	}
 	if len(list.Content) == 0 {
-		return nil, perr(list, "policies", "no policies: define at least one, or leave --policies out for the built-in default")
+		return nil, nil, perr(list, "policies", "no policies: define at least one, or leave --policies out for the built-in default")
 	}
 	ps := make(Policies)
+	lines := make(map[string]int)
 	if err := eachField(list, "policies", func(name string, k, v *yaml.Node) error {
 		if err := checkPolicyName(name); err != nil {
 			return perr(k, "policies."+name, "%v", err)
@@ -173,11 +175,12 @@ func parsePolicies(data []byte) (Policies, error) {
 			return err
 		}
 		ps[name] = p
+		lines[name] = k.Line
 		return nil
 	}); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	return ps, nil
+	return ps, lines, nil
 }
 
 // yamlError turns a YAML syntax error into a PolicyError with its line.

@@ -23,20 +23,23 @@ import (
 // never sees half a reload.
 type rules struct {
 	policies Policies
+	origins  map[string]origin // where each policy of the file is defined
 	known    string            // the policies' names, quoted, for the 404 of an unknown one
 	envoy    *envoyconf.Config // nil without --envoy-config
 }
 
-func newRules(ps Policies, envoy *envoyconf.Config) *rules {
-	return &rules{policies: ps, known: strings.Join(quoteAll(ps.Names()), ", "), envoy: envoy}
+// origin is where a policy is defined: its file and the line of its name.
+type origin struct {
+	file string
+	line int
 }
 
 // loadRules reads the policies and the Envoy rules the flags name.
 func loadRules(cfg Config) (*rules, error) {
-	ps := Policies{DefaultPolicy: BuiltinPolicy()}
+	ps, origins := Policies{DefaultPolicy: BuiltinPolicy()}, map[string]origin(nil)
 	if cfg.Policies != "" {
 		var err error
-		if ps, err = LoadPolicies(cfg.Policies); err != nil {
+		if ps, origins, err = loadPolicies(cfg.Policies); err != nil {
 			return nil, fmt.Errorf("policies, set by %s, refused: %w", flagName("policies"), err)
 		}
 	}
@@ -47,7 +50,7 @@ func loadRules(cfg Config) (*rules, error) {
 			return nil, fmt.Errorf("envoy configuration, set by %s, refused: %w", flagName("envoy-config"), err)
 		}
 	}
-	return newRules(ps, envoy), nil
+	return &rules{policies: ps, origins: origins, known: strings.Join(quoteAll(ps.Names()), ", "), envoy: envoy}, nil
 }
 
 // LoadPolicies reads the policies at path: one YAML file (see
@@ -58,38 +61,45 @@ func loadRules(cfg Config) (*rules, error) {
 // file, the built-in one is added. Errors are a *PolicyError naming the
 // file, or the error of reading it.
 func LoadPolicies(path string) (Policies, error) {
+	ps, _, err := loadPolicies(path)
+	return ps, err
+}
+
+// loadPolicies is LoadPolicies, with where each policy of the files is
+// defined.
+func loadPolicies(path string) (Policies, map[string]origin, error) {
 	fi, err := os.Stat(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	files := []string{path}
 	if fi.IsDir() {
 		if files, err = policyFiles(path); err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		if len(files) == 0 {
-			return nil, &PolicyError{File: path, Msg: "no *.yaml or *.yml files in the directory"}
+			return nil, nil, &PolicyError{File: path, Msg: "no *.yaml or *.yml files in the directory"}
 		}
 	}
 	all := make(Policies)
-	from := make(map[string]string) // policy name → its file
+	from := make(map[string]origin)
 	for _, f := range files {
-		ps, err := loadPoliciesFile(f)
+		ps, lines, err := loadPoliciesFile(f)
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		for _, name := range ps.Names() {
 			if prev, dup := from[name]; dup {
-				return nil, &PolicyError{File: f, Field: "policies." + name, Msg: "defined in " + prev + " too: a policy name must be defined once"}
+				return nil, nil, &PolicyError{File: f, Line: lines[name], Field: "policies." + name, Msg: "defined in " + prev.file + " too: a policy name must be defined once"}
 			}
-			from[name] = f
+			from[name] = origin{f, lines[name]}
 			all[name] = ps[name]
 		}
 	}
 	if _, ok := all[DefaultPolicy]; !ok {
 		all[DefaultPolicy] = BuiltinPolicy()
 	}
-	return all, nil
+	return all, from, nil
 }
 
 // policyFiles lists the policy files of directory dir, sorted.
@@ -118,22 +128,22 @@ func policyFiles(dir string) ([]string, error) {
 }
 
 // loadPoliciesFile reads and parses one policies file, without the built-in
-// default.
-func loadPoliciesFile(file string) (Policies, error) {
+// default; it also returns the line of each policy's name.
+func loadPoliciesFile(file string) (Policies, map[string]int, error) {
 	f, err := os.Open(file)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, maxPoliciesFile+1))
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	ps, err := parsePolicies(data)
+	ps, lines, err := parsePolicies(data)
 	if pe, ok := errors.AsType[*PolicyError](err); ok {
 		pe.File = file
 	}
-	return ps, err
+	return ps, lines, err
 }
 
 // reloadMetrics count the reloads.
@@ -164,7 +174,11 @@ func newReloadMetrics(reg prometheus.Registerer) *reloadMetrics {
 func (d *Daemon) Reload(cause string) error {
 	d.reloadMu.Lock()
 	defer d.reloadMu.Unlock()
+	old := d.rules.Load()
 	r, err := loadRules(d.cfg)
+	if err == nil {
+		err = keepsState(old, r)
+	}
 	if err != nil {
 		d.reloads.failed.Inc()
 		d.reloads.success.Set(0)
@@ -177,7 +191,6 @@ func (d *Daemon) Reload(cause string) error {
 		d.log.Error("reload refused: the rules in force stay", attrs...)
 		return err
 	}
-	old := d.rules.Load()
 	d.rules.Store(r)
 	d.reloads.ok.Inc()
 	d.reloads.success.Set(1)
@@ -189,6 +202,55 @@ func (d *Daemon) Reload(cause string) error {
 	}
 	d.log.Info("reloaded", attrs...)
 	return nil
+}
+
+// keepsState refuses new rules that change the algorithm or the period of
+// a policy (or Envoy rule) that old has: its counters' state is written in
+// them, and a take under others reads it as no usage, so that until every
+// daemon (and every decision in flight) has the new rules, daemons on old
+// and new would each wipe the other's counts and admit without limit.
+func keepsState(old, r *rules) error {
+	for _, name := range r.policies.Names() {
+		p, q := old.policies[name], r.policies[name]
+		if p == nil || !stateChanged(p, q) {
+			continue
+		}
+		o := r.origins[name]
+		return &PolicyError{File: o.file, Line: o.line, Field: "policies." + name, Msg: stateChange(p, q, "policy", "rename it")}
+	}
+	if old.envoy == nil || r.envoy == nil {
+		return nil
+	}
+	before := make(map[string]*hotkey.Policy)
+	for _, rule := range old.envoy.Rules() {
+		if rule.Policy != nil {
+			before[rule.Policy.Name] = rule.Policy
+		}
+	}
+	for _, rule := range r.envoy.Rules() {
+		if p := before[policyName(rule.Policy)]; p != nil && stateChanged(p, rule.Policy) {
+			return &envoyconf.Error{File: rule.File, Line: rule.Line, Field: rule.Path, Msg: stateChange(p, rule.Policy, "rule", "give the descriptor another key or value")}
+		}
+	}
+	return nil
+}
+
+func policyName(p *hotkey.Policy) string {
+	if p == nil {
+		return ""
+	}
+	return p.Name
+}
+
+// stateChanged reports whether q counts in another state than p.
+func stateChanged(p, q *hotkey.Policy) bool {
+	return p.Limit.Algorithm != q.Limit.Algorithm || p.Limit.Period != q.Limit.Period
+}
+
+// stateChange explains the refusal of a change from p to q.
+func stateChange(p, q *hotkey.Policy, what, rename string) string {
+	return fmt.Sprintf("%s per %v, was %s per %v: a reload keeps the algorithm and period of a %s, which its counters' state is written in (daemons that read it under others would count it as nothing); to change them, %s, or restart the daemons (either way its counters start afresh)",
+		q.Limit.Algorithm, q.Limit.Period, p.Limit.Algorithm, p.Limit.Period, what, rename)
 }
 
 // diffPolicies names the policies of b that a lacks, those of a that b
@@ -219,14 +281,18 @@ func samePolicy(a, b *hotkey.Policy) bool {
 // looking every interval, until stop is closed. A change is seen in the
 // files' sizes, times and inodes (a ConfigMap's update swaps a link,
 // which changes the inode the path reads), so that nothing is parsed
-// while nothing changed; a reload that finds the same rules changes
-// nothing.
+// while nothing changed; and acted on once the files have stayed the same
+// for one more interval, so that a file being written is not read half
+// written. A reload that finds the same rules changes nothing.
 func (d *Daemon) watch(interval time.Duration, last uint64, stop <-chan struct{}) {
+	seen := last // the files as the last look found them
 	every(stop, interval, func() bool {
-		if now := sourcesPrint(d.cfg); now != last {
+		now := sourcesPrint(d.cfg)
+		if now != last && now == seen {
 			last = now
 			_ = d.Reload("file change") // logged and counted
 		}
+		seen = now
 		return true
 	})
 }

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -14,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/envoyconf"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
@@ -29,6 +32,16 @@ func writeTestFile(t *testing.T, path, content string) {
 
 func onePolicy(name string, limit int) string {
 	return fmt.Sprintf("policies:\n  %s:\n    algorithm: sliding_log\n    limit: %d\n    period: 24h\n", name, limit)
+}
+
+// replaceTestFile writes content to path as editors do: a new file
+// renamed over the old, so that a reader never sees it half written.
+func replaceTestFile(t *testing.T, path, content string) {
+	t.Helper()
+	writeTestFile(t, path+".new", content)
+	if err := os.Rename(path+".new", path); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // TestLoadPoliciesDir: a directory's *.yaml and *.yml files hold the
@@ -169,7 +182,7 @@ func TestReloadWatchConfigMap(t *testing.T) {
 		return err == nil && limit == 6
 	})
 
-	writeTestFile(t, envoyFile, "domain: two\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
+	replaceTestFile(t, envoyFile, "domain: two\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
 	testkit.For(t, 30*time.Second, "the Envoy rules' update in force", func() bool {
 		return strings.Join(e.d.rules.Load().envoy.Domains(), ",") == "two"
 	})
@@ -178,8 +191,9 @@ func TestReloadWatchConfigMap(t *testing.T) {
 	}
 
 	// A broken Envoy file keeps both the rules and the policies in force.
-	writeTestFile(t, envoyFile, "domain: three\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n")
-	testkit.For(t, 30*time.Second, "the refused reload counted", func() bool { return e.reloads("error") >= 1 })
+	refused := e.reloads("error")
+	replaceTestFile(t, envoyFile, "domain: three\ndescriptors:\n  - key: k\n    rate_limit: {unit: fortnight, requests_per_unit: 5}\n")
+	testkit.For(t, 30*time.Second, "the refused reload counted", func() bool { return e.reloads("error") > refused })
 	if got := strings.Join(e.d.rules.Load().envoy.Domains(), ","); got != "two" {
 		t.Errorf("domains after a refused reload: %s, want two", got)
 	}
@@ -271,4 +285,53 @@ func TestReloadAtomic(t *testing.T) {
 		t.Errorf("%v reloads counted ok, want %d", got, reloads)
 	}
 	t.Logf("%d batches across %d reloads", batches.Load(), reloads)
+}
+
+// TestReloadRefusesStateChange: a reload that changes the algorithm or the
+// period of a policy, or of an Envoy rule, is refused, naming the file,
+// line and field: its counters' state is written in them. Other changes of
+// the same file's limits are not.
+func TestReloadRefusesStateChange(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policies.yaml")
+	policies := func(alg, limit, period string) string {
+		return "policies:\n  other:\n    limit: 1\n    period: 1s\n  api:\n    algorithm: " + alg + "\n    limit: " + limit + "\n    period: " + period + "\n"
+	}
+	writeTestFile(t, path, policies("token_bucket", "10", "1s"))
+	envoyFile := filepath.Join(dir, "rules.yaml")
+	rules := func(unit string, rpu int) string {
+		return fmt.Sprintf("domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: %s, requests_per_unit: %d}\n", unit, rpu)
+	}
+	writeTestFile(t, envoyFile, rules("minute", 5))
+	e := startReloadEnv(t, "--policies", path, "--envoy-config", envoyFile, "--reload-interval", "0")
+
+	for _, c := range []struct{ alg, period string }{{"sliding_window", "1s"}, {"token_bucket", "1m"}} {
+		writeTestFile(t, path, policies(c.alg, "10", c.period))
+		err := e.d.Reload("test")
+		pe, ok := errors.AsType[*PolicyError](err)
+		if !ok || pe.File != path || pe.Line != 5 || pe.Field != "policies.api" || !strings.Contains(pe.Msg, "a reload keeps the algorithm and period") {
+			t.Errorf("%s per %s: %v, want a refusal naming the file, line 5 and policies.api", c.alg, c.period, err)
+		}
+		if l := e.d.rules.Load().policies["api"].Limit; l.Algorithm != counter.TokenBucket || l.Period != time.Second {
+			t.Errorf("%s per %s: the policy in force is %+v, want the old one", c.alg, c.period, l)
+		}
+	}
+	writeTestFile(t, path, policies("token_bucket", "20", "1s"))
+	if err := e.d.Reload("test"); err != nil || e.d.rules.Load().policies["api"].Limit.Rate != 20 {
+		t.Errorf("a new rate: %v", err)
+	}
+
+	writeTestFile(t, envoyFile, rules("hour", 5))
+	err := e.d.Reload("test")
+	ee, ok := errors.AsType[*envoyconf.Error](err)
+	if !ok || ee.File != envoyFile || ee.Line != 3 || ee.Field != "edge.tenant" {
+		t.Errorf("an Envoy rule's unit changed: %v, want a refusal naming the file, line 3 and the rule", err)
+	}
+	writeTestFile(t, envoyFile, rules("minute", 50))
+	if err := e.d.Reload("test"); err != nil {
+		t.Errorf("an Envoy rule's requests_per_unit changed: %v", err)
+	}
+	if ok, failed := e.reloads("ok"), e.reloads("error"); ok != 2 || failed != 3 {
+		t.Errorf("reloads counted: %v ok, %v refused; want 2 and 3", ok, failed)
+	}
 }

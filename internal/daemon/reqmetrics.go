@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"net/http"
 	"time"
 
@@ -24,8 +23,7 @@ const (
 	apiGRPC = "grpc"
 )
 
-// newRequestMetrics registers hotkeyd_request_duration_seconds on reg, or
-// if reg has it already (each API asks for it), returns that one.
+// newRequestMetrics registers hotkeyd_request_duration_seconds on reg.
 func newRequestMetrics(reg prometheus.Registerer) requestMetrics {
 	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "hotkeyd_request_duration_seconds",
@@ -34,13 +32,7 @@ func newRequestMetrics(reg prometheus.Registerer) requestMetrics {
 			"grpc (ShouldRateLimit: from its headers read to its status written).",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	}, []string{"api"})
-	if err := reg.Register(h); err != nil {
-		var are prometheus.AlreadyRegisteredError
-		if !errors.As(err, &are) {
-			panic(err) // not with one name and one set of labels
-		}
-		h = are.ExistingCollector.(*prometheus.HistogramVec)
-	}
+	reg.MustRegister(h)
 	return requestMetrics{h}
 }
 
