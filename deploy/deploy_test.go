@@ -1566,22 +1566,21 @@ func dashboardQueries(t *testing.T) []query {
 	return qs
 }
 
-type alertRules struct {
-	Groups []struct {
-		Name  string
-		Rules []struct {
-			Alert       string
-			Expr        string
-			For         string
-			Labels      map[string]string
-			Annotations map[string]string
+// alertQueries returns the expressions of the alert rules.
+func alertQueries(t *testing.T) []query {
+	t.Helper()
+	var doc struct {
+		Groups []struct {
+			Name  string
+			Rules []struct {
+				Alert       string
+				Expr        string
+				For         string
+				Labels      map[string]string
+				Annotations map[string]string
+			}
 		}
 	}
-}
-
-func alertQueries(t *testing.T) ([]query, alertRules) {
-	t.Helper()
-	var doc alertRules
 	dec := yaml.NewDecoder(bytes.NewReader(readFile(t, alertsFile)))
 	dec.KnownFields(true)
 	if err := dec.Decode(&doc); err != nil {
@@ -1593,7 +1592,7 @@ func alertQueries(t *testing.T) ([]query, alertRules) {
 			qs = append(qs, query{alertsFile + " / " + r.Alert, r.Expr})
 		}
 	}
-	return qs, doc
+	return qs
 }
 
 // TestDashboard: the dashboard has a datasource variable that every panel
@@ -1688,35 +1687,6 @@ func TestDashboard(t *testing.T) {
 	}
 }
 
-// TestAlertRulesShape: each rule is an alert with a for: duration, a
-// severity label, a summary and a description (deploy/rulescheck runs
-// Prometheus's own parser on the file).
-func TestAlertRulesShape(t *testing.T) {
-	_, doc := alertQueries(t)
-	n := 0
-	for _, g := range doc.Groups {
-		for _, r := range g.Rules {
-			n++
-			where := alertsFile + " / " + r.Alert
-			if r.Alert == "" || r.Expr == "" {
-				t.Errorf("%s: group %s: want alert: and expr:", alertsFile, g.Name)
-			}
-			if d, err := model.ParseDuration(r.For); err != nil || d <= 0 {
-				t.Errorf("%s: for: %q: want a duration", where, r.For)
-			}
-			if !slices.Contains([]string{"critical", "warning", "info"}, r.Labels["severity"]) {
-				t.Errorf("%s: severity %q: want critical, warning or info", where, r.Labels["severity"])
-			}
-			if r.Annotations["summary"] == "" || r.Annotations["description"] == "" {
-				t.Errorf("%s: want summary and description annotations", where)
-			}
-		}
-	}
-	if n == 0 {
-		t.Fatalf("%s: no rules", alertsFile)
-	}
-}
-
 type selector struct{ metric, matchers string }
 
 var (
@@ -1780,7 +1750,7 @@ func familyOf(fams map[string]family, name string) (string, bool) {
 // the families that appear only after those events are in the scrape too.
 func TestMetricNames(t *testing.T) {
 	qs := dashboardQueries(t)
-	aq, _ := alertQueries(t)
+	aq := alertQueries(t)
 	qs = append(qs, aq...)
 
 	srv, err := redistest.Start(t.TempDir())
