@@ -319,7 +319,8 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 			t.Run("hot value split", func(t *testing.T) {
 				// 1,800 requests for tenant acme (3x its 600 an hour) from
 				// 16 clients, beside cold tenants: acme is split, and
-				// admits 600 (±2%), as the unsplit counter would.
+				// admits its 600 as the unsplit counter would, never more
+				// (less by what re-decided takes count twice, below).
 				const clients = 16
 				var admitted, cold, colds atomic.Int64
 				var wg sync.WaitGroup
@@ -350,13 +351,21 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 				// A split key admits its limit, plus what a sliding window
 				// lets in over the elapsed time: the moves of its usage (1
 				// to 4, 4 to 16 counters) carry a window's counts exactly,
-				// and takes in flight land before a move.
+				// and takes in flight land before a move. It may admit
+				// less: a take in flight on the unsplit counter when the
+				// key's usage moves off it is decided again on the new
+				// counters, and counted twice if it had landed in time
+				// (the key admits less, never more): a unit per client at
+				// most, each having one request in flight. A busy machine
+				// has more of them in flight when the move comes (586 in
+				// one loaded run).
 				elapsed := time.Since(start)
 				bound := 600 + int64(math.Ceil(600*elapsed.Seconds()/3600))
+				least := int64(600 - clients)
 				got := admitted.Load()
 				t.Logf("acme admitted %d of 1800 in %v (%.2f%% of its limit; bound %d); cold tenants %d of %d", got, elapsed.Round(time.Millisecond), 100*float64(got)/600, bound, cold.Load(), colds.Load())
-				if got > bound || got < 588 {
-					t.Errorf("acme admitted %d: want 600 ±2%%, at most %d", got, bound)
+				if got > bound || got < least {
+					t.Errorf("acme admitted %d: want %d to %d", got, least, bound)
 				}
 				if cold.Load() != colds.Load() {
 					t.Errorf("cold tenants admitted %d of %d", cold.Load(), colds.Load())
