@@ -135,6 +135,10 @@ func TestSIGHUPReload(t *testing.T) {
 	if got := bulkLimit(); got != 2000000 {
 		t.Errorf("bulk's limit after a refused reload: %d, want 2000000 still", got)
 	}
+	// The log line reaches the test through a pipe: wait for it.
+	testkit.For(t, 30*time.Second, "the refused reload's log line", func() bool {
+		return strings.Contains(d.stderr.String(), "reload refused")
+	})
 	log := d.stderr.String()
 	for _, want := range []string{"reload refused", "file=" + path, "line=4", "field=policies.quota.limit", "cause=SIGHUP"} {
 		if !strings.Contains(log, want) {

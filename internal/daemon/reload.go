@@ -179,9 +179,9 @@ func (d *Daemon) Reload(cause string) error {
 	if err == nil {
 		err = keepsState(old, r)
 	}
+	// The log comes before the count: whoever sees the count finds the
+	// log line.
 	if err != nil {
-		d.reloads.failed.Inc()
-		d.reloads.success.Set(0)
 		attrs := []any{"cause", cause, "err", err}
 		if pe, ok := errors.AsType[*PolicyError](err); ok {
 			attrs = append(attrs, "file", pe.File, "line", pe.Line, "field", pe.Field)
@@ -189,11 +189,11 @@ func (d *Daemon) Reload(cause string) error {
 			attrs = append(attrs, "file", ee.File, "line", ee.Line, "field", ee.Field)
 		}
 		d.log.Error("reload refused: the rules in force stay", attrs...)
+		d.reloads.failed.Inc()
+		d.reloads.success.Set(0)
 		return err
 	}
 	d.rules.Store(r)
-	d.reloads.ok.Inc()
-	d.reloads.success.Set(1)
 	added, removed, changed := diffPolicies(old.policies, r.policies)
 	attrs := []any{"cause", cause, "policies", strings.Join(r.policies.Names(), ","),
 		"added", strings.Join(added, ","), "removed", strings.Join(removed, ","), "changed", strings.Join(changed, ",")}
@@ -201,6 +201,8 @@ func (d *Daemon) Reload(cause string) error {
 		attrs = append(attrs, "envoy_domains", strings.Join(r.envoy.Domains(), ","))
 	}
 	d.log.Info("reloaded", attrs...)
+	d.reloads.ok.Inc()
+	d.reloads.success.Set(1)
 	return nil
 }
 
