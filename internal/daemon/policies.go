@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"slices"
-	"strings"
 	"time"
 
 	"gopkg.in/yaml.v3"
@@ -50,33 +49,9 @@ func (p Policies) Names() []string {
 	return names
 }
 
-// PolicyError is a policies file the daemon refuses: File is the file at
-// fault (empty for ParsePolicies), Line the line (1-based, 0 when the file
-// as a whole is), Field the path of the field ("policies.login.period").
-type PolicyError struct {
-	File  string
-	Line  int
-	Field string
-	Msg   string
-}
-
-// Error reads "FILE: line N: FIELD: MSG", without the parts that are empty.
-func (e *PolicyError) Error() string {
-	var b strings.Builder
-	if e.File != "" {
-		b.WriteString(e.File)
-		b.WriteString(": ")
-	}
-	if e.Line > 0 {
-		fmt.Fprintf(&b, "line %d: ", e.Line)
-	}
-	if e.Field != "" {
-		b.WriteString(e.Field)
-		b.WriteString(": ")
-	}
-	b.WriteString(e.Msg)
-	return b.String()
-}
+// PolicyError is a policies file the daemon refuses: its file (empty for
+// ParsePolicies), the line and the field at fault ("policies.login.period").
+type PolicyError = yamlerr.Error
 
 func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
 	line := 0

@@ -16,6 +16,7 @@ import (
 
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/internal/envoyconf"
+	"github.com/hotkeyd/hotkey/internal/yamlerr"
 )
 
 // rules are what a reload replaces, as one: the policies and the Envoy
@@ -183,10 +184,8 @@ func (d *Daemon) Reload(cause string) error {
 	// log line.
 	if err != nil {
 		attrs := []any{"cause", cause, "err", err}
-		if pe, ok := errors.AsType[*PolicyError](err); ok {
-			attrs = append(attrs, "file", pe.File, "line", pe.Line, "field", pe.Field)
-		} else if ee, ok := errors.AsType[*envoyconf.Error](err); ok {
-			attrs = append(attrs, "file", ee.File, "line", ee.Line, "field", ee.Field)
+		if fe, ok := errors.AsType[*yamlerr.Error](err); ok { // policies and Envoy rules alike
+			attrs = append(attrs, "file", fe.File, "line", fe.Line, "field", fe.Field)
 		}
 		d.log.Error("reload refused: the rules in force stay", attrs...)
 		d.reloads.failed.Inc()

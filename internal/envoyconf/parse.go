@@ -27,33 +27,9 @@ const MaxFileSize = 1 << 20
 // the window boundary.
 const defaultAlgorithm = counter.SlidingWindow
 
-// Error is a configuration hotkeyd refuses: File is the file at fault,
-// Line the line (1-based, 0 when the file as a whole is), Field the path
-// of the field ("descriptors[1].rate_limit.unit").
-type Error struct {
-	File  string
-	Line  int
-	Field string
-	Msg   string
-}
-
-// Error reads "FILE: line N: FIELD: MSG", without the parts that are empty.
-func (e *Error) Error() string {
-	var b strings.Builder
-	if e.File != "" {
-		b.WriteString(e.File)
-		b.WriteString(": ")
-	}
-	if e.Line > 0 {
-		fmt.Fprintf(&b, "line %d: ", e.Line)
-	}
-	if e.Field != "" {
-		b.WriteString(e.Field)
-		b.WriteString(": ")
-	}
-	b.WriteString(e.Msg)
-	return b.String()
-}
+// Error is a configuration hotkeyd refuses: the file, the line and the
+// field at fault ("descriptors[1].rate_limit.unit").
+type Error = yamlerr.Error
 
 // Load reads the configuration at path: one YAML file, or a directory
 // whose *.yaml and *.yml files, recursively, are each one domain's

@@ -14,6 +14,35 @@ import (
 	"gopkg.in/yaml.v3"
 )
 
+// Error is a file refused: File is the file at fault (empty for data not
+// read from one), Line the line (1-based, 0 when the file as a whole is),
+// Field the path of the field ("policies.login.period",
+// "descriptors[1].rate_limit.unit").
+type Error struct {
+	File  string
+	Line  int
+	Field string
+	Msg   string
+}
+
+// Error reads "FILE: line N: FIELD: MSG", without the parts that are empty.
+func (e *Error) Error() string {
+	var b strings.Builder
+	if e.File != "" {
+		b.WriteString(e.File)
+		b.WriteString(": ")
+	}
+	if e.Line > 0 {
+		fmt.Fprintf(&b, "line %d: ", e.Line)
+	}
+	if e.Field != "" {
+		b.WriteString(e.Field)
+		b.WriteString(": ")
+	}
+	b.WriteString(e.Msg)
+	return b.String()
+}
+
 // maxScanLines and maxScanBytes bound the files Locate scans for the line
 // at fault (it parses prefixes).
 const (
