@@ -1534,13 +1534,15 @@ func TestMain(m *testing.M) {
 // query is a PromQL expression of the kit, and where it is.
 type query struct{ where, expr string }
 
-func dashboardQueries(t *testing.T) []query {
+// walkDashboard calls visit on every JSON object of the dashboard, with
+// where it is: the file, the titles of the objects around it and a
+// template variable's $name.
+func walkDashboard(t *testing.T, visit func(where string, obj map[string]any)) {
 	t.Helper()
 	var dash map[string]any
 	if err := json.Unmarshal(readFile(t, dashboardFile), &dash); err != nil {
 		t.Fatalf("%s: %v", dashboardFile, err)
 	}
-	var qs []query
 	var walk func(where string, v any)
 	walk = func(where string, v any) {
 		switch v := v.(type) {
@@ -1550,10 +1552,8 @@ func dashboardQueries(t *testing.T) []query {
 			} else if name, ok := v["name"].(string); ok {
 				where += " / $" + name
 			}
-			for k, x := range v {
-				if s, ok := x.(string); ok && (k == "expr" || k == "query" && strings.Contains(where, "$")) {
-					qs = append(qs, query{where, s})
-				}
+			visit(where, v)
+			for _, x := range v {
 				walk(where, x)
 			}
 		case []any:
@@ -1563,6 +1563,20 @@ func dashboardQueries(t *testing.T) []query {
 		}
 	}
 	walk(dashboardFile, dash)
+}
+
+// dashboardQueries returns the dashboard's PromQL: its panels' expr and
+// its template variables' query.
+func dashboardQueries(t *testing.T) []query {
+	t.Helper()
+	var qs []query
+	walkDashboard(t, func(where string, obj map[string]any) {
+		for k, x := range obj {
+			if s, ok := x.(string); ok && (k == "expr" || k == "query" && strings.Contains(where, "$")) {
+				qs = append(qs, query{where, s})
+			}
+		}
+	})
 	return qs
 }
 
@@ -1637,39 +1651,22 @@ func TestDashboard(t *testing.T) {
 		}
 	}
 	// Every datasource reference is the variable.
-	var walk func(where string, v any)
-	walk = func(where string, v any) {
-		switch v := v.(type) {
-		case map[string]any:
-			if title, ok := v["title"].(string); ok {
-				where += " / " + title
+	walkDashboard(t, func(where string, obj map[string]any) {
+		if ds, ok := obj["datasource"]; ok {
+			uid := ""
+			switch ds := ds.(type) {
+			case string:
+				uid = ds
+			case map[string]any:
+				uid, _ = ds["uid"].(string)
 			}
-			if ds, ok := v["datasource"]; ok {
-				uid := ""
-				switch ds := ds.(type) {
-				case string:
-					uid = ds
-				case map[string]any:
-					uid, _ = ds["uid"].(string)
-				}
-				if uid != "$"+dsVar && uid != "${"+dsVar+"}" {
-					t.Errorf("%s: datasource %v, want the variable $%s", where, ds, dsVar)
-				}
-			} else if _, ok := v["targets"]; ok {
-				t.Errorf("%s: a panel without datasource", where)
+			if uid != "$"+dsVar && uid != "${"+dsVar+"}" {
+				t.Errorf("%s: datasource %v, want the variable $%s", where, ds, dsVar)
 			}
-			for _, x := range v {
-				walk(where, x)
-			}
-		case []any:
-			for _, x := range v {
-				walk(where, x)
-			}
+		} else if _, ok := obj["targets"]; ok {
+			t.Errorf("%s: a panel without datasource", where)
 		}
-	}
-	var raw map[string]any
-	json.Unmarshal(readFile(t, dashboardFile), &raw)
-	walk(dashboardFile, raw)
+	})
 
 	qs := dashboardQueries(t)
 	if len(qs) == 0 {
