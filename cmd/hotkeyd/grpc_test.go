@@ -28,15 +28,17 @@ import (
 )
 
 // gatewayConfig is an envoyproxy/ratelimit configuration with one rule of
-// each kind the gRPC tests drive. Limits are per hour or day, so that
-// nothing refills within a test.
+// each kind the gRPC tests drive. Limits are per year or day, so that
+// nothing refills within a test: the sliding windows (the rules' default)
+// start at multiples of their unit from the Unix epoch, and a run across
+// the start of one would be under the next window's allowance too.
 const gatewayConfig = `domain: gateway
 descriptors:
   # One counter per tenant: a hot tenant is split like any hot key. 600
-  # an hour gives 16 subcounters at most (10 per subcounter at least).
+  # a year gives 16 subcounters at most (10 per subcounter at least).
   - key: tenant
     rate_limit:
-      unit: hour
+      unit: year
       requests_per_unit: 600
   # Nested: per user on one route.
   - key: route
@@ -44,7 +46,7 @@ descriptors:
     descriptors:
       - key: user
         rate_limit:
-          unit: hour
+          unit: year
           requests_per_unit: 5
   - key: route
     value: /search
@@ -52,7 +54,7 @@ descriptors:
       - key: user
         shadow_mode: true
         rate_limit:
-          unit: hour
+          unit: year
           requests_per_unit: 3
   - key: internal
     rate_limit:
@@ -142,8 +144,8 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 					resp := should(t, c, "gateway", 0, desc("route", "/login", "user", "bob"))
 					st := resp.Statuses[0]
 					if resp.OverallCode != ok || st.Code != ok || st.CurrentLimit.GetRequestsPerUnit() != 5 ||
-						st.CurrentLimit.GetUnit() != rlpb.RateLimitResponse_RateLimit_HOUR || st.LimitRemaining != uint32(4-i) ||
-						st.DurationUntilReset.AsDuration() <= 0 || st.DurationUntilReset.AsDuration() > 2*time.Hour {
+						st.CurrentLimit.GetUnit() != rlpb.RateLimitResponse_RateLimit_YEAR || st.LimitRemaining != uint32(4-i) ||
+						st.DurationUntilReset.AsDuration() <= 0 || st.DurationUntilReset.AsDuration() > 2*365*24*time.Hour {
 						t.Fatalf("request %d: %v", i, resp)
 					}
 				}
@@ -224,7 +226,7 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 				// counter of its keys and values, apart from the rules'.
 				own := func(rpu uint32, kv ...string) *ratelimit.RateLimitDescriptor {
 					d := desc(kv...)
-					d.Limit = &ratelimit.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: typev3.RateLimitUnit_HOUR}
+					d.Limit = &ratelimit.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: typev3.RateLimitUnit_YEAR}
 					return d
 				}
 				for i, want := range []rlpb.RateLimitResponse_Code{ok, ok, over} {
@@ -264,7 +266,7 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 				}
 				h := headers(resp)
 				if h["x-ratelimit-limit"] != "5" || h["x-ratelimit-remaining"] != "0" || h["retry-after"] == "" || h["x-ratelimit-reset"] == "" ||
-					h["ratelimit-policy"] != `"envoy/gateway.route_/login.user";q=5;w=3600` || !strings.HasPrefix(h["ratelimit"], `"envoy/gateway.route_/login.user";r=0;t=`) {
+					h["ratelimit-policy"] != `"envoy/gateway.route_/login.user";q=5;w=31536000` || !strings.HasPrefix(h["ratelimit"], `"envoy/gateway.route_/login.user";r=0;t=`) {
 					t.Errorf("headers of the over-limit descriptor: %v", h)
 				}
 				// When all pass, the one closest to its limit.
@@ -317,7 +319,7 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 			})
 
 			t.Run("hot value split", func(t *testing.T) {
-				// 1,800 requests for tenant acme (3x its 600 an hour) from
+				// 1,800 requests for tenant acme (3x its 600 a year) from
 				// 16 clients, beside cold tenants: acme is split, and
 				// admits its 600 as the unsplit counter would, never more
 				// (less by what re-decided takes count twice, below).
@@ -348,10 +350,11 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 					})
 				}
 				wg.Wait()
-				// A split key admits its limit, plus what a sliding window
-				// lets in over the elapsed time: the moves of its usage (1
-				// to 4, 4 to 16 counters) carry a window's counts exactly,
-				// and takes in flight land before a move. It may admit
+				// Within one window, a split key admits its limit at most:
+				// the moves of its usage (1 to 4, 4 to 16 counters) carry
+				// the window's counts exactly, and takes in flight land
+				// before a move. (After a window starts, each subcounter
+				// would admit one more: see gatewayConfig.) It may admit
 				// less: a take in flight on the unsplit counter when the
 				// key's usage moves off it is decided again on the new
 				// counters, and counted twice if it had landed in time
@@ -360,7 +363,10 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 				// has more of them in flight when the move comes (586 in
 				// one loaded run).
 				elapsed := time.Since(start)
-				bound := 600 + int64(math.Ceil(600*elapsed.Seconds()/3600))
+				bound := int64(600)
+				if year := 365 * 24 * time.Hour; window(start, year) != window(time.Now(), year) {
+					bound += 16
+				}
 				least := int64(600 - clients)
 				got := admitted.Load()
 				t.Logf("acme admitted %d of 1800 in %v (%.2f%% of its limit; bound %d); cold tenants %d of %d", got, elapsed.Round(time.Millisecond), 100*float64(got)/600, bound, cold.Load(), colds.Load())
@@ -519,7 +525,7 @@ func TestGRPCHealthFollowsReadiness(t *testing.T) {
 	}
 	for i := range 3 {
 		if resp := should(t, c, "gateway", 0, desc("route", "/login", "user", "down")); resp.OverallCode != ok {
-			t.Fatalf("request %d with Redis down (local fallback, 5 an hour): %v", i, resp)
+			t.Fatalf("request %d with Redis down (local fallback, 5 a year): %v", i, resp)
 		}
 	}
 	if err := srv.Restart(); err != nil {
