@@ -246,8 +246,8 @@ func TestAllowBatchRedis(t *testing.T) {
 	}
 	defer store.Close()
 	prefix := fmt.Sprintf("batch%d:", time.Now().UnixNano())
-	a := &Policy{Name: "a", Limit: Limit{Algorithm: SlidingWindow, Rate: 50, Period: time.Hour}}
-	b := &Policy{Name: "b", Limit: Limit{Algorithm: TokenBucket, Rate: 30, Period: time.Hour}}
+	a := &Policy{Name: "a", Limit: Limit{Algorithm: SlidingWindow, Rate: 50, Period: longPeriod}}
+	b := &Policy{Name: "b", Limit: Limit{Algorithm: TokenBucket, Rate: 30, Period: longPeriod}}
 	e, err := New(store, WithoutDetector(), WithSplitKeys(shard.Level4, CounterName("a", prefix+"3")))
 	if err != nil {
 		t.Fatal(err)
@@ -306,7 +306,6 @@ func TestAllowBatchRedis(t *testing.T) {
 		if name[0] == 'b' {
 			limit = b.Limit.Capacity()
 		}
-		// The token bucket refills 30 an hour: a unit in 2 min at most.
 		if u > limit {
 			t.Errorf("%s admitted %d, limit %d", name, u, limit)
 		}

@@ -19,6 +19,11 @@ import (
 
 var env *redistest.Env
 
+// longPeriod is a period no test outlives, for tests on the real clock: no
+// token refills, and no window starts (windows start at multiples of their
+// period from the Unix epoch), while one runs.
+const longPeriod = 1000 * time.Hour
+
 func TestMain(m *testing.M) { os.Exit(redistest.Main(m, 3, &env)) }
 
 // pol returns an unnamed policy of lim, with the default fallback.

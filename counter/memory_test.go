@@ -64,7 +64,8 @@ func TestMemoryExpiredCounterStartsFresh(t *testing.T) {
 }
 
 func TestMemoryConcurrentExact(t *testing.T) {
-	s := NewMemoryStore(MemoryConfig{})
+	t0 := time.Now() // one instant: nothing refills, no window starts
+	s := NewMemoryStore(MemoryConfig{Clock: func() time.Time { return t0 }})
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 		lim := Limit{Algorithm: alg, Rate: 1000, Period: time.Hour}
 		var mu sync.Mutex

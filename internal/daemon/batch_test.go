@@ -17,8 +17,10 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// batchPolicies: limits with a period of a day, so that nothing refills
-// (or slides) while a test runs and what a key admits is exact.
+// batchPolicies: limits with a period of 1000 hours, so that nothing
+// refills while a test runs and no window starts (windows start at
+// multiples of their period from the Unix epoch): what a key admits is
+// exact.
 const batchPolicies = `policies:
   default:
     algorithm: token_bucket
@@ -27,27 +29,27 @@ const batchPolicies = `policies:
   tb:
     algorithm: token_bucket
     limit: 10
-    period: 24h
+    period: 1000h
   sw:
     algorithm: sliding_window
     limit: 10
-    period: 24h
+    period: 1000h
   sl:
     algorithm: sliding_log
     limit: 10
-    period: 24h
+    period: 1000h
   tb50:
     algorithm: token_bucket
     limit: 50
-    period: 24h
+    period: 1000h
   sw50:
     algorithm: sliding_window
     limit: 50
-    period: 24h
+    period: 1000h
   sl50:
     algorithm: sliding_log
     limit: 50
-    period: 24h
+    period: 1000h
 `
 
 // batchEnv is a daemon (memory store, embedded NATS) with an HTTP client
