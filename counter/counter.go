@@ -21,7 +21,12 @@
 //     previous), with the previous one weighted by how much of it still lies
 //     inside the sliding window. Two integers of state; the estimate assumes the
 //     previous window's requests were evenly spread, so it can be off by a few
-//     percent under bursty traffic, never by 2×.
+//     percent under bursty traffic, never by 2×. The weighted count is rounded
+//     down (so that steady traffic at the rate is never refused), so the first
+//     request after a window starts may pass though the previous window was
+//     full: under a limit of 1 a second, two requests a millisecond apart
+//     across a whole second both pass. Windows start at multiples of Period
+//     from the Unix epoch.
 //   - FixedWindow: one counter per aligned window. The cheapest, but a client
 //     can send Rate requests at the end of one window and Rate more at the start
 //     of the next, so up to 2× Rate can pass within one Period across a

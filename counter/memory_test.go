@@ -150,3 +150,21 @@ func TestMemoryNanos(t *testing.T) {
 		t.Errorf("nanos(now) is %v from the wall clock just after the store was made", time.Duration(d))
 	}
 }
+
+// TestSlidingWindowAcrossWindowStart: the previous window's weighted count
+// is rounded down, so under a limit of 1 a second two requests a
+// millisecond apart across a whole second both pass (as the package
+// documentation says), and the next is refused.
+func TestSlidingWindowAcrossWindowStart(t *testing.T) {
+	s := NewMemoryStore(MemoryConfig{})
+	lim := Limit{Algorithm: SlidingWindow, Rate: 1, Period: time.Second}
+	start := time.Unix(t0.Unix()+1, 0) // a window starts: a whole second
+	for i, c := range []struct {
+		at   time.Duration
+		want bool
+	}{{-500 * time.Microsecond, true}, {500 * time.Microsecond, true}, {time.Millisecond, false}} {
+		if got := s.TakeAt(start.Add(c.at), "k", 0, lim, 1).Allowed; got != c.want {
+			t.Errorf("request %d at %v from the window's start: allowed %v, want %v", i, c.at, got, c.want)
+		}
+	}
+}
