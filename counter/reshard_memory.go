@@ -35,8 +35,9 @@ import (
 // A counter of to is raised to its seed, never lowered: a token-bucket TAT
 // becomes the later of the two, a window count the larger of the two (within
 // the current window; a counter of an older window is first aged as a take
-// would age it), and a log short of its seed gets the newest of its seeded
-// units until it holds as many live units as the seed. Seeding writes the
+// would age it), and a log's k-th newest unit the later of its own and the
+// seed's k-th newest (see logRaise), so that it holds at every later instant
+// as many units as the larger of the two would. Seeding writes the
 // expiry a take would write. A counter with no usage to seed is not written.
 
 // ErrInvalidReshard is returned (wrapped) by Reshard when from or to is
@@ -233,9 +234,8 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 			seed := seeds[j]
 			s.seed(sh, t, func(c *state) {
 				c.logDrop(t - p) // as takeSlidingLog drops
-				if need := int64(len(seed)) - c.logUnits(); need > 0 {
-					units := appendUnits(slices.Clone(seed[len(seed)-int(need):]), c.log) // the newest of the seed
-					slices.Sort(units)
+				own := appendUnits(nil, c.log)
+				if units, raised := logRaise(own, seed); raised {
 					c.log = c.log[:0]
 					for _, at := range units { // as takes would log them, bounded alike
 						c.logAdd(at, 1, p)
@@ -247,6 +247,29 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 		}
 	}
 	return nil
+}
+
+// logRaise raises a log to its seed, both given as the instants of their
+// units, oldest first: the k-th newest unit of the result is the later of
+// the log's and the seed's k-th newest. So at every instant from now on the
+// result holds as many units as the larger of the two would: it never frees
+// a unit before the seed would (which holding as many units as the seed,
+// some of them the log's older ones, would), nor before the log would.
+// raised is whether the result differs from own.
+func logRaise(own, seed []int64) (units []int64, raised bool) {
+	n := max(len(own), len(seed))
+	units = make([]int64, n)
+	for k := 1; k <= n; k++ { // the k-th newest
+		at := int64(math.MinInt64)
+		if k <= len(own) {
+			at = own[len(own)-k]
+		}
+		if k <= len(seed) && seed[len(seed)-k] > at {
+			at, raised = seed[len(seed)-k], true
+		}
+		units[n-k] = at
+	}
+	return units, raised
 }
 
 // peek returns a copy of sh's state at t: the zero state if the counter is

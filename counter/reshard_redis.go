@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -124,14 +125,15 @@ return 1
 `
 
 // slidingLogSeedScript raises KEYS[1]'s log to its seed. ARGV: period (µs),
-// then the seeded entries, oldest first, as (instant, member) pairs. Entries
-// no longer inside the window at TIME are dropped from both the log and the
-// seed; if the log then holds fewer entries than the seed, the newest seeded
-// entries not in it are added (ZADD NX: members are unique, so one entry is
-// never added twice) until it holds as many. A key holding another
-// algorithm's state is replaced, and an entry more than a period ahead
-// dropped, as slidingLogScript does. The log expires a period after its
-// newest entry, as slidingLogScript has it.
+// then the seeded entries, oldest first, as (instant, member) pairs, the
+// members unique to the call. Entries no longer inside the window at TIME
+// are dropped from both the log and the seed. Then, as logRaise does, the
+// log's k-th newest entry is replaced by the seed's k-th newest where that
+// is later (or added where the log has no k-th), so that the log holds at
+// every later instant as many entries as the larger of the two would. A key
+// holding another algorithm's state is replaced, and an entry more than a
+// period ahead dropped, as slidingLogScript does. The log expires a period
+// after its newest entry, as slidingLogScript has it.
 // Replies 1 if it wrote, else 0.
 const slidingLogSeedScript = intArg + `
 local t = redis.call('TIME')
@@ -148,23 +150,33 @@ local live = {} -- ARGV indices of the seeded entries still inside the window
 for i = 2, #ARGV - 1, 2 do
 	if tonumber(ARGV[i]) > cut then live[#live + 1] = i end
 end
-local need = #live - redis.call('ZCARD', k)
-if need <= 0 then return 0 end
-local m = #live
-while need > 0 and m > 0 do
-	local args = {'NX'}
-	for _ = 1, math.min(need, m, 512) do
-		local i = live[m]
-		args[#args + 1] = ARGV[i]
-		args[#args + 1] = ARGV[i + 1]
-		m = m - 1
+if #live == 0 then return 0 end
+local own = redis.call('ZRANGE', k, 0, -1, 'WITHSCORES') -- oldest first: member, score, ...
+local rem, add = {}, {}
+local o = #own - 1 -- the newest entry's member
+for m = #live, 1, -1 do -- the seed's newest first, rank by rank
+	local i = live[m]
+	if o < 1 then
+		add[#add + 1] = ARGV[i]
+		add[#add + 1] = ARGV[i + 1]
+	else
+		if tonumber(ARGV[i]) > tonumber(own[o + 1]) then
+			rem[#rem + 1] = own[o]
+			add[#add + 1] = ARGV[i]
+			add[#add + 1] = ARGV[i + 1]
+		end
+		o = o - 2
 	end
-	need = need - redis.call('ZADD', k, unpack(args))
+end
+if #add == 0 then return 0 end
+for j = 1, #rem, 512 do
+	redis.call('ZREM', k, unpack(rem, j, math.min(j + 511, #rem)))
+end
+for j = 1, #add, 1024 do
+	redis.call('ZADD', k, unpack(add, j, math.min(j + 1023, #add)))
 end
 local newest = redis.call('ZRANGE', k, -1, -1, 'WITHSCORES')
-if newest[2] then
-	redis.call('PEXPIRE', k, int(math.ceil((newest[2] + p - now) / 1000)))
-end
+redis.call('PEXPIRE', k, int(math.ceil((newest[2] + p - now) / 1000)))
 return 1
 `
 
@@ -287,12 +299,14 @@ func (s *RedisStore) reshard(ctx context.Context, plan reshardPlan, from, to []S
 		slices.Sort(log)
 		counts := shares(int64(len(log)), to, plan.total)
 		args := make([][]any, len(to))
+		nonce := strconv.FormatUint(rand.Uint64(), 36)
 		for k, j := range spread(len(log), counts) {
 			if args[j] == nil {
 				args[j] = append(make([]any, 0, 1+2*counts[j]), p)
 			}
-			// Unique members, apart from the take path's "instant:seq".
-			args[j] = append(args[j], log[k], strconv.FormatInt(log[k], 10)+":r"+strconv.Itoa(k))
+			// Members unique to this call, apart from the take path's
+			// "instant:seq": a member already in the log is not added again.
+			args[j] = append(args[j], log[k], strconv.FormatInt(log[k], 10)+":r"+nonce+"."+strconv.Itoa(k))
 		}
 		for j, sh := range to {
 			if args[j] != nil {

@@ -428,6 +428,39 @@ func TestMemoryReshardLater(t *testing.T) {
 	}
 }
 
+// TestReshardLogStale seeds a log that still holds entries of its own, older
+// than the seed's (a key back at a level it left within the period): the
+// counter must hold the seed's usage for as long as the seed would, not
+// free units when its own older entries expire. Against a twin of the
+// counter read, it admits no more at any later instant.
+func TestReshardLogStale(t *testing.T) {
+	lim := Limit{Algorithm: SlidingLog, Rate: 4, Period: time.Second}
+	ms := func(d int64) time.Time { return t0.Add(time.Duration(d) * time.Millisecond) }
+	s := NewMemoryStore(MemoryConfig{})
+	from, twin, to := shardOf("from", lim), shardOf("twin", lim), shardOf("to", lim)
+	for _, at := range []int64{100, 150, 300} { // to's own: older
+		s.TakeAt(ms(at), to.Name, to.Hash, lim, 1)
+	}
+	for _, at := range []int64{300, 450, 500, 550} { // the usage carried
+		s.TakeAt(ms(at), from.Name, from.Hash, lim, 1)
+		s.TakeAt(ms(at), twin.Name, twin.Hash, lim, 1)
+	}
+	if err := s.ReshardAt(ms(600), []Shard{from}, []Shard{to}); err != nil {
+		t.Fatal(err)
+	}
+	for at := int64(600); at <= 1700; at += 25 {
+		took := func(sh Shard) (n int) {
+			for s.TakeAt(ms(at), sh.Name, sh.Hash, lim, 1).Allowed {
+				n++
+			}
+			return n
+		}
+		if got, want := took(to), took(twin); got > want {
+			t.Errorf("at %d ms the seeded counter admitted %d, the counter read %d", at, got, want)
+		}
+	}
+}
+
 // TestMemoryReshardUneven merges three counters of uneven usage and rates
 // into two of uneven rates, and checks each gets its share of the sum.
 func TestMemoryReshardUneven(t *testing.T) {
@@ -586,8 +619,10 @@ func TestRedisReshardSeedScripts(t *testing.T) {
 
 	t.Run("sliding log", func(t *testing.T) {
 		key := testKey(t)
-		// Two live entries already; the seed has one expired entry and
-		// five live ones: the newest three are added.
+		// Two live entries already, newer than the seed's; the seed has
+		// one expired entry and five live ones. The log's two newest stay
+		// (each later than the seed's of its rank), and the seed's 3rd to
+		// 5th newest are added.
 		client.ZAdd(ctx, key, redis.Z{Score: float64(now - 1000), Member: "a"}, redis.Z{Score: float64(now - 2000), Member: "b"})
 		args := []any{p}
 		for i, at := range []int64{now - p, now - 9_000_000, now - 8_000_000, now - 7_000_000, now - 6_000_000, now - 5_000_000} {
@@ -603,7 +638,7 @@ func TestRedisReshardSeedScripts(t *testing.T) {
 		run()
 		got := client.ZRange(ctx, key, 0, -1).Val()
 		want := []string{
-			fmt.Sprintf("%d:r3", now-7_000_000), fmt.Sprintf("%d:r4", now-6_000_000), fmt.Sprintf("%d:r5", now-5_000_000), "b", "a",
+			fmt.Sprintf("%d:r1", now-9_000_000), fmt.Sprintf("%d:r2", now-8_000_000), fmt.Sprintf("%d:r3", now-7_000_000), "b", "a",
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("log %q, want %q", got, want)
@@ -613,9 +648,24 @@ func TestRedisReshardSeedScripts(t *testing.T) {
 		if elapsed := time.Since(start); ttl < 9999*time.Millisecond-elapsed-time.Millisecond || ttl > 9999*time.Millisecond {
 			t.Errorf("PTTL %v %v after the script, want 9.999 s less that time", ttl, elapsed)
 		}
-		run() // holds 5, the seed's size: nothing to add
+		run() // holds at every rank what the seed has or later: nothing to change
 		if again := client.ZRange(ctx, key, 0, -1).Val(); !slices.Equal(again, want) {
 			t.Errorf("second seed: log %q, want %q", again, want)
+		}
+		// Entries of the log's own older than the seed's (the key is back
+		// at a level it left within the period) are replaced, rank by
+		// rank: holding as many entries as the seed, some of them older,
+		// would free units before the seed's would. A third, newer than
+		// every seeded one, stays.
+		key = testKey(t)
+		client.ZAdd(ctx, key, redis.Z{Score: float64(now - 9_500_000), Member: "x"}, redis.Z{Score: float64(now - 9_200_000), Member: "y"},
+			redis.Z{Score: float64(now - 1000), Member: "z"})
+		run()
+		want = []string{
+			fmt.Sprintf("%d:r1", now-9_000_000), fmt.Sprintf("%d:r2", now-8_000_000), fmt.Sprintf("%d:r3", now-7_000_000), fmt.Sprintf("%d:r4", now-6_000_000), "z",
+		}
+		if got := client.ZRange(ctx, key, 0, -1).Val(); !slices.Equal(got, want) {
+			t.Errorf("over older entries: log %q, want %q", got, want)
 		}
 		// Foreign state is replaced by the seed.
 		key = testKey(t)
