@@ -220,6 +220,11 @@ func (h handler) SetLevel(key string, hash uint64, level shard.Level) {
 		}
 		e.wakeSettle()
 	}
+	if ent := e.table.Lookup(key, hash); ent != nil {
+		// Whatever the node map is now, the key's counters at this level
+		// may be written under it: a later move reads them so.
+		ent.NotePlacement(e.placement())
+	}
 	e.applied(key, level)
 }
 

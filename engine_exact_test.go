@@ -86,6 +86,73 @@ type placedStore struct {
 
 func (s *placedStore) Placement() counter.Placement { return s.p.Load() }
 
+// TestPlacementChangeBetweenVisits: instance a takes at level 4 what
+// instance b never sees decided there; the store's node map changes; the
+// key goes back to 16, where b decides first. b's move must read level 4
+// under the node map a wrote it under, not the new one, which names
+// counters that hold nothing: before, a and b admitted 405 to 420 units
+// of 320.
+// Mixed costs, and two policies on the key.
+func TestPlacementChangeBetweenVisits(t *testing.T) {
+	checkLeaks(t)
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			clock := testkit.NewClock()
+			store := &placedStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+			store.p.Store(newPlacement(3, 1))
+			a, b := newEngineOn(t, store, clock), newEngineOn(t, store, clock)
+			lim := Limit{Algorithm: alg, Rate: 320, Period: time.Hour}
+			if alg == TokenBucket {
+				lim.Burst = 320
+			}
+			pols := []*Policy{{Name: "p", Limit: lim}, {Name: "q", Limit: Limit{Algorithm: SlidingLog, Rate: 320, Period: time.Hour}}}
+			key, ctx := "k", context.Background()
+			admitted := map[string]int64{}
+			allow := func(e *Engine, n int, costs ...int64) {
+				t.Helper()
+				for i := range n {
+					for _, p := range pols {
+						cost := costs[i%len(costs)]
+						r, err := e.AllowN(ctx, key, p, cost)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if r.Allowed {
+							admitted[p.Name] += cost
+						}
+					}
+				}
+			}
+			set := func(l shard.Level) {
+				for _, e := range []*Engine{a, b} {
+					for _, p := range pols {
+						name := CounterName(p.Name, key)
+						handler{e}.SetLevel(name, hashKey(name), l)
+					}
+					e.settle()
+				}
+			}
+			set(16)
+			allow(a, 1, 1)
+			allow(b, 1, 1)
+			set(4)
+			allow(a, 50, 2)
+			store.p.Store(newPlacement(2, 2))
+			set(16)
+			allow(b, 200, 1, 3)
+			allow(a, 200, 1, 3)
+			for _, p := range pols {
+				if admitted[p.Name] > 320 {
+					t.Errorf("%s admitted %d units, limit 320", p.Name, admitted[p.Name])
+				}
+				if admitted[p.Name] < 300 {
+					t.Errorf("%s admitted %d units: want the key nearly full (300 or more)", p.Name, admitted[p.Name])
+				}
+			}
+		})
+	}
+}
+
 // TestPlacementChange: when the store's node map changes, a split key's
 // subcounters get new names; its usage moves to them, so the change hands
 // out no quota.

@@ -3,6 +3,7 @@ package shard
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -353,6 +354,48 @@ func TestTransferPlacement(t *testing.T) {
 	}
 	if !e.Holds(Level1, v1) || !e.Holds(Level1, nil) {
 		t.Fatal("the unsplit counter holds the usage under any placement")
+	}
+}
+
+// TestTransferReadsNotedPlacements: the key was at 4 while this instance
+// knew the node map v1, and others may have written level 4's counters
+// under it; the map is v2 when the key is back at 16. The move reads 16
+// where this instance held it, and level 4 under both v1 and v2, each
+// once. An entry remembers the latest maxPlaces placements.
+func TestTransferReadsNotedPlacements(t *testing.T) {
+	v1, v2 := versioned(1), versioned(2)
+	e := NewEntry("k", 1, Level16, Level16, v1)
+	e.SetLevel(Level4)
+	e.NotePlacement(v1)
+	e.SetLevel(Level16)
+	e.NotePlacement(v2)
+	type read struct {
+		level Level
+		v     uint64
+	}
+	var reads []read
+	if err := e.Transfer(Level16, v2, func(from Level, fromP Placement, to Level) error {
+		if to != Level16 {
+			t.Errorf("a move to %d, want 16", to)
+		}
+		reads = append(reads, read{from, version(fromP)})
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if want := []read{{Level16, 1}, {Level4, 1}, {Level4, 2}}; !slices.Equal(reads, want) {
+		t.Errorf("read %v, want %v", reads, want)
+	}
+	for v := range uint64(6) {
+		e.NotePlacement(versioned(v + 10))
+	}
+	e.NotePlacement(versioned(12)) // noted again: newest
+	var vs []uint64
+	for _, p := range e.placements(versioned(15)) {
+		vs = append(vs, version(p))
+	}
+	if want := []uint64{13, 14, 15, 12}; !slices.Equal(vs, want) {
+		t.Errorf("placements %v, want %v", vs, want)
 	}
 }
 

@@ -2,6 +2,7 @@ package shard
 
 import (
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,7 +47,19 @@ type Entry struct {
 	held atomic.Pointer[heldAt]
 	mu   sync.Mutex // serialises state transfers
 	memo atomic.Value
+	// places are the latest placements (distinct versions, oldest first,
+	// maxPlaces at most) the key's counters were named under while this
+	// instance knew it split: a level visited is read under each, since
+	// other instances may have written its counters under any of them.
+	placesMu sync.Mutex
+	places   []Placement
+	placeV   atomic.Uint64 // the version noted last, for a check without the lock
 }
+
+// maxPlaces is how many placements an entry remembers. A node map changes
+// seldom (a failover, a slot move); reading a level's counters under a
+// placement that holds nothing more costs a read, never a unit.
+const maxPlaces = 4
 
 // heldAt is where a key's usage is: the counters of level under p.
 type heldAt struct {
@@ -76,6 +89,7 @@ func NewEntry(key string, hash uint64, level, held Level, p Placement) *Entry {
 	e := &Entry{Key: key, Hash: hash}
 	e.SetLevel(level)
 	e.held.Store(&heldAt{held, p, version(p)})
+	e.NotePlacement(p)
 	return e
 }
 
@@ -98,11 +112,44 @@ func (e *Entry) Holds(level Level, p Placement) bool {
 // bit is l's bit in Entry.visited.
 func (l Level) bit() uint32 { return 1 << l.index() }
 
+// NotePlacement notes p as a placement the key's counters may be named
+// under (see Transfer): the engine notes the store's placement when it
+// sets the key's level and when it decides on the key. A nil p, or the
+// version noted last, costs no lock.
+func (e *Entry) NotePlacement(p Placement) {
+	if p == nil || e.placeV.Load() == p.Version() {
+		return
+	}
+	e.placesMu.Lock()
+	defer e.placesMu.Unlock()
+	v := p.Version()
+	e.places = slices.DeleteFunc(e.places, func(q Placement) bool { return q.Version() == v })
+	e.places = append(e.places, p)
+	if len(e.places) > maxPlaces {
+		e.places = slices.Delete(e.places, 0, len(e.places)-maxPlaces)
+	}
+	e.placeV.Store(v)
+}
+
+// placements returns the placements noted, and p, each version once.
+func (e *Entry) placements(p Placement) []Placement {
+	e.placesMu.Lock()
+	out := slices.Clone(e.places)
+	e.placesMu.Unlock()
+	if !slices.ContainsFunc(out, func(q Placement) bool { return version(q) == version(p) }) {
+		out = append(out, p)
+	}
+	return out
+}
+
 // Transfer moves the key's usage to the counters of level to under
 // placement p, once: if they do not hold it yet, it calls move(from, fromP,
 // to) with the level and placement that hold it, and then with each other
-// level the key was set to since (under p): instances that decided the key
-// there while this one did not left their usage on those counters. Seeding
+// level the key was set to since: instances that decided the key there
+// while this one did not left their usage on those counters. Those are
+// read under p and under each placement noted (NotePlacement): the others
+// may have written them under a node map this instance has left since; the
+// target level too, under the placements other than p. Seeding
 // never lowers a counter, so the usage moved is the largest of those
 // levels', not their sum, which would count twice what one move copied
 // from another. On success it records that to under p holds it.
@@ -139,15 +186,30 @@ func (e *Entry) Transfer(to Level, p Placement, move func(from Level, fromP Plac
 			return err
 		}
 	}
+	places := e.placements(p)
 	for _, l := range []Level{Level1, Level4, Level16, Level64} {
-		if visited&l.bit() == 0 || l == to || l == h.level && (l == Level1 || h.v == version(p)) {
-			continue // none, the target, or just read
+		if visited&l.bit() == 0 {
+			continue
 		}
-		if err := move(l, p, to); err != nil {
-			return err
+		if l == Level1 { // named by the key alone
+			if to != Level1 && h.level != Level1 {
+				if err := move(l, p, to); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		for _, q := range places {
+			if l == to && version(q) == version(p) || l == h.level && version(q) == h.v {
+				continue // the target, or just read
+			}
+			if err := move(l, q, to); err != nil {
+				return err
+			}
 		}
 	}
 	e.held.Store(&heldAt{to, p, version(p)})
+	e.NotePlacement(p)
 	// The levels read are done with; one set meanwhile stays.
 	e.visited.And(^(visited &^ to.bit()))
 	return nil
