@@ -86,6 +86,14 @@ type placedStore struct {
 
 func (s *placedStore) Placement() counter.Placement { return s.p.Load() }
 
+// newPlacedStore returns a memory store on clock whose node map is 3 nodes,
+// version 1.
+func newPlacedStore(clock *testkit.Clock) *placedStore {
+	s := &placedStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+	s.p.Store(newPlacement(3, 1))
+	return s
+}
+
 // TestPlacementChangeBetweenVisits: instance a takes at level 4 what
 // instance b never sees decided there; the store's node map changes; the
 // key goes back to 16, where b decides first. b's move must read level 4
@@ -98,8 +106,7 @@ func TestPlacementChangeBetweenVisits(t *testing.T) {
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 		t.Run(alg.String(), func(t *testing.T) {
 			clock := testkit.NewClock()
-			store := &placedStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-			store.p.Store(newPlacement(3, 1))
+			store := newPlacedStore(clock)
 			a, b := newEngineOn(t, store, clock), newEngineOn(t, store, clock)
 			lim := Limit{Algorithm: alg, Rate: 320, Period: time.Hour}
 			if alg == TokenBucket {
@@ -161,8 +168,7 @@ func TestPlacementChange(t *testing.T) {
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 		t.Run(alg.String(), func(t *testing.T) {
 			clock := testkit.NewClock()
-			store := &placedStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-			store.p.Store(newPlacement(3, 1))
+			store := newPlacedStore(clock)
 			e, err := New(store, withClock(clock.Now), WithoutDetector())
 			if err != nil {
 				t.Fatal(err)

@@ -127,8 +127,7 @@ func modelStoreFor(t testing.TB, cfg modelConfig) (store counter.Store, now func
 	t.Helper()
 	if cfg.store == modelMemory {
 		clock := testkit.NewClock()
-		s := &placedStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-		s.p.Store(newPlacement(3, 1))
+		s := newPlacedStore(clock)
 		return s, clock.Now, 6 * time.Second, clock.Advance, func(p *testPlacement) { s.p.Store(p) }
 	}
 	var client redis.UniversalClient
