@@ -177,7 +177,6 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 	var level shard.Level
 	for {
 		p = e.placement()
-		ent.NotePlacement(p) // one atomic load unless the node map changed
 		level = shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, 1)
 		if e.reshard == nil {
 			break

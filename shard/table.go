@@ -114,8 +114,9 @@ func (l Level) bit() uint32 { return 1 << l.index() }
 
 // NotePlacement notes p as a placement the key's counters may be named
 // under (see Transfer): the engine notes the store's placement when it
-// sets the key's level and when it decides on the key. A nil p, or the
-// version noted last, costs no lock.
+// sets the key's level, and NewEntry and Transfer note the one the usage
+// is held under, which is the one every decision takes under (see
+// Enter). A nil p, or the version noted last, costs no lock.
 func (e *Entry) NotePlacement(p Placement) {
 	if p == nil || e.placeV.Load() == p.Version() {
 		return
