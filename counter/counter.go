@@ -14,9 +14,10 @@
 //     the store's tick (see gcra.go) in memory, and on Redis to 2^-b µs with b
 //     from 32 at tolerances up to 16 ms down to 26 at 1 s and 14 at an hour,
 //     so a rate is enforced as given even when it does not divide its period
-//     (slower by less than a grid step per unit, never faster). On Redis a
-//     tolerance beyond 2^37 ms (4.4 years) is cut to the intervals that fit
-//     it. The default choice.
+//     (slower by less than a grid step per unit, never faster). The
+//     tolerance, the time to refill the whole burst, is at most
+//     MaxTolerance (2^37 ms, 4.35 years): Validate refuses a longer one. The
+//     default choice.
 //   - SlidingWindow, the sliding-window counter: two fixed windows (current and
 //     previous), with the previous one weighted by how much of it still lies
 //     inside the sliding window. Two integers of state; the estimate assumes the
@@ -40,6 +41,10 @@
 //     to a slot of the period, which may deny a little early, never admit
 //     more (see slidinglog.go).
 //
+// Bounds: Rate and Burst are at most MaxCount (2^53-1, where a Lua double
+// stops being exact), a window's Period at most MaxWindowPeriod; Validate
+// refuses what a store could not enforce exactly.
+//
 // Time: the memory store reads an injected clock; the Redis store takes time
 // from redis.call('TIME'), so client clocks never decide.
 package counter
@@ -48,6 +53,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/bits"
 	"time"
 )
 
@@ -87,6 +93,20 @@ func ParseAlgorithm(s string) (Algorithm, error) {
 // per admitted unit.
 const MaxLogRate = 100_000
 
+// The bounds of what a store enforces exactly. A Lua double, in which the
+// Redis scripts count, is exact up to 2^53.
+const (
+	// MaxCount caps Rate and Burst, and so a cost.
+	MaxCount = 1<<53 - 1
+	// MaxWindowPeriod caps Period for the window algorithms and the log,
+	// which the Redis scripts count in µs (about 285 years).
+	MaxWindowPeriod = MaxCount * time.Microsecond
+	// MaxTolerance caps a token bucket's tolerance, the time to refill its
+	// whole burst: Burst intervals of Period/Rate, each rounded up to the
+	// Redis store's grid (see redisGCRA). It is 2^37 ms, about 4.35 years.
+	MaxTolerance = (1 << maxSpanLevel) * time.Millisecond
+)
+
 // Errors returned for invalid limits. Store errors are wrapped separately.
 var (
 	ErrInvalidLimit     = errors.New("limit rate must be positive")
@@ -94,6 +114,10 @@ var (
 	ErrInvalidBurst     = errors.New("limit burst must not be negative")
 	ErrUnknownAlgorithm = errors.New("unknown algorithm")
 	ErrLimitTooLarge    = errors.New("limit too large for algorithm")
+	// ErrBurstTooLarge and ErrPeriodTooLong come wrapped with
+	// ErrLimitTooLarge, and tell which field is beyond its bound.
+	ErrBurstTooLarge    = errors.New("burst too large")
+	ErrPeriodTooLong    = errors.New("period too long")
 	ErrInvalidCost      = errors.New("cost must be positive")
 	ErrCostExceedsBurst = errors.New("cost exceeds burst")
 )
@@ -123,8 +147,23 @@ func (l Limit) Capacity() int64 {
 	return l.Rate
 }
 
-// Validate reports whether l can be enforced.
+// Validate reports whether l can be enforced exactly. Besides positive
+// figures, that takes Rate and Burst at most MaxCount, a window's Period at
+// most MaxWindowPeriod and a token bucket's tolerance at most MaxTolerance;
+// beyond them the error wraps ErrLimitTooLarge (and ErrBurstTooLarge or
+// ErrPeriodTooLong when that field is at fault).
 func (l Limit) Validate() error {
+	if err := l.validate(); err != nil {
+		return err
+	}
+	return l.checkTolerance()
+}
+
+// validate is Validate but for the token bucket's tolerance. A share of a
+// valid limit (a split key's subcounter) passes it; its tolerance may pass
+// MaxTolerance by the rounding of its share, and the Redis store then cuts
+// its capacity to what fits: it admits less, never more.
+func (l Limit) validate() error {
 	switch {
 	case l.Algorithm >= numAlgorithms:
 		return fmt.Errorf("%w: %d", ErrUnknownAlgorithm, l.Algorithm)
@@ -136,8 +175,75 @@ func (l Limit) Validate() error {
 		return fmt.Errorf("%w: %d", ErrInvalidBurst, l.Burst)
 	case l.Algorithm == SlidingLog && l.Rate > MaxLogRate:
 		return fmt.Errorf("%w: sliding_log rate %d > %d", ErrLimitTooLarge, l.Rate, MaxLogRate)
+	case l.Rate > MaxCount:
+		return fmt.Errorf("%w: rate %d is over 2^53-1 (%d), the most a store counts exactly: use a longer period instead", ErrLimitTooLarge, l.Rate, int64(MaxCount))
+	case l.Burst > MaxCount:
+		return fmt.Errorf("%w: %w: %d is over 2^53-1 (%d), the most a store counts exactly", ErrLimitTooLarge, ErrBurstTooLarge, l.Burst, int64(MaxCount))
+	case l.Algorithm != TokenBucket && l.Period > MaxWindowPeriod:
+		return fmt.Errorf("%w: %w: %v period %v is over 2^53-1 µs (%v), the longest a store times exactly", ErrLimitTooLarge, ErrPeriodTooLong, l.Algorithm, l.Period, MaxWindowPeriod)
 	}
 	return nil
+}
+
+// checkTolerance reports whether a token bucket's tolerance is within
+// MaxTolerance on the Redis store's grid, where it is coarsest (the memory
+// store's nanoseconds hold 2^63).
+func (l Limit) checkTolerance() error {
+	if l.Algorithm != TokenBucket {
+		return nil
+	}
+	c := l.Capacity()
+	over := toleranceOver(l.Period, c, l.Rate)
+	if !over {
+		if g, _ := redisGCRA(micros(l.Period), l, 1); g.capacity == c {
+			return nil
+		}
+	}
+	field := ErrBurstTooLarge
+	if l.Burst == 0 {
+		field = ErrPeriodTooLong
+	}
+	fit := maxBurst(l)
+	switch {
+	case fit == 0:
+		return fmt.Errorf("%w: %w: token_bucket at %d per %v takes over %v (2^37 ms) to refill one unit, the most a store times exactly: use a shorter period or a higher limit",
+			ErrLimitTooLarge, ErrPeriodTooLong, l.Rate, l.Period, MaxTolerance)
+	case over:
+		return fmt.Errorf("%w: %w: token_bucket burst %d at %d per %v takes over %v (2^37 ms) to refill, the most a store times exactly: set burst to at most %d",
+			ErrLimitTooLarge, field, c, l.Rate, l.Period, MaxTolerance, fit)
+	}
+	err := fmt.Errorf("token_bucket burst %d at %d per %v: its interval, rounded up to the Redis store's time grid, makes the burst take over %v (2^37 ms) to refill: set burst to at most %d, or use a lower limit",
+		c, l.Rate, l.Period, MaxTolerance, fit)
+	if l.Burst == 0 { // the limit is at fault
+		return fmt.Errorf("%w: %w", ErrLimitTooLarge, err)
+	}
+	return fmt.Errorf("%w: %w: %w", ErrLimitTooLarge, ErrBurstTooLarge, err)
+}
+
+// toleranceOver reports whether period·burst/rate is over MaxTolerance,
+// exactly (in 128 bits).
+func toleranceOver(period time.Duration, burst, rate int64) bool {
+	lh, ll := bits.Mul64(uint64(period), uint64(burst))
+	rh, rl := bits.Mul64(uint64(MaxTolerance), uint64(rate))
+	return lh > rh || lh == rh && ll > rl
+}
+
+// maxBurst is the largest burst l's rate and period can have within
+// MaxTolerance on every store; 0 if none.
+func maxBurst(l Limit) int64 {
+	hi, lo := bits.Mul64(uint64(MaxTolerance), uint64(l.Rate))
+	b := int64(MaxCount)
+	if hi < uint64(l.Period) {
+		if q, _ := bits.Div64(hi, lo, uint64(l.Period)); q < MaxCount {
+			b = int64(q)
+		}
+	}
+	if b == 0 {
+		return 0
+	}
+	l.Burst = b
+	g, _ := redisGCRA(micros(l.Period), l, 1)
+	return g.capacity
 }
 
 // ttl is how long a counter's state matters after its last update: the

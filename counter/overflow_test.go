@@ -1,0 +1,121 @@
+package counter
+
+import (
+	"errors"
+	"math"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Tests that every limit Validate accepts is enforced exactly at the edges
+// of int64 and of a Lua double (2^53), and that the limits that could not
+// be are refused.
+
+// overflowAt is the fixed instant the memory store decides these tests at.
+var overflowAt = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// takeRun takes first (if positive) and then n k times from a fresh counter
+// under lim at one fixed instant, in memory or by the take script on the
+// test redis-server, and returns how many of the k takes of n passed.
+func takeRun(t *testing.T, store string, lim Limit, first, n int64, k int) int {
+	t.Helper()
+	key := testKey(t)
+	var take func(n int64) bool
+	switch store {
+	case "memory":
+		mem := NewMemoryStore(MemoryConfig{})
+		t.Cleanup(func() { mem.Close() })
+		take = func(n int64) bool { return mem.TakeAt(overflowAt, key, 0, lim, n).Allowed }
+	case "redis":
+		client := redis.NewClient(&redis.Options{Addr: testRedisAddr})
+		t.Cleanup(func() { client.Close() })
+		now := overflowAt.UnixMicro()
+		take = func(n int64) bool { return scriptAt(t, client, []string{key}, lim, n, now)[0].Allowed }
+	}
+	if first > 0 && !take(first) {
+		t.Fatalf("%s: the first take of %d under %+v was denied", store, first, lim)
+	}
+	admitted := 0
+	for range k {
+		if take(n) {
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// TestLimitOverflow runs limits whose arithmetic overflowed an int64 or
+// went past exact doubles: each is refused by Validate with
+// ErrLimitTooLarge, or admits exactly what fits, on every store.
+func TestLimitOverflow(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		lim   Limit
+		first int64 // taken before the run
+		n     int64 // the cost of each of the 10 takes
+		fits  int   // how many of them the limit admits
+	}{
+		{"token bucket refilling over 292 years", Limit{Algorithm: TokenBucket, Rate: 1, Period: 8760 * time.Hour, Burst: 700}, 0, 400, 1},
+		{"fixed window of MaxInt64", Limit{Algorithm: FixedWindow, Rate: math.MaxInt64, Period: longPeriod}, 0, 1<<62 + 1, 1},
+		{"sliding window of MaxInt64", Limit{Algorithm: SlidingWindow, Rate: math.MaxInt64, Period: longPeriod}, 0, 1<<62 + 1, 1},
+		{"sliding window of 2^53", Limit{Algorithm: SlidingWindow, Rate: 1 << 53, Period: longPeriod}, 1<<53 - 1, 1, 1},
+		{"fixed window of 2^53", Limit{Algorithm: FixedWindow, Rate: 1 << 53, Period: longPeriod}, 1<<53 - 1, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := tc.lim.Validate(); err != nil {
+				if !errors.Is(err, ErrLimitTooLarge) {
+					t.Fatalf("Validate(%+v) = %v, want ErrLimitTooLarge", tc.lim, err)
+				}
+				return
+			}
+			for _, store := range []string{"memory", "redis"} {
+				if got := takeRun(t, store, tc.lim, tc.first, tc.n, 10); got != tc.fits {
+					t.Errorf("%s: admitted %d of 10, want %d", store, got, tc.fits)
+				}
+			}
+		})
+	}
+}
+
+// TestLimitBounds checks which limits Validate refuses at the bounds, and
+// that the error names the field at fault.
+func TestLimitBounds(t *testing.T) {
+	span := MaxTolerance // 2^37 ms, a whole number of µs
+	for _, tc := range []struct {
+		give  Limit
+		want  error // nil, or the field's error besides ErrLimitTooLarge
+		field error
+	}{
+		{give: Limit{Algorithm: FixedWindow, Rate: MaxCount, Period: time.Hour}},
+		{give: Limit{Algorithm: FixedWindow, Rate: MaxCount + 1, Period: time.Hour}, want: ErrLimitTooLarge},
+		{give: Limit{Algorithm: SlidingWindow, Rate: math.MaxInt64, Period: time.Hour}, want: ErrLimitTooLarge},
+		{give: Limit{Algorithm: SlidingWindow, Rate: MaxCount, Period: MaxWindowPeriod}},
+		{give: Limit{Algorithm: SlidingWindow, Rate: 1, Period: MaxWindowPeriod + 1}, want: ErrLimitTooLarge, field: ErrPeriodTooLong},
+		{give: Limit{Algorithm: FixedWindow, Rate: 1, Period: math.MaxInt64}, want: ErrLimitTooLarge, field: ErrPeriodTooLong},
+		{give: Limit{Algorithm: SlidingLog, Rate: 1, Period: math.MaxInt64}, want: ErrLimitTooLarge, field: ErrPeriodTooLong},
+		{give: Limit{Algorithm: TokenBucket, Rate: 1, Period: time.Hour, Burst: MaxCount + 1}, want: ErrLimitTooLarge, field: ErrBurstTooLarge},
+		{give: Limit{Algorithm: TokenBucket, Rate: 1, Period: 8760 * time.Hour, Burst: 4}},
+		{give: Limit{Algorithm: TokenBucket, Rate: 1, Period: 8760 * time.Hour, Burst: 5}, want: ErrLimitTooLarge, field: ErrBurstTooLarge},
+		{give: Limit{Algorithm: TokenBucket, Rate: 1, Period: 8760 * time.Hour, Burst: 700}, want: ErrLimitTooLarge, field: ErrBurstTooLarge},
+		{give: Limit{Algorithm: TokenBucket, Rate: 1, Period: span / 1024, Burst: 1024}},
+		{give: Limit{Algorithm: TokenBucket, Rate: 1, Period: span / 1024, Burst: 1025}, want: ErrLimitTooLarge, field: ErrBurstTooLarge},
+		{give: Limit{Algorithm: TokenBucket, Rate: 1, Period: span}},
+		{give: Limit{Algorithm: TokenBucket, Rate: 1, Period: span + time.Microsecond}, want: ErrLimitTooLarge, field: ErrPeriodTooLong},
+		{give: Limit{Algorithm: TokenBucket, Rate: 1, Period: math.MaxInt64}, want: ErrLimitTooLarge, field: ErrPeriodTooLong},
+		{give: Limit{Algorithm: TokenBucket, Rate: MaxCount, Period: MaxCount * time.Microsecond, Burst: span.Microseconds()}},
+		{give: Limit{Algorithm: TokenBucket, Rate: MaxCount, Period: MaxCount * time.Microsecond, Burst: span.Microseconds() + 1}, want: ErrLimitTooLarge, field: ErrBurstTooLarge},
+		{give: Limit{Algorithm: TokenBucket, Rate: MaxCount, Period: time.Second}, want: ErrLimitTooLarge},
+	} {
+		err := tc.give.Validate()
+		switch {
+		case tc.want == nil && err != nil:
+			t.Errorf("Validate(%+v) = %v, want nil", tc.give, err)
+		case tc.want != nil && !errors.Is(err, tc.want):
+			t.Errorf("Validate(%+v) = %v, want %v", tc.give, err, tc.want)
+		case tc.field != nil && !errors.Is(err, tc.field):
+			t.Errorf("Validate(%+v) = %v, want it to wrap %v", tc.give, err, tc.field)
+		}
+	}
+}
