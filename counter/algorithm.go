@@ -95,18 +95,18 @@ func (s *state) takeSlidingWindow(now int64, lim Limit, n int64) Result {
 	// one large one.
 	est := weighted(s.c, left, p) + s.b
 	res := Result{Limit: lim.Rate}
-	if est+n > lim.Rate {
+	if n > lim.Rate-est { // est+n > Rate, which may pass an int64
 		res.RetryAfter = slidingRetry(lim.Rate, s.b, s.c, n, p, elapsed)
 		res.Remaining = max(0, lim.Rate-est)
 	} else {
 		s.b += n
-		s.expires = (w + 2) * p
+		s.expires = windowEnd(w, 2, p)
 		res.Allowed = true
 		res.Remaining = lim.Rate - est - n
 	}
 	switch {
 	case s.b > 0:
-		res.ResetAfter = time.Duration(left + p)
+		res.ResetAfter = time.Duration(addSat(left, p))
 	case s.c > 0:
 		res.ResetAfter = time.Duration(left)
 	}
@@ -124,10 +124,27 @@ func weighted(count, left, p int64) int64 {
 // where e is the time into the current window (elapsed now). It may lie in
 // the next window, where cur becomes the previous count.
 func slidingRetry(limit, cur, prev, n, p, elapsed int64) time.Duration {
-	if cur+n <= limit {
+	if n <= limit-cur {
 		return time.Duration(max(1, firstAfter(prev, limit-cur-n, p)-elapsed))
 	}
-	return time.Duration(p - elapsed + firstAfter(cur, limit-n, p))
+	return time.Duration(addSat(p-elapsed, firstAfter(cur, limit-n, p)))
+}
+
+// windowEnd is (w+k)·p, the end of k windows of p from the start of window
+// w ≥ 0, or MaxInt64 if it is past an int64 (a period of centuries).
+func windowEnd(w, k, p int64) int64 {
+	if w+k > math.MaxInt64/p {
+		return math.MaxInt64
+	}
+	return (w + k) * p
+}
+
+// addSat is a+b for a, b ≥ 0, or MaxInt64 if it is past an int64.
+func addSat(a, b int64) int64 {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // firstAfter is the first instant e into a window at which
@@ -145,13 +162,13 @@ func (s *state) takeFixedWindow(now int64, lim Limit, n int64) Result {
 	if w != s.a {
 		s.a, s.b = w, 0
 	}
-	reset := time.Duration((w+1)*p - now)
-	if s.b+n > lim.Rate {
+	reset := time.Duration(p - (now - w*p))
+	if n > lim.Rate-s.b { // s.b+n > Rate, which may pass an int64
 		// s.b exceeds Rate if the limit was lowered in this window.
 		return Result{Limit: lim.Rate, Remaining: max(0, lim.Rate-s.b), RetryAfter: reset, ResetAfter: reset}
 	}
 	s.b += n
-	s.expires = (w + 1) * p
+	s.expires = windowEnd(w, 1, p)
 	return Result{Allowed: true, Limit: lim.Rate, Remaining: lim.Rate - s.b, ResetAfter: reset}
 }
 
@@ -159,17 +176,17 @@ func (s *state) takeSlidingLog(now int64, lim Limit, n int64) Result {
 	p := int64(lim.Period)
 	s.logDrop(now - p)
 	used := s.logUnits()
-	if used+n > lim.Rate {
+	if n > lim.Rate-used {
 		// The (used+n-Rate)-th oldest unit must leave the window first.
 		return Result{
 			Limit:      lim.Rate,
 			Remaining:  max(0, lim.Rate-used), // used > Rate once the limit is lowered
-			RetryAfter: time.Duration(s.logOldest(used+n-lim.Rate) + p - now),
-			ResetAfter: time.Duration(max(0, s.logNewest()+p-now)),
+			RetryAfter: time.Duration(p - (now - s.logOldest(used+n-lim.Rate))),
+			ResetAfter: time.Duration(max(0, p-(now-s.logNewest()))),
 		}
 	}
 	s.logAdd(now, n, p)
 	newest := s.logNewest() // now, or the end of its slot
-	s.expires = newest + p
-	return Result{Allowed: true, Limit: lim.Rate, Remaining: lim.Rate - used - n, ResetAfter: time.Duration(newest + p - now)}
+	s.expires = addSat(newest, p)
+	return Result{Allowed: true, Limit: lim.Rate, Remaining: lim.Rate - used - n, ResetAfter: time.Duration(p - (now - newest))}
 }

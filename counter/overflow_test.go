@@ -2,7 +2,9 @@ package counter
 
 import (
 	"errors"
+	"fmt"
 	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -117,5 +119,90 @@ func TestLimitBounds(t *testing.T) {
 		case tc.field != nil && !errors.Is(err, tc.field):
 			t.Errorf("Validate(%+v) = %v, want it to wrap %v", tc.give, err, tc.field)
 		}
+	}
+}
+
+// TestLimitEdgesExact runs the largest limits Validate accepts, with costs
+// near them, on every store at one instant: each admits exactly what fits.
+func TestLimitEdgesExact(t *testing.T) {
+	span := MaxTolerance
+	for _, tc := range []struct {
+		lim   Limit
+		first int64
+		n     int64
+		fits  int
+	}{
+		{Limit{Algorithm: FixedWindow, Rate: MaxCount, Period: longPeriod}, MaxCount - 1, 1, 1},
+		{Limit{Algorithm: FixedWindow, Rate: MaxCount, Period: longPeriod}, 0, MaxCount, 1},
+		{Limit{Algorithm: FixedWindow, Rate: MaxCount, Period: longPeriod}, 1, MaxCount - 1, 1},
+		{Limit{Algorithm: FixedWindow, Rate: MaxCount, Period: longPeriod}, 2, MaxCount - 1, 0},
+		{Limit{Algorithm: SlidingWindow, Rate: MaxCount, Period: longPeriod}, MaxCount - 1, 1, 1},
+		{Limit{Algorithm: SlidingWindow, Rate: MaxCount, Period: longPeriod}, 0, MaxCount, 1},
+		{Limit{Algorithm: SlidingWindow, Rate: MaxCount, Period: longPeriod}, 2, MaxCount - 1, 0},
+		{Limit{Algorithm: SlidingWindow, Rate: MaxCount, Period: MaxWindowPeriod}, MaxCount - 3, 2, 1},
+		{Limit{Algorithm: FixedWindow, Rate: MaxCount, Period: MaxWindowPeriod}, MaxCount - 3, 2, 1},
+		{Limit{Algorithm: SlidingLog, Rate: MaxLogRate, Period: MaxWindowPeriod}, MaxLogRate - 3, 2, 1},
+		// The longest tolerances accepted, taken whole or to the last unit.
+		{Limit{Algorithm: TokenBucket, Rate: 1, Period: span / 1024, Burst: 1024}, 0, 1024, 1},
+		{Limit{Algorithm: TokenBucket, Rate: 1, Period: span / 1024, Burst: 1024}, 1023, 1, 1},
+		{Limit{Algorithm: TokenBucket, Rate: 1, Period: 8760 * time.Hour, Burst: 4}, 0, 4, 1},
+		{Limit{Algorithm: TokenBucket, Rate: 1, Period: 8760 * time.Hour, Burst: 4}, 2, 1, 2},
+		{Limit{Algorithm: TokenBucket, Rate: 1, Period: span}, 0, 1, 1},
+		{Limit{Algorithm: TokenBucket, Rate: MaxCount, Period: MaxCount * time.Microsecond, Burst: span.Microseconds()}, span.Microseconds() - 1, 1, 1},
+		{Limit{Algorithm: TokenBucket, Rate: MaxCount, Period: MaxCount * time.Microsecond, Burst: span.Microseconds()}, 0, span.Microseconds(), 1},
+	} {
+		t.Run(fmt.Sprintf("%v/%d/%v/%d/%d+%d", tc.lim.Algorithm, tc.lim.Rate, tc.lim.Period, tc.lim.Burst, tc.first, tc.n), func(t *testing.T) {
+			if err := tc.lim.Validate(); err != nil {
+				t.Fatalf("Validate: %v", err)
+			}
+			for _, store := range []string{"memory", "redis"} {
+				if got := takeRun(t, store, tc.lim, tc.first, tc.n, 10); got != tc.fits {
+					t.Errorf("%s: admitted %d of 10, want %d", store, got, tc.fits)
+				}
+			}
+		})
+	}
+}
+
+// TestSlidingWindowWeightedExact checks that the Redis sliding window
+// weighs a previous window's count the memory store's exact way where
+// count·left passes 2^53: at seeded instants of the next window, a take of
+// exactly what is left passes and one more unit does not, on both stores.
+func TestSlidingWindowWeightedExact(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: testRedisAddr})
+	t.Cleanup(func() { client.Close() })
+	lim := Limit{Algorithm: SlidingWindow, Rate: MaxCount, Period: longPeriod}
+	p := longPeriod.Microseconds()
+	start := overflowAt.UnixMicro() / p * p // window w0
+	rng := rand.New(rand.NewPCG(1, 2))
+	wrong := 0
+	const runs = 40
+	for range runs {
+		key := testKey(t)
+		mem := NewMemoryStore(MemoryConfig{})
+		t0, t1 := start+rng.Int64N(p), start+p+1+rng.Int64N(p-1)
+		prev := MaxCount - rng.Int64N(1<<40)
+		left := p - (t1 - start - p)
+		fit := MaxCount - weighted(prev, left*1000, p*1000)
+		var got [2][2]bool // store, take
+		for i, take := range []func(int64, int64) bool{
+			func(at, n int64) bool { return mem.TakeAt(time.UnixMicro(at), key, 0, lim, n).Allowed },
+			func(at, n int64) bool { return scriptAt(t, client, []string{key}, lim, n, at)[0].Allowed },
+		} {
+			if !take(t0, prev) {
+				t.Fatalf("the take of %d in the first window was denied", prev)
+			}
+			got[i] = [2]bool{take(t1, fit), take(t1, 1)}
+		}
+		mem.Close()
+		if got[0] != [2]bool{true, false} {
+			t.Fatalf("memory: took %d of what is left, then 1: %v, want [true false]", fit, got[0])
+		}
+		if got[1] != got[0] {
+			wrong++
+		}
+	}
+	if wrong > 0 {
+		t.Errorf("redis decided %d of %d runs unlike memory's exact weighting", wrong, runs)
 	}
 }

@@ -290,12 +290,37 @@ end
 
 // slidingWindowScript mirrors takeSlidingWindow, slidingRetry and
 // firstAfter. State: "w cur prev", expiring two periods after window w
-// starts. floor(prev·left/p) is exact while rate × period in µs < 2^53.
-// The pattern admits digits only; a count of 2^53 or more is read as absent.
+// starts. floor(prev·left/p) is exact: prev·left directly below 2^53, by
+// long multiplication above. Counts, rate and period are at most MaxCount,
+// and comparisons subtract (n > rate - est), so no sum passes 2^53. The
+// pattern admits digits only; a count of 2^53 or more is read as absent.
 const slidingWindowScript = intArg + windowCounts + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 local floor, ceil = math.floor, math.ceil
+-- weighted(c, l, p) is floor(c·l/p) for 0 ≤ l ≤ p, exact: above 2^53 it is
+-- q·l + floor(r·l/p) with c = q·p + r, the second by long multiplication
+-- over l's bits, keeping r·(l's bits so far) as hr·p + m, every figure
+-- below p.
+local function weighted(c, l, p)
+	local x = c * l
+	if x < 9007199254740992 then return floor(x / p) end
+	if l >= p then return c end
+	local q = floor(c / p)
+	local r = c - q * p
+	if r < 0 then q, r = q - 1, r + p elseif r >= p then q, r = q + 1, r - p end
+	local h, hr, m, b = q * l, 0, 0, 2 ^ 52 -- q·l ≤ c: exact
+	while b >= 1 do
+		hr = 2 * hr
+		if m >= p - m then hr, m = hr + 1, m - (p - m) else m = 2 * m end
+		if l >= b then
+			l = l - b
+			if m >= p - r then hr, m = hr + 1, m - (p - r) else m = m + r end
+		end
+		b = b / 2
+	end
+	return h + hr
+end
 local function firstAfter(count, k, p)
 	if count <= k then return 0 end
 	return floor(p - (k + 1) * p / count) + 1
@@ -308,11 +333,11 @@ for i = 1, #KEYS do
 	local cur, prev = slidingCounts(redis.pcall('GET', k), w)
 	local elapsed = now - w * p
 	local left = p - elapsed
-	local est = floor(prev * left / p) + cur
+	local est = weighted(prev, left, p) + cur
 	local ok, rem, retry = 1, 0, 0
-	if est + n > rate then
+	if n > rate - est then
 		ok, rem = 0, math.max(0, rate - est)
-		if cur + n <= rate then
+		if n <= rate - cur then
 			retry = math.max(1, firstAfter(prev, rate - cur - n, p) - elapsed)
 		else
 			retry = left + firstAfter(cur, rate - n, p)
@@ -331,7 +356,9 @@ return out
 `
 
 // fixedWindowScript mirrors takeFixedWindow. State: "w count", expiring at
-// the end of window w; a count of 2^53 or more is read as absent.
+// the end of window w; a count of 2^53 or more is read as absent. Counts
+// and rate are at most MaxCount, and the comparison subtracts, so no sum
+// passes 2^53.
 const fixedWindowScript = intArg + windowCounts + `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -343,7 +370,7 @@ for i = 1, #KEYS do
 	local cur = fixedCount(redis.pcall('GET', k), w)
 	local reset = (w + 1) * p - now
 	local ok, retry = 0, reset
-	if cur + n <= rate then
+	if n <= rate - cur then
 		ok, retry, cur = 1, 0, cur + n
 		redis.call('SET', k, string.format('%.0f %.0f', w, cur), 'PX', int(math.ceil(reset / 1000)))
 	end
@@ -446,7 +473,8 @@ func spanLevel(tol fixed) int64 {
 // rounded up to the grid of that level, which may lengthen the tolerance
 // into the next level, whose grid is then used. A tolerance beyond the
 // highest level's span (4.4 years) is cut to the whole intervals that fit
-// it: the capacity is lowered, never raised.
+// it: the capacity is lowered, never raised. Validate refuses a limit it
+// would cut; a split key's share may pass it by its rounding.
 func redisGCRA(period int64, lim Limit, n int64) (gcra, int64) {
 	k := spanLevel(newGCRA(period, lim, n, fracBits).tol)
 	for {

@@ -42,7 +42,8 @@ import (
 
 // ErrInvalidReshard is returned (wrapped) by Reshard when from or to is
 // empty, or their limits are invalid (the error then wraps Limit.Validate's
-// too), differ in algorithm or period, or add up to more than an int64.
+// too, though a token bucket's tolerance may pass MaxTolerance: a split
+// key's shares may, by their rounding), differ in algorithm or period, or add up to more than an int64.
 var ErrInvalidReshard = errors.New("invalid reshard")
 
 // reshardPlan is a checked Reshard's common figures.
@@ -67,7 +68,7 @@ func checkReshard(from, to []Shard) (reshardPlan, error) {
 		var sum int64
 		for _, sh := range side.shards {
 			lim := sh.Limit
-			if err := lim.Validate(); err != nil {
+			if err := lim.validate(); err != nil { // a share's tolerance may pass the bound
 				return reshardPlan{}, fmt.Errorf("%w: %s %q: %w", ErrInvalidReshard, side.name, sh.Name, err)
 			}
 			if lim.Algorithm != first.Algorithm || lim.Period != first.Period {
@@ -87,7 +88,7 @@ func checkReshard(from, to []Shard) (reshardPlan, error) {
 
 // shares splits sum over to in proportion to the rates, total being their
 // sum: floor(sum·rate_j/total) each, then one more to the first counters
-// until the shares add up to sum.
+// until the shares add up to sum; each is then capped at MaxCount.
 func shares(sum int64, to []Shard, total int64) []int64 {
 	out := make([]int64, len(to))
 	left := sum
@@ -98,6 +99,11 @@ func shares(sum int64, to []Shard, total int64) []int64 {
 	for j := 0; left > 0; j++ { // left < len(to): each share lost less than 1
 		out[j]++
 		left--
+	}
+	for j := range out {
+		// A seed past MaxCount (counts of a higher limit) denies as
+		// MaxCount does under any valid limit, and stays exact on Redis.
+		out[j] = min(out[j], MaxCount)
 	}
 	return out
 }
@@ -202,7 +208,7 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 						c.a, c.b = w, 0
 					}
 					c.b = max(c.b, curs[j])
-					c.expires = max(c.expires, (w+1)*p)
+					c.expires = max(c.expires, windowEnd(w, 1, p))
 					return
 				}
 				switch c.a {
@@ -213,7 +219,7 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 					c.a, c.b, c.c = w, 0, 0
 				}
 				c.b, c.c = max(c.b, curs[j]), max(c.c, prevs[j])
-				c.expires = max(c.expires, (w+2)*p)
+				c.expires = max(c.expires, windowEnd(w, 2, p))
 			})
 		}
 	case SlidingLog:
@@ -242,7 +248,7 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 					}
 				}
 				// takeSlidingLog's expiry: a period after the newest entry
-				c.expires = max(c.expires, c.logNewest()+p)
+				c.expires = max(c.expires, addSat(c.logNewest(), p))
 			})
 		}
 	}
