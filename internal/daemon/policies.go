@@ -66,9 +66,9 @@ func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
 //	policies:
 //	  default:
 //	    algorithm: token_bucket    # token_bucket (default), sliding_window, fixed_window, sliding_log
-//	    limit: 100                 # requests per period, required
-//	    period: 1s                 # Go duration, required
-//	    burst: 100                 # token_bucket only; default = limit
+//	    limit: 100                 # requests per period, required; at most 2^53-1
+//	    period: 1s                 # Go duration, required; at most 2^53-1 µs
+//	    burst: 100                 # token_bucket only; default = limit; period/limit × burst at most 2^37 ms
 //	    on_store_failure: local    # local (default), open, closed
 //	    allowlist: [health_check]  # keys a closed policy still admits
 //
@@ -296,9 +296,9 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 	}
 	if err := p.Limit.Validate(); err != nil {
 		at, field := limitNode, path+".limit"
-		if errors.Is(err, counter.ErrInvalidPeriod) {
+		if errors.Is(err, counter.ErrInvalidPeriod) || errors.Is(err, counter.ErrPeriodTooLong) {
 			at, field = periodNode, path+".period"
-		} else if errors.Is(err, counter.ErrInvalidBurst) {
+		} else if (errors.Is(err, counter.ErrInvalidBurst) || errors.Is(err, counter.ErrBurstTooLarge)) && burstNode != nil {
 			at, field = burstNode, path+".burst"
 		} else if errors.Is(err, counter.ErrUnknownAlgorithm) && algNode != nil {
 			at, field = algNode, path+".algorithm"
