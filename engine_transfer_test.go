@@ -320,3 +320,17 @@ func newEngineOn(t *testing.T, store counter.Store, clock *testkit.Clock) *Engin
 	t.Cleanup(func() { e.Close() })
 	return e
 }
+
+// TestShardsAtToleranceBound checks that a move reads and seeds every share
+// of a token bucket at the tolerance bound, though a share's own tolerance
+// passes the bound by the rounding of its share (rate 1, burst 2 of 5 and 7).
+func TestShardsAtToleranceBound(t *testing.T) {
+	lim := Limit{Rate: 5, Period: counter.MaxTolerance / 7 / time.Microsecond * 5 * time.Microsecond, Burst: 7}
+	if err := lim.Validate(); err != nil {
+		t.Fatalf("Validate: %v", err)
+	}
+	ent := shard.NewEntry("k", hashKey("k"), shard.Level4, shard.Level4, nil)
+	if got := len(shards(ent, lim, shard.Level4, nil)); got != 4 {
+		t.Errorf("a move of %+v at level 4 covers %d counters, want 4", lim, got)
+	}
+}
