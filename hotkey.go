@@ -59,6 +59,8 @@ var (
 	ErrInvalidBurst     = counter.ErrInvalidBurst
 	ErrUnknownAlgorithm = counter.ErrUnknownAlgorithm
 	ErrLimitTooLarge    = counter.ErrLimitTooLarge
+	ErrBurstTooLarge    = counter.ErrBurstTooLarge
+	ErrPeriodTooLong    = counter.ErrPeriodTooLong
 	// ErrStoreUnavailable wraps the cause when the store cannot answer and
 	// the fallback is FallbackError.
 	ErrStoreUnavailable = errors.New("store unavailable")
