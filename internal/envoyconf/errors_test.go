@@ -238,3 +238,29 @@ func TestLoadDirectory(t *testing.T) {
 		t.Errorf("single file: %v", c.Domains())
 	}
 }
+
+// TestLargestRulesAccepted checks that the largest rules a file can hold
+// (requests_per_unit 2^32-1, or 100,000 for sliding_log, per unit up to a
+// year) are within the bounds of what a store enforces exactly: Validate
+// accepts their limits, so no rule is refused for a number Envoy allows.
+func TestLargestRulesAccepted(t *testing.T) {
+	for _, alg := range []string{"token_bucket", "sliding_window", "fixed_window", "sliding_log"} {
+		for _, unit := range []string{"second", "minute", "hour", "day", "week", "month", "year"} {
+			rpu := "4294967295"
+			if alg == "sliding_log" {
+				rpu = "100000"
+			}
+			file := fmt.Sprintf("domain: d\ndescriptors:\n  - key: a\n    rate_limit: {unit: %s, requests_per_unit: %s, algorithm: %s}\n", unit, rpu, alg)
+			c, err := Parse(map[string][]byte{"rules.yaml": []byte(file)})
+			if err != nil {
+				t.Errorf("%s per %s: %v", alg, unit, err)
+				continue
+			}
+			for _, r := range c.Rules() {
+				if err := r.Policy.Limit.Validate(); err != nil {
+					t.Errorf("%s per %s: %v", alg, unit, err)
+				}
+			}
+		}
+	}
+}
