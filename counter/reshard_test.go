@@ -696,7 +696,7 @@ func TestShares(t *testing.T) {
 		{3, []int64{26, 25, 25, 25}, []int64{1, 1, 1, 0}},
 		{45, []int64{70, 30}, []int64{32, 13}},
 		{0, []int64{1, 2}, []int64{0, 0}},
-		{math.MaxInt64, []int64{math.MaxInt64 - 1, 1}, []int64{math.MaxInt64 - 1, 1}},
+		{math.MaxInt64, []int64{math.MaxInt64 - 1, 1}, []int64{MaxCount, 1}}, // a seed is at most MaxCount
 	} {
 		var total int64
 		for _, r := range tc.rates {
