@@ -44,16 +44,19 @@ func (e *Error) Error() string {
 }
 
 // maxScanLines and maxScanBytes bound the files Locate scans for the line
-// at fault (it parses prefixes).
+// at fault (it parses prefixes); maxScanTotal bounds the bytes of all the
+// prefixes it parses for one error.
 const (
 	maxScanLines = 500
 	maxScanBytes = 64 << 10
+	maxScanTotal = 1 << 20
 )
 
 // Locate splits a YAML syntax error of data into its line and message.
 // yaml.v3 names the line where the enclosing block starts; the line at
 // fault is the first whose inclusion makes the same error appear, which is
-// found for files of up to 500 lines and 64 KiB.
+// found for files of up to 500 lines and 64 KiB when the prefixes to parse
+// come to at most 1 MiB (else the line is yaml.v3's).
 func Locate(data []byte, err error) (line int, msg string) {
 	line, msg = split(err)
 	if l := faultLine(data, msg); l > 0 {
@@ -65,7 +68,7 @@ func Locate(data []byte, err error) (line int, msg string) {
 // faultLine returns the line at fault for a YAML error msg: the first line
 // n such that the first n lines, and every longer prefix, fail with msg
 // (an earlier prefix may fail only for being cut short, inside a flow list
-// that a later line closes). 0 if not found.
+// that a later line closes). 0 if not found within maxScanTotal bytes.
 func faultLine(data []byte, msg string) int {
 	lines := bytes.SplitAfter(data, []byte("\n"))
 	if len(lines) > maxScanLines || len(data) > maxScanBytes {
@@ -77,7 +80,9 @@ func faultLine(data []byte, msg string) int {
 		end += len(l)
 		ends[i] = end
 	}
+	scanned := 0
 	fails := func(n int) bool { // the first n lines fail with msg
+		scanned += ends[n-1]
 		dec := yaml.NewDecoder(bytes.NewReader(data[:ends[n-1]]))
 		for {
 			var doc yaml.Node
@@ -96,8 +101,14 @@ func faultLine(data []byte, msg string) int {
 	if !fails(n) {
 		return 0
 	}
-	for n > 1 && fails(n-1) {
+	for n > 1 && scanned+ends[n-2] <= maxScanTotal {
+		if !fails(n - 1) {
+			return n
+		}
 		n--
+	}
+	if n > 1 {
+		return 0 // out of budget before the first line that fails
 	}
 	return n
 }
@@ -114,6 +125,30 @@ func split(err error) (int, string) {
 	}
 	return 0, msg
 }
+
+// MaxField and MaxMsg bound the Field and Msg of an Error made by New.
+const (
+	MaxField = 200
+	MaxMsg   = 400
+)
+
+// New returns an Error whose Field and Msg are cut to MaxField and MaxMsg
+// bytes: a field over MaxField keeps its start and its end, so that an
+// error about a deep or long-named field stays short.
+func New(file string, line int, field, msg string) *Error {
+	if len(field) > MaxField {
+		head := Truncate(field, MaxField/2-1)
+		tail := field[len(field)-(MaxField/2-2):]
+		for len(tail) > 0 && tail[0]&0xC0 == 0x80 {
+			tail = tail[1:]
+		}
+		field = head + tail
+	}
+	return &Error{File: file, Line: line, Field: field, Msg: Truncate(msg, MaxMsg)}
+}
+
+// Quote quotes s for a message as %q does, cut to 64 bytes first.
+func Quote(s string) string { return strconv.Quote(Truncate(s, 64)) }
 
 // KindName describes a node for errors: "a mapping", "a list", "nothing",
 // the text "…", and so on.
