@@ -44,19 +44,19 @@ func (e *Error) Error() string {
 }
 
 // maxScanLines and maxScanBytes bound the files Locate scans for the line
-// at fault (it parses prefixes); maxScanTotal bounds the bytes of all the
-// prefixes it parses for one error.
+// at fault (it parses prefixes).
 const (
 	maxScanLines = 500
 	maxScanBytes = 64 << 10
-	maxScanTotal = 1 << 20
 )
 
 // Locate splits a YAML syntax error of data into its line and message.
 // yaml.v3 names the line where the enclosing block starts; the line at
 // fault is the first whose inclusion makes the same error appear, which is
-// found for files of up to 500 lines and 64 KiB when the prefixes to parse
-// come to at most 1 MiB (else the line is yaml.v3's).
+// found for files of up to 500 lines and 64 KiB. It parses prefixes line
+// by line up from the end while they come to at most 4 times the file's
+// size and 8 KiB, then bisects, so that its cost is linear in the file's
+// size.
 func Locate(data []byte, err error) (line int, msg string) {
 	line, msg = split(err)
 	if l := faultLine(data, msg); l > 0 {
@@ -68,7 +68,8 @@ func Locate(data []byte, err error) (line int, msg string) {
 // faultLine returns the line at fault for a YAML error msg: the first line
 // n such that the first n lines, and every longer prefix, fail with msg
 // (an earlier prefix may fail only for being cut short, inside a flow list
-// that a later line closes). 0 if not found within maxScanTotal bytes.
+// that a later line closes; bisection, past the budget, may then stop at
+// such a prefix). 0 if not found.
 func faultLine(data []byte, msg string) int {
 	lines := bytes.SplitAfter(data, []byte("\n"))
 	if len(lines) > maxScanLines || len(data) > maxScanBytes {
@@ -80,9 +81,7 @@ func faultLine(data []byte, msg string) int {
 		end += len(l)
 		ends[i] = end
 	}
-	scanned := 0
 	fails := func(n int) bool { // the first n lines fail with msg
-		scanned += ends[n-1]
 		dec := yaml.NewDecoder(bytes.NewReader(data[:ends[n-1]]))
 		for {
 			var doc yaml.Node
@@ -101,16 +100,23 @@ func faultLine(data []byte, msg string) int {
 	if !fails(n) {
 		return 0
 	}
-	for n > 1 && scanned+ends[n-2] <= maxScanTotal {
+	parsed, budget := 0, 4*len(data)+8<<10
+	for n > 1 && parsed+ends[n-2] <= budget {
+		parsed += ends[n-2]
 		if !fails(n - 1) {
 			return n
 		}
 		n--
 	}
-	if n > 1 {
-		return 0 // out of budget before the first line that fails
+	lo, hi := 1, n // fails(hi), and lo is 1 or !fails(lo-1)
+	for lo < hi {
+		if mid := (lo + hi) / 2; fails(mid) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
 	}
-	return n
+	return hi
 }
 
 // split splits yaml.v3's "yaml: line N: msg".

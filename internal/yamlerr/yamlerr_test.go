@@ -36,26 +36,39 @@ func TestKindNameAndTruncate(t *testing.T) {
 	}
 }
 
-// TestLocateCost: a syntax error in a file of many long lines costs Locate
-// a bounded number of prefix parses, not one per line.
-func TestLocateCost(t *testing.T) {
-	var b strings.Builder
-	b.WriteString("a: [\n")
-	for i := 0; i < 490; i++ {
-		b.WriteString("  " + strings.Repeat("x", 100) + ",\n")
-	}
-	b.WriteString("  : :\n")
-	data := []byte(b.String())
+// TestLocateLongFile: the line at fault is found early in a long file.
+func TestLocateLongFile(t *testing.T) {
+	data := []byte("policies:\n  api:\n    limit: 100\n   period: 1s\n" + strings.Repeat("# a comment of some length\n", 200))
 	var n yaml.Node
 	err := yaml.Unmarshal(data, &n)
 	if err == nil {
 		t.Fatal("no error")
 	}
-	var line int
-	alloc := allocated(func() { line, _ = Locate(data, err) })
-	t.Logf("Locate of a %d-byte file: line %d, %d bytes allocated", len(data), line, alloc)
-	if limit := 64*uint64(len(data)) + 16<<20; alloc > limit {
-		t.Errorf("Locate allocated %d bytes for a %d-byte file, want at most %d", alloc, len(data), limit)
+	if line, _ := Locate(data, err); line != 4 {
+		t.Errorf("line %d, want 4", line)
+	}
+}
+
+// TestLocateCost: a syntax error in a file of many long lines, or deep
+// ones, costs Locate a number of prefix parses bounded by the file's size,
+// not one per line.
+func TestLocateCost(t *testing.T) {
+	long := "a: [\n" + strings.Repeat("  "+strings.Repeat("x", 100)+",\n", 490) + "  : :\n"
+	deep := "a: " + strings.Repeat("[", 2000) + "\n" + strings.Repeat("  x,\n", 490) + "  : :\n"
+	for _, s := range []string{long, deep} {
+		data := []byte(s)
+		var n yaml.Node
+		err := yaml.Unmarshal(data, &n)
+		if err == nil {
+			t.Fatal("no error")
+		}
+		parse := allocated(func() { yaml.Unmarshal(data, &n) })
+		var line int
+		alloc := allocated(func() { line, _ = Locate(data, err) })
+		t.Logf("Locate of a %d-byte file: line %d, %d bytes allocated; one parse %d", len(data), line, alloc, parse)
+		if limit := 16*parse + 4<<20; alloc > limit {
+			t.Errorf("Locate allocated %d bytes for a %d-byte file that one parse allocates %d for, want at most %d", alloc, len(data), parse, limit)
+		}
 	}
 }
 
