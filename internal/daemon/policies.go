@@ -72,8 +72,9 @@ func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
 //	    on_store_failure: local    # local (default), open, closed
 //	    allowlist: [health_check]  # keys a closed policy still admits
 //
-// Unknown fields, duplicate names or fields, and values the engine cannot
-// enforce are errors (a *PolicyError naming the line and field). A file
+// Unknown fields, duplicate names or fields, YAML aliases and merge keys,
+// and values the engine cannot enforce are errors (a *PolicyError naming
+// the line and field, its text bounded). A file
 // without a "default" policy gets the built-in one.
 func ParsePolicies(data []byte) (Policies, error) {
 	ps, _, err := parsePolicies(data)
