@@ -58,7 +58,7 @@ func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
 	if n != nil {
 		line = n.Line
 	}
-	return &PolicyError{Line: line, Field: field, Msg: fmt.Sprintf(format, args...)}
+	return yamlerr.New("", line, field, fmt.Sprintf(format, args...))
 }
 
 // ParsePolicies parses a policies file:
@@ -72,8 +72,9 @@ func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
 //	    on_store_failure: local    # local (default), open, closed
 //	    allowlist: [health_check]  # keys a closed policy still admits
 //
-// Unknown fields, duplicate names or fields, and values the engine cannot
-// enforce are errors (a *PolicyError naming the line and field). A file
+// Unknown fields, duplicate names or fields, YAML aliases and merge keys,
+// and values the engine cannot enforce are errors (a *PolicyError naming
+// the line and field, its text bounded). A file
 // without a "default" policy gets the built-in one.
 func ParsePolicies(data []byte) (Policies, error) {
 	ps, _, err := parsePolicies(data)
@@ -201,7 +202,7 @@ func checkPolicyName(name string) error {
 	for i := 0; i < len(name); i++ {
 		c := name[i]
 		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.' || c == ':') {
-			return fmt.Errorf("policy name %q: use only letters, digits and _ - . :", name)
+			return fmt.Errorf("policy name %s: use only letters, digits and _ - . :", yamlerr.Quote(name))
 		}
 	}
 	return nil
@@ -227,7 +228,7 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 			}
 			a, err := counter.ParseAlgorithm(s)
 			if err != nil {
-				return perr(v, field, "unknown algorithm %q: want token_bucket, sliding_window, fixed_window or sliding_log", s)
+				return perr(v, field, "unknown algorithm %s: want token_bucket, sliding_window, fixed_window or sliding_log", yamlerr.Quote(s))
 			}
 			p.Limit.Algorithm, algNode = a, v
 		case "limit":
@@ -246,7 +247,7 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 			}
 			d, err := time.ParseDuration(s)
 			if err != nil {
-				return perr(v, field, "%q is not a duration: write e.g. 1s, 1m, 500ms, 1h", s)
+				return perr(v, field, "%s is not a duration: write e.g. 1s, 1m, 500ms, 1h", yamlerr.Quote(s))
 			}
 			if d <= 0 {
 				return perr(v, field, "must be positive, got %v", d)
@@ -268,7 +269,7 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 			}
 			f, err := hotkey.ParseFallback(s)
 			if err != nil || f == hotkey.FallbackError {
-				return perr(v, field, "unknown value %q: want local, open or closed", s)
+				return perr(v, field, "unknown value %s: want local, open or closed", yamlerr.Quote(s))
 			}
 			p.OnStoreFailure = f
 		case "allowlist":
@@ -321,7 +322,7 @@ func scalarInt(v *yaml.Node, field string) (int64, error) {
 	}
 	var x int64
 	if err := v.Decode(&x); err != nil {
-		return 0, perr(v, field, "%q is not a whole number in range", v.Value)
+		return 0, perr(v, field, "%s is not a whole number in range", yamlerr.Quote(v.Value))
 	}
 	return x, nil
 }

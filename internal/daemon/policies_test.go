@@ -125,6 +125,8 @@ func TestParsePoliciesRefused(t *testing.T) {
 	}
 }
 
+// FuzzParsePolicies: any file is loaded or refused with a *PolicyError of
+// bounded length, allocating at most fuzzPoliciesCostLimit of its size.
 func FuzzParsePolicies(f *testing.F) {
 	f.Add([]byte(exampleFile))
 	f.Add([]byte("policies:\n  a:\n    limit: 1\n    period: 1s\n"))
@@ -134,8 +136,19 @@ func FuzzParsePolicies(f *testing.F) {
 	f.Add([]byte("policies: {a: {limit: 9223372036854775807, period: 2562047h, algorithm: fixed_window}}"))
 	f.Add([]byte("---\n...\n"))
 	f.Add([]byte("policies:\n  a:\n    allowlist: [x, [y], {z: 1}, ~]\n"))
+	f.Add([]byte("policies: &x\n  a: *x\n"))
+	f.Add([]byte(policiesBomb()))
+	f.Add([]byte("policies:\n  a:\n    allowlist: " + strings.Repeat("[", 200) + strings.Repeat("]", 200) + "\n"))
+	f.Add([]byte("policies:\n  ? " + strings.Repeat("n", 200) + "\n  : {limit: 1, period: 1s}\n"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		ps, err := ParsePolicies(data)
+		var (
+			ps  Policies
+			err error
+		)
+		alloc := allocated(func() { ps, err = ParsePolicies(data) })
+		if limit := fuzzPoliciesCostLimit(len(data)); alloc > limit {
+			t.Errorf("%d bytes allocated for a %d-byte file, want at most %d", alloc, len(data), limit)
+		}
 		if err != nil {
 			var pe *PolicyError
 			if !errors.As(err, &pe) {
@@ -143,6 +156,9 @@ func FuzzParsePolicies(f *testing.F) {
 			}
 			if pe.Line < 0 || pe.Msg == "" {
 				t.Fatalf("bad error %+v", pe)
+			}
+			if n := len(pe.Error()); n > maxPolicyErrorLen {
+				t.Errorf("error of %d bytes, want at most %d", n, maxPolicyErrorLen)
 			}
 			return
 		}

@@ -135,7 +135,7 @@ type Rule struct {
 	// carry their own limit (OverrideRule), not the configuration's.
 	Override bool
 
-	field string // the descriptor's field path, for errors
+	field *field // the descriptor's field path, for errors
 }
 
 // Match is the rule a request's descriptor matched.

@@ -22,6 +22,10 @@ import (
 // MaxFileSize bounds the size of one configuration file.
 const MaxFileSize = 1 << 20
 
+// MaxDepth bounds the nesting of descriptors: a descriptor within
+// MaxDepth others is refused.
+const MaxDepth = 32
+
 // defaultAlgorithm enforces the rules that do not name an algorithm: the
 // closest to envoyproxy/ratelimit's fixed windows without their burst at
 // the window boundary.
@@ -121,7 +125,10 @@ func readFile(path string) ([]byte, error) {
 
 // Parse parses configuration files given as name -> content, each one
 // domain's configuration, in the lexical order of their names (which
-// errors use). A domain defined in two files is refused.
+// errors use). A domain defined in two files is refused, and so is a file
+// with an alias that nests a value in itself, descriptors nested over
+// MaxDepth, or more than its size allows through aliases: Parse's time
+// and memory are linear in the files' size.
 func Parse(files map[string][]byte) (*Config, error) {
 	if len(files) == 0 {
 		return nil, &Error{Msg: "no configuration files"}
@@ -148,8 +155,8 @@ func Parse(files map[string][]byte) (*Config, error) {
 			return nil, err
 		}
 		if o, ok := domains[f.domain]; ok {
-			return nil, &Error{File: name, Line: f.domainLine, Field: "domain",
-				Msg: fmt.Sprintf("domain %q is already defined in %s (line %d): give each domain one file", f.domain, o.file, o.line)}
+			return nil, yamlerr.New(name, f.domainLine, "domain",
+				fmt.Sprintf("domain %s is already defined in %s (line %d): give each domain one file", yamlerr.Quote(f.domain), o.file, o.line))
 		}
 		domains[f.domain] = origin{name, f.domainLine}
 		c.domains[f.domain] = f.root
@@ -174,13 +181,14 @@ func checkNames(rules []*Rule) error {
 	for _, r := range rules {
 		name := PolicyName(r.Path)
 		if o, ok := byName[name]; ok {
-			msg := fmt.Sprintf("the rule's path %q is also the path of the rule in %s on line %d (%s): change a key or value so that they differ",
-				r.Path, o.File, o.Line, o.field)
+			of := yamlerr.New("", 0, o.field.String(), "").Field
+			msg := fmt.Sprintf("the rule's path %s is also the path of the rule in %s on line %d (%s): change a key or value so that they differ",
+				yamlerr.Quote(r.Path), o.File, o.Line, of)
 			if o.Path != r.Path {
-				msg = fmt.Sprintf("the rule's policy name %q is also the name of the rule in %s on line %d (%s, path %q): change a key or value",
-					name, o.File, o.Line, o.field, o.Path)
+				msg = fmt.Sprintf("the rule's policy name %s is also the name of the rule in %s on line %d (%s, path %s): change a key or value",
+					yamlerr.Quote(name), o.File, o.Line, of, yamlerr.Quote(o.Path))
 			}
-			return &Error{File: r.File, Line: r.Line, Field: r.field, Msg: msg}
+			return yamlerr.New(r.File, r.Line, r.field.String(), msg)
 		}
 		byName[name] = r
 	}
@@ -195,47 +203,114 @@ type file struct {
 	rules      []*Rule
 }
 
-// parser parses one file.
+// parser parses one file. Its work is linear in the file's size: it
+// visits at most budget values, aliases included, and builds at most
+// pathBudget bytes of descriptor paths; every other thing it makes is of
+// constant size per value visited.
 type parser struct {
-	file   string
-	domain string
-	budget int // nodes left to visit: bounds what aliases expand to
-	rules  []*Rule
+	file       string
+	domain     string
+	budget     int          // values left to visit: bounds what aliases expand to
+	pathBudget int          // bytes of descriptor paths left to build
+	open       []*yaml.Node // the descriptor lists and descriptors being parsed, outermost first
+	rules      []*Rule
 }
 
-func (p *parser) errf(n *yaml.Node, field, format string, args ...any) *Error {
+// newParser returns a parser for a file of size bytes.
+func newParser(name string, size int) *parser {
+	// A value takes at least a byte of the file: only aliases can make the
+	// parser visit more values than the file has bytes, or build more
+	// bytes of paths than 64 times its size.
+	return &parser{file: name, budget: 2*size + 1<<14, pathBudget: 64*size + 1<<16}
+}
+
+// field is the path of a value in the file, made into text
+// ("descriptors[1].rate_limit.unit") only for an error, so that a deep
+// file costs no text per level.
+type field struct {
+	up    *field
+	name  string // the key in a mapping
+	index int    // the index in a list, when item
+	item  bool
+}
+
+func (f *field) dot(name string) *field { return &field{up: f, name: name} }
+func (f *field) at(i int) *field        { return &field{up: f, index: i, item: true} }
+
+// String returns the path; a nil field is the file's top.
+func (f *field) String() string {
+	var up []*field
+	for g := f; g != nil; g = g.up {
+		up = append(up, g)
+	}
+	var b strings.Builder
+	for i := len(up) - 1; i >= 0; i-- {
+		switch g := up[i]; {
+		case g.item:
+			fmt.Fprintf(&b, "[%d]", g.index)
+		case b.Len() > 0:
+			b.WriteString("." + g.name)
+		default:
+			b.WriteString(g.name)
+		}
+	}
+	return b.String()
+}
+
+func (p *parser) errf(n *yaml.Node, f *field, format string, args ...any) *Error {
 	line := 0
 	if n != nil {
 		line = n.Line
 	}
-	return &Error{File: p.file, Line: line, Field: field, Msg: fmt.Sprintf(format, args...)}
+	return yamlerr.New(p.file, line, f.String(), fmt.Sprintf(format, args...))
 }
 
 // visit resolves aliases and charges the budget; every node the parser
-// looks at goes through it.
-func (p *parser) visit(n *yaml.Node, field string) (*yaml.Node, error) {
-	for n.Kind == yaml.AliasNode && n.Alias != nil {
+// looks at goes through it. An alias to a list or descriptor the parser is
+// inside is refused: it would nest the file within itself.
+func (p *parser) visit(n *yaml.Node, f *field) (*yaml.Node, error) {
+	if n.Kind == yaml.AliasNode && n.Alias != nil {
+		for _, o := range p.open {
+			if o == n.Alias {
+				return nil, p.errf(n, f, "the alias *%s refers to a value it is inside (line %d): YAML aliases cannot nest a value in itself",
+					yamlerr.Truncate(n.Value, 40), n.Alias.Line)
+			}
+		}
 		n = n.Alias
 	}
 	p.budget--
 	if p.budget < 0 {
-		return nil, p.errf(n, field, "the file expands, through YAML aliases, to too many values")
+		return nil, p.errf(n, f, "the file expands, through YAML aliases, to too many values")
 	}
 	return n, nil
 }
 
+// enter marks v, a descriptor list or a descriptor, as being parsed,
+// refusing a descriptor within MaxDepth others; leave unmarks the last.
+func (p *parser) enter(v *yaml.Node, f *field) error {
+	if v.Kind == yaml.MappingNode && len(p.open) >= 2*MaxDepth { // MaxDepth lists and MaxDepth-1 descriptors
+		return p.errf(v, f, "descriptors nested more than %d deep", MaxDepth)
+	}
+	p.open = append(p.open, v)
+	return nil
+}
+
+func (p *parser) leave() { p.open = p.open[:len(p.open)-1] }
+
 func parseFile(name string, data []byte) (*file, error) {
+	return newParser(name, len(data)).parse(data)
+}
+
+func (p *parser) parse(data []byte) (*file, error) {
+	name := p.file
 	if len(data) > MaxFileSize {
 		return nil, &Error{File: name, Msg: fmt.Sprintf("file is %d bytes, over the %d allowed", len(data), MaxFileSize)}
 	}
-	// A node takes at least a byte of the file: only aliases can make
-	// the parser visit more nodes than the file has bytes.
-	p := &parser{file: name, budget: 2*len(data) + 1<<16}
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	var doc yaml.Node
 	if err := dec.Decode(&doc); err != nil {
 		if errors.Is(err, io.EOF) {
-			return nil, p.errf(nil, "", "file is empty: want a mapping with \"domain\" and \"descriptors\"")
+			return nil, p.errf(nil, nil, "file is empty: want a mapping with \"domain\" and \"descriptors\"")
 		}
 		return nil, yamlError(name, data, err)
 	}
@@ -245,34 +320,35 @@ func parseFile(name string, data []byte) (*file, error) {
 		if len(extra.Content) > 0 {
 			at = extra.Content[0]
 		}
-		return nil, p.errf(at, "", "a second YAML document: each file holds one domain's configuration")
+		return nil, p.errf(at, nil, "a second YAML document: each file holds one domain's configuration")
 	} else if !errors.Is(err, io.EOF) {
 		return nil, yamlError(name, data, err)
 	}
 	root := &doc
 	if root.Kind == yaml.DocumentNode {
 		if len(root.Content) == 0 {
-			return nil, p.errf(nil, "", "file is empty: want a mapping with \"domain\" and \"descriptors\"")
+			return nil, p.errf(nil, nil, "file is empty: want a mapping with \"domain\" and \"descriptors\"")
 		}
 		root = root.Content[0]
 	}
-	root, err := p.visit(root, "")
+	root, err := p.visit(root, nil)
 	if err != nil {
 		return nil, err
 	}
 	if root.Kind != yaml.MappingNode {
-		return nil, p.errf(root, "", "want a mapping with \"domain\" and \"descriptors\", found %s", kindName(root))
+		return nil, p.errf(root, nil, "want a mapping with \"domain\" and \"descriptors\", found %s", kindName(root))
 	}
 	f := &file{root: &level{}}
 	var domainNode, descNode *yaml.Node
-	err = p.eachField(root, "", func(key string, k, v *yaml.Node) error {
+	var top *field
+	err = p.eachField(root, top, func(key string, k, v *yaml.Node) error {
 		switch key {
 		case "domain":
 			domainNode = v
 		case "descriptors":
 			descNode = v
 		default:
-			return p.errf(k, key, "unknown field: want domain or descriptors")
+			return p.errf(k, top.dot(key), "unknown field: want domain or descriptors")
 		}
 		return nil
 	})
@@ -280,18 +356,18 @@ func parseFile(name string, data []byte) (*file, error) {
 		return nil, err
 	}
 	if domainNode == nil {
-		return nil, p.errf(root, "domain", "missing: every file names its domain")
+		return nil, p.errf(root, top.dot("domain"), "missing: every file names its domain")
 	}
-	if f.domain, err = p.str(domainNode, "domain"); err != nil {
+	if f.domain, err = p.str(domainNode, top.dot("domain")); err != nil {
 		return nil, err
 	}
 	if f.domain == "" {
-		return nil, p.errf(domainNode, "domain", "empty: every file names its domain")
+		return nil, p.errf(domainNode, top.dot("domain"), "empty: every file names its domain")
 	}
 	f.domainLine = domainNode.Line
 	p.domain = f.domain
 	if descNode != nil {
-		if err := p.descriptors(descNode, "descriptors", f.domain, f.root); err != nil {
+		if err := p.descriptors(descNode, top.dot("descriptors"), f.domain, f.root); err != nil {
 			return nil, err
 		}
 	}
@@ -301,7 +377,7 @@ func parseFile(name string, data []byte) (*file, error) {
 
 // descriptors parses a descriptor list into lvl; path is the stat path of
 // the list's parent.
-func (p *parser) descriptors(v *yaml.Node, field, path string, lvl *level) error {
+func (p *parser) descriptors(v *yaml.Node, field *field, path string, lvl *level) error {
 	v, err := p.visit(v, field)
 	if err != nil {
 		return err
@@ -312,9 +388,13 @@ func (p *parser) descriptors(v *yaml.Node, field, path string, lvl *level) error
 	if v.Kind != yaml.SequenceNode {
 		return p.errf(v, field, "want a list of descriptors (- key: ...), found %s", kindName(v))
 	}
+	if err := p.enter(v, field); err != nil {
+		return err
+	}
+	defer p.leave()
 	lines := make(map[pair]int, len(v.Content))
 	for i, item := range v.Content {
-		f := fmt.Sprintf("%s[%d]", field, i)
+		f := field.at(i)
 		if err := p.descriptor(item, f, path, lvl, lines); err != nil {
 			return err
 		}
@@ -324,7 +404,7 @@ func (p *parser) descriptors(v *yaml.Node, field, path string, lvl *level) error
 
 // descriptor parses one descriptor into lvl; lines holds the lines of the
 // descriptors already in lvl.
-func (p *parser) descriptor(v *yaml.Node, field, path string, lvl *level, lines map[pair]int) error {
+func (p *parser) descriptor(v *yaml.Node, field *field, path string, lvl *level, lines map[pair]int) error {
 	v, err := p.visit(v, field)
 	if err != nil {
 		return err
@@ -332,13 +412,17 @@ func (p *parser) descriptor(v *yaml.Node, field, path string, lvl *level, lines 
 	if v.Kind != yaml.MappingNode {
 		return p.errf(v, field, "want a descriptor (a mapping with key, value, rate_limit, ...), found %s", kindName(v))
 	}
+	if err := p.enter(v, field); err != nil {
+		return err
+	}
+	defer p.leave()
 	n := &node{}
 	var (
 		keyNode, rlNode, childNode, shareNode *yaml.Node
 		shadow, quota, detailed               bool
 	)
 	err = p.eachField(v, field, func(key string, k, val *yaml.Node) error {
-		f := field + "." + key
+		f := field.dot(key)
 		var err error
 		switch key {
 		case "key":
@@ -372,38 +456,45 @@ func (p *parser) descriptor(v *yaml.Node, field, path string, lvl *level, lines 
 		return err
 	}
 	if keyNode == nil {
-		return p.errf(v, field+".key", "missing: every descriptor has a key")
+		return p.errf(v, field.dot("key"), "missing: every descriptor has a key")
 	}
 	if n.key == "" {
-		return p.errf(keyNode, field+".key", "empty: every descriptor has a key")
+		return p.errf(keyNode, field.dot("key"), "empty: every descriptor has a key")
 	}
 	n.wildcard = strings.HasSuffix(n.value, "*")
 	n.prefix = strings.TrimSuffix(n.value, "*")
 	if n.share && !n.wildcard {
-		return p.errf(shareNode, field+".share_threshold", "applies to wildcard values (ending in '*') only, and value is %q", n.value)
+		return p.errf(shareNode, field.dot("share_threshold"), "applies to wildcard values (ending in '*') only, and value is %s", yamlerr.Quote(n.value))
 	}
 	id := pair{n.key, n.value}
 	if first, ok := lines[id]; ok {
-		what := fmt.Sprintf("key %q without a value", n.key)
+		what := fmt.Sprintf("key %s without a value", yamlerr.Quote(n.key))
 		if n.value != "" {
-			what = fmt.Sprintf("key %q with value %q", n.key, n.value)
+			what = fmt.Sprintf("key %s with value %s", yamlerr.Quote(n.key), yamlerr.Quote(n.value))
 		}
 		return p.errf(v, field, "%s defined twice (first on line %d)", what, first)
 	}
 	lines[id] = v.Line
+	size := len(path) + 1 + len(n.key)
+	if n.value != "" {
+		size += 1 + len(n.value)
+	}
+	if p.pathBudget -= size; p.pathBudget < 0 {
+		return p.errf(v, field, "the descriptors' paths (domain.key_value...), through YAML aliases or long keys and values, come to too many bytes")
+	}
 	path += "." + n.key
 	if n.value != "" {
 		path += "_" + n.value
 	}
 	if rlNode != nil {
-		rl, err := p.visit(rlNode, field+".rate_limit")
+		rl, err := p.visit(rlNode, field.dot("rate_limit"))
 		if err != nil {
 			return err
 		}
 		if !(rl.Kind == yaml.ScalarNode && rl.Tag == "!!null") {
 			r := &Rule{Domain: p.domain, Path: path, File: p.file, Line: v.Line, field: field,
 				ShadowMode: shadow, QuotaMode: quota, DetailedMetric: detailed}
-			if err := p.rateLimit(rl, field+".rate_limit", r); err != nil {
+			if err := p.rateLimit(rl, field.dot("rate_limit"), r); err != nil {
 				return err
 			}
 			n.rule = r
@@ -411,7 +502,7 @@ func (p *parser) descriptor(v *yaml.Node, field, path string, lvl *level, lines 
 		}
 	}
 	if childNode != nil {
-		if err := p.descriptors(childNode, field+".descriptors", path, &n.children); err != nil {
+		if err := p.descriptors(childNode, field.dot("descriptors"), path, &n.children); err != nil {
 			return err
 		}
 		n.hasChildren = len(n.children.exact)+len(n.children.keyOnly) > 0
@@ -434,7 +525,7 @@ func (p *parser) descriptor(v *yaml.Node, field, path string, lvl *level, lines 
 }
 
 // rateLimit parses a rate_limit block into r.
-func (p *parser) rateLimit(v *yaml.Node, field string, r *Rule) error {
+func (p *parser) rateLimit(v *yaml.Node, field *field, r *Rule) error {
 	if v.Kind != yaml.MappingNode {
 		return p.errf(v, field, "want a mapping (unit, requests_per_unit, ...), found %s", kindName(v))
 	}
@@ -446,7 +537,7 @@ func (p *parser) rateLimit(v *yaml.Node, field string, r *Rule) error {
 		fallback                           = hotkey.FallbackLocal
 	)
 	err := p.eachField(v, field, func(key string, k, val *yaml.Node) error {
-		f := field + "." + key
+		f := field.dot(key)
 		var err error
 		switch key {
 		case "unit":
@@ -475,7 +566,7 @@ func (p *parser) rateLimit(v *yaml.Node, field string, r *Rule) error {
 				return err
 			}
 			if alg, err = counter.ParseAlgorithm(s); err != nil {
-				return p.errf(val, f, "unknown algorithm %q: want token_bucket, sliding_window, fixed_window or sliding_log", s)
+				return p.errf(val, f, "unknown algorithm %s: want token_bucket, sliding_window, fixed_window or sliding_log", yamlerr.Quote(s))
 			}
 		case "on_store_failure":
 			fbNode = val
@@ -484,7 +575,7 @@ func (p *parser) rateLimit(v *yaml.Node, field string, r *Rule) error {
 				return err
 			}
 			if fallback, err = hotkey.ParseFallback(s); err != nil || fallback == hotkey.FallbackError {
-				return p.errf(val, f, "unknown value %q: want local, open or closed", s)
+				return p.errf(val, f, "unknown value %s: want local, open or closed", yamlerr.Quote(s))
 			}
 		default:
 			return p.errf(k, f, "unknown field: want unit, requests_per_unit, unlimited, name, replaces, algorithm or on_store_failure")
@@ -496,17 +587,17 @@ func (p *parser) rateLimit(v *yaml.Node, field string, r *Rule) error {
 	}
 	for i, name := range r.Replaces {
 		if name == r.Name {
-			return p.errf(replNodes[i], fmt.Sprintf("%s.replaces[%d].name", field, i), "%q is this rule's own name: a rule cannot replace itself", name)
+			return p.errf(replNodes[i], field.dot("replaces").at(i).dot("name"), "%s is this rule's own name: a rule cannot replace itself", yamlerr.Quote(name))
 		}
 	}
 	if r.Unlimited {
 		switch {
 		case unit != "":
-			return p.errf(unitNode, field+".unit", "given with unlimited: true; an unlimited rule has no unit")
+			return p.errf(unitNode, field.dot("unit"), "given with unlimited: true; an unlimited rule has no unit")
 		case algNode != nil:
-			return p.errf(algNode, field+".algorithm", "given with unlimited: true; an unlimited rule has no counter")
+			return p.errf(algNode, field.dot("algorithm"), "given with unlimited: true; an unlimited rule has no counter")
 		case fbNode != nil:
-			return p.errf(fbNode, field+".on_store_failure", "given with unlimited: true; an unlimited rule has no counter")
+			return p.errf(fbNode, field.dot("on_store_failure"), "given with unlimited: true; an unlimited rule has no counter")
 		}
 		return nil
 	}
@@ -515,15 +606,15 @@ func (p *parser) rateLimit(v *yaml.Node, field string, r *Rule) error {
 		if at == nil {
 			at = v
 		}
-		return p.errf(at, field+".unit", "missing: want second, minute, hour, day, week, month or year (or unlimited: true)")
+		return p.errf(at, field.dot("unit"), "missing: want second, minute, hour, day, week, month or year (or unlimited: true)")
 	}
 	u, ok := parseUnit(unit)
 	if !ok {
-		return p.errf(unitNode, field+".unit", "unknown unit %q: want second, minute, hour, day, week, month or year", unit)
+		return p.errf(unitNode, field.dot("unit"), "unknown unit %s: want second, minute, hour, day, week, month or year", yamlerr.Quote(unit))
 	}
 	r.Unit = u
 	if rpuNode == nil {
-		return p.errf(v, field+".requests_per_unit", "missing: how many requests per %s (write requests_per_unit: 0 to refuse every request)", u)
+		return p.errf(v, field.dot("requests_per_unit"), "missing: how many requests per %s (write requests_per_unit: 0 to refuse every request)", u)
 	}
 	if r.RequestsPerUnit == 0 {
 		return nil
@@ -533,9 +624,9 @@ func (p *parser) rateLimit(v *yaml.Node, field string, r *Rule) error {
 		lim.Burst = lim.Rate
 	}
 	if err := lim.Validate(); err != nil {
-		at, f := rpuNode, field+".requests_per_unit"
+		at, f := rpuNode, field.dot("requests_per_unit")
 		if errors.Is(err, counter.ErrUnknownAlgorithm) && algNode != nil {
-			at, f = algNode, field+".algorithm"
+			at, f = algNode, field.dot("algorithm")
 		}
 		return p.errf(at, f, "%v", err)
 	}
@@ -545,7 +636,7 @@ func (p *parser) rateLimit(v *yaml.Node, field string, r *Rule) error {
 
 // replaces parses a replaces list, [{name: ...}, ...], into the names
 // and the nodes holding them.
-func (p *parser) replaces(v *yaml.Node, field string) ([]string, []*yaml.Node, error) {
+func (p *parser) replaces(v *yaml.Node, field *field) ([]string, []*yaml.Node, error) {
 	v, err := p.visit(v, field)
 	if err != nil {
 		return nil, nil, err
@@ -561,7 +652,7 @@ func (p *parser) replaces(v *yaml.Node, field string) ([]string, []*yaml.Node, e
 		nodes []*yaml.Node
 	)
 	for i, item := range v.Content {
-		f := fmt.Sprintf("%s[%d]", field, i)
+		f := field.at(i)
 		item, err := p.visit(item, f)
 		if err != nil {
 			return nil, nil, err
@@ -573,11 +664,11 @@ func (p *parser) replaces(v *yaml.Node, field string) ([]string, []*yaml.Node, e
 		name := ""
 		err = p.eachField(item, f, func(key string, k, val *yaml.Node) error {
 			if key != "name" {
-				return p.errf(k, f+"."+key, "unknown field: want name")
+				return p.errf(k, f.dot(key), "unknown field: want name")
 			}
 			nameNode = val
 			var err error
-			name, err = p.str(val, f+".name")
+			name, err = p.str(val, f.dot("name"))
 			return err
 		})
 		if err != nil {
@@ -588,7 +679,7 @@ func (p *parser) replaces(v *yaml.Node, field string) ([]string, []*yaml.Node, e
 			at = item
 		}
 		if name == "" {
-			return nil, nil, p.errf(at, f+".name", "empty: name the rule (rate_limit.name) this one replaces")
+			return nil, nil, p.errf(at, f.dot("name"), "empty: name the rule (rate_limit.name) this one replaces")
 		}
 		out = append(out, name)
 		nodes = append(nodes, at)
@@ -598,7 +689,7 @@ func (p *parser) replaces(v *yaml.Node, field string) ([]string, []*yaml.Node, e
 
 // eachField calls f for each key of mapping m, in order, refusing
 // duplicate, merge and non-scalar keys. path names m in errors.
-func (p *parser) eachField(m *yaml.Node, path string, f func(key string, k, v *yaml.Node) error) error {
+func (p *parser) eachField(m *yaml.Node, path *field, f func(key string, k, v *yaml.Node) error) error {
 	seen := make(map[string]int, len(m.Content)/2)
 	for i := 0; i+1 < len(m.Content); i += 2 {
 		k, v := m.Content[i], m.Content[i+1]
@@ -610,10 +701,7 @@ func (p *parser) eachField(m *yaml.Node, path string, f func(key string, k, v *y
 			return p.errf(k, path, "want a field name as key, found %s", kindName(k))
 		}
 		key := k.Value
-		field := key
-		if path != "" {
-			field = path + "." + key
-		}
+		field := path.dot(key)
 		if k.Tag == "!!merge" {
 			return p.errf(k, field, "merge keys (<<) are not supported: write the fields out")
 		}
@@ -630,7 +718,7 @@ func (p *parser) eachField(m *yaml.Node, path string, f func(key string, k, v *y
 
 // str reads a scalar as text; nothing (null) reads "", as in
 // envoyproxy/ratelimit.
-func (p *parser) str(v *yaml.Node, field string) (string, error) {
+func (p *parser) str(v *yaml.Node, field *field) (string, error) {
 	v, err := p.visit(v, field)
 	if err != nil {
 		return "", err
@@ -646,7 +734,7 @@ func (p *parser) str(v *yaml.Node, field string) (string, error) {
 
 // bool reads a boolean (YAML 1.1's yes/no/on/off too, as
 // envoyproxy/ratelimit reads them); nothing (null) reads false.
-func (p *parser) bool(v *yaml.Node, field string) (bool, error) {
+func (p *parser) bool(v *yaml.Node, field *field) (bool, error) {
 	v, err := p.visit(v, field)
 	if err != nil {
 		return false, err
@@ -662,13 +750,13 @@ func (p *parser) bool(v *yaml.Node, field string) (bool, error) {
 }
 
 // uint32 reads a whole number from 0 to 4294967295.
-func (p *parser) uint32(v *yaml.Node, field string) (uint32, error) {
+func (p *parser) uint32(v *yaml.Node, field *field) (uint32, error) {
 	if v.Kind != yaml.ScalarNode || v.Tag != "!!int" {
 		return 0, p.errf(v, field, "want a whole number from 0 to %d, found %s", uint32(math.MaxUint32), kindName(v))
 	}
 	var x int64
 	if err := v.Decode(&x); err != nil || x < 0 || x > math.MaxUint32 {
-		return 0, p.errf(v, field, "%s is out of range: want a whole number from 0 to %d", v.Value, uint32(math.MaxUint32))
+		return 0, p.errf(v, field, "%s is out of range: want a whole number from 0 to %d", yamlerr.Truncate(v.Value, 40), uint32(math.MaxUint32))
 	}
 	return uint32(x), nil
 }

@@ -53,7 +53,10 @@ const (
 // Locate splits a YAML syntax error of data into its line and message.
 // yaml.v3 names the line where the enclosing block starts; the line at
 // fault is the first whose inclusion makes the same error appear, which is
-// found for files of up to 500 lines and 64 KiB.
+// found for files of up to 500 lines and 64 KiB. It parses prefixes line
+// by line up from the end while they come to at most 4 times the file's
+// size and 8 KiB, then bisects, so that its cost is linear in the file's
+// size.
 func Locate(data []byte, err error) (line int, msg string) {
 	line, msg = split(err)
 	if l := faultLine(data, msg); l > 0 {
@@ -65,7 +68,8 @@ func Locate(data []byte, err error) (line int, msg string) {
 // faultLine returns the line at fault for a YAML error msg: the first line
 // n such that the first n lines, and every longer prefix, fail with msg
 // (an earlier prefix may fail only for being cut short, inside a flow list
-// that a later line closes). 0 if not found.
+// that a later line closes; bisection, past the budget, may then stop at
+// such a prefix). 0 if not found.
 func faultLine(data []byte, msg string) int {
 	lines := bytes.SplitAfter(data, []byte("\n"))
 	if len(lines) > maxScanLines || len(data) > maxScanBytes {
@@ -96,10 +100,23 @@ func faultLine(data []byte, msg string) int {
 	if !fails(n) {
 		return 0
 	}
-	for n > 1 && fails(n-1) {
+	parsed, budget := 0, 4*len(data)+8<<10
+	for n > 1 && parsed+ends[n-2] <= budget {
+		parsed += ends[n-2]
+		if !fails(n - 1) {
+			return n
+		}
 		n--
 	}
-	return n
+	lo, hi := 1, n // fails(hi), and lo is 1 or !fails(lo-1)
+	for lo < hi {
+		if mid := (lo + hi) / 2; fails(mid) {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	return hi
 }
 
 // split splits yaml.v3's "yaml: line N: msg".
@@ -114,6 +131,30 @@ func split(err error) (int, string) {
 	}
 	return 0, msg
 }
+
+// MaxField and MaxMsg bound the Field and Msg of an Error made by New.
+const (
+	MaxField = 200
+	MaxMsg   = 400
+)
+
+// New returns an Error whose Field and Msg are cut to MaxField and MaxMsg
+// bytes: a field over MaxField keeps its start and its end, so that an
+// error about a deep or long-named field stays short.
+func New(file string, line int, field, msg string) *Error {
+	if len(field) > MaxField {
+		head := Truncate(field, MaxField/2-1)
+		tail := field[len(field)-(MaxField/2-2):]
+		for len(tail) > 0 && tail[0]&0xC0 == 0x80 {
+			tail = tail[1:]
+		}
+		field = head + tail
+	}
+	return &Error{File: file, Line: line, Field: field, Msg: Truncate(msg, MaxMsg)}
+}
+
+// Quote quotes s for a message as %q does, cut to 64 bytes first.
+func Quote(s string) string { return strconv.Quote(Truncate(s, 64)) }
 
 // KindName describes a node for errors: "a mapping", "a list", "nothing",
 // the text "…", and so on.
