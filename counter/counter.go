@@ -192,6 +192,24 @@ func (l Limit) checkTolerance() error {
 	if l.Algorithm != TokenBucket {
 		return nil
 	}
+	// Most limits are far within the bound, and the exact check can be
+	// spared on the decision path.
+	if toleranceWithinHalf(l) {
+		return nil
+	}
+	return l.checkToleranceExact()
+}
+
+// toleranceWithinHalf reports whether a token bucket's tolerance, its
+// period rounded up to a µs and its interval to the coarsest grid (1 µs),
+// is within half of MaxTolerance (so within MaxTolerance on every store).
+func toleranceWithinHalf(l Limit) bool {
+	c := l.Capacity()
+	return c <= int64(MaxTolerance/2/time.Microsecond) && !toleranceOverBy(l.Period+time.Microsecond, c, l.Rate, MaxTolerance/2)
+}
+
+// checkToleranceExact is checkTolerance on the Redis store's figures.
+func (l Limit) checkToleranceExact() error {
 	c := l.Capacity()
 	over := toleranceOver(l.Period, c, l.Rate)
 	if !over {
@@ -223,8 +241,14 @@ func (l Limit) checkTolerance() error {
 // toleranceOver reports whether period·burst/rate is over MaxTolerance,
 // exactly (in 128 bits).
 func toleranceOver(period time.Duration, burst, rate int64) bool {
+	return toleranceOverBy(period, burst, rate, MaxTolerance)
+}
+
+// toleranceOverBy reports whether period·burst/rate is over bound,
+// exactly (in 128 bits).
+func toleranceOverBy(period time.Duration, burst, rate int64, bound time.Duration) bool {
 	lh, ll := bits.Mul64(uint64(period), uint64(burst))
-	rh, rl := bits.Mul64(uint64(MaxTolerance), uint64(rate))
+	rh, rl := bits.Mul64(uint64(bound), uint64(rate))
 	return lh > rh || lh == rh && ll > rl
 }
 

@@ -206,3 +206,28 @@ func TestSlidingWindowWeightedExact(t *testing.T) {
 		t.Errorf("redis decided %d of %d runs unlike memory's exact weighting", wrong, runs)
 	}
 }
+
+// TestToleranceWithinHalf: the quick check that spares the exact one on
+// the decision path never passes a token bucket the exact check refuses.
+func TestToleranceWithinHalf(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	passed := 0
+	for range 200_000 {
+		l := Limit{Algorithm: TokenBucket, Rate: 1 + rng.Int64N(1<<uint(rng.IntN(54))), Period: time.Duration(1 + rng.Int64N(1<<uint(rng.IntN(63))))}
+		if rng.IntN(2) == 0 {
+			l.Burst = 1 + rng.Int64N(1<<uint(rng.IntN(54)))
+		}
+		l.Rate, l.Burst = min(l.Rate, MaxCount), min(l.Burst, MaxCount)
+		if !toleranceWithinHalf(l) {
+			continue
+		}
+		passed++
+		if err := l.checkToleranceExact(); err != nil {
+			t.Fatalf("%+v: passed the quick check, refused by the exact one: %v", l, err)
+		}
+	}
+	if passed < 1000 {
+		t.Fatalf("only %d limits passed the quick check: the test checks too little", passed)
+	}
+	t.Logf("%d limits passed the quick check, all within the exact one", passed)
+}
