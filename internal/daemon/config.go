@@ -349,7 +349,7 @@ func (c *Config) check() error {
 			return fmt.Errorf("%s %q: want a name without spaces, '.', '*' or '>'", flagName("nats-cluster-name"), c.NATSClusterName)
 		}
 		if c.NATSClusterListen != "" && !c.routeAuth() && !loopback(c.NATSClusterListen) {
-			return fmt.Errorf("%s %q: any host that reaches it could join the daemons' NATS cluster without logging in, and publish as a daemon; add %s and %s, or %s (the same on every daemon: routes log in with them), or listen on a loopback address",
+			return fmt.Errorf("%s %q: any host that reaches it could join the daemons' NATS cluster with no password or token, and publish as a daemon; add %s and %s, or %s (the same on every daemon: routes log in with them), or listen on a loopback address",
 				flagName("nats-cluster-listen"), c.NATSClusterListen, flagName("nats-user"), flagName("nats-password"), flagName("nats-token"))
 		}
 		if _, port, err := net.SplitHostPort(c.NATSListen); err != nil {
