@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // Request is one decision of a batch: Cost units of Key under Policy.
@@ -127,7 +128,7 @@ type batch struct {
 func (b *batch) add(i int, d degraded, gen uint32) {
 	b.ds = append(b.ds, d)
 	b.at = append(b.at, i)
-	b.ops = append(b.ops, counter.Op{Key: d.name, Hash: d.hash, Limit: d.p.Limit, N: d.n})
+	b.ops = append(b.ops, counter.Op{Key: shard.Name(d.name), Hash: d.hash, Limit: d.p.Limit, N: d.n})
 	b.gens = append(b.gens, gen)
 }
 

@@ -33,7 +33,8 @@ func (e *Engine) Allow(ctx context.Context, key string, p *Policy) (Result, erro
 // The counter is the policy's own: named p.Name + "|" + key when p.Name is
 // set, key alone when it is not (see CounterName), so two named policies on
 // one key never share state; the hot-key detector, the split table and the
-// coordinator see that name.
+// coordinator see that name, and the store counts under shard.Name of it
+// (the name itself, but for keys that end like a subcounter's name).
 //
 // Bad input returns a typed error (ErrEmptyKey, ErrKeyTooLong,
 // ErrInvalidCost, ErrCostExceedsBurst, ErrInvalidPolicyName, or a limit
@@ -84,7 +85,7 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 	}
 	hash := hashKey(name)
 	if e.prefetch != nil {
-		e.prefetch.Prefetch(name) // its miss overlaps the detector's
+		e.prefetch.Prefetch(shard.Name(name)) // its miss overlaps the detector's
 	}
 	if e.detect != nil {
 		e.detect.Observe(hash, name)
@@ -337,9 +338,9 @@ func (e *Engine) placement() shard.Placement {
 	return e.placer.Placement()
 }
 
-// decide takes n from the unsplit counter key.
+// decide takes n from the unsplit counter of key, named shard.Name(key).
 func (e *Engine) decide(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
-	r, err := e.take(ctx, key, hash, lim, n)
+	r, err := e.take(ctx, shard.Name(key), hash, lim, n)
 	if err != nil {
 		return Result{}, err
 	}

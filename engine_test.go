@@ -3,6 +3,7 @@ package hotkey
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"strings"
 	"testing"
@@ -147,6 +148,62 @@ func TestSplitKeysOnlyThoseKeys(t *testing.T) {
 	// A limit too small to split 4 ways at the min share stays whole.
 	if r, _ := e.Allow(ctx, "hot", pol(PerSecond(39))); r.Shards != 1 {
 		t.Errorf("hot key, small limit: %d shards", r.Shards)
+	}
+}
+
+// TestKeyLikeSubcounter: under a policy, the key "bob|4|0" has a counter of
+// its own, not subcounter 0 of the split key "bob": one user spending all
+// of its limit (in a batch, then alone) leaves the other all of its own. On
+// the memory store and on Redis.
+func TestKeyLikeSubcounter(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: env.Server.Addr})
+	defer client.Close()
+	rs, err := counter.NewRedisStore(context.Background(), client, counter.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer rs.Close()
+	clock := testkit.NewClock()
+	for _, st := range []struct {
+		name  string
+		store counter.Store
+	}{
+		{"memory", counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})},
+		{"redis", rs},
+	} {
+		t.Run(st.name, func(t *testing.T) {
+			p := &Policy{Name: fmt.Sprintf("p%d", time.Now().UnixNano()), Limit: Limit{Rate: 400, Period: longPeriod}}
+			e, err := New(st.store, withClock(clock.Now), WithoutDetector(), WithSplitKeys(4, CounterName(p.Name, "bob")))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			ctx := context.Background()
+			out := make([]Decision, 1)
+			e.AllowBatch(ctx, []Request{{Key: "bob|4|0", Policy: p, Cost: 400}}, out)
+			if out[0].Err != nil || !out[0].Result.Allowed {
+				t.Fatalf("bob|4|0 takes its whole limit: %+v", out[0])
+			}
+			if r, err := e.Allow(ctx, "bob|4|0", p); err != nil || r.Allowed {
+				t.Fatalf("bob|4|0 once more: %+v %v, want denied (the batch took its limit)", r, err)
+			}
+			admitted := 0
+			for range 400 {
+				r, err := e.Allow(ctx, "bob", p)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Shards != 4 {
+					t.Fatalf("bob decided on %d counters, want 4", r.Shards)
+				}
+				if r.Allowed {
+					admitted++
+				}
+			}
+			if admitted != 400 {
+				t.Errorf("bob admitted %d of 400, want 400: bob|4|0 spent part of bob's limit", admitted)
+			}
+		})
 	}
 }
 

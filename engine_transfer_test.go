@@ -100,9 +100,15 @@ func checkTransitions(t *testing.T, split, ref tally, limit int64, periods, disa
 func TestTransferMemory(t *testing.T) {
 	checkLeaks(t)
 	const limit = 320
-	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+	// The second key's unsplit counter is named escaped (shard.Name): the
+	// usage moves from and back to that name.
+	for _, c := range []struct {
+		alg Algorithm
+		key string
+	}{{TokenBucket, "transfer"}, {SlidingWindow, "transfer"}, {FixedWindow, "transfer"}, {SlidingLog, "transfer"}, {TokenBucket, "transfer|16|3"}, {SlidingWindow, "transfer|64|1|2"}} {
+		alg, key := c.alg, c.key
 		for _, transfer := range []bool{true, false} {
-			t.Run(fmt.Sprintf("%v/transfer=%v", alg, transfer), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%v/%s/transfer=%v", alg, key, transfer), func(t *testing.T) {
 				clock := testkit.NewClock()
 				start := clock.Now().Truncate(time.Second)
 				store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
@@ -118,7 +124,6 @@ func TestTransferMemory(t *testing.T) {
 				defer split.Close()
 				lim := Limit{Algorithm: alg, Rate: limit, Period: time.Second}
 				gap := time.Second / (3 * limit)
-				key := "transfer"
 				ctx := context.Background()
 				var sc, rc tally
 				i := 0

@@ -150,7 +150,8 @@ type Config struct {
 	// each message published carries a stamp (Now) and an HMAC-SHA256 of
 	// the message, its subject and namespace (sign.go says exactly what),
 	// and received messages that are unsigned, wrongly signed, stamped more
-	// than MaxClockSkew from this instance's clock, or replayed, are dropped
+	// than MaxClockSkew from this instance's clock or (but for sync replies)
+	// before this instance's Start, or replayed, are dropped
 	// and counted in Stats.InvalidBy ("unsigned", "signature", "stale",
 	// "replay"). At least MinSecret bytes: use 32 random ones. Instances
 	// with and without it, or with different ones, ignore each other's

@@ -75,7 +75,7 @@ const (
 	// With a secret only (sign.go):
 	reasonUnsigned  // no MAC
 	reasonSignature // a MAC, but not the right one
-	reasonStale     // ts more than MaxClockSkew from the receiver's clock
+	reasonStale     // ts more than MaxClockSkew from the receiver's clock, or (not a sync reply) before its Start
 	reasonReplay    // ts not above the last one accepted from that origin
 	numReasons
 )

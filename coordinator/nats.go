@@ -174,6 +174,11 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 		return 0, errors.New("coordinator: Start called twice")
 	}
 	c.table = c.newTable() // its first sweep is due a sweep interval from now
+	if c.seenMsg != nil {
+		// The guard remembers nothing from before this Start: a message
+		// stamped earlier could be a replay it cannot tell.
+		c.seenMsg.since(c.now())
+	}
 	c.nc = c.cfg.Conn
 	if c.nc == nil {
 		opts, err := c.dialOptions()

@@ -36,7 +36,11 @@ import (
 // or whose stamp is not above the last one it accepted from that origin
 // ("replay": kept per origin for twice MaxClockSkew, after which a replay
 // is stale anyway). A replayed heartbeat or lease is therefore refused even
-// within the window. A receiver without a secret ignores ts and mac, as it
+// within the window. What a receiver remembers starts at its Start, so a
+// lease, heartbeat or sync request stamped before then is stale too: a
+// restarted instance accepts no replay of its previous life's window. Sync
+// replies are exempt: each is signed for the inbox of one Start, which is
+// new each time. A receiver without a secret ignores ts and mac, as it
 // ignores any field it does not know.
 const (
 	macDomain = "hotkey-mac-v1\n"
@@ -117,12 +121,16 @@ func (s *signer) verify(subject string, data []byte) reason {
 // origin is forgotten once nothing came from it for twice the window: any
 // message it sent before then is outside the window and refused as stale.
 // It holds at most max origins; only validly signed messages add one.
+// Stamps below its floor (set by since) are refused as stale: what it
+// remembers starts there, so it cannot tell an earlier message from a
+// replay.
 type replayGuard struct {
 	window time.Duration
 	max    int
 
-	mu   sync.Mutex // guards last
-	last map[string]seen
+	mu    sync.Mutex // guards last and floor
+	last  map[string]seen
+	floor int64 // lowest stamp accepted; 0 for any
 }
 
 type seen struct {
@@ -134,13 +142,23 @@ func newReplayGuard(window time.Duration, max int) *replayGuard {
 	return &replayGuard{window: window, max: max, last: make(map[string]seen)}
 }
 
+// since sets the floor to t: stamps before t are refused from then on.
+func (g *replayGuard) since(t time.Time) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.floor = t.UnixMicro()
+}
+
 // accept records stamp from origin, received at now. It returns
-// reasonReplay if stamp is not above the last stamp accepted from origin.
-// When max origins are remembered, it refuses a new one (full) until some
-// are forgotten.
+// reasonStale if stamp is below the floor, and reasonReplay if stamp is not
+// above the last stamp accepted from origin. When max origins are
+// remembered, it refuses a new one (full) until some are forgotten.
 func (g *replayGuard) accept(origin string, stamp int64, now time.Time) (r reason, full bool) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
+	if stamp < g.floor {
+		return reasonStale, false
+	}
 	s, ok := g.last[origin]
 	if ok && stamp <= s.stamp {
 		return reasonReplay, false

@@ -133,6 +133,15 @@ func TestReplayGuard(t *testing.T) {
 	if len(g.last) != 0 {
 		t.Errorf("%d origins left after the sweep", len(g.last))
 	}
+	// Below the floor: stale, for an origin never seen too; at it: accepted.
+	g.since(t0Sign)
+	floor := t0Sign.UnixMicro()
+	if r, _ := g.accept("new", floor-1, t0Sign); r != reasonStale {
+		t.Errorf("a stamp below the floor: %v, want stale", r)
+	}
+	if r, _ := g.accept("new", floor, t0Sign); r != reasonNone {
+		t.Errorf("a stamp at the floor: %v, want accepted", r)
+	}
 }
 
 // signedSeeds are signed messages for FuzzDecode, on the subjects their types

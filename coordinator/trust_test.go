@@ -287,6 +287,78 @@ func TestSignedReplay(t *testing.T) {
 	}
 }
 
+// TestSignedReplayAfterRestart: an instance that starts within the clock
+// window of a gone peer's messages refuses them as stale when they are
+// replayed, though no replay guard of its own saw them (they are stamped
+// before its Start). A peer started after it is heard; a peer whose clock
+// is behind its own has its heartbeats and leases refused as stale while
+// they are stamped before that Start, but its sync reply, signed for this
+// Start's inbox, is applied.
+func TestSignedReplayAfterRestart(t *testing.T) {
+	s := startServer(t, natsserver.Options{})
+	clk := testkit.NewClock()
+	spy := rawConn(t, s)
+	var mu sync.Mutex
+	caught := map[string][]byte{} // by type: the last message of a
+	if _, err := spy.Subscribe("hotkey.default.*", func(m *nats.Msg) {
+		if msg, r := decode(m.Data, testLimits); r == reasonNone && msg.Origin == "a" {
+			mu.Lock()
+			caught[msg.T] = m.Data
+			mu.Unlock()
+		}
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.FlushTimeout(patience); err != nil {
+		t.Fatal(err)
+	}
+	get := func(typ string) []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		return caught[typ]
+	}
+	a, ra := startCoord(t, signedConfig(clk, "a", testSecret, s.URL()))
+	a.Announce("hot", xxhash.Sum64String("hot"), 64)
+	testkit.For(t, patience, "the spy caught a's lease and heartbeat", func() bool { return get(typeLease) != nil && get(typeHB) != nil })
+	leaseMsg, hbMsg := get(typeLease), get(typeHB)
+	closeCoord(t, a, ra)
+
+	// c's clock is 5 s behind b's, once b starts: well within MaxClockSkew.
+	clkC := testkit.NewClock()
+	clkC.Set(clk.Now().Add(-4 * time.Second))
+	c, rc := startCoord(t, signedConfig(clkC, "c", testSecret, s.URL()))
+	c.Announce("warm", xxhash.Sum64String("warm"), 16)
+	testkit.For(t, patience, "c applies its own lease", func() bool { return rc.level("warm") == 16 })
+
+	// b starts 1 s after a's messages were stamped: they are fresh.
+	clk.Advance(time.Second)
+	b, rb := startCoord(t, signedConfig(clk, "b", testSecret, s.URL()))
+	testkit.For(t, patience, "b has c's lease by sync", func() bool { return rb.level("warm") == 16 })
+	_, rd := startCoord(t, signedConfig(clk, "d", testSecret, s.URL()))
+	testkit.For(t, patience, "b hears d", func() bool { return !heardAt(b, "d").IsZero() && rd.instances() >= 2 })
+
+	nc := rawConn(t, s)
+	publishAll(t, nc, "hotkey.default.lease", leaseMsg)
+	publishAll(t, nc, "hotkey.default.hb", hbMsg, []byte("marker")) // handled after the replays
+	testkit.For(t, patience, "b counts the marker", func() bool { return b.Stats().InvalidBy["unsigned"] == 1 })
+
+	st := b.Stats()
+	b.mu.Lock()
+	_, aPending := b.once["a"]
+	_, aLive := b.peers["a"]
+	b.mu.Unlock()
+	t.Logf("b: level of hot %d, a heard %v/%v, invalid by reason %v, sync replies %d", rb.level("hot"), aPending, aLive, st.InvalidBy, st.SyncReplies)
+	if rb.level("hot") != 1 || aPending || aLive {
+		t.Errorf("b applied a's replayed messages: level of hot %d, a heard once %v, live %v", rb.level("hot"), aPending, aLive)
+	}
+	if st.InvalidBy["stale"] < 2 || st.InvalidBy["replay"] != 0 {
+		t.Errorf("b: invalid by reason %v, want a's lease and heartbeat (and c's) stale", st.InvalidBy)
+	}
+	if st.SyncReplies == 0 || !heardAt(b, "c").IsZero() {
+		t.Errorf("b: %d sync replies applied, c heard at %v: want c's sync reply applied and its heartbeats, stamped before b's Start, not", st.SyncReplies, heardAt(b, "c"))
+	}
+}
+
 // TestSignedPeers: instances with the same secret converge, join sync
 // included, with sync replies split to fit a small MaxMessage; one with
 // another secret is ignored and ignores them; one without a secret accepts

@@ -9,7 +9,8 @@
 // receives 1/N of the traffic, the split key admits what the unsplit key
 // would, while the store sees the load spread over N counters. Names are
 // chosen from the store's node map (Placement) so that the N subcounters lie on
-// the nodes as evenly as possible: at most ceil(N/nodes) on any node.
+// the nodes as evenly as possible: at most ceil(N/nodes) on any node, and no
+// two (key, level, subcounter) share a name (name.go).
 package shard
 
 import (
@@ -105,68 +106,6 @@ type Placement interface {
 // k nodes a try lands with probability 1/k; after maxProbe·k tries the
 // chance of missing is (1-1/k)^(maxProbe·k) < e^-maxProbe.
 const maxProbe = 40
-
-// Names returns the names of the n subcounters of key. Subcounter i goes to
-// node (hash+i) mod nodes, so no node holds more than ceil(n/nodes); with p
-// nil or a single node, names are chosen without probing. The names carry no
-// shared Redis Cluster hash tag: if key has a tag, the names start with "{}",
-// which disables it. The result is deterministic in (key, hash, n, p), so every
-// instance with the same node map picks the same names. For n == 1 the name
-// is the key itself.
-func Names(key string, hash uint64, n Level, p Placement) []string {
-	if n == Level1 {
-		return []string{key}
-	}
-	base := make([]byte, 0, len(key)+16)
-	if hasHashTag(key) {
-		base = append(base, "{}"...)
-	}
-	base = append(base, key...)
-	base = append(base, '|')
-	base = strconv.AppendInt(base, int64(n), 10)
-	base = append(base, '|')
-	nodes := 1
-	if p != nil {
-		nodes = p.Nodes()
-	}
-	names := make([]string, n)
-	buf := make([]byte, 0, len(base)+12)
-	for i := range names {
-		buf = strconv.AppendInt(append(buf[:0], base...), int64(i), 10)
-		if nodes <= 1 {
-			names[i] = string(buf)
-			continue
-		}
-		target := int((hash + uint64(i)) % uint64(nodes))
-		stem := len(buf)
-		for c := 0; ; c++ {
-			if c > 0 {
-				buf = strconv.AppendInt(append(buf[:stem], '|'), int64(c), 10)
-			}
-			if name := string(buf); p.Node(name) == target || c == maxProbe*nodes {
-				names[i] = name
-				break
-			}
-		}
-	}
-	return names
-}
-
-// hasHashTag reports whether Redis Cluster would hash only part of key: a
-// '{' followed later by a '}' with at least one byte between.
-func hasHashTag(key string) bool {
-	for i := 0; i < len(key); i++ {
-		if key[i] == '{' {
-			for j := i + 1; j < len(key); j++ {
-				if key[j] == '}' {
-					return j > i+1
-				}
-			}
-			return false
-		}
-	}
-	return false
-}
 
 // Mix is a 64-bit finaliser (SplitMix64's): it spreads the bits of x so that
 // close inputs give unrelated outputs.

@@ -102,7 +102,7 @@ func (e *Entry) HeldAt() (Level, Placement) {
 
 // Holds reports whether the counters of level under p hold the key's
 // usage: its usage last moved to them, and the key has been at no other
-// level since. The unsplit counter is named by the key alone, whatever the
+// level since. The unsplit counter is named Name(key), whatever the
 // placement.
 func (e *Entry) Holds(level Level, p Placement) bool {
 	h := e.held.Load()
@@ -192,7 +192,7 @@ func (e *Entry) Transfer(to Level, p Placement, move func(from Level, fromP Plac
 		if visited&l.bit() == 0 {
 			continue
 		}
-		if l == Level1 { // named by the key alone
+		if l == Level1 { // named Name(key), whatever the placement
 			if to != Level1 && h.level != Level1 {
 				if err := move(l, p, to); err != nil {
 					return err

@@ -119,7 +119,7 @@ var flagDocs = []flagDoc{
 	{"require-store", "", "stop the start when Redis cannot be reached; without it the daemon starts degraded (each policy's on_store_failure decides, /readyz answers 503) until Redis answers"},
 	{"nats", "URL", "join an existing NATS (nats:// or tls://, comma-separated for a cluster) instead of embedding a server"},
 	{"nats-listen", "ADDR", "the embedded NATS server listens on ADDR (other daemons join with --nats nats://ADDR); not with --nats"},
-	{"nats-cluster-listen", "ADDR", "the embedded NATS server accepts routes from other daemons' embedded servers on ADDR, so that they form one NATS cluster without a separate nats-server (see --nats-routes); not with --nats"},
+	{"nats-cluster-listen", "ADDR", "the embedded NATS server accepts routes from other daemons' embedded servers on ADDR, so that they form one NATS cluster without a separate nats-server (see --nats-routes); off loopback, needs --nats-user/--nats-password or --nats-token for the routes to log in with; not with --nats"},
 	{"nats-routes", "URL,URL,...", "the --nats-cluster-listen addresses of the other daemons (nats-route://host:6222, or host:6222) to route to; with --nats-user/--nats-password or --nats-token, routes must log in with them too"},
 	{"nats-cluster-name", "NAME", "the name of the embedded servers' NATS cluster: the same on every daemon"},
 	{"nats-user", "USER", "NATS user (with --nats-password); with the embedded server, clients must log in as USER"},
@@ -348,6 +348,10 @@ func (c *Config) check() error {
 		if c.NATSClusterName == "" || strings.ContainsAny(c.NATSClusterName, " \t\n.*>") {
 			return fmt.Errorf("%s %q: want a name without spaces, '.', '*' or '>'", flagName("nats-cluster-name"), c.NATSClusterName)
 		}
+		if c.NATSClusterListen != "" && !c.routeAuth() && !loopback(c.NATSClusterListen) {
+			return fmt.Errorf("%s %q: any host that reaches it could join the daemons' NATS cluster with no password or token, and publish as a daemon; add %s and %s, or %s (the same on every daemon: routes log in with them), or listen on a loopback address",
+				flagName("nats-cluster-listen"), c.NATSClusterListen, flagName("nats-user"), flagName("nats-password"), flagName("nats-token"))
+		}
 		if _, port, err := net.SplitHostPort(c.NATSListen); err != nil {
 			return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:4222", flagName("nats-listen"), c.NATSListen)
 		} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
@@ -386,6 +390,13 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 2s, or 0 to check never", flagName("reload-interval"), c.ReloadInterval)
 	}
 	return nil
+}
+
+// routeAuth reports whether the embedded server's routes log in: with
+// --nats-user and --nats-password, or with --nats-token. A user without a
+// password is no secret.
+func (c *Config) routeAuth() bool {
+	return c.NATSUser != "" && c.NATSPassword != "" || c.NATSToken != ""
 }
 
 // routeURL parses a route of --nats-routes: nats-route://host:port,

@@ -155,3 +155,36 @@ func TestBuildVersion(t *testing.T) {
 		}
 	}
 }
+
+// TestClusterListenAuth: the embedded server's route port off loopback
+// needs credentials for the routes (a user with its password, or a token);
+// on loopback it is let through, and the daemon warns (TestClusterListenWarn).
+func TestClusterListenAuth(t *testing.T) {
+	for _, c := range []struct {
+		give []string
+		env  map[string]string
+		want bool // accepted
+	}{
+		{give: []string{"--nats-cluster-listen", ":6222"}},
+		{give: []string{"--nats-cluster-listen", "0.0.0.0:6222"}},
+		{give: []string{"--nats-cluster-listen", "10.0.0.5:6222", "--nats-routes", "10.0.0.6:6222"}},
+		{give: []string{"--nats-cluster-listen", "[::]:6222"}},
+		{give: []string{"--nats-cluster-listen", ":6222", "--nats-user", "hotkey"}},
+		{give: []string{"--nats-cluster-listen", ":6222", "--nats-user", "hotkey"}, env: map[string]string{"HOTKEYD_NATS_PASSWORD": "pw"}, want: true},
+		{give: []string{"--nats-cluster-listen", ":6222", "--nats-token", "tok"}, want: true},
+		{give: []string{"--nats-cluster-listen", "127.0.0.1:6222"}, want: true},
+		{give: []string{"--nats-cluster-listen", "[::1]:6222"}, want: true},
+		{give: []string{"--nats-cluster-listen", "localhost:6222"}, want: true},
+	} {
+		_, err := ParseArgs(c.give, env(c.env), nil)
+		switch {
+		case c.want && err != nil:
+			t.Errorf("%v %v: %v, want it accepted", c.give, c.env, err)
+		case !c.want && err == nil:
+			t.Errorf("%v %v: accepted, want it refused: the route port would let anyone in", c.give, c.env)
+		case !c.want && !strings.Contains(err.Error(), "--nats-cluster-listen (HOTKEYD_NATS_CLUSTER_LISTEN)") ||
+			!c.want && !strings.Contains(err.Error(), "add --nats-user (HOTKEYD_NATS_USER) and --nats-password (HOTKEYD_NATS_PASSWORD), or --nats-token (HOTKEYD_NATS_TOKEN)"):
+			t.Errorf("%v %v: %v, want it to name the flags to add", c.give, c.env, err)
+		}
+	}
+}

@@ -603,6 +603,12 @@ func (d *Daemon) startEmbedded() error {
 		return fmt.Errorf("embedded NATS server on %s: %w; change the address with %s, or join another NATS with %s", addr, err, flagName("nats-listen"), flagName("nats"))
 	}
 	d.ns = ns
+	if d.cfg.NATSClusterListen != "" && !d.cfg.routeAuth() {
+		// check refuses this off loopback; on it, any process of this host
+		// may still join.
+		d.log.Warn("the embedded NATS server accepts routes without authentication: any process on this host can join the daemons' NATS cluster and publish as a daemon; add "+
+			flagName("nats-user")+" and "+flagName("nats-password")+", or "+flagName("nats-token"), "cluster", ns.Server().ClusterAddr().String())
+	}
 	connectHost := host
 	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
 		connectHost = "127.0.0.1"

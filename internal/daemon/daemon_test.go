@@ -104,6 +104,44 @@ func TestInProcess(t *testing.T) {
 	}
 }
 
+// TestClusterListenWarn: a route port on loopback without credentials is
+// let through with a warning that names the flags to add; with them, there
+// is no warning.
+func TestClusterListenWarn(t *testing.T) {
+	const warning = "accepts routes without authentication"
+	for _, c := range []struct {
+		give []string
+		want bool // warned
+	}{
+		{[]string{"--nats-cluster-listen", "127.0.0.1:0"}, true},
+		{[]string{"--nats-cluster-listen", "127.0.0.1:0", "--nats-token", "s3cret-token"}, false},
+	} {
+		cfg, err := ParseArgs(append([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"}, c.give...), env(nil), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var logs testkit.Buffer
+		d, err := Start(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)), "test")
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // only catches a hang
+		if err := d.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+		cancel()
+		out := logs.String()
+		if got := strings.Contains(out, warning); got != c.want {
+			t.Errorf("%v: warned %v, want %v; log:\n%s", c.give, got, c.want, out)
+		} else if got && (!strings.Contains(out, "level=WARN") || !strings.Contains(out, "--nats-token (HOTKEYD_NATS_TOKEN)") || !strings.Contains(out, "cluster=127.0.0.1:")) {
+			t.Errorf("%v: the warning must be a WARN naming the flags to add and the route address; log:\n%s", c.give, out)
+		}
+		if strings.Contains(out, "s3cret-token") {
+			t.Errorf("%v: the token is in the log", c.give)
+		}
+	}
+}
+
 // TestSecretFile: --nats-secret-file must name a readable file of at least
 // 16 bytes; with it, the daemon's coordinator drops unsigned messages.
 func TestSecretFile(t *testing.T) {

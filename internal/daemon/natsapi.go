@@ -72,7 +72,9 @@ func (n *natsRequests) stop(ctx context.Context) bool {
 // /v1/allow, one request or a batch, allowed or denied alike; errors carry
 // the HTTP status as Nats-Service-Error-Code, the message as
 // Nats-Service-Error, and {"error": ...} as body, as micro's own errors do.
-// The queue group spreads requests over the daemons.
+// The queue group spreads requests over the daemons. A request whose reply
+// subject is not under _INBOX. (nats.go's default inbox prefix) is dropped
+// unanswered.
 //
 // The decision runs after the handler has returned, so it must not touch
 // req, which micro reads once the handler returns: it keeps the request's
@@ -82,11 +84,11 @@ func (n *natsRequests) stop(ctx context.Context) bool {
 func (d *Daemon) handleNATS(req micro.Request) {
 	start := time.Now()
 	data, reply := req.Data(), req.Reply()
-	if d.cfg.NATSClientUser != "" && !strings.HasPrefix(reply, "_INBOX.") {
-		// The client user may publish on hotkey.allow only: the daemon,
-		// which may publish anywhere, does not answer on its behalf
-		// elsewhere than in the clients' inboxes.
-		d.log.Debug("hotkey.allow request with a reply subject outside _INBOX. ignored", "reply", truncate(reply, 100))
+	if !strings.HasPrefix(reply, nats.InboxPrefix) {
+		// A client that may publish on hotkey.allow only must not have the
+		// daemon, which may publish on the coordination subjects, publish
+		// there on its behalf, whatever the NATS server's permissions.
+		d.log.Debug("hotkey.allow request with a reply subject outside "+nats.InboxPrefix+" ignored", "reply", truncate(reply, 100))
 		return
 	}
 	seconds := d.nats.seconds

@@ -4,12 +4,18 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/internal/testkit"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // TestNATSRequests: decisions run on goroutines of their own, never more
@@ -111,3 +117,85 @@ func TestNATSConcurrentReplies(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestNATSReplyOutsideInbox: on a NATS server of the operator's own, with
+// no permissions of the daemon's making, a request on hotkey.allow whose
+// reply subject is a coordination subject gets no answer there, so the
+// coordinators listening on it count nothing invalid; a request with an
+// _INBOX. reply is answered.
+func TestNATSReplyOutsideInbox(t *testing.T) {
+	ns, err := natsserver.Start(natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Shutdown()
+	// One slot: the daemon publishes its answers in the order the requests came.
+	d, err := StartArgs(context.Background(), "--listen", "127.0.0.1:0", "--nats", ns.URL(), "--nats-concurrency", "1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // only catches a hang
+		defer cancel()
+		if err := d.Shutdown(ctx); err != nil {
+			t.Errorf("shutdown: %v", err)
+		}
+	}()
+	wc, err := ns.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer wc.Close()
+	watcher, err := coordinator.NewNATS(coordinator.Config{Conn: wc, ID: "watcher"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer watcher.Close()
+	if err := watcher.Start(nopHandler{}); err != nil {
+		t.Fatal(err)
+	}
+	nc, err := ns.Connect()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	const lease = "hotkey.default.lease"
+	there, err := nc.SubscribeSync(lease)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wc.Flush(); err != nil { // the watcher's subscriptions are in
+		t.Fatal(err)
+	}
+	before := watcher.Stats().Invalid
+
+	if err := nc.PublishRequest("hotkey.allow", lease, []byte(`{"key":"k"}`)); err != nil {
+		t.Fatal(err)
+	}
+	m, err := nc.Request("hotkey.allow", []byte(`{"key":"k"}`), time.Minute)
+	if err != nil || !strings.Contains(string(m.Data), `"allowed":true`) {
+		t.Fatalf("a request with an _INBOX. reply: %v %v", m, err)
+	}
+	// Any answer on the lease subject came before the one just received: a
+	// marker published now comes after it, and is too long for a lease.
+	if err := nc.Publish(lease, make([]byte, coordinator.DefaultMaxMessage+1)); err != nil {
+		t.Fatal(err)
+	}
+	first, err := there.NextMsg(time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(first.Data) <= coordinator.DefaultMaxMessage {
+		t.Errorf("the daemon answered on %s: %s", lease, first.Data)
+	}
+	testkit.For(t, time.Minute, "the watcher to count the marker", func() bool { return watcher.Stats().InvalidBy["size"] == 1 })
+	if got := watcher.Stats().Invalid - before; got != 1 {
+		t.Errorf("the watcher counted %d invalid messages, want 1 (the marker): %v", got, watcher.Stats().InvalidBy)
+	}
+}
+
+// nopHandler is a coordinator.Handler that ignores what it is told.
+type nopHandler struct{}
+
+func (nopHandler) SetLevel(string, uint64, shard.Level) {}
+func (nopHandler) SetInstances(int)                     {}
