@@ -1,0 +1,94 @@
+package hotkey
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/testkit"
+)
+
+// memFullKeys is the key table of the tests below: small, for a flood that
+// overfills it to be quick under -race.
+const memFullKeys = 256
+
+// flood decides 20 × memFullKeys one-off keys under a limit that keeps each
+// counter a day, and returns how many were admitted.
+func flood(ctx context.Context, e *Engine, prefix string, p *Policy) int {
+	admitted := 0
+	for i := range 20 * memFullKeys {
+		if r, err := e.Allow(ctx, fmt.Sprint(prefix, i), p); err == nil && r.Allowed {
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// TestMemoryFullSplit: a key goes hot while its memory store is full of
+// live counters. Its usage cannot move to subcounters, so it stays on the
+// unsplit counter, which keeps deciding: the key admits its limit in all,
+// no decision fails, the breaker stays closed, and the flood's counters
+// keep their usage. Once room comes, the move is made.
+func TestMemoryFullSplit(t *testing.T) {
+	checkLeaks(t)
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			clock := testkit.NewClock()
+			clock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+			mem := counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: memFullKeys, Stripes: 4, Clock: clock.Now})
+			reg := prometheus.NewRegistry()
+			e, err := New(mem, withClock(clock.Now), WithoutDetector(), WithMetrics(reg))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			ctx := context.Background()
+			hot := &Policy{Name: "hot", Limit: Limit{Algorithm: alg, Rate: 40, Period: time.Hour}}
+			day := &Policy{Name: "flood", Limit: Limit{Algorithm: alg, Rate: 1, Period: 24 * time.Hour}}
+			admitted := 0
+			allow := func(k int) {
+				for range k {
+					r, err := e.Allow(ctx, "k", hot)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if r.Allowed {
+						admitted++
+					}
+				}
+			}
+			allow(30)
+			clock.Advance(time.Minute)
+			flood(ctx, e, "flood:", day)
+			refusals := mem.Full()
+			handler{e}.SetLevel(CounterName(hot.Name, "k"), hashKey(CounterName(hot.Name, "k")), 16)
+			allow(30)
+			if admitted != 40 {
+				t.Errorf("hot key admitted %d, want its limit of 40", admitted)
+			}
+			if mem.Full() == refusals {
+				t.Error("no move was refused: the test misses its case")
+			}
+			again := flood(ctx, e, "flood:", day)
+			if again != 0 {
+				t.Errorf("the flood's keys admitted %d again within their day", again)
+			}
+			got := gather(t, reg)
+			if got["hotkey_store_errors_total"] != 0 || got["hotkey_breaker_open"] != 0 {
+				t.Errorf("a full store counted as failing: %v store errors, breaker open %v",
+					got["hotkey_store_errors_total"], got["hotkey_breaker_open"])
+			}
+			// A day on, the flood's counters have expired: the move is made,
+			// and the key decides on its subcounters.
+			clock.Advance(48 * time.Hour)
+			r, err := e.Allow(ctx, "k", hot)
+			if err != nil || !r.Allowed || r.Shards == 1 {
+				t.Errorf("once room came: %+v, %v; want admitted on subcounters", r, err)
+			}
+		})
+	}
+}
