@@ -28,6 +28,86 @@ func flood(ctx context.Context, e *Engine, prefix string, p *Policy) int {
 	return admitted
 }
 
+// TestMemoryFullEngine: on an engine whose store is a small memory store, a
+// flood of one-off keys overfills it. A key that used its 5 an hour before
+// the flood admits no more within the hour; the flood's keys the store had
+// no room for are denied, counted in hotkey_memory_store_full_total, and
+// are not the store's failure: no store error, the breaker stays closed.
+// The same holds on the local fallback's store while the store is down.
+func TestMemoryFullEngine(t *testing.T) {
+	checkLeaks(t)
+	for _, down := range []bool{false, true} {
+		for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+			t.Run(fmt.Sprintf("%v/down=%v", alg, down), func(t *testing.T) {
+				clock := testkit.NewClock()
+				clock.Set(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC))
+				mem := counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: memFullKeys, Stripes: 4, Clock: clock.Now})
+				// Down, the store fails every take; up, it is the memory
+				// store itself, as hotkeyd's without Redis.
+				var store counter.Store = mem
+				if down {
+					store = &testkit.Store{Store: mem}
+					store.(*testkit.Store).Down.Store(true)
+				}
+				reg := prometheus.NewRegistry()
+				e, err := New(store, withClock(clock.Now), WithoutDetector(), WithMetrics(reg), WithLocalKeys(memFullKeys))
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				ctx := context.Background()
+				user := &Policy{Name: "login", Limit: Limit{Algorithm: alg, Rate: 5, Period: time.Hour}, OnStoreFailure: FallbackLocal}
+				day := &Policy{Name: "flood", Limit: Limit{Algorithm: alg, Rate: 1, Period: 24 * time.Hour}, OnStoreFailure: FallbackLocal}
+				admitted := 0
+				take := func() {
+					for range 10 {
+						r, err := e.Allow(ctx, "user", user)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if r.Allowed {
+							admitted++
+						}
+					}
+				}
+				take()
+				clock.Advance(time.Minute)
+				floodAdmitted := flood(ctx, e, "flood:", day)
+				clock.Advance(time.Minute)
+				take()
+				if admitted != 5 {
+					t.Errorf("user admitted %d of 20 within the hour, want 5", admitted)
+				}
+				full, refusedStore := mem.Full(), e.local.Full()
+				if !down {
+					full, refusedStore = refusedStore, full
+				}
+				got := gather(t, reg)
+				t.Logf("flood admitted %d of %d; refused %d", floodAdmitted, 20*memFullKeys, refusedStore)
+				if want := float64(20*memFullKeys - floodAdmitted); refusedStore == 0 || float64(refusedStore) != want {
+					t.Errorf("store refused %d, want the %v flood keys denied", refusedStore, want)
+				}
+				if full != 0 {
+					t.Errorf("the store not deciding refused %d", full)
+				}
+				for _, name := range []string{"store", "local"} {
+					want := float64(e.local.Full())
+					if name == "store" {
+						want = float64(mem.Full())
+					}
+					if m := fmt.Sprintf(`hotkey_memory_store_full_total{store=%q}`, name); got[m] != want {
+						t.Errorf("%s = %v, want %v", m, got[m], want)
+					}
+				}
+				if !down && (got["hotkey_store_errors_total"] != 0 || got["hotkey_breaker_open"] != 0) {
+					t.Errorf("a full store counted as failing: %v store errors, breaker open %v",
+						got["hotkey_store_errors_total"], got["hotkey_breaker_open"])
+				}
+			})
+		}
+	}
+}
+
 // TestMemoryFullSplit: a key goes hot while its memory store is full of
 // live counters. Its usage cannot move to subcounters, so it stays on the
 // unsplit counter, which keeps deciding: the key admits its limit in all,
