@@ -112,7 +112,8 @@ func TestMemoryFullEngine(t *testing.T) {
 // live counters. Its usage cannot move to subcounters, so it stays on the
 // unsplit counter, which keeps deciding: the key admits its limit in all,
 // no decision fails, the breaker stays closed, and the flood's counters
-// keep their usage. Once room comes, the move is made.
+// keep their usage. Once room comes, the move is made; a merge back
+// without room leaves the key on its subcounters.
 func TestMemoryFullSplit(t *testing.T) {
 	checkLeaks(t)
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
@@ -167,7 +168,26 @@ func TestMemoryFullSplit(t *testing.T) {
 			clock.Advance(48 * time.Hour)
 			r, err := e.Allow(ctx, "k", hot)
 			if err != nil || !r.Allowed || r.Shards == 1 {
-				t.Errorf("once room came: %+v, %v; want admitted on subcounters", r, err)
+				t.Fatalf("once room came: %+v, %v; want admitted on subcounters", r, err)
+			}
+			// Full again, the key cools: its usage cannot move back to the
+			// unsplit counter (dropped, expired, for the flood), so the
+			// subcounters keep deciding.
+			flood(ctx, e, "flood2:", day)
+			refusals = mem.Full()
+			handler{e}.SetLevel(CounterName(hot.Name, "k"), hashKey(CounterName(hot.Name, "k")), 1)
+			admitted = 1
+			allow(60)
+			if admitted > 40 {
+				t.Errorf("after a merge without room, the key admitted %d, want at most its limit of 40", admitted)
+			}
+			if mem.Full() == refusals {
+				t.Error("no merge was refused: the test misses its case")
+			}
+			got = gather(t, reg)
+			if got["hotkey_store_errors_total"] != 0 || got["hotkey_breaker_open"] != 0 {
+				t.Errorf("a full store counted as failing: %v store errors, breaker open %v",
+					got["hotkey_store_errors_total"], got["hotkey_breaker_open"])
 			}
 		})
 	}
