@@ -275,7 +275,7 @@ func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Li
 	if errors.Is(err, counter.ErrFull) {
 		// The store answered: it is full, not failing. The usage stays
 		// where it is (see decideStore).
-		e.brk.abandon(probe)
+		e.brk.report(ctx, probe, nil)
 		return err
 	}
 	if errors.Is(err, counter.ErrInvalidReshard) {
