@@ -793,7 +793,7 @@ func TestChaosNATSPartition(t *testing.T) {
 
 // floodKeys is how many distinct keys TestChaosFlood sends: 10M, or 500k
 // under the race detector, where the engine is about 10 times slower
-// (still twice the memory store's bound, so that it evicts).
+// (still twice the memory store's bound, so that its room is reused).
 func floodKeys() int {
 	if raceEnabled {
 		return 500_000
@@ -804,12 +804,14 @@ func floodKeys() int {
 // TestChaosFlood: distinct keys, each decided once, through an engine with
 // a detector at 200/s on a memory store, with 3 hot keys in the same stream
 // (one decision in three, so that each stays over the threshold even on a
-// slow machine under -race). The heap grows by at most 64 MiB, and every
-// hot key is split (recall 1.0).
+// slow machine under -race). The heap grows by at most 64 MiB, every hot
+// key is split (recall 1.0), and no key is refused for want of room: a
+// flood key's counter (100/s) expires 10 ms after its one decision, and
+// makes room for the next.
 //
 // The memory store holds at most 2^18 counters (about 100 bytes each: 24
-// MiB, measured), evicting beyond it: a bound the flood crosses 38 times
-// over (twice under -race). The default bound, 2^20 counters, takes about
+// MiB, measured), reusing the room of expired ones beyond it: a bound the
+// flood crosses 38 times over (twice under -race). The default bound, 2^20 counters, takes about
 // 100 MiB full, over this budget by itself. The rest of the engine is fixed
 // in size: the detector (4.3 MiB on 2 cores), the deny cache (0.5 MiB), the
 // split table (hot keys only).
@@ -886,8 +888,8 @@ func TestChaosFlood(t *testing.T) {
 	for i, h := range hotKeys {
 		levels[i] = e.Level(h)
 	}
-	t.Logf("%d distinct keys and %d hot decisions in %v (%.0f decisions/s): heap grew %.1f MiB (bound 64), store holds %d counters (bound %d); hot keys at levels %v: recall %d/%d",
-		n, (n+1)/2, took.Round(time.Millisecond), float64(n+(n+1)/2)/took.Seconds(), float64(grew)/(1<<20), store.Len(), maxKeys, levels, detected(), hot)
+	t.Logf("%d distinct keys and %d hot decisions in %v (%.0f decisions/s): heap grew %.1f MiB (bound 64), store holds %d counters (bound %d), refused %d; hot keys at levels %v: recall %d/%d",
+		n, (n+1)/2, took.Round(time.Millisecond), float64(n+(n+1)/2)/took.Seconds(), float64(grew)/(1<<20), store.Len(), maxKeys, store.Full(), levels, detected(), hot)
 	if errs.Load() > 0 {
 		t.Errorf("%d decisions failed", errs.Load())
 	}
@@ -896,6 +898,9 @@ func TestChaosFlood(t *testing.T) {
 	}
 	if store.Len() > maxKeys {
 		t.Errorf("store holds %d counters, over its bound %d", store.Len(), maxKeys)
+	}
+	if store.Full() != 0 {
+		t.Errorf("store refused %d keys for want of room, though every flood key's counter expires 10 ms after its decision", store.Full())
 	}
 	if detected() != hot {
 		t.Errorf("hot keys at levels %v: recall %d/%d, want every hot key split", levels, detected(), hot)

@@ -183,9 +183,21 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 			break
 		}
 		if !ent.Holds(level, p) {
-			if err := ent.Transfer(level, p, func(from shard.Level, fromP shard.Placement, to shard.Level) error {
+			err := ent.Transfer(level, p, func(from shard.Level, fromP shard.Placement, to shard.Level) error {
 				return e.transfer(ctx, ent, prev, lim, from, fromP, to, p)
-			}); err != nil {
+			})
+			if errors.Is(err, counter.ErrFull) {
+				// The memory store has no room for the counters to move
+				// to: decide on those that hold the usage until it has.
+				if held, heldP, ok := ent.EnterHeld(); ok {
+					level, p = held, heldP
+					defer ent.Exit()
+					break
+				}
+				ent.AwaitTransfer()
+				continue
+			}
+			if err != nil {
 				return Result{}, err
 			}
 		}
@@ -261,6 +273,12 @@ func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Li
 		return ErrBreakerOpen
 	}
 	err := e.reshard.Reshard(ctx, src, dst)
+	if errors.Is(err, counter.ErrFull) {
+		// The store answered: it is full, not failing. The usage stays
+		// where it is (see decideStore).
+		e.brk.report(ctx, probe, nil)
+		return err
+	}
 	if errors.Is(err, counter.ErrInvalidReshard) {
 		// Not the store's failure, and no retry would do better: leave
 		// the usage behind rather than fail every decision on the key.

@@ -6,6 +6,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -212,8 +213,8 @@ func (m *metrics) breakerChanged(s BreakerState) {
 }
 
 // engineCollector reads gauges off the engine at scrape time: hot keys by
-// level, the breaker, peers, clock skew, and the NATS coordinator's
-// message counts.
+// level, the breaker, peers, clock skew, the NATS coordinator's message
+// counts, and the memory stores' refusals.
 type engineCollector struct{ e *Engine }
 
 var (
@@ -222,10 +223,11 @@ var (
 	descPeers   = prometheus.NewDesc("hotkey_peers", "Other live instances, as the coordinator sees them.", nil, nil)
 	descSkew    = prometheus.NewDesc("hotkey_clock_skew_seconds", "The store's clock minus this host's, as last measured (Redis TIME).", nil, nil)
 	descCoord   = prometheus.NewDesc("hotkey_coordinator_messages_total", "Coordinator messages by kind: published, received, invalid, rejected (lease table full), dropped, publish_errors.", []string{"kind"}, nil)
+	descMemFull = prometheus.NewDesc("hotkey_memory_store_full_total", "Counters an in-process memory store refused to create, its stripe being full of live counters: takes of new keys (denied) and hot-key moves (left on the counters that hold the usage). By store: store (the engine's own, as hotkeyd's without Redis), local (the local fallback's).", []string{"store"}, nil)
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descHotKeys, descBreaker, descPeers, descSkew, descCoord} {
+	for _, d := range []*prometheus.Desc{descHotKeys, descBreaker, descPeers, descSkew, descCoord, descMemFull} {
 		ch <- d
 	}
 }
@@ -247,6 +249,10 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descSkew, prometheus.GaugeValue, d.Seconds())
 		}
 	}
+	if ms, ok := e.store.(*counter.MemoryStore); ok {
+		ch <- prometheus.MustNewConstMetric(descMemFull, prometheus.CounterValue, float64(ms.Full()), "store")
+	}
+	ch <- prometheus.MustNewConstMetric(descMemFull, prometheus.CounterValue, float64(e.local.Full()), "local")
 	if cs := st.Coordinator; cs != nil {
 		for kind, v := range map[string]uint64{
 			"published": cs.Published, "received": cs.Received, "invalid": cs.Invalid,

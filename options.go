@@ -161,7 +161,8 @@ func WithLevelHook(f func(key string, level shard.Level)) Option {
 }
 
 // WithLocalKeys bounds the counters FallbackLocal keeps in memory (default
-// 1<<20); the least useful are evicted beyond it.
+// 1<<20): a full table drops expired counters only, and denies new keys
+// while it holds none (see counter.MemoryConfig.MaxKeys).
 func WithLocalKeys(n int) Option {
 	return func(o *options) error {
 		if n <= 0 {

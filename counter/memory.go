@@ -2,6 +2,7 @@ package counter
 
 import (
 	"context"
+	"errors"
 	"hash/maphash"
 	"sync"
 	"time"
@@ -14,9 +15,10 @@ import (
 // field has a default.
 type MemoryConfig struct {
 	// MaxKeys bounds the number of counters held (default 1<<20), split
-	// evenly over the stripes. When a stripe is full, an insert drops its
-	// expired counters and, if that frees less than 1/16 of the stripe, live
-	// ones, each the soonest-expiring of a small sample.
+	// evenly over the stripes. When a stripe is full, a new counter takes
+	// the room of an expired one; a live one (which would decide otherwise
+	// than a fresh counter) is never dropped. A stripe full of live
+	// counters refuses new ones (see TakeAt and Full).
 	MaxKeys int
 	// Stripes is the number of independently locked stripes, rounded up to a
 	// power of two (default 512). A hash of the key picks the stripe.
@@ -30,9 +32,6 @@ func DefaultMemoryConfig() MemoryConfig {
 	return MemoryConfig{MaxKeys: 1 << 20, Stripes: 512, Clock: time.Now}
 }
 
-// evictSample is how many counters an insert into a full stripe looks at.
-const evictSample = 8
-
 // MemoryStore keeps counters in process memory: a table per stripe (see
 // memtable.go), each under its own mutex, picked by a hash of the key. It is
 // safe for concurrent use and never blocks on I/O. It allocates when a
@@ -43,7 +42,6 @@ type MemoryStore struct {
 	stripes []stripe
 	spans   []cellSpan // per stripe, read without its lock by Prefetch
 	mask    uint64
-	room    int // counters freed at once when a stripe is full
 	clock   func() time.Time
 	seeds   [2]maphash.Seed // of the keys' fingerprints
 
@@ -90,7 +88,6 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 		stripes: make([]stripe, n),
 		spans:   make([]cellSpan, n),
 		mask:    uint64(n - 1),
-		room:    max(1, perStripe/16),
 		clock:   cfg.Clock,
 		seeds:   [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
 	}
@@ -117,12 +114,23 @@ func (s *MemoryStore) nanos(now time.Time) int64 { return s.epochNano + int64(no
 
 // TakeAt is Take at the instant now. It never fails. The store knows a
 // counter by its own hash of key (see memtable.go), not by hash.
+//
+// A key without a counter whose stripe is full of live counters is
+// refused: denied, with a RetryAfter (and for a token bucket a NextAfter)
+// of the earliest a counter of the stripe may expire, a hint: no room comes
+// sooner. Full counts it. A refusal costs no sweep of the stripe until
+// then.
 func (s *MemoryStore) TakeAt(now time.Time, key string, _ uint64, lim Limit, n int64) Result {
 	id := s.fingerprint(key)
 	st := s.stripe(id)
 	t := s.nanos(now)
 	st.mu.Lock()
 	i := s.cell(st, id, t)
+	if i < 0 {
+		wait := time.Duration(st.t.soonest - t)
+		st.mu.Unlock()
+		return refused(lim, wait)
+	}
 	c := st.t.state(i)
 	res := c.take(t, lim, n)
 	st.t.setState(i, c)
@@ -156,15 +164,27 @@ func (s *MemoryStore) stripe(id [2]uint64) *stripe { return &s.stripes[s.stripeO
 // stripeOf is the index of the stripe of the key whose fingerprint is id.
 func (s *MemoryStore) stripeOf(id [2]uint64) uint64 { return (id[0] >> 32) & s.mask }
 
+// refused is the result of a take refused for want of room until wait.
+func refused(lim Limit, wait time.Duration) Result {
+	r := Result{Limit: lim.Capacity(), RetryAfter: wait, ResetAfter: wait}
+	if lim.Algorithm == TokenBucket {
+		r.NextAfter = wait
+	}
+	return r
+}
+
 // cell returns the index of id's cell in st (locked) at t: a new counter if
-// it had none, evicting others if the stripe is full, and a fresh one if
-// its counter had expired.
+// it had none, in the room of expired ones if the stripe is full, and a
+// fresh one if its counter had expired. It returns -1, and counts a
+// refusal, if id had no counter and the stripe is full of live ones, none
+// of which expires before st.t.soonest, after t.
 func (s *MemoryStore) cell(st *stripe, id [2]uint64, t int64) int {
 	i := st.t.find(id)
 	switch {
 	case i < 0:
-		if st.t.full() {
-			st.t.evict(t, s.room, id[1])
+		if st.t.full() && !st.t.sweep(t) {
+			st.t.refused++
+			return -1
 		}
 		i = st.t.insert(id)
 	case st.t.cells[i].cnt.expires <= t:
@@ -181,6 +201,24 @@ func (s *MemoryStore) Len() int {
 		st := &s.stripes[i]
 		st.mu.Lock()
 		n += st.t.n
+		st.mu.Unlock()
+	}
+	return n
+}
+
+// ErrFull is returned (wrapped) by MemoryStore.Reshard when a counter it
+// would seed has no room: its stripe is full of live counters.
+var ErrFull = errors.New("memory store full")
+
+// Full returns the number of counters the store refused to create, their
+// stripe being full of live counters: takes of new keys (see TakeAt), and
+// counters a Reshard could not seed. Each stripe holds MaxKeys/Stripes.
+func (s *MemoryStore) Full() uint64 {
+	var n uint64
+	for i := range s.stripes {
+		st := &s.stripes[i]
+		st.mu.Lock()
+		n += st.t.refused
 		st.mu.Unlock()
 	}
 	return n

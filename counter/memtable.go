@@ -1,6 +1,7 @@
 package counter
 
 import (
+	"math"
 	"math/bits"
 	"sync/atomic"
 	"unsafe"
@@ -11,7 +12,9 @@ import (
 // identity and its counts inline. The array holds no pointers, so the
 // garbage collector never scans it, and a decision on a present key touches
 // one cache line of it. A sliding log's entries, the one variable-sized
-// state, sit in a side slice that the cell indexes.
+// state, sit in a side slice that the cell indexes: a table holds at most
+// as many logs as its limit of counters, each of at most maxLogEntries+1
+// entries.
 //
 // A key is known by a 128-bit fingerprint: two hashes of it under seeds
 // drawn when the store is made. Two keys share a counter only if both
@@ -49,6 +52,10 @@ type table struct {
 	max   int       // the cells' length it may grow to: enough for limit within maxLoad
 	logs  [][]logEntry
 	free  []int32 // indexes of logs not in use
+	// soonest is at or before the expiry of every counter held (see
+	// sweep): setState lowers it, sweep sets it.
+	soonest int64
+	refused uint64 // inserts refused by a full table (MemoryStore.Full)
 }
 
 // cellSpan says where a table's cells are, for a reader that does not hold the
@@ -184,6 +191,7 @@ func (t *table) state(i int) state {
 func (t *table) setState(i int, s state) {
 	c := &t.cells[i]
 	c.cnt = s.counts
+	t.soonest = min(t.soonest, s.expires)
 	switch {
 	case c.log > 0:
 		t.logs[c.log-1] = s.log
@@ -230,38 +238,28 @@ func (t *table) reset(i int) {
 	}
 }
 
-// evict makes room for at least one counter, and for room counters where it
-// can: it drops every expired counter, then, while fewer than room were
-// freed, the soonest-expiring of evictSample live ones from a point chosen
-// by r. Freeing room at once spreads the cost of the sweep over the next
-// room inserts.
-func (t *table) evict(now int64, room int, r uint64) {
-	freed := 0
+// sweep makes room if it can, and reports whether the table has room: if
+// some counter may have expired by now (now is at or past soonest), it drops
+// every expired counter and notes the soonest expiry of those left. A live
+// counter is never dropped: a key that came back to a fresh counter would
+// be admitted again. Refused inserts cost no sweep until a counter expires.
+func (t *table) sweep(now int64) bool {
+	if now < t.soonest {
+		return !t.full()
+	}
+	soonest := int64(math.MaxInt64)
 	for i := 0; i < len(t.cells); {
 		// A removal may shift a later cell into i (check it next) or a
 		// cell from the start to the end (checked twice: harmless).
-		if c := &t.cells[i]; c.id[0] != 0 && c.cnt.expires <= now {
-			t.remove(i)
-			freed++
-			continue
+		if c := &t.cells[i]; c.id[0] != 0 {
+			if c.cnt.expires <= now {
+				t.remove(i)
+				continue
+			}
+			soonest = min(soonest, c.cnt.expires)
 		}
 		i++
 	}
-	for ; freed < room && t.n > 0; freed++ {
-		victim, seen := -1, 0
-		for i := int(r % uint64(len(t.cells))); seen < evictSample; i = t.next(i) {
-			if t.cells[i].id[0] == 0 {
-				if seen > 0 && seen >= t.n {
-					break
-				}
-				continue
-			}
-			if victim < 0 || t.cells[i].cnt.expires < t.cells[victim].cnt.expires {
-				victim = i
-			}
-			seen++
-		}
-		t.remove(victim)
-		r = r*0x9e3779b97f4a7c15 + 1
-	}
+	t.soonest = soonest
+	return !t.full()
 }

@@ -38,34 +38,39 @@ func TestTableAgainstMap(t *testing.T) {
 					tb.remove(i)
 					delete(model, id)
 				case i >= 0:
-					tb.cells[i].cnt.b++
-					tb.cells[i].cnt.expires = now + r.Int64N(50)
-					model[id] = tb.cells[i].cnt
+					c := tb.cells[i].cnt
+					c.b++
+					c.expires = now + r.Int64N(50)
+					tb.setState(i, state{counts: c})
+					model[id] = c
 				default:
 					if tb.full() {
-						room, expired := max(1, limit/16), 0
+						expired := 0
 						for _, c := range model {
 							if c.expires <= now {
 								expired++
 							}
 						}
-						tb.evict(now, room, r.Uint64())
+						room := tb.sweep(now)
 						for k, c := range model { // the model forgets what the table did
 							switch {
 							case tb.find(k) >= 0 && c.expires <= now:
 								t.Fatalf("step %d: an expired counter survived the sweep", step)
-							case tb.find(k) < 0 && c.expires > now && expired >= room:
-								t.Fatalf("step %d: a live counter was evicted though %d expired ones made room for %d", step, expired, room)
+							case tb.find(k) < 0 && c.expires > now:
+								t.Fatalf("step %d: a live counter was dropped", step)
 							case tb.find(k) < 0:
 								delete(model, k)
 							}
 						}
-						if tb.full() {
-							t.Fatalf("step %d: still full after evicting: %d of %d", step, tb.n, limit)
+						if room != (expired > 0) {
+							t.Fatalf("step %d: sweep reported room %v with %d expired", step, room, expired)
+						}
+						if !room {
+							break
 						}
 					}
 					i := tb.insert(id)
-					tb.cells[i].cnt = counts{b: 1, expires: now + r.Int64N(50)}
+					tb.setState(i, state{counts: counts{b: 1, expires: now + r.Int64N(50)}})
 					model[id] = tb.cells[i].cnt
 				}
 				if tb.n != len(model) || tb.n > limit || len(tb.cells) > tb.max {
@@ -83,21 +88,29 @@ func TestTableAgainstMap(t *testing.T) {
 	}
 }
 
-// TestTableEvictsSoonest: a full table with no expired counter evicts the
-// soonest-expiring ones it samples, never the one far from expiring when an
-// earlier one is in its sample.
-func TestTableEvictsSoonest(t *testing.T) {
+// TestTableSweepKeepsLive: a sweep of a full table drops the expired
+// counters only, notes when the soonest live one expires, and sweeps no
+// more before then.
+func TestTableSweepKeepsLive(t *testing.T) {
 	tb := newTable(8)
 	for i := range 8 {
 		c := tb.insert(fingerprint(uint64(i+1)<<8, uint64(i)<<60))
-		tb.cells[c].cnt.expires = int64(100 + i)
+		tb.setState(c, state{counts: counts{expires: int64(100 + i)}})
 	}
-	tb.evict(0, 1, 0)
-	if tb.n != 7 {
-		t.Fatalf("%d left of 8, want 7", tb.n)
-	}
-	if tb.find(fingerprint(1<<8, 0)) >= 0 {
-		t.Error("the soonest-expiring counter of a sample of every counter was kept")
+	for _, tt := range []struct {
+		give     int64
+		wantRoom bool
+		wantN    int
+		wantNext int64
+	}{
+		{give: 0, wantRoom: false, wantN: 8, wantNext: 100},
+		{give: 99, wantRoom: false, wantN: 8, wantNext: 100},
+		{give: 101, wantRoom: true, wantN: 6, wantNext: 102},
+	} {
+		if room := tb.sweep(tt.give); room != tt.wantRoom || tb.n != tt.wantN || tb.soonest != tt.wantNext {
+			t.Errorf("sweep(%d): room %v, %d held, soonest %d; want %v, %d, %d",
+				tt.give, room, tb.n, tb.soonest, tt.wantRoom, tt.wantN, tt.wantNext)
+		}
 	}
 }
 

@@ -23,6 +23,8 @@ type Resharder interface {
 	// otherwise Reshard returns an error wrapping ErrInvalidReshard. The
 	// counters of from are left as they are. Each counter is read as a Take
 	// on it would read it (absent or expired, it is unused), and usage is
-	// split in proportion to the rates of to.
+	// split in proportion to the rates of to. A store with no room for a
+	// counter of to fails with an error wrapping ErrFull, having lost
+	// nothing: the usage stays on from.
 	Reshard(ctx context.Context, from, to []Shard) error
 }

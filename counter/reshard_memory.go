@@ -135,7 +135,8 @@ func spread(n int, counts []int64) []int {
 var _ Resharder = (*MemoryStore)(nil)
 
 // Reshard implements Resharder at the store's clock; ReshardAt takes the
-// time. It fails only on invalid from or to (ErrInvalidReshard).
+// time. It fails only on invalid from or to (ErrInvalidReshard), or for
+// want of room (ErrFull).
 func (s *MemoryStore) Reshard(_ context.Context, from, to []Shard) error {
 	return s.ReshardAt(s.clock(), from, to)
 }
@@ -145,6 +146,12 @@ func (s *MemoryStore) Reshard(_ context.Context, from, to []Shard) error {
 // during the call are neither lost nor counted twice by it: a Take on a
 // counter of from after it was read is not carried over, and one on a
 // counter of to is kept by raise-never-lower.
+//
+// A counter of to that does not exist and whose stripe is full of live
+// counters cannot be seeded: ReshardAt then stops and fails with ErrFull
+// (wrapped). Nothing is lost: it never writes from, and the counters of
+// to seeded before hold copies of from's usage, which a later seed only
+// raises. The caller keeps deciding on from.
 func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 	plan, err := checkReshard(from, to)
 	if err != nil {
@@ -174,13 +181,15 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 		}
 		for _, sh := range to {
 			unit := newGCRA(p, sh.Limit, 1, fracBits).unit // as takeGCRA notes it
-			s.seed(sh, t, func(c *state) {
+			if err := s.seed(sh, t, func(c *state) {
 				if tat > c.a {
 					c.a, c.b = tat, 0
 					c.setInterval(unit)
 				}
 				c.expires = max(c.expires, fixed{c.a, c.b}.ceil()) // takeGCRA's expiry: the TAT
-			})
+			}); err != nil {
+				return err
+			}
 		}
 	case SlidingWindow, FixedWindow:
 		w := t / p
@@ -202,7 +211,7 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 			if curs[j] == 0 && prevs[j] == 0 {
 				continue
 			}
-			s.seed(sh, t, func(c *state) {
+			if err := s.seed(sh, t, func(c *state) {
 				if plan.alg == FixedWindow {
 					if c.a != w {
 						c.a, c.b = w, 0
@@ -220,7 +229,9 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 				}
 				c.b, c.c = max(c.b, curs[j]), max(c.c, prevs[j])
 				c.expires = max(c.expires, windowEnd(w, 2, p))
-			})
+			}); err != nil {
+				return err
+			}
 		}
 	case SlidingLog:
 		var log []int64 // one instant per unit
@@ -238,7 +249,7 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 				continue
 			}
 			seed := seeds[j]
-			s.seed(sh, t, func(c *state) {
+			if err := s.seed(sh, t, func(c *state) {
 				c.logDrop(t - p) // as takeSlidingLog drops
 				own := appendUnits(nil, c.log)
 				if units, raised := logRaise(own, seed); raised {
@@ -249,7 +260,9 @@ func (s *MemoryStore) ReshardAt(now time.Time, from, to []Shard) error {
 				}
 				// takeSlidingLog's expiry: a period after the newest entry
 				c.expires = max(c.expires, addSat(c.logNewest(), p))
-			})
+			}); err != nil {
+				return err
+			}
 		}
 	}
 	return nil
@@ -314,14 +327,19 @@ func appendUnits(dst []int64, log []logEntry) []int64 {
 }
 
 // seed runs f on sh's state at t under its stripe's lock, creating the
-// counter (or resetting an expired one) as TakeAt does.
-func (s *MemoryStore) seed(sh Shard, t int64, f func(c *state)) {
+// counter (or resetting an expired one) as TakeAt does. It fails with
+// ErrFull, running nothing, where TakeAt would refuse.
+func (s *MemoryStore) seed(sh Shard, t int64, f func(c *state)) error {
 	id := s.fingerprint(sh.Name)
 	st := s.stripe(id)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	i := s.cell(st, id, t)
+	if i < 0 {
+		return fmt.Errorf("%w: no room for %q for %v", ErrFull, sh.Name, time.Duration(st.t.soonest-t))
+	}
 	c := st.t.state(i)
 	f(&c)
 	st.t.setState(i, c)
+	return nil
 }

@@ -321,6 +321,47 @@ func TestTransferOnce(t *testing.T) {
 	}
 }
 
+// TestEnterHeld: after a failed move, a decision enters on the counters
+// that hold the usage, which Enter refuses since the key's level changed;
+// none enters while a move is under way, and a move waits for those that
+// entered.
+func TestEnterHeld(t *testing.T) {
+	e := NewEntry("k", 1, Level1, Level1, nil)
+	e.SetLevel(Level16)
+	full := errors.New("no room")
+	if err := e.Transfer(Level16, nil, func(Level, Placement, Level) error { return full }); !errors.Is(err, full) {
+		t.Fatalf("failed move: %v", err)
+	}
+	if e.Enter(Level1, nil) {
+		t.Fatal("Enter on the held level of a key set to another")
+	}
+	level, _, ok := e.EnterHeld()
+	if !ok || level != Level1 {
+		t.Fatalf("EnterHeld: level %d, %v; want 1, true", level, ok)
+	}
+	moved := make(chan struct{})
+	go func() {
+		defer close(moved)
+		e.Transfer(Level16, nil, func(Level, Placement, Level) error {
+			if _, _, ok := e.EnterHeld(); ok {
+				t.Error("EnterHeld during a move")
+			}
+			return nil
+		})
+	}()
+	select {
+	case <-moved:
+		t.Fatal("the move did not wait for the decision that entered")
+	case <-time.After(10 * time.Millisecond):
+	}
+	e.Exit()
+	<-moved
+	if level, _, ok := e.EnterHeld(); !ok || level != Level16 {
+		t.Fatalf("after the move, EnterHeld: level %d, %v; want 16, true", level, ok)
+	}
+	e.Exit()
+}
+
 // versioned is a placement that differs from another only by its version.
 type versioned uint64
 

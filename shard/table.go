@@ -236,7 +236,24 @@ func (e *Entry) Enter(level Level, p Placement) bool {
 	return true
 }
 
-// Exit ends a decision that Enter registered.
+// EnterHeld is Enter on the counters that hold the key's usage (HeldAt),
+// whatever levels the key was set to since: for a decision while the move
+// to its level cannot be made (its store has no room for the counters).
+// It reports where to decide, and false while a Transfer is under way.
+// Deciding there counts all the key's usage only where no other instance
+// takes from the key's counters at the levels visited since, as on a store
+// in one process's memory.
+func (e *Entry) EnterHeld() (Level, Placement, bool) {
+	e.inflight.Add(1)
+	if e.moving.Load() {
+		e.inflight.Add(-1)
+		return 0, nil, false
+	}
+	h := e.held.Load()
+	return h.level, h.p, true
+}
+
+// Exit ends a decision that Enter or EnterHeld registered.
 func (e *Entry) Exit() { e.inflight.Add(-1) }
 
 // AwaitTransfer returns once no Transfer of the key is under way.

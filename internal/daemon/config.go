@@ -38,6 +38,8 @@ const (
 	// HTTP does, where each connection has its own goroutine.
 	DefaultNATSConcurrency = 1024
 	envPrefix              = "HOTKEYD_"
+	// maxMaxKeys caps --max-keys: about 90 GiB of counters when full.
+	maxMaxKeys = 1 << 30
 )
 
 // Config is what the flags (or their environment variables) say.
@@ -85,6 +87,10 @@ type Config struct {
 
 	// NATSConcurrency bounds the hotkey.allow requests decided at once.
 	NATSConcurrency int
+
+	// MaxKeys bounds the counters kept in memory: the store's without
+	// Redis, and the local fallback's (hotkey.WithLocalKeys), each.
+	MaxKeys int
 
 	HotThreshold float64
 	HotFloor     float64 // the least local threshold, requests per second
@@ -137,6 +143,7 @@ var flagDocs = []flagDoc{
 	{"hot-threshold", "RATE", "T: requests per second for one key, over all daemons, at which it is split in 4 (16 at 4T, 64 at 16T). Each daemon measures the key's rate it sees over the last 100 ms (sliding by 10 ms) and compares it with T divided by the live daemons, or --hot-floor if that is more (so among more than T/floor daemons a key evenly spread splits at daemons x floor, over T)"},
 	{"hot-floor", "RATE", "the least rate one daemon must see of a key for it to split, however many daemons divide --hot-threshold (capped at it): without it, among 20 daemons at T 1000, 5 requests in 100 ms on one would split a key"},
 	{"cool-down", "DURATION", "how long a split key's rate must stay under half its level's threshold before it is merged back a level"},
+	{"max-keys", "N", "keep at most N counters in memory: the store's without --redis, and the local fallback's; a table full of live counters denies new keys until one expires (hotkey_memory_store_full_total counts them), it never drops a key's usage"},
 	{"breaker-probe", "DURATION", "after the store fails (3 calls in a row), decisions follow each policy's on_store_failure; the store is probed again after DURATION, doubling up to 2m (or DURATION if longer)"},
 	{"log-level", "LEVEL", "debug, info, warn or error (logs go to stderr)"},
 }
@@ -191,6 +198,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.NATSKey, "nats-key", "", "")
 	fs.StringVar(&cfg.NATSSecretFile, "nats-secret-file", "", "")
 	fs.IntVar(&cfg.NATSConcurrency, "nats-concurrency", DefaultNATSConcurrency, "")
+	fs.IntVar(&cfg.MaxKeys, "max-keys", counter.DefaultMemoryConfig().MaxKeys, "")
 	fs.Float64Var(&cfg.HotThreshold, "hot-threshold", detector.DefaultConfig().Threshold, "")
 	fs.Float64Var(&cfg.HotFloor, "hot-floor", DefaultHotFloor, "")
 	cfg.CoolDown, cfg.BreakerProbe = detector.DefaultConfig().CoolDown, DefaultBreakerProbe
@@ -378,6 +386,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s and %s go together", flagName("nats-cert"), flagName("nats-key"))
 	case c.NATSConcurrency < 1 || c.NATSConcurrency > 1<<20:
 		return fmt.Errorf("%s %d: want 1 to %d", flagName("nats-concurrency"), c.NATSConcurrency, 1<<20)
+	case c.MaxKeys < 1 || c.MaxKeys > maxMaxKeys:
+		return fmt.Errorf("%s %d: want 1 to %d", flagName("max-keys"), c.MaxKeys, maxMaxKeys)
 	case !(c.HotThreshold > 0) || c.HotThreshold > 1e12:
 		return fmt.Errorf("%s %v: want a positive rate in requests per second", flagName("hot-threshold"), c.HotThreshold)
 	case !(c.HotFloor >= 0) || c.HotFloor > 1e12:

@@ -20,7 +20,7 @@ func TestParseArgsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Listen != "127.0.0.1:8080" || cfg.NATSListen != "127.0.0.1:4222" || cfg.NATS != "" || cfg.Redis != "" ||
-		cfg.HotThreshold != 1000 || cfg.CoolDown != time.Minute || cfg.BreakerProbe != 10*time.Second || cfg.LogLevel != slog.LevelInfo {
+		cfg.HotThreshold != 1000 || cfg.CoolDown != time.Minute || cfg.BreakerProbe != 10*time.Second || cfg.LogLevel != slog.LevelInfo || cfg.MaxKeys != 1<<20 {
 		t.Errorf("defaults: %+v", cfg)
 	}
 }
@@ -33,6 +33,7 @@ func TestParseArgsEnv(t *testing.T) {
 		"HOTKEYD_LOG_LEVEL":        "debug",
 		"HOTKEYD_COOL_DOWN":        "5s",
 		"HOTKEYD_NATS_SECRET_FILE": "/run/secrets/hotkey",
+		"HOTKEYD_MAX_KEYS":         "4096",
 	})
 	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:9001", "--cool-down=7s"}, e, nil)
 	if err != nil {
@@ -41,7 +42,7 @@ func TestParseArgsEnv(t *testing.T) {
 	if cfg.Listen != "127.0.0.1:9001" || cfg.CoolDown != 7*time.Second {
 		t.Errorf("the flag must win over the environment: %+v", cfg)
 	}
-	if cfg.HotThreshold != 50 || strings.Join(cfg.RedisCluster, ";") != "a:1;b:2" || cfg.LogLevel != slog.LevelDebug || cfg.NATSSecretFile != "/run/secrets/hotkey" {
+	if cfg.HotThreshold != 50 || strings.Join(cfg.RedisCluster, ";") != "a:1;b:2" || cfg.LogLevel != slog.LevelDebug || cfg.NATSSecretFile != "/run/secrets/hotkey" || cfg.MaxKeys != 4096 {
 		t.Errorf("environment not applied: %+v", cfg)
 	}
 }
@@ -60,6 +61,8 @@ func TestParseArgsErrors(t *testing.T) {
 		{[]string{"--cool-down", "0s"}, nil, "--cool-down"},
 		{[]string{"--breaker-probe", "-1s"}, nil, "--breaker-probe"},
 		{[]string{"--nats-concurrency", "0"}, nil, "--nats-concurrency"},
+		{[]string{"--max-keys", "0"}, nil, "--max-keys (HOTKEYD_MAX_KEYS) 0: want 1 to"},
+		{[]string{"--max-keys", "2000000000"}, nil, "--max-keys"},
 		{[]string{"--log-level", "loud"}, nil, "--log-level"},
 		{[]string{"--listen", "8080"}, nil, "--listen"},
 		{[]string{"--redis", "redis://x", "--redis-cluster", "a:1"}, nil, "--redis"},
