@@ -238,7 +238,8 @@ const maxStackEntries = 8
 // one entry does not apply to a descriptor of two).
 //
 // Key is the counter key: the entries' values, each with '\' and ','
-// escaped by a '\' and joined with ','; an entry matched by a
+// escaped by a '\', each byte that is not part of valid UTF-8 written
+// "\xNN", and joined with ','; an entry matched by a
 // share_threshold wildcard counts under the pattern (value with its '*')
 // instead, so every value matching it shares one counter. A key starting
 // with '~' gets a '\' before it, an empty key reads "~", and a key longer
@@ -312,6 +313,8 @@ func OverrideKey(entries []Entry) string {
 // for domain: "envoy-override/" and the domain, cut as PolicyName cuts.
 func OverridePolicyName(domain string) string { return policyName(overridePrefix, domain) }
 
+const hexDigits = "0123456789abcdef"
+
 // counterKey builds Match.Key; nodes nil is no share_threshold match.
 func counterKey(entries []Entry, nodes []*node) string {
 	size := len(entries)
@@ -332,8 +335,23 @@ func counterKey(entries []Entry, nodes []*node) string {
 			b.WriteByte('\\')
 		}
 		for j := 0; j < len(v); j++ {
-			if c := v[j]; c == '\\' || c == ',' {
+			switch c := v[j]; {
+			case c == '\\' || c == ',':
 				b.WriteByte('\\')
+			case c >= utf8.RuneSelf:
+				// A byte that is not part of valid UTF-8 is written
+				// \xNN, so that keys stay UTF-8 (leases and /v1/hotkeys
+				// carry them as JSON); a value's own '\' is doubled, so
+				// no value spells the escape.
+				if r, n := utf8.DecodeRuneInString(v[j:]); r != utf8.RuneError || n > 1 {
+					b.WriteString(v[j : j+n])
+					j += n - 1
+				} else {
+					b.WriteString(`\x`)
+					b.WriteByte(hexDigits[c>>4])
+					b.WriteByte(hexDigits[c&0xf])
+				}
+				continue
 			}
 			b.WriteByte(v[j])
 		}
