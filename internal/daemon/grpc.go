@@ -72,9 +72,9 @@ func (d *Daemon) startGRPC() error {
 		return listenError("gRPC", d.cfg.GRPCListen, "grpc-listen", err)
 	}
 	d.grpcLn = ln
-	d.grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{d.reqs.api(apiGRPC)}))
+	d.grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{d.reqs.api(apiGRPC)}), grpc.ForceServerCodecV2(newRLSCodec()))
 	d.rls = &rls{d: d}
-	rlpb.RegisterRateLimitServiceServer(d.grpcSrv, d.rls)
+	d.grpcSrv.RegisterService(&rlsServiceDesc, d.rls)
 	d.health = health.NewServer()
 	healthpb.RegisterHealthServer(d.grpcSrv, d.health)
 	reflection.Register(d.grpcSrv)
@@ -142,6 +142,38 @@ func (d *Daemon) GRPCAddr() string {
 		return ""
 	}
 	return d.grpcLn.Addr().String()
+}
+
+// rlsServiceDesc is RateLimitService with a handler that decodes the
+// request itself (unmarshalRLSRequest), so that a value that is not UTF-8
+// is counted and malformed wire data is answered InvalidArgument.
+var rlsServiceDesc = grpc.ServiceDesc{
+	ServiceName: rlsService,
+	HandlerType: (*rlpb.RateLimitServiceServer)(nil),
+	Methods:     []grpc.MethodDesc{{MethodName: "ShouldRateLimit", Handler: shouldRateLimitHandler}},
+	Metadata:    "envoy/service/ratelimit/v3/rls.proto",
+}
+
+// shouldRateLimitHandler is the grpc.MethodDesc handler of
+// ShouldRateLimit: it reads the request's wire data (rlsCodec), decodes
+// it, and calls the server's ShouldRateLimit, through interceptor if set.
+func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	var w rlsWire
+	if err := dec(&w); err != nil {
+		return nil, err
+	}
+	req := &rlpb.RateLimitRequest{}
+	if err := unmarshalRLSRequest(w.b, req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, "request: "+err.Error())
+	}
+	s := srv.(rlpb.RateLimitServiceServer)
+	if interceptor == nil {
+		return s.ShouldRateLimit(ctx, req)
+	}
+	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlpb.RateLimitService_ShouldRateLimit_FullMethodName}
+	return interceptor(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+		return s.ShouldRateLimit(ctx, req.(*rlpb.RateLimitRequest))
+	})
 }
 
 // rlsItem is what one descriptor of a request comes to.

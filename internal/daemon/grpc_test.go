@@ -1,0 +1,201 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hotkeyd/hotkey/internal/redistest"
+)
+
+// rlsEnv is an in-process daemon serving Envoy rules, on the memory store
+// or a real redis-server, and a gRPC connection to it.
+type rlsEnv struct {
+	d    *Daemon
+	conn *grpc.ClientConn
+}
+
+// startRLS starts a daemon with the Envoy rules rules on store ("memory"
+// or "redis"); everything stops at cleanup.
+func startRLS(t *testing.T, store, rules string, args ...string) *rlsEnv {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte(rules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args = append([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--envoy-config", path}, args...)
+	if store == "redis" {
+		srv, err := redistest.Start(t.TempDir())
+		if errors.Is(err, redistest.ErrNotInstalled) {
+			t.Fatal("redis-server is not installed (make test installs it)")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Close() })
+		args = append(args, "--redis", "redis://"+srv.Addr)
+	}
+	d, err := StartArgs(context.Background(), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { shutdown(t, d) })
+	conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &rlsEnv{d: d, conn: conn}
+}
+
+// rawCodec sends a []byte as the message's wire data as it is, so that a
+// test can send what proto.Marshal refuses (strings that are not UTF-8),
+// and decodes answers as proto.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.([]byte))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
+}
+
+// wireRequest hand-encodes a RateLimitRequest of domain, one descriptor
+// per list of key, value pairs; strings go on the wire as their bytes.
+func wireRequest(domain string, descs ...[]string) []byte {
+	var b []byte
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, domain)
+	for _, kv := range descs {
+		var d []byte
+		for i := 0; i+1 < len(kv); i += 2 {
+			var e []byte
+			e = protowire.AppendTag(e, 1, protowire.BytesType)
+			e = protowire.AppendString(e, kv[i])
+			e = protowire.AppendTag(e, 2, protowire.BytesType)
+			e = protowire.AppendString(e, kv[i+1])
+			d = protowire.AppendTag(d, 1, protowire.BytesType)
+			d = protowire.AppendBytes(d, e)
+		}
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendBytes(b, d)
+	}
+	return b
+}
+
+// raw sends the wire data b as a ShouldRateLimit request.
+func (e *rlsEnv) raw(b []byte) (*rlpb.RateLimitResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // only catches a hang
+	defer cancel()
+	resp := &rlpb.RateLimitResponse{}
+	err := e.conn.Invoke(ctx, rlpb.RateLimitService_ShouldRateLimit_FullMethodName, b, resp, grpc.ForceCodecV2(rawCodec{}))
+	return resp, err
+}
+
+// invalidUTF8Rules limit client addresses to 1 a year, tenants to 100 and
+// users to 2, each tenant and user with a label of its own.
+const invalidUTF8Rules = `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: year, requests_per_unit: 1}
+  - key: tenant
+    detailed_metric: true
+    rate_limit: {unit: year, requests_per_unit: 100}
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: year, requests_per_unit: 2}
+`
+
+// TestGRPCInvalidUTF8 sends descriptor values that are not UTF-8, as
+// Envoy copies them from headers, over a real connection: they are
+// counted by their bytes like any value, the request's other descriptors
+// with them, and their metrics labels are written with \x escapes.
+func TestGRPCInvalidUTF8(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			e := startRLS(t, store, invalidUTF8Rules)
+			const addr = "203.0.113.7"
+			if resp, err := e.raw(wireRequest("edge", []string{"remote_address", addr})); err != nil || resp.OverallCode != rlpb.RateLimitResponse_OK {
+				t.Fatalf("first request of the address: %v, %v", resp, err)
+			}
+			// The address is over its limit: so is every request of it,
+			// whatever its other descriptors hold.
+			over := 0
+			for range 10 {
+				resp, err := e.raw(wireRequest("edge", []string{"remote_address", addr}, []string{"tenant", "Espa\xf1a"}))
+				if err == nil && resp.OverallCode == rlpb.RateLimitResponse_OVER_LIMIT && resp.Statuses[0].Code == rlpb.RateLimitResponse_OVER_LIMIT &&
+					resp.Statuses[1].Code == rlpb.RateLimitResponse_OK {
+					over++
+				} else if over == 0 {
+					t.Logf("request over the address's limit with tenant Espa\\xf1a: %v, %v", resp, err)
+				}
+			}
+			if over != 10 {
+				t.Errorf("%d of 10 requests over the address's limit answered OVER_LIMIT, want 10", over)
+			}
+
+			// Values count by their bytes: "\xff" and "\xfe" are two
+			// counters, "Espa\xf1a" (Latin-1) and "España" (UTF-8) two
+			// more; the same bytes share one.
+			for _, v := range []string{"\xff", "\xfe", "Espa\xf1a", "España"} {
+				for i, want := range []rlpb.RateLimitResponse_Code{rlpb.RateLimitResponse_OK, rlpb.RateLimitResponse_OK, rlpb.RateLimitResponse_OVER_LIMIT} {
+					resp, err := e.raw(wireRequest("edge", []string{"user", v}))
+					if err != nil || resp.Statuses[0].Code != want {
+						t.Errorf("user %q, request %d: %v, %v; want %v", v, i, resp, err, want)
+					}
+				}
+			}
+
+			// Wire data that is not protobuf is refused, not admitted.
+			for _, b := range [][]byte{{0x0a, 0x05, 'e'}, {0xff}, {0x12, 0x02, 0x0a, 0x7f}} {
+				if _, err := e.raw(b); status.Code(err) != codes.InvalidArgument {
+					t.Errorf("wire data %x: %v, want InvalidArgument", b, err)
+				}
+			}
+
+			scrape := scrapeMetrics(t, e.d)
+			for _, want := range []string{
+				`hotkey_descriptor_hits_total{descriptor="edge.tenant_Espa\\xf1a",domain="edge"} 10`,
+				`hotkey_descriptor_over_limit_total{descriptor="edge.user_\\xff",domain="edge"} 1`,
+				`hotkey_descriptor_within_limit_total{descriptor="edge.user_España",domain="edge"} 2`,
+			} {
+				if !strings.Contains(scrape, want) {
+					t.Errorf("/metrics has no %s", want)
+				}
+			}
+		})
+	}
+}
+
+// scrapeMetrics returns what d's /metrics serves.
+func scrapeMetrics(t *testing.T, d *Daemon) string {
+	t.Helper()
+	resp, err := (&http.Client{}).Get("http://" + d.Addr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
