@@ -367,8 +367,9 @@ func ruleHeaderPolicy(r *envoyconf.Rule) *hotkey.Policy {
 
 // override returns the match of a descriptor of domain, a domain of the
 // configuration, that carries its own limit: the domain's rule of that
-// limit (OverrideRule), its counter that of the descriptor's keys and
-// values (OverrideKey), apart from the configured rules' counters. Its
+// limit (OverrideRule), its counter that of the limit's unit and the
+// descriptor's keys and values (OverrideKey), apart from the configured
+// rules' counters. Its
 // metrics label is the domain and the descriptor's keys, bounded as the
 // detailed labels are.
 func (s *rls) override(domain string, entries []envoyconf.Entry, rpu uint32, unit envoyconf.Unit) envoyconf.Match {
@@ -395,7 +396,7 @@ func (s *rls) override(domain string, entries []envoyconf.Entry, rpu uint32, uni
 		label.WriteByte('.')
 		label.WriteString(e.Key)
 	}
-	return envoyconf.Match{Rule: rule, Key: envoyconf.OverrideKey(entries), Metric: label.String()}
+	return envoyconf.Match{Rule: rule, Key: envoyconf.OverrideKey(unit, entries), Metric: label.String()}
 }
 
 // sortHeaders orders headers by name, for answers that read the same every

@@ -11,7 +11,9 @@ import (
 	"testing"
 	"time"
 
+	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -199,3 +201,55 @@ func scrapeMetrics(t *testing.T, d *Daemon) string {
 	}
 	return string(b)
 }
+
+// TestGRPCOverrideUnits: a descriptor's own limit counts per unit, each
+// unit on its own counter, and a change of requests_per_unit within a
+// unit keeps the usage.
+func TestGRPCOverrideUnits(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			e := startRLS(t, store, invalidUTF8Rules)
+			c := rlpb.NewRateLimitServiceClient(e.conn)
+			ask := func(rpu uint32, unit typev3.RateLimitUnit, value string) rlpb.RateLimitResponse_Code {
+				t.Helper()
+				d := &ratelimit.RateLimitDescriptor{
+					Entries: []*ratelimit.RateLimitDescriptor_Entry{{Key: "user", Value: value}},
+					Limit:   &ratelimit.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: unit},
+				}
+				resp, err := c.ShouldRateLimit(context.Background(), &rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimit.RateLimitDescriptor{d}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp.Statuses[0].Code
+			}
+			// Months and years: no window of either starts within a test.
+			admitted := map[typev3.RateLimitUnit]int{}
+			for range 20 {
+				for _, unit := range []typev3.RateLimitUnit{typev3.RateLimitUnit_MONTH, typev3.RateLimitUnit_YEAR} {
+					if ask(2, unit, "bob") == rlpb.RateLimitResponse_OK {
+						admitted[unit]++
+					}
+				}
+			}
+			for unit, n := range admitted {
+				if n != 2 {
+					t.Errorf("2 a %v, asked alternately with another unit: admitted %d of 20, want 2", unit, n)
+				}
+			}
+			// Within one unit, the limit changes and the usage stays.
+			for i, s := range []struct {
+				rpu  uint32
+				want rlpb.RateLimitResponse_Code
+			}{{2, ok}, {2, ok}, {2, over}, {3, ok}, {3, over}, {5, ok}, {5, ok}, {5, over}} {
+				if got := ask(s.rpu, typev3.RateLimitUnit_YEAR, "carol"); got != s.want {
+					t.Errorf("carol, request %d, %d a year: %v, want %v", i, s.rpu, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+const (
+	ok   = rlpb.RateLimitResponse_OK
+	over = rlpb.RateLimitResponse_OVER_LIMIT
+)

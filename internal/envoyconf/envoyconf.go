@@ -281,10 +281,12 @@ func (c *Config) Match(domain string, entries []Entry) (m Match, ok bool) {
 // their own limit (RateLimitDescriptor.limit in the RLS protocol):
 // requestsPerUnit per unit (not zero), under the sliding-window counter,
 // with the local fallback. Its policy is named "envoy-override/" and the
-// domain, whatever the limit, so that a descriptor whose limit changes
-// keeps its counter and the usage it holds; the counter key of a
-// descriptor is OverrideKey of its entries. Its Path, the label its
-// metrics fall back to, is the domain and ".(own limit)".
+// domain, whatever the limit; the counter key of a descriptor is
+// OverrideKey of the unit and its entries, so that a descriptor whose
+// requests_per_unit changes keeps its counter and the usage it holds, and
+// each unit counts on a counter of its own (a window written under one
+// period is empty under another). Its Path, the label its metrics fall
+// back to, is the domain and ".(own limit)".
 func OverrideRule(domain string, requestsPerUnit uint32, unit Unit) *Rule {
 	r := &Rule{Domain: domain, Path: domain + ".(own limit)", RequestsPerUnit: requestsPerUnit, Unit: unit, Override: true}
 	if requestsPerUnit > 0 {
@@ -298,11 +300,13 @@ func OverrideRule(domain string, requestsPerUnit uint32, unit Unit) *Rule {
 }
 
 // OverrideKey returns the counter key, under an OverrideRule's policy, of
-// a descriptor with entries: its keys and values, escaped and joined as
-// Match joins values, so that two descriptors share a counter only if
-// their keys and values are the same.
-func OverrideKey(entries []Entry) string {
-	kv := make([]Entry, 0, 2*len(entries))
+// a descriptor with entries and a limit per unit: the unit's name, then
+// the entries' keys and values, escaped and joined as Match joins values
+// ("hour,user,bob"), so that two descriptors share a counter only if their
+// unit, keys and values are the same.
+func OverrideKey(unit Unit, entries []Entry) string {
+	kv := make([]Entry, 0, 1+2*len(entries))
+	kv = append(kv, Entry{Value: unit.String()})
 	for _, e := range entries {
 		kv = append(kv, Entry{Value: e.Key}, Entry{Value: e.Value})
 	}

@@ -482,7 +482,7 @@ descriptors:
 }
 
 // TestOverrideKey: descriptors that carry their own limit share a counter
-// only if their keys and values are the same.
+// only if their unit, keys and values are the same.
 func TestOverrideKey(t *testing.T) {
 	seen := map[string][]Entry{}
 	for _, es := range [][]Entry{
@@ -499,11 +499,16 @@ func TestOverrideKey(t *testing.T) {
 		{{"a", `\xff`}},
 		{{"\xff", "b"}},
 	} {
-		k := OverrideKey(es)
-		if prev, ok := seen[k]; ok {
-			t.Errorf("%v and %v share the key %q", prev, es, k)
+		for _, u := range []Unit{Hour, Day} {
+			k := OverrideKey(u, es)
+			if prev, ok := seen[k]; ok {
+				t.Errorf("%v and %v %v share the key %q", prev, u, es, k)
+			}
+			seen[k] = es
 		}
-		seen[k] = es
+	}
+	if k := OverrideKey(Hour, []Entry{{"user", "bob"}}); k != "hour,user,bob" {
+		t.Errorf("OverrideKey(hour, user bob) = %q", k)
 	}
 	r := OverrideRule("edge", 5, Minute)
 	if r.Policy == nil || r.Policy.Name != "envoy-override/edge" || r.Policy.Limit.Rate != 5 || !r.Override {
