@@ -87,20 +87,40 @@ func wireRequest(domain string, descs ...[]string) []byte {
 	b = protowire.AppendTag(b, 1, protowire.BytesType)
 	b = protowire.AppendString(b, domain)
 	for _, kv := range descs {
-		var d []byte
-		for i := 0; i+1 < len(kv); i += 2 {
-			var e []byte
-			e = protowire.AppendTag(e, 1, protowire.BytesType)
-			e = protowire.AppendString(e, kv[i])
-			e = protowire.AppendTag(e, 2, protowire.BytesType)
-			e = protowire.AppendString(e, kv[i+1])
-			d = protowire.AppendTag(d, 1, protowire.BytesType)
-			d = protowire.AppendBytes(d, e)
-		}
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendBytes(b, d)
+		b = protowire.AppendBytes(b, wireDescriptor(kv))
 	}
 	return b
+}
+
+// wireDescriptor hand-encodes a RateLimitDescriptor of key, value pairs.
+func wireDescriptor(kv []string) []byte {
+	var d []byte
+	for i := 0; i+1 < len(kv); i += 2 {
+		var e []byte
+		e = protowire.AppendTag(e, 1, protowire.BytesType)
+		e = protowire.AppendString(e, kv[i])
+		e = protowire.AppendTag(e, 2, protowire.BytesType)
+		e = protowire.AppendString(e, kv[i+1])
+		d = protowire.AppendTag(d, 1, protowire.BytesType)
+		d = protowire.AppendBytes(d, e)
+	}
+	return d
+}
+
+// ownDescriptor hand-encodes field 2 of a RateLimitRequest: a descriptor
+// of key, value pairs with its own limit of rpu per unit.
+func ownDescriptor(rpu uint32, unit typev3.RateLimitUnit, kv ...string) []byte {
+	var lim []byte
+	lim = protowire.AppendTag(lim, 1, protowire.VarintType)
+	lim = protowire.AppendVarint(lim, uint64(rpu))
+	lim = protowire.AppendTag(lim, 2, protowire.VarintType)
+	lim = protowire.AppendVarint(lim, uint64(unit))
+	d := wireDescriptor(kv)
+	d = protowire.AppendTag(d, 2, protowire.BytesType)
+	d = protowire.AppendBytes(d, lim)
+	b := protowire.AppendTag(nil, 2, protowire.BytesType)
+	return protowire.AppendBytes(b, d)
 }
 
 // raw sends the wire data b as a ShouldRateLimit request.
@@ -166,6 +186,20 @@ func TestGRPCInvalidUTF8(t *testing.T) {
 				}
 			}
 
+			// Keys too, and a descriptor's own limit on them, whose label
+			// holds its keys; a domain that is not UTF-8 is one the rules
+			// do not have.
+			own := ownDescriptor(1, typev3.RateLimitUnit_YEAR, "\xff", "x")
+			for i, want := range []rlpb.RateLimitResponse_Code{rlpb.RateLimitResponse_OK, rlpb.RateLimitResponse_OVER_LIMIT} {
+				resp, err := e.raw(append(wireRequest("edge"), own...))
+				if err != nil || resp.OverallCode != want {
+					t.Errorf("own limit of 1 on key \xff, request %d: %v, %v; want %v", i, resp, err, want)
+				}
+			}
+			if resp, err := e.raw(wireRequest("ed\xffge", []string{"remote_address", addr})); err != nil || resp.OverallCode != rlpb.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil {
+				t.Errorf("domain ed\xffge: %v, %v; want OK without a limit", resp, err)
+			}
+
 			// Wire data that is not protobuf is refused, not admitted.
 			for _, b := range [][]byte{{0x0a, 0x05, 'e'}, {0xff}, {0x12, 0x02, 0x0a, 0x7f}} {
 				if _, err := e.raw(b); status.Code(err) != codes.InvalidArgument {
@@ -178,6 +212,7 @@ func TestGRPCInvalidUTF8(t *testing.T) {
 				`hotkey_descriptor_hits_total{descriptor="edge.tenant_Espa\\xf1a",domain="edge"} 10`,
 				`hotkey_descriptor_over_limit_total{descriptor="edge.user_\\xff",domain="edge"} 1`,
 				`hotkey_descriptor_within_limit_total{descriptor="edge.user_España",domain="edge"} 2`,
+				`hotkey_descriptor_hits_total{descriptor="edge.\\xff",domain="edge"} 2`,
 			} {
 				if !strings.Contains(scrape, want) {
 					t.Errorf("/metrics has no %s", want)
