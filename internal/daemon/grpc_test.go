@@ -21,6 +21,7 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hotkeyd/hotkey/internal/redistest"
 )
@@ -279,6 +280,63 @@ func TestGRPCOverrideUnits(t *testing.T) {
 				if got := ask(s.rpu, typev3.RateLimitUnit_YEAR, "carol"); got != s.want {
 					t.Errorf("carol, request %d, %d a year: %v, want %v", i, s.rpu, got, s.want)
 				}
+			}
+		})
+	}
+}
+
+// TestGRPCHitsAddendZero: a descriptor of hits_addend 0 is answered
+// OVER_LIMIT when one unit would be refused now, as envoyproxy/ratelimit
+// answers it (it adds 0 and compares), and charges nothing.
+func TestGRPCHitsAddendZero(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			e := startRLS(t, store, invalidUTF8Rules)
+			c := rlpb.NewRateLimitServiceClient(e.conn)
+			ask := func(hits uint64, value string) *rlpb.RateLimitResponse_DescriptorStatus {
+				t.Helper()
+				d := &ratelimit.RateLimitDescriptor{Entries: []*ratelimit.RateLimitDescriptor_Entry{{Key: "user", Value: value}}, HitsAddend: wrapperspb.UInt64(hits)}
+				resp, err := c.ShouldRateLimit(context.Background(), &rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimit.RateLimitDescriptor{d}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.OverallCode != resp.Statuses[0].Code {
+					t.Errorf("overall %v, descriptor %v", resp.OverallCode, resp.Statuses[0].Code)
+				}
+				return resp.Statuses[0]
+			}
+			// Peeks charge nothing: 2 a year still admits 2.
+			for i := range 10 {
+				if st := ask(0, "bob"); st.Code != ok || st.LimitRemaining != 2 {
+					t.Errorf("hits 0 on a fresh counter, request %d: %v, want OK with 2 left", i, st)
+					break
+				}
+			}
+			for i, want := range []rlpb.RateLimitResponse_Code{ok, ok, over} {
+				if st := ask(1, "bob"); st.Code != want {
+					t.Fatalf("hit %d after peeks: %v, want %v", i, st, want)
+				}
+			}
+			overs := 0
+			for range 10 {
+				if st := ask(0, "bob"); st.Code == over && st.LimitRemaining == 0 {
+					overs++
+				}
+			}
+			if overs != 10 {
+				t.Errorf("hits 0 on a counter over its limit: %d of 10 answered OVER_LIMIT, want 10", overs)
+			}
+			// A limit of 0 refuses one hit: hits 0 too. A refund is
+			// answered OK.
+			zero := &ratelimit.RateLimitDescriptor{
+				Entries:    []*ratelimit.RateLimitDescriptor_Entry{{Key: "user", Value: "bob"}},
+				Limit:      &ratelimit.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_YEAR},
+				HitsAddend: wrapperspb.UInt64(0),
+			}
+			refund := &ratelimit.RateLimitDescriptor{Entries: zero.Entries, HitsAddend: wrapperspb.UInt64(1), IsNegativeHits: true}
+			resp, err := c.ShouldRateLimit(context.Background(), &rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimit.RateLimitDescriptor{zero, refund}})
+			if err != nil || resp.Statuses[0].Code != over || resp.Statuses[1].Code != ok || resp.OverallCode != over {
+				t.Errorf("hits 0 under a limit of 0, and a refund: %v, %v; want OVER_LIMIT, OK", resp, err)
 			}
 		})
 	}
