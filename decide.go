@@ -133,12 +133,7 @@ func (e *Engine) fallback(ctx context.Context, d degraded, cause error) (Result,
 	case fb == FallbackClosed:
 		r.RetryAfter = lim.Period
 	default: // FallbackLocal: this instance's share of the limit
-		share := lim
-		inst := int64(max(1, e.Instances()))
-		share.Rate = max(1, lim.Rate/inst)
-		if share.Algorithm == counter.TokenBucket {
-			share.Burst = max(1, capacity/inst)
-		}
+		share := e.localShare(lim)
 		if d.n > share.Capacity() {
 			r.RetryAfter = lim.Period
 			break

@@ -3,6 +3,8 @@ package daemon
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
+	"strings"
 	"sync"
 	"unicode/utf8"
 
@@ -72,6 +74,26 @@ func boundLabel(l string) string {
 	return l[:n] + "~" + hex.EncodeToString(sum[:8])
 }
 
+// validLabel returns l with each byte that is not part of valid UTF-8
+// written as \xNN: Prometheus label values are UTF-8, and descriptor keys
+// and values are the request's bytes.
+func validLabel(l string) string {
+	if utf8.ValidString(l) {
+		return l
+	}
+	var b strings.Builder
+	for i := 0; i < len(l); {
+		r, n := utf8.DecodeRuneInString(l[i:])
+		if r == utf8.RuneError && n == 1 {
+			fmt.Fprintf(&b, `\x%02x`, l[i])
+		} else {
+			b.WriteString(l[i : i+n])
+		}
+		i += n
+	}
+	return b.String()
+}
+
 // label returns the descriptor label of m, bounded: a configured rule's
 // path; or a label the configuration does not bound (detailed_metric,
 // value_to_metric, a descriptor's own limit) while fewer than
@@ -83,7 +105,7 @@ func (dm *descMetrics) label(m envoyconf.Match) string {
 	} else if m.Metric == m.Rule.Path || m.Metric == "" {
 		return m.Rule.Path
 	}
-	m.Metric = boundLabel(m.Metric)
+	m.Metric = boundLabel(validLabel(m.Metric))
 	dm.mu.Lock()
 	defer dm.mu.Unlock()
 	if !dm.detailed[m.Metric] {

@@ -72,9 +72,9 @@ func (d *Daemon) startGRPC() error {
 		return listenError("gRPC", d.cfg.GRPCListen, "grpc-listen", err)
 	}
 	d.grpcLn = ln
-	d.grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{d.reqs.api(apiGRPC)}))
+	d.grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{d.reqs.api(apiGRPC)}), grpc.ForceServerCodecV2(newRLSCodec()))
 	d.rls = &rls{d: d}
-	rlpb.RegisterRateLimitServiceServer(d.grpcSrv, d.rls)
+	d.grpcSrv.RegisterService(&rlsServiceDesc, d.rls)
 	d.health = health.NewServer()
 	healthpb.RegisterHealthServer(d.grpcSrv, d.health)
 	reflection.Register(d.grpcSrv)
@@ -144,11 +144,49 @@ func (d *Daemon) GRPCAddr() string {
 	return d.grpcLn.Addr().String()
 }
 
+// rlsServiceDesc is RateLimitService with a handler that decodes the
+// request itself (unmarshalRLSRequest), so that a value that is not UTF-8
+// is counted and malformed wire data is answered InvalidArgument.
+var rlsServiceDesc = grpc.ServiceDesc{
+	ServiceName: rlsService,
+	HandlerType: (*rlpb.RateLimitServiceServer)(nil),
+	Methods:     []grpc.MethodDesc{{MethodName: "ShouldRateLimit", Handler: shouldRateLimitHandler}},
+	Metadata:    "envoy/service/ratelimit/v3/rls.proto",
+}
+
+// shouldRateLimitHandler is the grpc.MethodDesc handler of
+// ShouldRateLimit: it reads the request's wire data (rlsCodec), decodes
+// it, and calls the server's ShouldRateLimit, through interceptor if set.
+func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
+	var w rlsWire
+	if err := dec(&w); err != nil {
+		return nil, err
+	}
+	req := &rlpb.RateLimitRequest{}
+	if err := unmarshalRLSRequest(w.b, req); err != nil {
+		return nil, status.Error(codes.InvalidArgument, "request: "+err.Error())
+	}
+	s := srv.(rlpb.RateLimitServiceServer)
+	if interceptor == nil {
+		return s.ShouldRateLimit(ctx, req)
+	}
+	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlpb.RateLimitService_ShouldRateLimit_FullMethodName}
+	return interceptor(ctx, req, info, func(ctx context.Context, req any) (any, error) {
+		return s.ShouldRateLimit(ctx, req.(*rlpb.RateLimitRequest))
+	})
+}
+
 // rlsItem is what one descriptor of a request comes to.
 type rlsItem struct {
 	m      envoyconf.Match // m.Rule nil: no rule applies
 	hits   int64
 	decide int // index in the batch, -1 if no decision is asked
+	// peek is the answer to a descriptor of hits 0 (not a refund) under a
+	// policy: what one unit would be answered, nothing charged; peekErr
+	// the engine's error.
+	peek    *hotkey.Result
+	peekErr error
+	refund  bool // is_negative_hits
 }
 
 // ShouldRateLimit decides each descriptor of req under the rule it
@@ -196,7 +234,7 @@ func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (
 			it.hits = int64(min(h.GetValue(), math.MaxInt64))
 		}
 		if desc.GetIsNegativeHits() {
-			it.hits = 0 // a refund: not supported, nothing is charged
+			it.hits, it.refund = 0, true // not supported: nothing is charged
 		}
 	}
 	replaced := envoyconf.Replaced(rules)
@@ -207,7 +245,17 @@ func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (
 			it.m.Rule = nil
 		}
 		r := it.m.Rule
-		if r == nil || r.Policy == nil || it.hits == 0 {
+		if r == nil || r.Policy == nil {
+			continue
+		}
+		if it.hits == 0 {
+			if !it.refund {
+				// Over the limit if one unit would be refused now:
+				// envoyproxy/ratelimit adds 0 and compares, and
+				// answers over the limit a counter past it.
+				res, err := s.d.engine.Peek(ctx, it.m.Key, r.Policy)
+				it.peek, it.peekErr = &res, err
+			}
 			continue
 		}
 		if it.hits > r.Policy.Limit.Capacity() {
@@ -239,7 +287,9 @@ func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (
 		}
 		r := it.m.Rule
 		over := st.Code == rlpb.RateLimitResponse_OVER_LIMIT
-		s.d.descMetrics.count(it.m, it.hits, res, over)
+		if it.hits > 0 {
+			s.d.descMetrics.count(it.m, it.hits, res, over)
+		}
 		if over && (r.ShadowMode || r.QuotaMode) {
 			st.Code = rlpb.RateLimitResponse_OK
 			over = false
@@ -266,8 +316,9 @@ func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (
 }
 
 // status is the descriptor status of it, given the batch's decisions out,
-// and if a decision was made (one charged, or refused whatever the counter
-// holds), that decision: the headers and metrics describe it.
+// and if a decision was made (one charged, a peek for hits 0, or refused
+// whatever the counter holds), that decision: the headers describe it, and
+// the metrics unless it charged nothing.
 func (s *rls) status(it *rlsItem, out []hotkey.Decision) (_ *rlpb.RateLimitResponse_DescriptorStatus, _ hotkey.Result, decided bool, _ error) {
 	r := it.m.Rule
 	switch {
@@ -277,20 +328,29 @@ func (s *rls) status(it *rlsItem, out []hotkey.Decision) (_ *rlpb.RateLimitRespo
 		return &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}, hotkey.Result{}, false, nil
 	}
 	limit := &rlpb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: rlpb.RateLimitResponse_RateLimit_Unit(r.Unit)}
-	if it.hits == 0 {
-		// Nothing to charge (hits_addend 0, or a refund): the engine has
-		// no check without a charge, so the status says only the limit.
+	if it.refund || errors.Is(it.peekErr, hotkey.ErrNoPeek) {
+		// Nothing to charge (a refund, or a store that cannot peek): the
+		// status says only the limit.
 		return &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK, CurrentLimit: limit}, hotkey.Result{}, false, nil
 	}
 	period := r.Unit.Duration()
 	var res hotkey.Result
-	if it.decide >= 0 {
+	switch {
+	case it.peek != nil:
+		if it.peekErr != nil {
+			return nil, res, false, decisionStatus(it.peekErr)
+		}
+		res = *it.peek
+		if res.Allowed { // the unit the peek asked of is not charged
+			res.Remaining = min(res.Remaining+1, res.Limit)
+		}
+	case it.decide >= 0:
 		d := out[it.decide]
 		if d.Err != nil {
 			return nil, res, false, decisionStatus(d.Err)
 		}
 		res = d.Result
-	} else { // requests_per_unit 0, or hits over the limit: over whatever the counter holds
+	default: // requests_per_unit 0, or hits over the limit: over whatever the counter holds (hits 0 too)
 		res = hotkey.Result{Limit: int64(r.RequestsPerUnit), RetryAfter: period, ResetAfter: period}
 	}
 	code := rlpb.RateLimitResponse_OK
@@ -335,10 +395,10 @@ func ruleHeaderPolicy(r *envoyconf.Rule) *hotkey.Policy {
 
 // override returns the match of a descriptor of domain, a domain of the
 // configuration, that carries its own limit: the domain's rule of that
-// limit (OverrideRule), its counter that of the descriptor's keys and
-// values (OverrideKey), apart from the configured rules' counters. Its
-// metrics label is the domain and the descriptor's keys, bounded as the
-// detailed labels are.
+// limit (OverrideRule), its counter that of the limit's unit and the
+// descriptor's keys and values (OverrideKey), apart from the configured
+// rules' counters. Its metrics label is the domain and the descriptor's
+// keys, bounded as the detailed labels are.
 func (s *rls) override(domain string, entries []envoyconf.Entry, rpu uint32, unit envoyconf.Unit) envoyconf.Match {
 	id := overrideID{domain, rpu, unit}
 	s.overMu.RLock()
@@ -363,7 +423,7 @@ func (s *rls) override(domain string, entries []envoyconf.Entry, rpu uint32, uni
 		label.WriteByte('.')
 		label.WriteString(e.Key)
 	}
-	return envoyconf.Match{Rule: rule, Key: envoyconf.OverrideKey(entries), Metric: label.String()}
+	return envoyconf.Match{Rule: rule, Key: envoyconf.OverrideKey(unit, entries), Metric: label.String()}
 }
 
 // sortHeaders orders headers by name, for answers that read the same every

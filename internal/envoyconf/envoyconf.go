@@ -238,7 +238,8 @@ const maxStackEntries = 8
 // one entry does not apply to a descriptor of two).
 //
 // Key is the counter key: the entries' values, each with '\' and ','
-// escaped by a '\' and joined with ','; an entry matched by a
+// escaped by a '\', each byte that is not part of valid UTF-8 written
+// "\xNN", and joined with ','; an entry matched by a
 // share_threshold wildcard counts under the pattern (value with its '*')
 // instead, so every value matching it shares one counter. A key starting
 // with '~' gets a '\' before it, an empty key reads "~", and a key longer
@@ -280,10 +281,12 @@ func (c *Config) Match(domain string, entries []Entry) (m Match, ok bool) {
 // their own limit (RateLimitDescriptor.limit in the RLS protocol):
 // requestsPerUnit per unit (not zero), under the sliding-window counter,
 // with the local fallback. Its policy is named "envoy-override/" and the
-// domain, whatever the limit, so that a descriptor whose limit changes
-// keeps its counter and the usage it holds; the counter key of a
-// descriptor is OverrideKey of its entries. Its Path, the label its
-// metrics fall back to, is the domain and ".(own limit)".
+// domain, whatever the limit; the counter key of a descriptor is
+// OverrideKey of the unit and its entries, so that a descriptor whose
+// requests_per_unit changes keeps its counter and the usage it holds, and
+// each unit counts on a counter of its own (a window written under one
+// period is empty under another). Its Path, the label its metrics fall
+// back to, is the domain and ".(own limit)".
 func OverrideRule(domain string, requestsPerUnit uint32, unit Unit) *Rule {
 	r := &Rule{Domain: domain, Path: domain + ".(own limit)", RequestsPerUnit: requestsPerUnit, Unit: unit, Override: true}
 	if requestsPerUnit > 0 {
@@ -297,11 +300,13 @@ func OverrideRule(domain string, requestsPerUnit uint32, unit Unit) *Rule {
 }
 
 // OverrideKey returns the counter key, under an OverrideRule's policy, of
-// a descriptor with entries: its keys and values, escaped and joined as
-// Match joins values, so that two descriptors share a counter only if
-// their keys and values are the same.
-func OverrideKey(entries []Entry) string {
-	kv := make([]Entry, 0, 2*len(entries))
+// a descriptor with entries and a limit per unit: the unit's name, then
+// the entries' keys and values, escaped and joined as Match joins values
+// ("hour,user,bob"), so that two descriptors share a counter only if their
+// unit, keys and values are the same.
+func OverrideKey(unit Unit, entries []Entry) string {
+	kv := make([]Entry, 0, 1+2*len(entries))
+	kv = append(kv, Entry{Value: unit.String()})
 	for _, e := range entries {
 		kv = append(kv, Entry{Value: e.Key}, Entry{Value: e.Value})
 	}
@@ -311,6 +316,8 @@ func OverrideKey(entries []Entry) string {
 // OverridePolicyName returns the name of the policy of OverrideRule's rule
 // for domain: "envoy-override/" and the domain, cut as PolicyName cuts.
 func OverridePolicyName(domain string) string { return policyName(overridePrefix, domain) }
+
+const hexDigits = "0123456789abcdef"
 
 // counterKey builds Match.Key; nodes nil is no share_threshold match.
 func counterKey(entries []Entry, nodes []*node) string {
@@ -332,8 +339,23 @@ func counterKey(entries []Entry, nodes []*node) string {
 			b.WriteByte('\\')
 		}
 		for j := 0; j < len(v); j++ {
-			if c := v[j]; c == '\\' || c == ',' {
+			switch c := v[j]; {
+			case c == '\\' || c == ',':
 				b.WriteByte('\\')
+			case c >= utf8.RuneSelf:
+				// A byte that is not part of valid UTF-8 is written
+				// \xNN, so that keys stay UTF-8 (leases and /v1/hotkeys
+				// carry them as JSON); a value's own '\' is doubled, so
+				// no value spells the escape.
+				if r, n := utf8.DecodeRuneInString(v[j:]); r != utf8.RuneError || n > 1 {
+					b.WriteString(v[j : j+n])
+					j += n - 1
+				} else {
+					b.WriteString(`\x`)
+					b.WriteByte(hexDigits[c>>4])
+					b.WriteByte(hexDigits[c&0xf])
+				}
+				continue
 			}
 			b.WriteByte(v[j])
 		}

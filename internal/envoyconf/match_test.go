@@ -174,7 +174,7 @@ descriptors:
 		if n == 0 {
 			return
 		}
-		for _, ch := range []string{"a", ",", `\`, "~"} {
+		for _, ch := range []string{"a", ",", `\`, "~", "\xff"} {
 			gen(prefix+ch, n-1)
 		}
 	}
@@ -184,6 +184,8 @@ descriptors:
 	// a value spelling the hashed key of another descriptor
 	sum := sha256.Sum256([]byte(long + "y"))
 	values = append(values, "~"+hex.EncodeToString(sum[:]), "~~", `\\~`)
+	// values that are not UTF-8, and values spelling their escapes
+	values = append(values, "Espa\xf1a", `Espa\xf1a`, "España", "\xc3", `\xc3`, `\\xff`, "\ufffd")
 	slices.Sort(values)
 	values = slices.Compact(values)
 
@@ -192,7 +194,7 @@ descriptors:
 		if !ok {
 			t.Fatalf("%v: no match", es)
 		}
-		if m.Key == "" || len(m.Key) > hotkey.DefaultMaxKeyLen {
+		if m.Key == "" || len(m.Key) > hotkey.DefaultMaxKeyLen || !utf8.ValidString(m.Key) {
 			t.Fatalf("%v: key %q of %d bytes", es, m.Key, len(m.Key))
 		}
 		return m.Key
@@ -211,6 +213,9 @@ descriptors:
 	}
 	if k := keyOf(entries("one", `a,b\c`)); k != `a\,b\\c` {
 		t.Errorf("escaped key %q", k)
+	}
+	if k := keyOf(entries("one", "Espa\xf1a")); k != `Espa\xf1a` {
+		t.Errorf("key of a value that is not UTF-8: %q", k)
 	}
 	if k := keyOf(entries("one", long+"y")); k != "~"+hex.EncodeToString(sum[:]) {
 		t.Errorf("long key %q, want ~ and its sha256", k)
@@ -477,7 +482,7 @@ descriptors:
 }
 
 // TestOverrideKey: descriptors that carry their own limit share a counter
-// only if their keys and values are the same.
+// only if their unit, keys and values are the same.
 func TestOverrideKey(t *testing.T) {
 	seen := map[string][]Entry{}
 	for _, es := range [][]Entry{
@@ -490,12 +495,20 @@ func TestOverrideKey(t *testing.T) {
 		{{"b", "a"}},
 		{{"~x", "y"}},
 		{{"", ""}},
+		{{"a", "\xff"}},
+		{{"a", `\xff`}},
+		{{"\xff", "b"}},
 	} {
-		k := OverrideKey(es)
-		if prev, ok := seen[k]; ok {
-			t.Errorf("%v and %v share the key %q", prev, es, k)
+		for _, u := range []Unit{Hour, Day} {
+			k := OverrideKey(u, es)
+			if prev, ok := seen[k]; ok {
+				t.Errorf("%v and %v %v share the key %q", prev, u, es, k)
+			}
+			seen[k] = es
 		}
-		seen[k] = es
+	}
+	if k := OverrideKey(Hour, []Entry{{"user", "bob"}}); k != "hour,user,bob" {
+		t.Errorf("OverrideKey(hour, user bob) = %q", k)
 	}
 	r := OverrideRule("edge", 5, Minute)
 	if r.Policy == nil || r.Policy.Name != "envoy-override/edge" || r.Policy.Limit.Rate != 5 || !r.Override {

@@ -1,0 +1,348 @@
+package daemon
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/hotkeyd/hotkey/internal/redistest"
+)
+
+// rlsEnv is an in-process daemon serving Envoy rules, on the memory store
+// or a real redis-server, and a gRPC connection to it.
+type rlsEnv struct {
+	d    *Daemon
+	conn *grpc.ClientConn
+}
+
+// startRLS starts a daemon with the Envoy rules rules on store ("memory"
+// or "redis"); everything stops at cleanup.
+func startRLS(t *testing.T, store, rules string, args ...string) *rlsEnv {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(path, []byte(rules), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	args = append([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--envoy-config", path}, args...)
+	if store == "redis" {
+		srv, err := redistest.Start(t.TempDir())
+		if errors.Is(err, redistest.ErrNotInstalled) {
+			t.Fatal("redis-server is not installed (make test installs it)")
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { srv.Close() })
+		args = append(args, "--redis", "redis://"+srv.Addr)
+	}
+	d, err := StartArgs(context.Background(), args...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { shutdown(t, d) })
+	conn, err := grpc.NewClient(d.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return &rlsEnv{d: d, conn: conn}
+}
+
+// rawCodec sends a []byte as the message's wire data as it is, so that a
+// test can send what proto.Marshal refuses (strings that are not UTF-8),
+// and decodes answers as proto.
+type rawCodec struct{}
+
+func (rawCodec) Name() string { return "proto" }
+
+func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.([]byte))}, nil
+}
+
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
+}
+
+// wireRequest hand-encodes a RateLimitRequest of domain, one descriptor
+// per list of key, value pairs; strings go on the wire as their bytes.
+func wireRequest(domain string, descs ...[]string) []byte {
+	var b []byte
+	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendString(b, domain)
+	for _, kv := range descs {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendBytes(b, wireDescriptor(kv))
+	}
+	return b
+}
+
+// wireDescriptor hand-encodes a RateLimitDescriptor of key, value pairs.
+func wireDescriptor(kv []string) []byte {
+	var d []byte
+	for i := 0; i+1 < len(kv); i += 2 {
+		var e []byte
+		e = protowire.AppendTag(e, 1, protowire.BytesType)
+		e = protowire.AppendString(e, kv[i])
+		e = protowire.AppendTag(e, 2, protowire.BytesType)
+		e = protowire.AppendString(e, kv[i+1])
+		d = protowire.AppendTag(d, 1, protowire.BytesType)
+		d = protowire.AppendBytes(d, e)
+	}
+	return d
+}
+
+// ownDescriptor hand-encodes field 2 of a RateLimitRequest: a descriptor
+// of key, value pairs with its own limit of rpu per unit.
+func ownDescriptor(rpu uint32, unit typev3.RateLimitUnit, kv ...string) []byte {
+	var lim []byte
+	lim = protowire.AppendTag(lim, 1, protowire.VarintType)
+	lim = protowire.AppendVarint(lim, uint64(rpu))
+	lim = protowire.AppendTag(lim, 2, protowire.VarintType)
+	lim = protowire.AppendVarint(lim, uint64(unit))
+	d := wireDescriptor(kv)
+	d = protowire.AppendTag(d, 2, protowire.BytesType)
+	d = protowire.AppendBytes(d, lim)
+	b := protowire.AppendTag(nil, 2, protowire.BytesType)
+	return protowire.AppendBytes(b, d)
+}
+
+// raw sends the wire data b as a ShouldRateLimit request.
+func (e *rlsEnv) raw(b []byte) (*rlpb.RateLimitResponse, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // only catches a hang
+	defer cancel()
+	resp := &rlpb.RateLimitResponse{}
+	err := e.conn.Invoke(ctx, rlpb.RateLimitService_ShouldRateLimit_FullMethodName, b, resp, grpc.ForceCodecV2(rawCodec{}))
+	return resp, err
+}
+
+// invalidUTF8Rules limit client addresses to 1 a year, tenants to 100 and
+// users to 2, each tenant and user with a label of its own.
+const invalidUTF8Rules = `domain: edge
+descriptors:
+  - key: remote_address
+    rate_limit: {unit: year, requests_per_unit: 1}
+  - key: tenant
+    detailed_metric: true
+    rate_limit: {unit: year, requests_per_unit: 100}
+  - key: user
+    detailed_metric: true
+    rate_limit: {unit: year, requests_per_unit: 2}
+`
+
+// TestGRPCInvalidUTF8 sends descriptor values that are not UTF-8, as
+// Envoy copies them from headers, over a real connection: they are
+// counted by their bytes like any value, the request's other descriptors
+// with them, and their metrics labels are written with \x escapes.
+func TestGRPCInvalidUTF8(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			e := startRLS(t, store, invalidUTF8Rules)
+			const addr = "203.0.113.7"
+			if resp, err := e.raw(wireRequest("edge", []string{"remote_address", addr})); err != nil || resp.OverallCode != rlpb.RateLimitResponse_OK {
+				t.Fatalf("first request of the address: %v, %v", resp, err)
+			}
+			// The address is over its limit: so is every request of it,
+			// whatever its other descriptors hold.
+			over := 0
+			for range 10 {
+				resp, err := e.raw(wireRequest("edge", []string{"remote_address", addr}, []string{"tenant", "Espa\xf1a"}))
+				if err == nil && resp.OverallCode == rlpb.RateLimitResponse_OVER_LIMIT && resp.Statuses[0].Code == rlpb.RateLimitResponse_OVER_LIMIT &&
+					resp.Statuses[1].Code == rlpb.RateLimitResponse_OK {
+					over++
+				} else if over == 0 {
+					t.Logf("request over the address's limit with tenant Espa\\xf1a: %v, %v", resp, err)
+				}
+			}
+			if over != 10 {
+				t.Errorf("%d of 10 requests over the address's limit answered OVER_LIMIT, want 10", over)
+			}
+
+			// Values count by their bytes: "\xff" and "\xfe" are two
+			// counters, "Espa\xf1a" (Latin-1) and "España" (UTF-8) two
+			// more; the same bytes share one.
+			for _, v := range []string{"\xff", "\xfe", "Espa\xf1a", "España"} {
+				for i, want := range []rlpb.RateLimitResponse_Code{rlpb.RateLimitResponse_OK, rlpb.RateLimitResponse_OK, rlpb.RateLimitResponse_OVER_LIMIT} {
+					resp, err := e.raw(wireRequest("edge", []string{"user", v}))
+					if err != nil || resp.Statuses[0].Code != want {
+						t.Errorf("user %q, request %d: %v, %v; want %v", v, i, resp, err, want)
+					}
+				}
+			}
+
+			// Keys too, and a descriptor's own limit on them, whose label
+			// holds its keys; a domain that is not UTF-8 is one the rules
+			// do not have.
+			own := ownDescriptor(1, typev3.RateLimitUnit_YEAR, "\xff", "x")
+			for i, want := range []rlpb.RateLimitResponse_Code{rlpb.RateLimitResponse_OK, rlpb.RateLimitResponse_OVER_LIMIT} {
+				resp, err := e.raw(append(wireRequest("edge"), own...))
+				if err != nil || resp.OverallCode != want {
+					t.Errorf("own limit of 1 on key \xff, request %d: %v, %v; want %v", i, resp, err, want)
+				}
+			}
+			if resp, err := e.raw(wireRequest("ed\xffge", []string{"remote_address", addr})); err != nil || resp.OverallCode != rlpb.RateLimitResponse_OK || resp.Statuses[0].CurrentLimit != nil {
+				t.Errorf("domain ed\xffge: %v, %v; want OK without a limit", resp, err)
+			}
+
+			// Wire data that is not protobuf is refused, not admitted.
+			for _, b := range [][]byte{{0x0a, 0x05, 'e'}, {0xff}, {0x12, 0x02, 0x0a, 0x7f}} {
+				if _, err := e.raw(b); status.Code(err) != codes.InvalidArgument {
+					t.Errorf("wire data %x: %v, want InvalidArgument", b, err)
+				}
+			}
+
+			scrape := scrapeMetrics(t, e.d)
+			for _, want := range []string{
+				`hotkey_descriptor_hits_total{descriptor="edge.tenant_Espa\\xf1a",domain="edge"} 10`,
+				`hotkey_descriptor_over_limit_total{descriptor="edge.user_\\xff",domain="edge"} 1`,
+				`hotkey_descriptor_within_limit_total{descriptor="edge.user_España",domain="edge"} 2`,
+				`hotkey_descriptor_hits_total{descriptor="edge.\\xff",domain="edge"} 2`,
+			} {
+				if !strings.Contains(scrape, want) {
+					t.Errorf("/metrics has no %s", want)
+				}
+			}
+		})
+	}
+}
+
+// scrapeMetrics returns what d's /metrics serves.
+func scrapeMetrics(t *testing.T, d *Daemon) string {
+	t.Helper()
+	resp, err := (&http.Client{}).Get("http://" + d.Addr() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// TestGRPCOverrideUnits: a descriptor's own limit counts per unit, each
+// unit on its own counter, and a change of requests_per_unit within a
+// unit keeps the usage.
+func TestGRPCOverrideUnits(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			e := startRLS(t, store, invalidUTF8Rules)
+			c := rlpb.NewRateLimitServiceClient(e.conn)
+			ask := func(rpu uint32, unit typev3.RateLimitUnit, value string) rlpb.RateLimitResponse_Code {
+				t.Helper()
+				d := &ratelimit.RateLimitDescriptor{
+					Entries: []*ratelimit.RateLimitDescriptor_Entry{{Key: "user", Value: value}},
+					Limit:   &ratelimit.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: rpu, Unit: unit},
+				}
+				resp, err := c.ShouldRateLimit(context.Background(), &rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimit.RateLimitDescriptor{d}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp.Statuses[0].Code
+			}
+			// Months and years: no window of either starts within a test.
+			admitted := map[typev3.RateLimitUnit]int{}
+			for range 20 {
+				for _, unit := range []typev3.RateLimitUnit{typev3.RateLimitUnit_MONTH, typev3.RateLimitUnit_YEAR} {
+					if ask(2, unit, "bob") == rlpb.RateLimitResponse_OK {
+						admitted[unit]++
+					}
+				}
+			}
+			for unit, n := range admitted {
+				if n != 2 {
+					t.Errorf("2 a %v, asked alternately with another unit: admitted %d of 20, want 2", unit, n)
+				}
+			}
+			// Within one unit, the limit changes and the usage stays.
+			for i, s := range []struct {
+				rpu  uint32
+				want rlpb.RateLimitResponse_Code
+			}{{2, ok}, {2, ok}, {2, over}, {3, ok}, {3, over}, {5, ok}, {5, ok}, {5, over}} {
+				if got := ask(s.rpu, typev3.RateLimitUnit_YEAR, "carol"); got != s.want {
+					t.Errorf("carol, request %d, %d a year: %v, want %v", i, s.rpu, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+// TestGRPCHitsAddendZero: a descriptor of hits_addend 0 is answered
+// OVER_LIMIT when one unit would be refused now, as envoyproxy/ratelimit
+// answers it (it adds 0 and compares), and charges nothing.
+func TestGRPCHitsAddendZero(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			e := startRLS(t, store, invalidUTF8Rules)
+			c := rlpb.NewRateLimitServiceClient(e.conn)
+			ask := func(hits uint64, value string) *rlpb.RateLimitResponse_DescriptorStatus {
+				t.Helper()
+				d := &ratelimit.RateLimitDescriptor{Entries: []*ratelimit.RateLimitDescriptor_Entry{{Key: "user", Value: value}}, HitsAddend: wrapperspb.UInt64(hits)}
+				resp, err := c.ShouldRateLimit(context.Background(), &rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimit.RateLimitDescriptor{d}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if resp.OverallCode != resp.Statuses[0].Code {
+					t.Errorf("overall %v, descriptor %v", resp.OverallCode, resp.Statuses[0].Code)
+				}
+				return resp.Statuses[0]
+			}
+			// Peeks charge nothing: 2 a year still admits 2.
+			for i := range 10 {
+				if st := ask(0, "bob"); st.Code != ok || st.LimitRemaining != 2 {
+					t.Errorf("hits 0 on a fresh counter, request %d: %v, want OK with 2 left", i, st)
+					break
+				}
+			}
+			for i, want := range []rlpb.RateLimitResponse_Code{ok, ok, over} {
+				if st := ask(1, "bob"); st.Code != want {
+					t.Fatalf("hit %d after peeks: %v, want %v", i, st, want)
+				}
+			}
+			overs := 0
+			for range 10 {
+				if st := ask(0, "bob"); st.Code == over && st.LimitRemaining == 0 {
+					overs++
+				}
+			}
+			if overs != 10 {
+				t.Errorf("hits 0 on a counter over its limit: %d of 10 answered OVER_LIMIT, want 10", overs)
+			}
+			// A limit of 0 refuses one hit: hits 0 too. A refund is
+			// answered OK.
+			zero := &ratelimit.RateLimitDescriptor{
+				Entries:    []*ratelimit.RateLimitDescriptor_Entry{{Key: "user", Value: "bob"}},
+				Limit:      &ratelimit.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 0, Unit: typev3.RateLimitUnit_YEAR},
+				HitsAddend: wrapperspb.UInt64(0),
+			}
+			refund := &ratelimit.RateLimitDescriptor{Entries: zero.Entries, HitsAddend: wrapperspb.UInt64(1), IsNegativeHits: true}
+			resp, err := c.ShouldRateLimit(context.Background(), &rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimit.RateLimitDescriptor{zero, refund}})
+			if err != nil || resp.Statuses[0].Code != over || resp.Statuses[1].Code != ok || resp.OverallCode != over {
+				t.Errorf("hits 0 under a limit of 0, and a refund: %v, %v; want OVER_LIMIT, OK", resp, err)
+			}
+		})
+	}
+}
+
+const (
+	ok   = rlpb.RateLimitResponse_OK
+	over = rlpb.RateLimitResponse_OVER_LIMIT
+)
