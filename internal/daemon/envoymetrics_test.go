@@ -60,7 +60,10 @@ func TestDescMetrics(t *testing.T) {
 	}
 	// A descriptor's own limit: its path is the request's keys, counted
 	// as a detailed label, and past the cap under overrideLabel.
-	own := envoyconf.OverrideRule("d", 5, envoyconf.Hour)
+	own, err := envoyconf.OverrideRule("d", 5, envoyconf.Hour, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
 	dm.count(envoyconf.Match{Rule: own, Metric: "d.anything"}, 1, hotkey.Result{Allowed: true, Remaining: 4}, false)
 	if got := get(dm.hits, overrideLabel); got != 1 {
 		t.Errorf("own limit past the cap: %v hits under %q, want 1", got, overrideLabel)

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -52,9 +53,10 @@ type rls struct {
 
 // overrideID names the rule of a domain's descriptors that carry one limit.
 type overrideID struct {
-	domain string
-	rpu    uint32
-	unit   envoyconf.Unit
+	domain     string
+	rpu        uint32
+	unit       envoyconf.Unit
+	multiplier uint32
 }
 
 // maxOverrides bounds the rules kept for descriptors' own limits, one per
@@ -221,10 +223,7 @@ func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (
 			// An unknown domain has no limit, a descriptor's own
 			// included, as in envoyproxy/ratelimit.
 		case ov != nil:
-			if envoyconf.Unit(ov.GetUnit()).Duration() == 0 {
-				return nil, status.Errorf(codes.InvalidArgument, "descriptors[%d].limit: unit %v: want SECOND, MINUTE, HOUR, DAY, WEEK, MONTH or YEAR", i, ov.GetUnit())
-			}
-			it.m = s.override(req.GetDomain(), entries, ov.GetRequestsPerUnit(), envoyconf.Unit(ov.GetUnit()))
+			it.m = s.override(req.GetDomain(), entries, ov)
 		default:
 			it.m, _ = cfg.Match(req.GetDomain(), entries)
 		}
@@ -333,7 +332,7 @@ func (s *rls) status(it *rlsItem, out []hotkey.Decision) (_ *rlpb.RateLimitRespo
 		// status says only the limit.
 		return &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK, CurrentLimit: limit}, hotkey.Result{}, false, nil
 	}
-	period := r.Unit.Duration()
+	period := r.Period()
 	var res hotkey.Result
 	switch {
 	case it.peek != nil:
@@ -390,7 +389,7 @@ func ruleHeaderPolicy(r *envoyconf.Rule) *hotkey.Policy {
 	if r.Override {
 		name = envoyconf.OverridePolicyName(r.Domain)
 	}
-	return &hotkey.Policy{Name: name, Limit: counter.Limit{Rate: max(1, int64(r.RequestsPerUnit)), Period: r.Unit.Duration()}}
+	return &hotkey.Policy{Name: name, Limit: counter.Limit{Rate: max(1, int64(r.RequestsPerUnit)), Period: r.Period()}}
 }
 
 // override returns the match of a descriptor of domain, a domain of the
@@ -399,13 +398,26 @@ func ruleHeaderPolicy(r *envoyconf.Rule) *hotkey.Policy {
 // descriptor's keys and values (OverrideKey), apart from the configured
 // rules' counters. Its metrics label is the domain and the descriptor's
 // keys, bounded as the detailed labels are.
-func (s *rls) override(domain string, entries []envoyconf.Entry, rpu uint32, unit envoyconf.Unit) envoyconf.Match {
-	id := overrideID{domain, rpu, unit}
+//
+// A limit that cannot be enforced (a unit of UNKNOWN, a unit_multiplier of
+// 0, a period longer than a store times exactly) is answered OVER_LIMIT, as
+// requests_per_unit 0 is: refusing the request would have Envoy, by its
+// default failure_mode_deny: false, admit it with every other descriptor
+// uncounted.
+func (s *rls) override(domain string, entries []envoyconf.Entry, ov *ratelimit.RateLimitDescriptor_RateLimitOverride) envoyconf.Match {
+	rpu, unit, multiplier := ov.GetRequestsPerUnit(), envoyconf.Unit(ov.GetUnit()), uint32(1)
+	if m := ov.GetUnitMultiplier(); m != nil {
+		multiplier = m.GetValue()
+	}
+	id := overrideID{domain, rpu, unit, multiplier}
 	s.overMu.RLock()
 	rule := s.overrides[id]
 	s.overMu.RUnlock()
 	if rule == nil {
-		rule = envoyconf.OverrideRule(domain, rpu, unit)
+		var err error
+		if rule, err = envoyconf.OverrideRule(domain, rpu, unit, multiplier); err != nil {
+			rule, _ = envoyconf.OverrideRule(domain, 0, unit, 1)
+		}
 		s.overMu.Lock()
 		if s.overrides == nil {
 			s.overrides = make(map[overrideID]*envoyconf.Rule)
@@ -423,7 +435,7 @@ func (s *rls) override(domain string, entries []envoyconf.Entry, rpu uint32, uni
 		label.WriteByte('.')
 		label.WriteString(e.Key)
 	}
-	return envoyconf.Match{Rule: rule, Key: envoyconf.OverrideKey(unit, entries), Metric: label.String()}
+	return envoyconf.Match{Rule: rule, Key: envoyconf.OverrideKey(unit, multiplier, entries), Metric: label.String()}
 }
 
 // sortHeaders orders headers by name, for answers that read the same every

@@ -3,6 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
@@ -279,6 +280,66 @@ func TestGRPCOverrideUnits(t *testing.T) {
 			}{{2, ok}, {2, ok}, {2, over}, {3, ok}, {3, over}, {5, ok}, {5, ok}, {5, over}} {
 				if got := ask(s.rpu, typev3.RateLimitUnit_YEAR, "carol"); got != s.want {
 					t.Errorf("carol, request %d, %d a year: %v, want %v", i, s.rpu, got, s.want)
+				}
+			}
+		})
+	}
+}
+
+// TestGRPCOverrideMultiplier: a descriptor's own limit counts over
+// unit_multiplier units, on a counter of that period; an own limit that
+// cannot be enforced (a unit of UNKNOWN, a multiplier of 0, a period of
+// 1000 years) answers that descriptor OVER_LIMIT, and the request's other
+// descriptors are still counted.
+func TestGRPCOverrideMultiplier(t *testing.T) {
+	for _, store := range []string{"memory", "redis"} {
+		t.Run(store, func(t *testing.T) {
+			e := startRLS(t, store, invalidUTF8Rules)
+			c := rlpb.NewRateLimitServiceClient(e.conn)
+			own := func(unit typev3.RateLimitUnit, mult *wrapperspb.UInt32Value, user string) *ratelimit.RateLimitDescriptor {
+				return &ratelimit.RateLimitDescriptor{
+					Entries: []*ratelimit.RateLimitDescriptor_Entry{{Key: "user", Value: user}},
+					Limit:   &ratelimit.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 2, Unit: unit, UnitMultiplier: mult},
+				}
+			}
+			ask := func(ds ...*ratelimit.RateLimitDescriptor) *rlpb.RateLimitResponse {
+				t.Helper()
+				resp, err := c.ShouldRateLimit(context.Background(), &rlpb.RateLimitRequest{Domain: "edge", Descriptors: ds})
+				if err != nil {
+					t.Fatal(err)
+				}
+				return resp
+			}
+			// 2 a year and 2 every 2 years, asked alternately: each its own
+			// counter.
+			admitted := map[uint32]int{}
+			for range 10 {
+				for _, m := range []uint32{1, 2} {
+					if ask(own(typev3.RateLimitUnit_YEAR, wrapperspb.UInt32(m), "bob")).Statuses[0].Code == ok {
+						admitted[m]++
+					}
+				}
+			}
+			if admitted[1] != 2 || admitted[2] != 2 {
+				t.Errorf("2 a year and 2 every 2 years, asked alternately: admitted %d and %d of 10, want 2 and 2", admitted[1], admitted[2])
+			}
+			// A multiplier of 1 is no multiplier.
+			if st := ask(own(typev3.RateLimitUnit_YEAR, nil, "bob")).Statuses[0]; st.Code != over {
+				t.Errorf("2 a year, no multiplier, after 2 with a multiplier of 1: %v", st)
+			}
+			// What cannot be enforced is over; the address beside it is
+			// counted all the same (1 a year).
+			for i, d := range []*ratelimit.RateLimitDescriptor{
+				own(typev3.RateLimitUnit_UNKNOWN, nil, "carol"),
+				own(typev3.RateLimitUnit_HOUR, wrapperspb.UInt32(0), "carol"),
+				own(typev3.RateLimitUnit_YEAR, wrapperspb.UInt32(1000), "carol"),
+			} {
+				addr := fmt.Sprintf("10.0.0.%d", i)
+				for j, want := range []rlpb.RateLimitResponse_Code{ok, over} {
+					resp := ask(d, &ratelimit.RateLimitDescriptor{Entries: []*ratelimit.RateLimitDescriptor_Entry{{Key: "remote_address", Value: addr}}})
+					if resp.OverallCode != over || resp.Statuses[0].Code != over || resp.Statuses[1].Code != want {
+						t.Errorf("own limit %v, request %d: %v, want OVER_LIMIT and the address %v", d.Limit, j, resp, want)
+					}
 				}
 			}
 		})

@@ -33,8 +33,11 @@ package envoyconf
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"math"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -126,6 +129,10 @@ type Rule struct {
 	// RequestsPerUnit 0 means every request is over the limit.
 	RequestsPerUnit uint32
 	Unit            Unit
+	// Multiplier is how many units make the rule's period: only a
+	// descriptor's own limit has one (unit_multiplier) other than 1; 0
+	// reads as 1.
+	Multiplier uint32
 	// ShadowMode, QuotaMode and DetailedMetric are the descriptor's flags.
 	ShadowMode, QuotaMode, DetailedMetric bool
 	// Policy is the hotkey policy enforcing the rule: nil when Unlimited
@@ -287,26 +294,55 @@ func (c *Config) Match(domain string, entries []Entry) (m Match, ok bool) {
 // each unit counts on a counter of its own (a window written under one
 // period is empty under another). Its Path, the label its metrics fall
 // back to, is the domain and ".(own limit)".
-func OverrideRule(domain string, requestsPerUnit uint32, unit Unit) *Rule {
-	r := &Rule{Domain: domain, Path: domain + ".(own limit)", RequestsPerUnit: requestsPerUnit, Unit: unit, Override: true}
+//
+// Its period is multiplier units (unit_multiplier). A unit of 0, a
+// multiplier of 0 or a period beyond what a store times exactly
+// (counter.MaxWindowPeriod) is an error, but for requestsPerUnit 0, whose
+// rule has no counter.
+func OverrideRule(domain string, requestsPerUnit uint32, unit Unit, multiplier uint32) (*Rule, error) {
+	r := &Rule{Domain: domain, Path: domain + ".(own limit)", RequestsPerUnit: requestsPerUnit, Unit: unit, Multiplier: max(1, multiplier), Override: true}
 	if requestsPerUnit > 0 {
-		r.Policy = &hotkey.Policy{
-			Name:           OverridePolicyName(domain),
-			Limit:          counter.Limit{Algorithm: counter.SlidingWindow, Rate: int64(requestsPerUnit), Period: unit.Duration()},
-			OnStoreFailure: hotkey.FallbackLocal,
+		switch {
+		case unit.Duration() == 0:
+			return nil, fmt.Errorf("unit %v: want second, minute, hour, day, week, month or year", unit)
+		case multiplier == 0:
+			return nil, errors.New("unit_multiplier 0: want 1 or more")
 		}
+		lim := counter.Limit{Algorithm: counter.SlidingWindow, Rate: int64(requestsPerUnit), Period: r.Period()}
+		if r.Period() == 0 {
+			return nil, fmt.Errorf("%d × %v: %w", r.Multiplier, unit, counter.ErrPeriodTooLong)
+		}
+		if err := lim.Validate(); err != nil {
+			return nil, fmt.Errorf("%d × %v: %w", r.Multiplier, unit, err)
+		}
+		r.Policy = &hotkey.Policy{Name: OverridePolicyName(domain), Limit: lim, OnStoreFailure: hotkey.FallbackLocal}
 	}
-	return r
+	return r, nil
+}
+
+// Period is the length of r's window: Multiplier units (0 if r has no
+// unit, or the product overflows).
+func (r *Rule) Period() time.Duration {
+	d, m := r.Unit.Duration(), time.Duration(max(1, r.Multiplier))
+	if d > math.MaxInt64/m {
+		return 0
+	}
+	return d * m
 }
 
 // OverrideKey returns the counter key, under an OverrideRule's policy, of
-// a descriptor with entries and a limit per unit: the unit's name, then
-// the entries' keys and values, escaped and joined as Match joins values
-// ("hour,user,bob"), so that two descriptors share a counter only if their
-// unit, keys and values are the same.
-func OverrideKey(unit Unit, entries []Entry) string {
+// a descriptor with entries and a limit per multiplier units: the unit's
+// name (after the multiplier and "*" when it is over 1), then the entries'
+// keys and values, escaped and joined as Match joins values
+// ("hour,user,bob", "2*hour,user,bob"), so that two descriptors share a
+// counter only if their period, keys and values are the same.
+func OverrideKey(unit Unit, multiplier uint32, entries []Entry) string {
 	kv := make([]Entry, 0, 1+2*len(entries))
-	kv = append(kv, Entry{Value: unit.String()})
+	u := unit.String()
+	if multiplier > 1 {
+		u = strconv.FormatUint(uint64(multiplier), 10) + "*" + u
+	}
+	kv = append(kv, Entry{Value: u})
 	for _, e := range entries {
 		kv = append(kv, Entry{Value: e.Key}, Entry{Value: e.Value})
 	}

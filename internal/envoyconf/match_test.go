@@ -4,11 +4,13 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"github.com/hotkeyd/hotkey"
@@ -500,21 +502,39 @@ func TestOverrideKey(t *testing.T) {
 		{{"\xff", "b"}},
 	} {
 		for _, u := range []Unit{Hour, Day} {
-			k := OverrideKey(u, es)
-			if prev, ok := seen[k]; ok {
-				t.Errorf("%v and %v %v share the key %q", prev, u, es, k)
+			for _, m := range []uint32{1, 2, 24} {
+				k := OverrideKey(u, m, es)
+				if prev, ok := seen[k]; ok {
+					t.Errorf("%v and %d × %v %v share the key %q", prev, m, u, es, k)
+				}
+				seen[k] = es
 			}
-			seen[k] = es
 		}
 	}
-	if k := OverrideKey(Hour, []Entry{{"user", "bob"}}); k != "hour,user,bob" {
+	if k := OverrideKey(Hour, 1, []Entry{{"user", "bob"}}); k != "hour,user,bob" {
 		t.Errorf("OverrideKey(hour, user bob) = %q", k)
 	}
-	r := OverrideRule("edge", 5, Minute)
-	if r.Policy == nil || r.Policy.Name != "envoy-override/edge" || r.Policy.Limit.Rate != 5 || !r.Override {
-		t.Errorf("OverrideRule: %+v", r)
+	if k := OverrideKey(Hour, 2, []Entry{{"user", "bob"}}); k != "2*hour,user,bob" {
+		t.Errorf("OverrideKey(2 × hour, user bob) = %q", k)
 	}
-	if r := OverrideRule("edge", 0, Minute); r.Policy != nil {
-		t.Errorf("OverrideRule of 0: a policy %+v", r.Policy)
+	r, err := OverrideRule("edge", 5, Minute, 1)
+	if err != nil || r.Policy == nil || r.Policy.Name != "envoy-override/edge" || r.Policy.Limit.Rate != 5 || r.Policy.Limit.Period != time.Minute || !r.Override {
+		t.Errorf("OverrideRule: %+v, %v", r, err)
+	}
+	if r, err := OverrideRule("edge", 5, Hour, 3); err != nil || r.Policy.Limit.Period != 3*time.Hour || r.Period() != 3*time.Hour {
+		t.Errorf("OverrideRule of 5 per 3 hours: %+v, %v", r, err)
+	}
+	if r, err := OverrideRule("edge", 0, Minute, 1); err != nil || r.Policy != nil {
+		t.Errorf("OverrideRule of 0: a policy %+v, %v", r.Policy, err)
+	}
+	// What cannot be enforced is an error: a unit of 0, a multiplier of 0,
+	// a period over what a store times exactly (1000 years).
+	for _, c := range []struct {
+		unit Unit
+		mult uint32
+	}{{0, 1}, {Hour, 0}, {Year, 1000}, {Year, math.MaxUint32}} {
+		if r, err := OverrideRule("edge", 5, c.unit, c.mult); err == nil {
+			t.Errorf("OverrideRule of 5 per %d × %v: %+v, want an error", c.mult, c.unit, r)
+		}
 	}
 }
