@@ -76,7 +76,7 @@ func (e *Engine) peekStore(ctx context.Context, peeker counter.Peeker, name stri
 			return Result{Allowed: r.Allowed, Limit: capacity, Remaining: min(capacity, r.Remaining*int64(level)), RetryAfter: r.RetryAfter, ResetAfter: r.ResetAfter, Shards: level}, nil
 		}
 	}
-	r, err := e.peekOne(ctx, peeker, name, hash, lim)
+	r, err := e.peekOne(ctx, peeker, shard.Name(name), hash, lim)
 	if err != nil {
 		return Result{}, err
 	}

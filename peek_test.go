@@ -16,10 +16,14 @@ import (
 func TestPeek(t *testing.T) {
 	for _, tc := range []struct {
 		name string
+		key  string
 		opts []Option
 	}{
-		{"whole", nil},
-		{"split", []Option{WithSplitKeys(shard.Level4, CounterName("p", "k"))}},
+		{"whole", "k", nil},
+		{"split", "k", []Option{WithSplitKeys(shard.Level4, CounterName("p", "k"))}},
+		// A key that ends like a subcounter's name, whose counter's name
+		// is escaped: the peek reads the counter the take charges.
+		{"escaped", "k|4|0", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			clock := testkit.NewClock()
@@ -32,13 +36,13 @@ func TestPeek(t *testing.T) {
 			p := &Policy{Name: "p", Limit: counter.Limit{Algorithm: counter.SlidingWindow, Rate: 8, Period: time.Hour}}
 			ctx := context.Background()
 			for range 20 {
-				if r, err := e.Peek(ctx, "k", p); err != nil || !r.Allowed {
+				if r, err := e.Peek(ctx, tc.key, p); err != nil || !r.Allowed {
 					t.Fatalf("peek of a fresh key: %+v, %v", r, err)
 				}
 			}
 			admitted := 0
 			for range 20 {
-				if r, err := e.AllowN(ctx, "k", p, 1); err == nil && r.Allowed {
+				if r, err := e.AllowN(ctx, tc.key, p, 1); err == nil && r.Allowed {
 					admitted++
 				}
 			}
@@ -48,7 +52,7 @@ func TestPeek(t *testing.T) {
 				t.Fatalf("admitted %d of 20 after 20 peeks, want 8 (6 to 8 split)", admitted)
 			}
 			for range 5 {
-				if r, err := e.Peek(ctx, "k", p); err != nil || r.Allowed || r.RetryAfter <= 0 {
+				if r, err := e.Peek(ctx, tc.key, p); err != nil || r.Allowed || r.RetryAfter <= 0 {
 					t.Fatalf("peek of a full key: %+v, %v; want denied", r, err)
 				}
 			}
