@@ -183,7 +183,13 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 			})
 			if errors.Is(err, counter.ErrFull) {
 				// The memory store has no room for the counters to move
-				// to: decide on those that hold the usage until it has.
+				// to: decide on those that hold the usage until it has,
+				// unless another engine decides on the store too, which
+				// may have moved the usage where this one cannot follow:
+				// then refuse until there is room.
+				if e.sharer != nil && e.sharer.Shared() {
+					return fullResult(err, lim, ent.Level()), nil
+				}
 				if held, heldP, ok := ent.EnterHeld(); ok {
 					level, p = held, heldP
 					defer ent.Exit()
@@ -496,3 +502,17 @@ func (e *Engine) checkKey(key string) error {
 
 // hashKey is the one hash of a key: xxhash64.
 func hashKey(key string) uint64 { return xxhash.Sum64String(key) }
+
+// fullResult is the denial of a decision on a key whose usage cannot move
+// to its level's counters for want of room in the store (err wraps a
+// *counter.FullError), at level: retry once a counter of the full stripe
+// expires.
+func fullResult(err error, lim Limit, level shard.Level) Result {
+	r := Result{Limit: lim.Capacity(), RetryAfter: time.Second, Shards: level}
+	var full *counter.FullError
+	if errors.As(err, &full) {
+		r.RetryAfter = max(time.Nanosecond, full.Wait)
+	}
+	r.ResetAfter = r.RetryAfter
+	return r
+}

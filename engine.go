@@ -21,6 +21,13 @@ type prefetcher interface{ Prefetch(key string) }
 // placer is implemented by stores that know how counter names map to nodes.
 type placer interface{ Placement() counter.Placement }
 
+// sharer is implemented by stores that know whether other engines decide
+// on them (the memory store, see MemoryStore.Attach).
+type sharer interface {
+	Attach() (detach func())
+	Shared() bool
+}
+
 // Engine makes rate-limit decisions on a Store. It is safe for concurrent
 // use. The zero value is not usable; call New.
 type Engine struct {
@@ -32,6 +39,8 @@ type Engine struct {
 	splits   []atomic.Pointer[shard.Entry] // per-key state under withSplitAll, direct-mapped
 	deny     *denyCache                    // nil: disabled
 	prefetch prefetcher                    // nil: the store has no use for the hint
+	sharer   sharer                        // nil: the store does not say
+	detach   func()                        // ends this engine's Attach; nil if none
 	batcher  counter.Batcher               // nil: a batch's takes go one by one
 	detect   *detector.Detector            // nil: disabled
 	coord    coordinator.Coordinator
@@ -78,6 +87,9 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	e.placer, _ = store.(placer)
 	e.prefetch, _ = store.(prefetcher)
 	e.batcher, _ = store.(counter.Batcher)
+	if e.sharer, _ = store.(sharer); e.sharer != nil {
+		e.detach = e.sharer.Attach()
+	}
 	// The deny cache saves store calls; a memory store's call costs what a
 	// lookup in the cache does.
 	if _, inProcess := store.(*counter.MemoryStore); o.denyCache > 0 && !inProcess {
@@ -291,5 +303,8 @@ func (e *Engine) Close() error {
 	e.endLife()
 	close(e.stop)
 	<-e.done
+	if e.detach != nil {
+		e.detach()
+	}
 	return e.coord.Close()
 }

@@ -3,8 +3,10 @@ package counter
 import (
 	"context"
 	"errors"
+	"fmt"
 	"hash/maphash"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -48,6 +50,8 @@ type MemoryStore struct {
 	// An instant is epochNano plus its time since epoch (see nanos).
 	epoch     time.Time
 	epochNano int64
+
+	users atomic.Int32 // engines attached (see Attach)
 }
 
 type stripe struct {
@@ -206,9 +210,37 @@ func (s *MemoryStore) Len() int {
 	return n
 }
 
-// ErrFull is returned (wrapped) by MemoryStore.Reshard when a counter it
-// would seed has no room: its stripe is full of live counters.
+// ErrFull is returned (wrapped in a *FullError) by MemoryStore.Reshard
+// when a counter it would seed has no room: its stripe is full of live
+// counters.
 var ErrFull = errors.New("memory store full")
+
+// FullError is ErrFull for the counter Name, with Wait, how long until a
+// counter of its stripe expires: the soonest room may come.
+type FullError struct {
+	Name string
+	Wait time.Duration
+}
+
+func (e *FullError) Error() string {
+	return fmt.Sprintf("%v: no room for %q for %v", ErrFull, e.Name, e.Wait)
+}
+
+func (e *FullError) Unwrap() error { return ErrFull }
+
+// Attach notes one more user (an engine) deciding on the store, until the
+// function it returns is called. Shared reports whether more than one is.
+// An engine that cannot move a key's usage for want of room goes on
+// deciding where the usage is held only while the store is its alone:
+// another could have moved the usage where this one cannot follow.
+func (s *MemoryStore) Attach() (detach func()) {
+	s.users.Add(1)
+	var once sync.Once
+	return func() { once.Do(func() { s.users.Add(-1) }) }
+}
+
+// Shared reports whether more than one user is attached (see Attach).
+func (s *MemoryStore) Shared() bool { return s.users.Load() > 1 }
 
 // Full returns the number of counters the store refused to create, their
 // stripe being full of live counters: takes of new keys (see TakeAt), and

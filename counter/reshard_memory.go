@@ -336,7 +336,7 @@ func (s *MemoryStore) seed(sh Shard, t int64, f func(c *state)) error {
 	defer st.mu.Unlock()
 	i := s.cell(st, id, t)
 	if i < 0 {
-		return fmt.Errorf("%w: no room for %q for %v", ErrFull, sh.Name, time.Duration(st.t.soonest-t))
+		return &FullError{Name: sh.Name, Wait: time.Duration(st.t.soonest - t)}
 	}
 	c := st.t.state(i)
 	f(&c)
