@@ -87,9 +87,13 @@ type placedStore struct {
 func (s *placedStore) Placement() counter.Placement { return s.p.Load() }
 
 // newPlacedStore returns a memory store on clock whose node map is 3 nodes,
-// version 1.
-func newPlacedStore(clock *testkit.Clock) *placedStore {
-	s := &placedStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
+// version 1, holding maxKeys counters in 4 stripes (0: the default store).
+func newPlacedStore(clock *testkit.Clock, maxKeys int) *placedStore {
+	cfg := counter.MemoryConfig{Clock: clock.Now}
+	if maxKeys > 0 {
+		cfg.MaxKeys, cfg.Stripes = maxKeys, 4
+	}
+	s := &placedStore{MemoryStore: counter.NewMemoryStore(cfg)}
 	s.p.Store(newPlacement(3, 1))
 	return s
 }
@@ -106,7 +110,7 @@ func TestPlacementChangeBetweenVisits(t *testing.T) {
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 		t.Run(alg.String(), func(t *testing.T) {
 			clock := testkit.NewClock()
-			store := newPlacedStore(clock)
+			store := newPlacedStore(clock, 0)
 			a, b := newEngineOn(t, store, clock), newEngineOn(t, store, clock)
 			lim := Limit{Algorithm: alg, Rate: 320, Period: time.Hour}
 			if alg == TokenBucket {
@@ -168,7 +172,7 @@ func TestPlacementChange(t *testing.T) {
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
 		t.Run(alg.String(), func(t *testing.T) {
 			clock := testkit.NewClock()
-			store := newPlacedStore(clock)
+			store := newPlacedStore(clock, 0)
 			e, err := New(store, withClock(clock.Now), WithoutDetector())
 			if err != nil {
 				t.Fatal(err)
