@@ -135,7 +135,7 @@ type modelRun struct {
 	period             time.Duration
 	admitted, refAdmit map[string][]modelEvent // by counter name
 	maxLevel           map[string]shard.Level
-	moves              map[string]int // changes of level of the counter; node map changes count for all
+	moves              map[string]int  // changes of level of the counter; node map changes count for all
 	largeCosts         map[string]bool // counters decided in costs of large parts of their capacity
 	nodeMaps           int
 	onBoundary         int // admissions a window check left out: decided on a period's boundary
