@@ -1,0 +1,180 @@
+// Start: the wiring of a daemon, from its Config to serving.
+
+package daemon
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/micro"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/internal/envoyconf"
+	"github.com/hotkeyd/hotkey/internal/redact"
+)
+
+// StartArgs starts a daemon in this process as the flags args say (the
+// environment is not read), logging nowhere: for the tests, benchmarks and
+// reports that run a daemon beside their clients. Unless args set
+// --grpc-listen, gRPC listens on a free loopback port, not the default one.
+func StartArgs(ctx context.Context, args ...string) (*Daemon, error) {
+	args = append([]string{"--grpc-listen", "127.0.0.1:0"}, args...)
+	cfg, err := ParseArgs(args, func(string) (string, bool) { return "", false }, nil)
+	if err != nil {
+		return nil, err
+	}
+	return Start(ctx, cfg, slog.New(slog.DiscardHandler), "in-process")
+}
+
+// Start starts a daemon as cfg says and returns once it serves. Errors name
+// the flag to change.
+func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_ *Daemon, err error) {
+	d := &Daemon{cfg: cfg, log: log, failed: make(chan error, 1), ncClosed: make(chan struct{}), httpDone: make(chan struct{})}
+	defer func() {
+		if err != nil {
+			d.abort()
+		}
+	}()
+	sources := sourcesPrint(cfg) // before reading: a change after it is seen
+	r, err := loadRules(cfg)
+	if err != nil {
+		return nil, err
+	}
+	d.rules.Store(r)
+	secret, err := readSecret(cfg.NATSSecretFile, log)
+	if err != nil {
+		return nil, err
+	}
+	d.readyz = &hotkey.Policy{Name: "hotkeyd_readyz", Limit: counter.Limit{Rate: 1 << 30, Period: time.Second}}
+	d.id = instanceID()
+
+	if d.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
+		return nil, listenError("HTTP", cfg.Listen, "listen", err)
+	}
+	if err = d.startNATS(); err != nil {
+		return nil, err
+	}
+	sctx, cancel := context.WithTimeout(ctx, startTimeout)
+	defer cancel()
+	if err = d.openStore(sctx); err != nil {
+		return nil, err
+	}
+
+	d.reg = prometheus.NewRegistry()
+	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	build := prometheus.NewGauge(prometheus.GaugeOpts{
+		Name:        "hotkeyd_build_info",
+		Help:        "Always 1; the daemon's version and instance ID as labels.",
+		ConstLabels: prometheus.Labels{"version": version, "instance": d.id},
+	})
+	build.Set(1)
+	d.reg.MustRegister(build)
+	d.reloads = newReloadMetrics(d.reg)
+	d.reqs = newRequestMetrics(d.reg)
+	// The series of each API from the start, at 0 (gRPC's once it serves).
+	d.reqs.api(apiHTTP)
+	d.nats.seconds = d.reqs.api(apiNATS)
+
+	// Hot keys are counter names, policy|key: room for the longest.
+	maxName := max(maxPolicyName, envoyconf.MaxPolicyName) + 1 + hotkey.DefaultMaxKeyLen
+	if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
+		return nil, fmt.Errorf("coordinator: %w", err)
+	}
+	probe := cfg.BreakerProbe
+	d.engine, err = hotkey.New(d.store,
+		hotkey.WithCoordinator(d.coord),
+		hotkey.WithMetrics(d.reg),
+		hotkey.WithLogger(log),
+		hotkey.WithDetector(detector.Config{Threshold: cfg.HotThreshold, Floor: cfg.HotFloor, CoolDown: cfg.CoolDown}),
+		hotkey.WithBreaker(hotkey.DefaultBreakerFailures, probe, max(hotkey.DefaultBreakerMaxProbe, probe)),
+		hotkey.WithLocalKeys(cfg.MaxKeys),
+	)
+	if err != nil {
+		return nil, err
+	}
+
+	d.nats.slots = make(chan struct{}, max(1, cfg.NATSConcurrency))
+	d.svc, err = micro.AddService(d.nc, micro.Config{
+		Name:        ServiceName,
+		Version:     serviceVersion(version),
+		Description: "hotkey rate-limit decisions: request on " + natsSubject + " with {\"policy\":\"default\",\"key\":\"user_123\",\"cost\":1}",
+		Metadata:    map[string]string{"instance": d.id},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("NATS micro service: %w", err)
+	}
+	if err = d.svc.AddEndpoint("allow", micro.HandlerFunc(d.handleNATS), micro.WithEndpointSubject(natsSubject)); err != nil {
+		return nil, fmt.Errorf("NATS micro endpoint %s: %w", natsSubject, err)
+	}
+	if d.nc.IsConnected() {
+		if err = d.nc.FlushTimeout(startTimeout); err != nil {
+			return nil, fmt.Errorf("NATS: flush: %w", err)
+		}
+		d.natsSynced.Store(true)
+	}
+
+	d.httpSrv = &http.Server{
+		Handler:           d.routes(),
+		ConnState:         d.conns.track,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
+	}
+	go func() {
+		if err := d.httpSrv.Serve(d.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			select {
+			case d.failed <- err:
+			default:
+			}
+		}
+	}()
+	if cfg.GRPCListen != "" {
+		d.descMetrics = newDescMetrics(d.reg)
+		if err = d.startGRPC(); err != nil {
+			return nil, err
+		}
+	}
+	store := "memory"
+	switch {
+	case cfg.Redis != "":
+		store = "redis " + redact.URL(cfg.Redis)
+	case len(cfg.RedisCluster) > 0:
+		store = "redis cluster " + strings.Join(cfg.RedisCluster, ",")
+	}
+	nats := redact.URLs(strings.Split(d.natsURL, ","))
+	if d.ns != nil {
+		nats = "embedded " + d.natsURL
+		if cfg.NATSClusterListen != "" {
+			nats += fmt.Sprintf(" cluster %s on %s routes %s", cfg.NATSClusterName, d.ns.Server().ClusterAddr(), strings.Join(cfg.NATSRoutes, ","))
+		}
+	}
+	grpcAddr, domains := "off", "none"
+	if d.grpcLn != nil {
+		grpcAddr = d.GRPCAddr()
+	}
+	if r.envoy != nil {
+		domains = strings.Join(r.envoy.Domains(), ",")
+	}
+	if cfg.ReloadInterval > 0 && (cfg.Policies != "" || cfg.EnvoyConfig != "") {
+		d.background(func(stop <-chan struct{}) { d.watch(cfg.ReloadInterval, sources, stop) })
+	}
+	log.Info("serving", "http", d.Addr(), "grpc", grpcAddr, "nats", nats, "store", store, "instance", d.id,
+		"policies", strings.Join(r.policies.Names(), ","), "envoy_domains", domains, "version", version)
+	if d.grpcLn != nil && r.envoy == nil {
+		log.Info("the gRPC rate-limit service has no rules: every descriptor is answered OK until " + flagName("envoy-config") + " gives some")
+	}
+	return d, nil
+}
