@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"sync"
@@ -22,6 +23,28 @@ func listenError(what, addr, flag string, err error) error {
 		return fmt.Errorf("%s address %s is already in use: change it with %s", what, addr, flagName(flag))
 	}
 	return fmt.Errorf("cannot listen on %s for %s: %v; change it with %s", addr, what, err, flagName(flag))
+}
+
+// serveHTTP serves the API on d.ln until Shutdown; a server that stops on
+// its own is reported on Failed.
+func (d *Daemon) serveHTTP() {
+	d.httpSrv = &http.Server{
+		Handler:           d.routes(),
+		ConnState:         d.conns.track,
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelDebug),
+	}
+	go func() {
+		if err := d.httpSrv.Serve(d.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			select {
+			case d.failed <- err:
+			default:
+			}
+		}
+	}()
 }
 
 // Shutdown stops the daemon gracefully: HTTP stops accepting and finishes

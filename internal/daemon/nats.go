@@ -17,6 +17,7 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
 
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
@@ -245,4 +246,30 @@ func loopback(addr string) bool {
 	}
 	ip := net.ParseIP(host)
 	return ip != nil && ip.IsLoopback()
+}
+
+// addService serves hotkey.allow as a NATS micro service, and waits, if
+// connected, until the server has the subscription.
+func (d *Daemon) addService(version string) error {
+	var err error
+	d.nats.slots = make(chan struct{}, max(1, d.cfg.NATSConcurrency))
+	d.svc, err = micro.AddService(d.nc, micro.Config{
+		Name:        ServiceName,
+		Version:     serviceVersion(version),
+		Description: "hotkey rate-limit decisions: request on " + natsSubject + " with {\"policy\":\"default\",\"key\":\"user_123\",\"cost\":1}",
+		Metadata:    map[string]string{"instance": d.id},
+	})
+	if err != nil {
+		return fmt.Errorf("NATS micro service: %w", err)
+	}
+	if err = d.svc.AddEndpoint("allow", micro.HandlerFunc(d.handleNATS), micro.WithEndpointSubject(natsSubject)); err != nil {
+		return fmt.Errorf("NATS micro endpoint %s: %w", natsSubject, err)
+	}
+	if d.nc.IsConnected() {
+		if err = d.nc.FlushTimeout(startTimeout); err != nil {
+			return fmt.Errorf("NATS: flush: %w", err)
+		}
+		d.natsSynced.Store(true)
+	}
+	return nil
 }

@@ -4,15 +4,12 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -104,49 +101,26 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		return nil, err
 	}
 
-	d.nats.slots = make(chan struct{}, max(1, cfg.NATSConcurrency))
-	d.svc, err = micro.AddService(d.nc, micro.Config{
-		Name:        ServiceName,
-		Version:     serviceVersion(version),
-		Description: "hotkey rate-limit decisions: request on " + natsSubject + " with {\"policy\":\"default\",\"key\":\"user_123\",\"cost\":1}",
-		Metadata:    map[string]string{"instance": d.id},
-	})
-	if err != nil {
-		return nil, fmt.Errorf("NATS micro service: %w", err)
+	if err = d.addService(version); err != nil {
+		return nil, err
 	}
-	if err = d.svc.AddEndpoint("allow", micro.HandlerFunc(d.handleNATS), micro.WithEndpointSubject(natsSubject)); err != nil {
-		return nil, fmt.Errorf("NATS micro endpoint %s: %w", natsSubject, err)
-	}
-	if d.nc.IsConnected() {
-		if err = d.nc.FlushTimeout(startTimeout); err != nil {
-			return nil, fmt.Errorf("NATS: flush: %w", err)
-		}
-		d.natsSynced.Store(true)
-	}
-
-	d.httpSrv = &http.Server{
-		Handler:           d.routes(),
-		ConnState:         d.conns.track,
-		ReadHeaderTimeout: 5 * time.Second,
-		ReadTimeout:       10 * time.Second,
-		WriteTimeout:      10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelDebug),
-	}
-	go func() {
-		if err := d.httpSrv.Serve(d.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
-			select {
-			case d.failed <- err:
-			default:
-			}
-		}
-	}()
+	d.serveHTTP()
 	if cfg.GRPCListen != "" {
 		d.descMetrics = newDescMetrics(d.reg)
 		if err = d.startGRPC(); err != nil {
 			return nil, err
 		}
 	}
+	if cfg.ReloadInterval > 0 && (cfg.Policies != "" || cfg.EnvoyConfig != "") {
+		d.background(func(stop <-chan struct{}) { d.watch(cfg.ReloadInterval, sources, stop) })
+	}
+	d.logServing(r, version)
+	return d, nil
+}
+
+// logServing says what the daemon serves, where, and with which rules.
+func (d *Daemon) logServing(r *rules, version string) {
+	cfg, log := d.cfg, d.log
 	store := "memory"
 	switch {
 	case cfg.Redis != "":
@@ -168,13 +142,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	if r.envoy != nil {
 		domains = strings.Join(r.envoy.Domains(), ",")
 	}
-	if cfg.ReloadInterval > 0 && (cfg.Policies != "" || cfg.EnvoyConfig != "") {
-		d.background(func(stop <-chan struct{}) { d.watch(cfg.ReloadInterval, sources, stop) })
-	}
 	log.Info("serving", "http", d.Addr(), "grpc", grpcAddr, "nats", nats, "store", store, "instance", d.id,
 		"policies", strings.Join(r.policies.Names(), ","), "envoy_domains", domains, "version", version)
 	if d.grpcLn != nil && r.envoy == nil {
 		log.Info("the gRPC rate-limit service has no rules: every descriptor is answered OK until " + flagName("envoy-config") + " gives some")
 	}
-	return d, nil
 }
