@@ -88,43 +88,45 @@ const (
 )
 
 // errBatchField is decodeRequest's error for a request with a "requests"
-// field: a batch, or a body mixing the two forms.
-var errBatchField = errors.New(`field "requests"`)
+// field: a batch, or a body mixing the two forms. Callers tell it by
+// identity and answer in its stead.
+var errBatchField = &apiError{Status: http.StatusBadRequest, Msg: `malformed JSON body: unknown field "requests"`}
 
 // DecodeAllow parses a request body: one JSON object with the fields of
 // AllowRequest and nothing else. policy defaults to "default", cost to 1.
 // It checks the JSON only; the key and cost are checked by the decision.
-func DecodeAllow(body []byte) (AllowRequest, error) {
-	if err := checkBody(body); err != nil {
-		return AllowRequest{}, err
+// A refusal is the answer to give: a status, 400 or 413, and a message.
+func DecodeAllow(body []byte) (AllowRequest, *apiError) {
+	if ae := checkBody(body); ae != nil {
+		return AllowRequest{}, ae
 	}
-	req, err := decodeRequest(body)
-	if errors.Is(err, errBatchField) {
+	req, ae := decodeRequest(body)
+	if ae == errBatchField {
 		return AllowRequest{}, errorf(http.StatusBadRequest, "malformed JSON body: unknown field \"requests\" (the fields are policy, key and cost); send an object like %s", exampleBody)
 	}
-	return req, err
+	return req, ae
 }
 
 // DecodeAllowBody parses a body of POST /v1/allow or hotkey.allow: one
 // request, as DecodeAllow, or a batch, {"requests":[...]} with 1 to
 // MaxBatch items, each decoded as DecodeAllow decodes a body. batch is nil
-// for one request.
-func DecodeAllowBody(body []byte) (req AllowRequest, batch []AllowRequest, err error) {
-	if err := checkBody(body); err != nil {
-		return AllowRequest{}, nil, err
+// for one request. A refusal is of the whole body, as DecodeAllow's.
+func DecodeAllowBody(body []byte) (req AllowRequest, batch []AllowRequest, ae *apiError) {
+	if ae := checkBody(body); ae != nil {
+		return AllowRequest{}, nil, ae
 	}
 	if !opensBatch(body) {
-		req, err := decodeRequest(body)
-		if !errors.Is(err, errBatchField) {
-			return req, nil, err
+		req, ae := decodeRequest(body)
+		if ae != errBatchField {
+			return req, nil, ae
 		}
 	}
-	batch, err = decodeBatch(body)
-	return AllowRequest{}, batch, err
+	batch, ae = decodeBatch(body)
+	return AllowRequest{}, batch, ae
 }
 
 // checkBody refuses a body over MaxBody, or empty.
-func checkBody(body []byte) error {
+func checkBody(body []byte) *apiError {
 	if len(body) > MaxBody {
 		return errorf(http.StatusRequestEntityTooLarge, "request body is %d bytes, over the %d allowed", len(body), MaxBody)
 	}
@@ -156,7 +158,7 @@ func skipSpace(b []byte, i int) int {
 
 // decodeRequest decodes one request, the whole body or an item of a batch:
 // the request with its defaults, an *apiError, or errBatchField.
-func decodeRequest(data []byte) (AllowRequest, error) {
+func decodeRequest(data []byte) (AllowRequest, *apiError) {
 	var req AllowRequest
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -201,7 +203,7 @@ func isUnknownField(err error, name string) bool {
 
 // decodeBatch decodes a body holding a "requests" field: a batch of 1 to
 // MaxBatch requests and nothing else.
-func decodeBatch(body []byte) ([]AllowRequest, error) {
+func decodeBatch(body []byte) ([]AllowRequest, *apiError) {
 	var b struct {
 		Requests []json.RawMessage `json:"requests"`
 		// The fields of the single form, to refuse a body mixing both.
@@ -241,12 +243,11 @@ func decodeBatch(body []byte) ([]AllowRequest, error) {
 	}
 	reqs := make([]AllowRequest, len(b.Requests))
 	for i, raw := range b.Requests {
-		req, err := decodeRequest(raw)
+		req, ae := decodeRequest(raw)
 		switch {
-		case errors.Is(err, errBatchField):
+		case ae == errBatchField:
 			return nil, errorf(http.StatusBadRequest, "requests[%d]: a batch cannot hold a batch: send requests like %s", i, exampleBody)
-		case err != nil:
-			ae := err.(*apiError)
+		case ae != nil:
 			return nil, errorf(ae.Status, "requests[%d]: %s", i, ae.Msg)
 		}
 		reqs[i] = req

@@ -78,9 +78,8 @@ func (d *Daemon) handleAllow(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
 		return
 	}
-	req, batch, err := DecodeAllowBody(body)
-	if err != nil {
-		ae := err.(*apiError)
+	req, batch, ae := DecodeAllowBody(body)
+	if ae != nil {
 		writeError(w, ae.Status, ae.Msg)
 		return
 	}

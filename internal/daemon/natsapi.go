@@ -99,9 +99,9 @@ func (d *Daemon) handleNATS(req micro.Request) {
 }
 
 func (d *Daemon) answerNATS(data []byte, reply string) {
-	areq, batch, err := DecodeAllowBody(data)
-	if err != nil {
-		d.natsError(reply, err.(*apiError))
+	areq, batch, ae := DecodeAllowBody(data)
+	if ae != nil {
+		d.natsError(reply, ae)
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), natsDecisionTimeout)
