@@ -47,8 +47,8 @@ const (
 	ServiceName = "hotkey"
 )
 
-// readyzKey and readyzPolicy are the decision /readyz makes, on a key of its
-// own, to let an open breaker probe the store when no traffic does.
+// readyzKey is the key of the decision /readyz makes under d.readyz, a key
+// of its own, to let an open breaker probe the store when no traffic does.
 const readyzKey = "hotkeyd:readyz"
 
 // Daemon is a running hotkeyd.
@@ -117,6 +117,8 @@ func (d *Daemon) ID() string { return d.id }
 // Failed reports an HTTP server that stopped on its own.
 func (d *Daemon) Failed() <-chan error { return d.failed }
 
+// instanceID names this daemon for as long as it runs: the host name (at
+// most 40 bytes) and 8 random hex digits.
 func instanceID() string {
 	host, _ := os.Hostname()
 	if len(host) > 40 {
