@@ -84,7 +84,7 @@ func TestGRPCMaxConnectionAge(t *testing.T) {
 	// deadline that only catches a hang.
 	const (
 		callers     = 4
-		maxRequests = 20000
+		maxRequests = 50000
 		wantDials   = 3
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), testkit.Patience)
