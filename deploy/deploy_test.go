@@ -1263,7 +1263,7 @@ func TestKubernetes(t *testing.T) {
 	for _, o := range objs {
 		byKind[o.Kind] = append(byKind[o.Kind], o)
 	}
-	for _, k := range []string{"Deployment", "Service", "PodDisruptionBudget", "ConfigMap"} {
+	for _, k := range []string{"Deployment", "PodDisruptionBudget", "ConfigMap"} {
 		if len(byKind[k]) != 1 {
 			t.Fatalf("%s: want one %s, found %d", k8sDir, k, len(byKind[k]))
 		}
@@ -1429,7 +1429,7 @@ func TestKubernetes(t *testing.T) {
 	}
 
 	// The Service and the budget.
-	svc := byKind["Service"][0]
+	svc := k8sServices(t, byKind["Service"], false)
 	var svcSpec struct {
 		Selector map[string]string
 		Ports    []struct {
@@ -1488,6 +1488,126 @@ func TestKubernetes(t *testing.T) {
 		}
 	default:
 		t.Errorf("%s: neither minAvailable nor maxUnavailable", pdb.file)
+	}
+}
+
+// k8sServices returns the one Service of svcs that is headless
+// (clusterIP: None) or the one that is not, and fails t unless there is
+// exactly one.
+func k8sServices(t *testing.T, svcs []k8sObject, headless bool) k8sObject {
+	t.Helper()
+	var found []k8sObject
+	for _, s := range svcs {
+		var spec struct {
+			ClusterIP string `yaml:"clusterIP"`
+		}
+		if err := s.Spec.Decode(&spec); err != nil {
+			t.Fatalf("%s: Service %s: %v", s.file, s.name(), err)
+		}
+		if (spec.ClusterIP == "None") == headless {
+			found = append(found, s)
+		}
+	}
+	if len(found) != 1 {
+		t.Fatalf("%s: want one Service with headless %v, found %d", k8sDir, headless, len(found))
+	}
+	return found[0]
+}
+
+// TestKubernetesGRPC: a headless Service selects the Deployment's pods
+// and reaches their gRPC listener, listing pods that are not ready too, so
+// that Envoy, resolving its name, sees every pod and its health check
+// decides; the daemons send gRPC connections a GOAWAY after an age
+// (--grpc-max-connection-age, with a grace), so that clients of the
+// ClusterIP Service spread over pods added since they connected.
+func TestKubernetesGRPC(t *testing.T) {
+	var dep, svc k8sObject
+	var svcs []k8sObject
+	for _, o := range loadK8s(t) {
+		switch o.Kind {
+		case "Deployment":
+			dep = o
+		case "Service":
+			svcs = append(svcs, o)
+		}
+	}
+	var spec deploymentSpec
+	if err := dep.Spec.Decode(&spec); err != nil {
+		t.Fatalf("%s: Deployment: %v", dep.file, err)
+	}
+	where := dep.file + ": Deployment " + dep.name()
+	var c *container
+	for i := range spec.Template.Spec.Containers {
+		if strings.Contains(spec.Template.Spec.Containers[i].Image, "hotkeyd") {
+			c = &spec.Template.Spec.Containers[i]
+		}
+	}
+	if c == nil {
+		t.Fatalf("%s: no hotkeyd container", where)
+	}
+	fin := parseDockerfile(t).final()
+	env := maps.Clone(fin.env)
+	for _, e := range c.Env {
+		env[e.Name] = e.Value
+	}
+	args := append(slices.Clone(entrypoint(t, fin)[1:]), c.Args...)
+	cfg, err := daemon.ParseArgs(args, lookup(env), io.Discard)
+	if err != nil {
+		t.Fatalf("%s: hotkeyd %q refuses to start: %v", where, args, err)
+	}
+	if !slices.Contains(c.Args, "--grpc-max-connection-age") || cfg.GRPCMaxConnectionAge <= 0 {
+		t.Errorf("%s: args %q: no --grpc-max-connection-age: a connection to the ClusterIP Service stays on its pod for ever, and pods added later get none", where, c.Args)
+	}
+	if cfg.GRPCMaxConnectionAgeGrace <= 0 {
+		t.Errorf("%s: args %q: no --grpc-max-connection-age-grace: a connection past its age waits for ever for its requests", where, c.Args)
+	}
+
+	svc = k8sServices(t, svcs, true)
+	var svcSpec struct {
+		Selector                 map[string]string
+		PublishNotReadyAddresses bool `yaml:"publishNotReadyAddresses"`
+		Ports                    []struct {
+			Name       string
+			Port       int
+			TargetPort any `yaml:"targetPort"`
+		}
+	}
+	if err := svc.Spec.Decode(&svcSpec); err != nil {
+		t.Fatal(err)
+	}
+	where = svc.file + ": Service " + svc.name()
+	if !selects(svcSpec.Selector, spec.Template.Metadata.Labels) {
+		t.Errorf("%s: selector %v does not select the pods %v", where, svcSpec.Selector, spec.Template.Metadata.Labels)
+	}
+	if !svcSpec.PublishNotReadyAddresses {
+		t.Errorf("%s: no publishNotReadyAddresses: true: with every pod not ready, Envoy would resolve no host and let every request through", where)
+	}
+	ports := map[string]int{}
+	for _, p := range c.Ports {
+		ports[p.Name] = p.ContainerPort
+	}
+	_, grpcPort, _ := net.SplitHostPort(cfg.GRPCListen)
+	found := false
+	for _, p := range svcSpec.Ports {
+		if p.Name != "grpc" {
+			continue
+		}
+		found = true
+		target := 0
+		switch tp := p.TargetPort.(type) {
+		case nil:
+			target = p.Port
+		case int:
+			target = tp
+		case string:
+			target = ports[tp]
+		}
+		if strconv.Itoa(target) != grpcPort {
+			t.Errorf("%s: port grpc reaches container port %d, but the daemon listens on --grpc-listen %s", where, target, cfg.GRPCListen)
+		}
+	}
+	if !found {
+		t.Errorf("%s: no port named grpc", where)
 	}
 }
 

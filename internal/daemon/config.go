@@ -48,6 +48,16 @@ type Config struct {
 	GRPCListen  string // Envoy's rate-limit service; empty: off
 	Policies    string // a file or a directory
 	EnvoyConfig string // envoyproxy/ratelimit's YAML: a file or a directory
+
+	// GRPCMaxConnectionAge is how long a gRPC connection may live before
+	// the server asks its client, with a GOAWAY, to open a new one (gRPC
+	// adds a jitter of ±10%); 0: for ever. Clients that reconnect resolve
+	// the daemons' addresses again, so that new daemons get connections.
+	GRPCMaxConnectionAge time.Duration
+	// GRPCMaxConnectionAgeGrace is how long the requests in flight on a
+	// connection past its age may take before it is closed; 0: for ever.
+	GRPCMaxConnectionAgeGrace time.Duration
+
 	// ReloadInterval is how often the files of Policies and EnvoyConfig
 	// are checked for changes, which reload them; 0: only SIGHUP does.
 	ReloadInterval time.Duration
@@ -112,6 +122,8 @@ type flagDoc struct {
 var flagDocs = []flagDoc{
 	{"listen", "ADDR", "HTTP API, /metrics and health checks listen on ADDR"},
 	{"grpc-listen", "ADDR", "Envoy's rate-limit service (envoy.service.ratelimit.v3, gRPC health and reflection) listens on ADDR; empty turns it off"},
+	{"grpc-max-connection-age", "DURATION", "ask each gRPC client, with an HTTP/2 GOAWAY, to reconnect once its connection is this old (±10%), so that clients such as Envoy spread over daemons added since (requests in flight finish); 0 keeps connections for ever"},
+	{"grpc-max-connection-age-grace", "DURATION", "after a connection's --grpc-max-connection-age, give its requests in flight this long before it is closed; 0 waits for them for ever"},
 	{"envoy-config", "PATH", "envoyproxy/ratelimit's YAML configuration (a file, or a directory of them) for the gRPC rate-limit service; see docs/envoy.md"},
 	{"policies", "PATH", "YAML file of named policies, or a directory of them (see docs/api.md); without it, the built-in \"default\": token_bucket 100/s, burst 100, on_store_failure local"},
 	{"reload-interval", "DURATION", "check the files of --policies and --envoy-config for changes this often, and reload them when they change (SIGHUP reloads too; a file refused keeps the rules in force); 0 checks never"},
@@ -171,6 +183,8 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	var showVersion bool
 	fs.StringVar(&cfg.Listen, "listen", DefaultListen, "")
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", DefaultGRPCListen, "")
+	fs.Var((*durationFlag)(&cfg.GRPCMaxConnectionAge), "grpc-max-connection-age", "")
+	fs.Var((*durationFlag)(&cfg.GRPCMaxConnectionAgeGrace), "grpc-max-connection-age-grace", "")
 	fs.StringVar(&cfg.EnvoyConfig, "envoy-config", "", "")
 	fs.StringVar(&cfg.Policies, "policies", "", "")
 	fs.StringVar(&cfg.Redis, "redis", "", "")
@@ -301,6 +315,19 @@ func (c *Config) check() error {
 	}
 	if c.EnvoyConfig != "" && c.GRPCListen == "" {
 		return fmt.Errorf("%s is served over gRPC, which an empty %s turns off", flagName("envoy-config"), flagName("grpc-listen"))
+	}
+	for _, f := range []string{"grpc-max-connection-age", "grpc-max-connection-age-grace"} {
+		if c.set[f] && c.GRPCListen == "" {
+			return fmt.Errorf("%s applies to gRPC, which an empty %s turns off", flagName(f), flagName("grpc-listen"))
+		}
+	}
+	switch {
+	case c.GRPCMaxConnectionAge < 0:
+		return fmt.Errorf("%s %v: want a positive duration, e.g. 5m, or 0 to keep connections for ever", flagName("grpc-max-connection-age"), c.GRPCMaxConnectionAge)
+	case c.GRPCMaxConnectionAgeGrace < 0:
+		return fmt.Errorf("%s %v: want a positive duration, e.g. 30s, or 0 to wait for the requests in flight for ever", flagName("grpc-max-connection-age-grace"), c.GRPCMaxConnectionAgeGrace)
+	case c.GRPCMaxConnectionAgeGrace > 0 && c.GRPCMaxConnectionAge == 0:
+		return fmt.Errorf("%s follows %s, which is 0 (connections kept for ever): set it too", flagName("grpc-max-connection-age-grace"), flagName("grpc-max-connection-age"))
 	}
 	if c.Redis != "" && len(c.RedisCluster) > 0 {
 		return fmt.Errorf("%s and %s: give one or the other", flagName("redis"), flagName("redis-cluster"))

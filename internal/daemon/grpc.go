@@ -19,6 +19,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/health"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -64,7 +65,9 @@ type overrideID struct {
 const maxOverrides = 10000
 
 // startGRPC listens on --grpc-listen and serves the rate-limit service, the
-// health service and reflection. It does nothing when the flag is empty.
+// health service and reflection, sending each connection a GOAWAY at
+// --grpc-max-connection-age (0: never). It does nothing when the flag is
+// empty.
 func (d *Daemon) startGRPC() error {
 	if d.cfg.GRPCListen == "" {
 		return nil
@@ -74,7 +77,8 @@ func (d *Daemon) startGRPC() error {
 		return listenError("gRPC", d.cfg.GRPCListen, "grpc-listen", err)
 	}
 	d.grpcLn = ln
-	d.grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{d.reqs.api(apiGRPC)}), grpc.ForceServerCodecV2(newRLSCodec()))
+	d.grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{d.reqs.api(apiGRPC)}), grpc.ForceServerCodecV2(newRLSCodec()),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace}))
 	d.rls = &rls{d: d}
 	d.grpcSrv.RegisterService(&rlsServiceDesc, d.rls)
 	d.health = health.NewServer()
