@@ -173,8 +173,8 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 				}
 				scrape := string(do(t, "GET", d.base+"/metrics", "").body)
 				labels := `{descriptor="gateway.route_/search.user",domain="gateway"}`
-				if h, o, s := metric(scrape, "hotkey_descriptor_hits_total"+labels), metric(scrape, "hotkey_descriptor_over_limit_total"+labels),
-					metric(scrape, "hotkey_descriptor_shadow_mode_total"+labels); h != 6 || o != 3 || s != 3 {
+				if h, o, s := metric(scrape, "hotkeyd_descriptor_hits_total"+labels), metric(scrape, "hotkeyd_descriptor_over_limit_total"+labels),
+					metric(scrape, "hotkeyd_descriptor_shadow_mode_total"+labels); h != 6 || o != 3 || s != 3 {
 					t.Errorf("shadow-mode metrics: hits %v, over %v, shadow %v; want 6, 3, 3", h, o, s)
 				}
 			})

@@ -364,7 +364,7 @@ func TestMetrics(t *testing.T) {
 		return string(r.body)
 	}
 	first := scrape()
-	for _, name := range []string{"go_goroutines", "process_cpu_seconds_total", `hotkeyd_build_info{instance="` + d.id + `",version="v0.0.0-test"}`} {
+	for _, name := range []string{"go_goroutines", "process_cpu_seconds_total", `hotkeyd_build_info{instance_id="` + d.id + `",version="v0.0.0-test"}`} {
 		if metric(first, name) < 0 {
 			t.Errorf("/metrics lacks %s", name)
 		}

@@ -25,7 +25,7 @@ const maxDetailedLabels = 10000
 
 // descMetrics counts hits per Envoy descriptor, as envoyproxy/ratelimit's
 // per-descriptor stats: total_hits, over_limit, near_limit, within_limit
-// and shadow_mode, under hotkey_descriptor_* names, with labels domain and
+// and shadow_mode, under hotkeyd_descriptor_* names, with labels domain and
 // descriptor (the rule's path, or with detailed_metric the descriptor's
 // own, up to maxDetailedLabels of them).
 type descMetrics struct {
@@ -37,7 +37,7 @@ type descMetrics struct {
 
 func newDescMetrics(reg prometheus.Registerer) *descMetrics {
 	vec := func(name, help string) *prometheus.CounterVec {
-		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hotkey_descriptor_" + name, Help: help}, []string{"domain", "descriptor"})
+		v := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "hotkeyd_descriptor_" + name, Help: help}, []string{"domain", "descriptor"})
 		reg.MustRegister(v)
 		return v
 	}

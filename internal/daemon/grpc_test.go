@@ -211,10 +211,10 @@ func TestGRPCInvalidUTF8(t *testing.T) {
 
 			scrape := scrapeMetrics(t, e.d)
 			for _, want := range []string{
-				`hotkey_descriptor_hits_total{descriptor="edge.tenant_Espa\\xf1a",domain="edge"} 10`,
-				`hotkey_descriptor_over_limit_total{descriptor="edge.user_\\xff",domain="edge"} 1`,
-				`hotkey_descriptor_within_limit_total{descriptor="edge.user_España",domain="edge"} 2`,
-				`hotkey_descriptor_hits_total{descriptor="edge.\\xff",domain="edge"} 2`,
+				`hotkeyd_descriptor_hits_total{descriptor="edge.tenant_Espa\\xf1a",domain="edge"} 10`,
+				`hotkeyd_descriptor_over_limit_total{descriptor="edge.user_\\xff",domain="edge"} 1`,
+				`hotkeyd_descriptor_within_limit_total{descriptor="edge.user_España",domain="edge"} 2`,
+				`hotkeyd_descriptor_hits_total{descriptor="edge.\\xff",domain="edge"} 2`,
 			} {
 				if !strings.Contains(scrape, want) {
 					t.Errorf("/metrics has no %s", want)

@@ -46,7 +46,8 @@ func get(h http.HandlerFunc) http.HandlerFunc {
 	}
 }
 
-func writeJSON(w http.ResponseWriter, status int, v any) {
+// writeJSON writes v as JSON with status; it returns the status written.
+func writeJSON(w http.ResponseWriter, status int, v any) int {
 	b, err := json.Marshal(v)
 	if err != nil { // not with the types written here
 		status, b = http.StatusInternalServerError, []byte(`{"error":"encoding the response failed"}`)
@@ -55,47 +56,44 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
 	w.WriteHeader(status)
 	w.Write(append(b, '\n'))
+	return status
 }
 
-func writeError(w http.ResponseWriter, status int, msg string) {
-	writeJSON(w, status, ErrorResponse{Error: msg})
+// writeError writes msg as an ErrorResponse with status; it returns the
+// status written.
+func writeError(w http.ResponseWriter, status int, msg string) int {
+	return writeJSON(w, status, ErrorResponse{Error: msg})
 }
 
-// handleAllow is POST /v1/allow.
-func (d *Daemon) handleAllow(w http.ResponseWriter, r *http.Request) {
+// handleAllow is POST /v1/allow; it returns the status it wrote.
+func (d *Daemon) handleAllow(w http.ResponseWriter, r *http.Request) int {
 	if r.Method != http.MethodPost {
 		w.Header().Set("Allow", "POST")
-		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on /v1/allow: use POST with a JSON body like %s", r.Method, exampleBody))
-		return
+		return writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on /v1/allow: use POST with a JSON body like %s", r.Method, exampleBody))
 	}
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
-			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over the %d bytes allowed", MaxBody))
-			return
+			return writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over the %d bytes allowed", MaxBody))
 		}
-		writeError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
-		return
+		return writeError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
 	}
 	req, batch, ae := DecodeAllowBody(body)
 	if ae != nil {
-		writeError(w, ae.Status, ae.Msg)
-		return
+		return writeError(w, ae.Status, ae.Msg)
 	}
 	if batch != nil {
 		// 200 with an answer per request, and no rate-limit headers: no
 		// one decision for them to describe.
-		writeJSON(w, http.StatusOK, d.decideBatch(r.Context(), batch))
-		return
+		return writeJSON(w, http.StatusOK, d.decideBatch(r.Context(), batch))
 	}
 	resp, p, res, ae := d.decide(r.Context(), req)
 	if ae != nil {
-		writeError(w, ae.Status, ae.Msg)
-		return
+		return writeError(w, ae.Status, ae.Msg)
 	}
 	hotkey.SetHeaders(w.Header(), p, res, time.Now()) // the X-RateLimit-*, RateLimit-Policy, RateLimit and, if denied, Retry-After headers
-	writeJSON(w, allowStatus(res.Allowed), resp)
+	return writeJSON(w, allowStatus(res.Allowed), resp)
 }
 
 // HotKey is one entry of GET /v1/hotkeys: a policy's counter for a key.

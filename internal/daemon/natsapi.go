@@ -30,7 +30,7 @@ type natsRequests struct {
 	mu       sync.RWMutex  // guards stopping against wg.Add
 	stopping bool
 	wg       sync.WaitGroup
-	seconds  prometheus.Observer // hotkeyd_request_duration_seconds{api="nats"}
+	seconds  prometheus.ObserverVec // hotkeyd_request_duration_seconds{api="nats"}, by code
 }
 
 // run runs f on a goroutine once a slot is free; once stopping, on the
@@ -93,16 +93,18 @@ func (d *Daemon) handleNATS(req micro.Request) {
 	}
 	seconds := d.nats.seconds
 	d.nats.run(func() {
-		d.answerNATS(data, reply)
-		since(seconds, start)
+		code := d.answerNATS(data, reply)
+		since(seconds.WithLabelValues(code), start)
 	})
 }
 
-func (d *Daemon) answerNATS(data []byte, reply string) {
+// answerNATS decides the request data and publishes the answer to reply;
+// it returns natsOK for an answer with decisions published, natsError for
+// an error reply, or for an answer that could not be published.
+func (d *Daemon) answerNATS(data []byte, reply string) string {
 	areq, batch, ae := DecodeAllowBody(data)
 	if ae != nil {
-		d.natsError(reply, ae)
-		return
+		return d.natsError(reply, ae)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), natsDecisionTimeout)
 	defer cancel()
@@ -113,23 +115,25 @@ func (d *Daemon) answerNATS(data []byte, reply string) {
 		// could make the answer too long for the server, and the
 		// requester would time out: say why instead.
 		if limit := d.nc.MaxPayload(); int64(len(body)) > limit {
-			d.natsError(reply, errorf(http.StatusInternalServerError, "the answer to this batch of %d requests (decided) is %d bytes, over the NATS max payload of %d: send smaller batches", len(batch), len(body), limit))
-			return
+			return d.natsError(reply, errorf(http.StatusInternalServerError, "the answer to this batch of %d requests (decided) is %d bytes, over the NATS max payload of %d: send smaller batches", len(batch), len(body), limit))
 		}
 	} else {
 		resp, _, _, ae := d.decide(ctx, areq)
 		if ae != nil {
-			d.natsError(reply, ae)
-			return
+			return d.natsError(reply, ae)
 		}
 		body, _ = json.Marshal(resp)
 	}
 	if err := d.nc.Publish(reply, body); err != nil {
 		d.log.Debug("NATS reply failed", "err", err)
+		return natsError
 	}
+	return natsOK
 }
 
-func (d *Daemon) natsError(reply string, ae *apiError) {
+// natsError publishes ae to reply as a micro error reply; it returns
+// natsError.
+func (d *Daemon) natsError(reply string, ae *apiError) string {
 	body, _ := json.Marshal(ErrorResponse{Error: ae.Msg})
 	msg := &nats.Msg{Subject: reply, Data: body, Header: nats.Header{
 		micro.ErrorHeader:     []string{ae.Msg},
@@ -138,4 +142,5 @@ func (d *Daemon) natsError(reply string, ae *apiError) {
 	if err := d.nc.PublishMsg(msg); err != nil {
 		d.log.Debug("NATS error reply failed", "err", err)
 	}
+	return natsError
 }

@@ -155,11 +155,11 @@ type reloadMetrics struct {
 
 func newReloadMetrics(reg prometheus.Registerer) *reloadMetrics {
 	v := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "hotkey_policy_reloads_total",
+		Name: "hotkeyd_policy_reloads_total",
 		Help: "Reloads of the policies and Envoy rules (on SIGHUP or a change of their files), by result: ok, or error (the files were refused and the rules in force stay).",
 	}, []string{"result"})
 	g := prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "hotkey_policy_last_reload_successful",
+		Name: "hotkeyd_policy_last_reload_successful",
 		Help: "1 if the last reload of the policies and Envoy rules (or the start) read them, 0 if it refused them and older rules are in force.",
 	})
 	g.Set(1)

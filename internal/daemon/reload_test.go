@@ -135,7 +135,7 @@ func (e *reloadEnv) reloads(result string) float64 {
 		e.t.Fatal(err)
 	}
 	for _, mf := range mfs {
-		if mf.GetName() != "hotkey_policy_reloads_total" {
+		if mf.GetName() != "hotkeyd_policy_reloads_total" {
 			continue
 		}
 		for _, m := range mf.GetMetric() {

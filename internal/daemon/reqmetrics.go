@@ -3,17 +3,20 @@ package daemon
 import (
 	"context"
 	"net/http"
+	"strconv"
 	"time"
 
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/stats"
+	"google.golang.org/grpc/status"
 )
 
-// requestMetrics is hotkeyd_request_duration_seconds, by api: the time the
-// daemon takes to serve one request of a decision API (POST /v1/allow,
-// hotkey.allow over NATS, ShouldRateLimit over gRPC), a batch being one
-// request.
+// requestMetrics is hotkeyd_request_duration_seconds, by api and code:
+// the time the daemon takes to serve one request of a decision API (POST
+// /v1/allow, hotkey.allow over NATS, ShouldRateLimit over gRPC), a batch
+// being one request, and how it was answered.
 type requestMetrics struct{ vec *prometheus.HistogramVec }
 
 // The values of the api label.
@@ -23,45 +26,84 @@ const (
 	apiGRPC = "grpc"
 )
 
+// The values of the code label of api nats: a reply with a decision (or a
+// batch's decisions), or an error reply (or none published).
+const (
+	natsOK    = "ok"
+	natsError = "error"
+)
+
+// okCode is the code label of each api's answer with a decision.
+var okCode = map[string]string{apiHTTP: "200", apiNATS: natsOK, apiGRPC: codes.OK.String()}
+
 // newRequestMetrics registers hotkeyd_request_duration_seconds on reg.
 func newRequestMetrics(reg prometheus.Registerer) requestMetrics {
 	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "hotkeyd_request_duration_seconds",
 		Help: "Time to serve one request of a decision API (a batch is one request), errors included, from the request read to the answer written, by api: " +
 			"http (POST /v1/allow: from its headers read to its answer flushed), nats (hotkey.allow: from its message delivered, waiting for a --nats-concurrency slot included, to its reply published), " +
-			"grpc (ShouldRateLimit: from its headers read to its status written).",
+			"grpc (ShouldRateLimit: from its headers read to its status written); and by code: for http the status (200, 429, 400, 404, 405, 413, 500, 503; any other as its class, 2xx to 5xx), " +
+			"for nats ok or error (an error reply), for grpc the status code's name (OK, InvalidArgument, ...).",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
-	}, []string{"api"})
+	}, []string{"api", "code"})
 	reg.MustRegister(h)
 	return requestMetrics{h}
 }
 
-// api returns the histogram of api (apiHTTP, apiNATS, apiGRPC); it is
-// exported, at 0, from then on.
-func (m requestMetrics) api(api string) prometheus.Observer { return m.vec.WithLabelValues(api) }
+// api returns the histograms of api (apiHTTP, apiNATS, apiGRPC), by code;
+// the one of its answers with a decision is exported, at 0, from then on.
+func (m requestMetrics) api(api string) prometheus.ObserverVec {
+	v := m.vec.MustCurryWith(prometheus.Labels{"api": api})
+	v.WithLabelValues(okCode[api])
+	return v
+}
+
+// httpCode returns the code label of an HTTP status: the status itself
+// for those POST /v1/allow answers, its class (4xx) for any other.
+func httpCode(status int) string {
+	switch status {
+	case http.StatusOK, http.StatusTooManyRequests, http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed,
+		http.StatusRequestEntityTooLarge, http.StatusInternalServerError, http.StatusServiceUnavailable:
+		return strconv.Itoa(status)
+	}
+	if status < 200 || status > 599 {
+		return "other"
+	}
+	return strconv.Itoa(status/100) + "xx"
+}
+
+// grpcCode returns the code label of a gRPC call that ended with err: its
+// status code's name, Unknown for a code outside the 17 gRPC defines.
+func grpcCode(err error) string {
+	c := status.Code(err)
+	if c > codes.Unauthenticated {
+		c = codes.Unknown
+	}
+	return c.String()
+}
 
 // since observes on o the time since start.
 func since(o prometheus.Observer, start time.Time) { o.Observe(time.Since(start).Seconds()) }
 
-// timedHTTP serves requests with h, and observes on o the time from the
-// call of h (the request's headers read) to its answer flushed to the
-// connection (the server would flush it once h returns: flushing first
-// costs no extra write).
-func timedHTTP(o prometheus.Observer, h http.HandlerFunc) http.HandlerFunc {
+// timedHTTP serves requests with h, which returns the status it wrote,
+// and observes on o, by code, the time from the call of h (the request's
+// headers read) to its answer flushed to the connection (the server would
+// flush it once h returns: flushing first costs no extra write).
+func timedHTTP(o prometheus.ObserverVec, h func(http.ResponseWriter, *http.Request) int) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		h(w, r)
+		code := httpCode(h(w, r))
 		if f, ok := w.(http.Flusher); ok {
 			f.Flush()
 		}
-		since(o, start)
+		since(o.WithLabelValues(code), start)
 	}
 }
 
-// rpcTimer is the gRPC server's stats handler: it observes on o the time
-// of each ShouldRateLimit call, from its headers read to its status
-// written (health checks and reflection are not counted).
-type rpcTimer struct{ o prometheus.Observer }
+// rpcTimer is the gRPC server's stats handler: it observes on o, by code,
+// the time of each ShouldRateLimit call, from its headers read to its
+// status written (health checks and reflection are not counted).
+type rpcTimer struct{ o prometheus.ObserverVec }
 
 // rlsCallKey marks the context of a ShouldRateLimit call.
 type rlsCallKey struct{}
@@ -75,7 +117,7 @@ func (t rpcTimer) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Co
 
 func (t rpcTimer) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	if end, ok := s.(*stats.End); ok && ctx.Value(rlsCallKey{}) != nil {
-		t.o.Observe(end.EndTime.Sub(end.BeginTime).Seconds())
+		t.o.WithLabelValues(grpcCode(end.Error)).Observe(end.EndTime.Sub(end.BeginTime).Seconds())
 	}
 }
 

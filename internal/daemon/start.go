@@ -73,7 +73,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	build := prometheus.NewGauge(prometheus.GaugeOpts{
 		Name:        "hotkeyd_build_info",
 		Help:        "Always 1; the daemon's version and instance ID as labels.",
-		ConstLabels: prometheus.Labels{"version": version, "instance": d.id},
+		ConstLabels: prometheus.Labels{"version": version, "instance_id": d.id},
 	})
 	build.Set(1)
 	d.reg.MustRegister(build)
