@@ -13,9 +13,9 @@ import (
 
 // TestStartWithRedisDown: a daemon started while its Redis is down serves
 // at once, deciding by each policy's fallback (local admits and says
-// degraded, closed answers 503 but to its allowlist), and reports not
-// ready; once redis-server answers, it becomes ready and its decisions go
-// to Redis. With --require-store it refuses to start instead.
+// degraded, closed answers 503 but to its allowlist), and /readyz answers
+// 200 degraded (503 with ?strict=true); once redis-server answers, it is
+// ready and its decisions go to Redis. With --require-store it refuses to start instead.
 func TestStartWithRedisDown(t *testing.T) {
 	t.Parallel()
 	srv := startRedis(t)
@@ -34,8 +34,12 @@ func TestStartWithRedisDown(t *testing.T) {
 		t.Errorf("no warning of the degraded start in the log:\n%s", d.stderr)
 	}
 	r := do(t, "GET", d.base+"/readyz", "")
+	if r.status != 200 || !strings.Contains(string(r.body), `"status":"degraded"`) || !strings.Contains(string(r.body), "store not set up") {
+		t.Errorf("/readyz with Redis down: %d %s, want 200 degraded naming the store", r.status, r.body)
+	}
+	r = do(t, "GET", d.base+"/readyz?strict=true", "")
 	if r.status != 503 || !strings.Contains(string(r.body), "store not set up") {
-		t.Errorf("/readyz with Redis down: %d %s", r.status, r.body)
+		t.Errorf("/readyz?strict=true with Redis down: %d %s, want 503 naming the store", r.status, r.body)
 	}
 	r = d.allow(t, `{"policy":"cache","key":"c"}`)
 	if r.status != 200 || !strings.Contains(string(r.body), `"degraded":true`) {
@@ -52,9 +56,12 @@ func TestStartWithRedisDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	up := time.Now()
-	testkit.For(t, time.Minute, "/readyz 200 once Redis answers", func() bool {
-		return do(t, "GET", d.base+"/readyz", "").status == 200
+	testkit.For(t, time.Minute, "/readyz?strict=true 200 once Redis answers", func() bool {
+		return do(t, "GET", d.base+"/readyz?strict=true", "").status == 200
 	})
+	if r := do(t, "GET", d.base+"/readyz", ""); r.status != 200 || !strings.Contains(string(r.body), `"status":"ready"`) {
+		t.Errorf("/readyz once Redis answers: %d %s, want 200 ready", r.status, r.body)
+	}
 	t.Logf("ready %v after redis-server answered PING", time.Since(up).Round(time.Millisecond))
 
 	r = d.allow(t, `{"policy":"login","key":"bob"}`)
@@ -74,7 +81,7 @@ func TestStartWithRedisDown(t *testing.T) {
 // TestRedisAuthAndPrefix: --redis-password (requirepass) and --redis-user
 // (an ACL user) log in to a redis-server that requires them, and
 // --redis-prefix names the counters; without the password the daemon
-// reports why it is not ready.
+// reports why it is degraded.
 func TestRedisAuthAndPrefix(t *testing.T) {
 	t.Parallel()
 	srv := startRedis(t)
@@ -95,8 +102,8 @@ func TestRedisAuthAndPrefix(t *testing.T) {
 	withPass := startDaemon(t, daemonOpts{args: []string{"--redis", url, "--redis-password", "default-pw"}})
 	without := startDaemon(t, daemonOpts{args: []string{"--redis", url}})
 	for _, p := range []*proc{withUser, withPass} {
-		testkit.For(t, time.Minute, "/readyz 200 with credentials", func() bool {
-			return do(t, "GET", p.base+"/readyz", "").status == 200
+		testkit.For(t, time.Minute, "/readyz?strict=true 200 with credentials", func() bool {
+			return do(t, "GET", p.base+"/readyz?strict=true", "").status == 200
 		})
 	}
 	if r := withUser.allow(t, `{"key":"k1"}`); r.status != 200 || !strings.Contains(string(r.body), `"degraded":false`) {
@@ -111,8 +118,11 @@ func TestRedisAuthAndPrefix(t *testing.T) {
 		}
 	}
 	r := do(t, "GET", without.base+"/readyz", "")
-	if r.status != 503 || !strings.Contains(string(r.body), "NOAUTH") {
-		t.Errorf("/readyz without the password: %d %s, want 503 naming NOAUTH", r.status, r.body)
+	if r.status != 200 || !strings.Contains(string(r.body), `"status":"degraded"`) || !strings.Contains(string(r.body), "NOAUTH") {
+		t.Errorf("/readyz without the password: %d %s, want 200 degraded naming NOAUTH", r.status, r.body)
+	}
+	if r := do(t, "GET", without.base+"/readyz?strict=true", ""); r.status != 503 || !strings.Contains(string(r.body), "NOAUTH") {
+		t.Errorf("/readyz?strict=true without the password: %d %s, want 503 naming NOAUTH", r.status, r.body)
 	}
 	if strings.Contains(withUser.stderr.String(), "gw-pw") || strings.Contains(withPass.stderr.String(), "default-pw") {
 		t.Error("a Redis password in the log")

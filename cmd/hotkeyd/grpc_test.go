@@ -492,11 +492,13 @@ func rlsClient(conn *grpc.ClientConn) rlpb.RateLimitServiceClient {
 	return rlpb.NewRateLimitServiceClient(conn)
 }
 
-// TestGRPCHealthFollowsReadiness: the gRPC health service says what
-// /readyz says: NOT_SERVING while Redis is down, SERVING again once it is
-// back; and ShouldRateLimit still answers meanwhile, by the rule's
-// fallback (local: the instance's share of the limit).
-func TestGRPCHealthFollowsReadiness(t *testing.T) {
+// TestGRPCHealthServesDegraded: the gRPC health service says SERVING, for
+// the whole server and for the rate-limit service, while the daemon
+// answers decisions, Redis down included: ShouldRateLimit answers
+// meanwhile, by the rule's fallback (local: the instance's share of the
+// limit). Under hotkeyd.strict it says NOT_SERVING while Redis is down, as
+// /readyz?strict=true, and SERVING again once it is back.
+func TestGRPCHealthServesDegraded(t *testing.T) {
 	t.Parallel()
 	srv := startRedis(t)
 	cfg := writeFile(t, "gateway.yaml", gatewayConfig)
@@ -504,9 +506,11 @@ func TestGRPCHealthFollowsReadiness(t *testing.T) {
 	conn := rlsConn(t, d)
 	hc := healthpb.NewHealthClient(conn)
 	c := rlsClient(conn)
-	state := func(want healthpb.HealthCheckResponse_ServingStatus) func() bool {
+	const strict = "hotkeyd.strict"
+	services := []string{"", "envoy.service.ratelimit.v3.RateLimitService"}
+	state := func(want healthpb.HealthCheckResponse_ServingStatus, svcs ...string) func() bool {
 		return func() bool {
-			for _, svc := range []string{"", "envoy.service.ratelimit.v3.RateLimitService"} {
+			for _, svc := range svcs {
 				r, err := hc.Check(context.Background(), &healthpb.HealthCheckRequest{Service: svc})
 				if err != nil || r.Status != want {
 					return false
@@ -515,13 +519,44 @@ func TestGRPCHealthFollowsReadiness(t *testing.T) {
 			return true
 		}
 	}
-	testkit.For(t, time.Minute, "SERVING", state(healthpb.HealthCheckResponse_SERVING))
+	testkit.For(t, time.Minute, "SERVING", state(healthpb.HealthCheckResponse_SERVING, append(services, strict)...))
+
+	// Every change of the daemon's own statuses is watched.
+	wctx, stopWatch := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	var notServing atomic.Int64
+	for _, svc := range services {
+		w, err := hc.Watch(wctx, &healthpb.HealthCheckRequest{Service: svc})
+		if err != nil {
+			t.Fatal(err)
+		}
+		wg.Go(func() {
+			for {
+				r, err := w.Recv()
+				if err != nil {
+					return
+				}
+				if r.Status != healthpb.HealthCheckResponse_SERVING {
+					notServing.Add(1)
+				}
+			}
+		})
+	}
+
 	if err := srv.Kill(); err != nil {
 		t.Fatal(err)
 	}
-	testkit.For(t, time.Minute, "NOT_SERVING with Redis down", state(healthpb.HealthCheckResponse_NOT_SERVING))
-	if r := do(t, "GET", d.base+"/readyz", ""); r.status != 503 {
-		t.Errorf("/readyz %d with Redis down", r.status)
+	testkit.For(t, time.Minute, "the health service to see Redis down", func() bool {
+		return notServing.Load() > 0 || state(healthpb.HealthCheckResponse_NOT_SERVING, strict)()
+	})
+	if !state(healthpb.HealthCheckResponse_SERVING, services...)() {
+		t.Errorf("health with Redis down: not SERVING for %q", services)
+	}
+	if r := do(t, "GET", d.base+"/readyz", ""); r.status != 200 || !strings.Contains(string(r.body), `"status":"degraded"`) {
+		t.Errorf("/readyz with Redis down: %d %s, want 200 degraded", r.status, r.body)
+	}
+	if r := do(t, "GET", d.base+"/readyz?strict=true", ""); r.status != 503 {
+		t.Errorf("/readyz?strict=true with Redis down: %d %s, want 503", r.status, r.body)
 	}
 	for i := range 3 {
 		if resp := should(t, c, "gateway", 0, desc("route", "/login", "user", "down")); resp.OverallCode != ok {
@@ -531,5 +566,10 @@ func TestGRPCHealthFollowsReadiness(t *testing.T) {
 	if err := srv.Restart(); err != nil {
 		t.Fatal(err)
 	}
-	testkit.For(t, time.Minute, "SERVING with Redis back", state(healthpb.HealthCheckResponse_SERVING))
+	testkit.For(t, time.Minute, strict+" SERVING with Redis back", state(healthpb.HealthCheckResponse_SERVING, strict))
+	stopWatch()
+	wg.Wait()
+	if n := notServing.Load(); n > 0 {
+		t.Errorf("the health service said NOT_SERVING %d times while the daemon answered decisions", n)
+	}
 }

@@ -207,8 +207,13 @@ func TestHTTPStatus(t *testing.T) {
 			t.Errorf("HEAD %s: %d", p, r.status)
 		}
 	}
-	if r := do(t, "GET", d.base+"/readyz", ""); string(r.body) != "{\"status\":\"ready\"}\n" {
-		t.Errorf("/readyz body %q", r.body)
+	for _, p := range []string{"/readyz", "/readyz?strict=true", "/readyz?strict=false"} {
+		if r := do(t, "GET", d.base+p, ""); r.status != 200 || string(r.body) != "{\"status\":\"ready\"}\n" {
+			t.Errorf("%s: %d %q", p, r.status, r.body)
+		}
+	}
+	if r := do(t, "GET", d.base+"/readyz?strict=maybe", ""); r.status != 400 || !strings.Contains(r.errorMsg(t), "want true or false") {
+		t.Errorf("/readyz?strict=maybe: %d %s, want 400", r.status, r.body)
 	}
 	h := d.hotKeys(t)
 	if h.Peers != 0 || h.HotKeys == nil || len(h.HotKeys) != 0 {

@@ -214,7 +214,7 @@ func TestMemoryStoreSharedNATSWarns(t *testing.T) {
 }
 
 // TestStartWithNATSDown: a daemon told to join a NATS that is not up yet
-// starts, decides alone and reports not ready; once the server is up it
+// starts, decides alone and reports degraded; once the server is up it
 // connects, serves hotkey.allow, and coordinates with another daemon.
 func TestStartWithNATSDown(t *testing.T) {
 	t.Parallel()
@@ -223,8 +223,11 @@ func TestStartWithNATSDown(t *testing.T) {
 	if !strings.Contains(d.stderr.String(), "cannot reach NATS yet") {
 		t.Errorf("no warning of NATS down at start:\n%s", d.stderr)
 	}
-	if r := do(t, "GET", d.base+"/readyz", ""); r.status != 503 || !strings.Contains(string(r.body), "NATS connection") {
-		t.Errorf("/readyz with NATS down: %d %s", r.status, r.body)
+	if r := do(t, "GET", d.base+"/readyz", ""); r.status != 200 || !strings.Contains(string(r.body), `"status":"degraded"`) || !strings.Contains(string(r.body), "NATS connection") {
+		t.Errorf("/readyz with NATS down: %d %s, want 200 degraded naming NATS", r.status, r.body)
+	}
+	if r := do(t, "GET", d.base+"/readyz?strict=true", ""); r.status != 503 || !strings.Contains(string(r.body), "NATS connection") {
+		t.Errorf("/readyz?strict=true with NATS down: %d %s, want 503 naming NATS", r.status, r.body)
 	}
 	if r := d.allow(t, `{"key":"alone"}`); r.status != 200 {
 		t.Errorf("a decision with NATS down: %d %s", r.status, r.body)
@@ -237,8 +240,8 @@ func TestStartWithNATSDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ns.Shutdown()
-	testkit.For(t, time.Minute, "/readyz 200 once NATS is up", func() bool {
-		return do(t, "GET", d.base+"/readyz", "").status == 200
+	testkit.For(t, time.Minute, "/readyz?strict=true 200 once NATS is up", func() bool {
+		return do(t, "GET", d.base+"/readyz?strict=true", "").status == 200
 	})
 	nc, err := nats.Connect("nats://"+addr, nats.MaxReconnects(0))
 	if err != nil {

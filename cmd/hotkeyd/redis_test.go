@@ -6,11 +6,15 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"gopkg.in/yaml.v3"
 
 	"github.com/hotkeyd/hotkey/internal/redistest"
 	"github.com/hotkeyd/hotkey/internal/testkit"
@@ -46,23 +50,28 @@ const killPolicies = `policies:
 // outcome is one answer under load, with the phase its request was sent
 // and answered in.
 type outcome struct {
-	phase  int32  // -1 if the phase changed while the request was in flight
-	target string // cache, login, allowlisted
-	status int
+	phase    int32  // -1 if the phase changed while the request was in flight
+	target   string // cache, login, allowlisted
+	status   int
+	degraded bool // the answer says "degraded":true
 }
 
 // TestRedisKilled: a daemon on real Redis keeps its promise while
 // redis-server is SIGKILLed under load: a "local" policy still answers 200
-// or 429 only, a "closed" one answers 503 except to its allowlisted keys,
-// /readyz turns 503, and 200 again once Redis is back.
+// or 429 only, degraded, a "closed" one answers 503 except to its
+// allowlisted keys, and no request fails to connect. The shipped
+// Deployment's readiness probe stays 200, saying degraded and why, so the
+// fallbacks are reached; /readyz?strict=true answers 503 meanwhile, and
+// 200 again once Redis is back.
 func TestRedisKilled(t *testing.T) {
 	t.Parallel()
+	probe := shippedReadinessPath(t)
 	srv := startRedis(t)
 	d := startDaemon(t, daemonOpts{args: []string{
 		"--redis", "redis://" + srv.Addr, "--policies", writeFile(t, "p.yaml", killPolicies), "--breaker-probe", "300ms",
 	}})
-	testkit.For(t, time.Minute, "/readyz 200 before the kill", func() bool {
-		return do(t, "GET", d.base+"/readyz", "").status == 200
+	testkit.For(t, time.Minute, probe+" 200 before the kill", func() bool {
+		return do(t, "GET", d.base+probe, "").status == 200
 	})
 
 	const (
@@ -74,6 +83,7 @@ func TestRedisKilled(t *testing.T) {
 	var phase atomic.Int32
 	var mu sync.Mutex
 	var outcomes []outcome
+	var connErrs atomic.Int64
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	// Login keys are fresh each time: a key the store denied is known
@@ -106,6 +116,7 @@ func TestRedisKilled(t *testing.T) {
 				r, err := doErr(ctx, "POST", d.base+"/v1/allow", body)
 				if err != nil {
 					if ctx.Err() == nil {
+						connErrs.Add(1)
 						t.Errorf("request: %v", err)
 					}
 					return
@@ -114,7 +125,7 @@ func TestRedisKilled(t *testing.T) {
 					p = -1
 				}
 				mu.Lock()
-				outcomes = append(outcomes, outcome{p, tg.name, r.status})
+				outcomes = append(outcomes, outcome{p, tg.name, r.status, strings.Contains(string(r.body), `"degraded":true`)})
 				mu.Unlock()
 			}
 		}()
@@ -149,24 +160,43 @@ func TestRedisKilled(t *testing.T) {
 	killed := time.Now()
 	phase.Store(down)
 	var reason string
-	tookDown := testkit.For(t, time.Minute, "/readyz 503 after the kill", func() bool {
-		r := do(t, "GET", d.base+"/readyz", "")
-		if r.status == 503 {
-			var body struct{ Status, Reason string }
-			r.json(t, &body)
-			reason = body.Reason
-		}
-		return r.status == 503
+	tookDown := testkit.For(t, time.Minute, probe+" to name Redis after the kill", func() bool {
+		var body struct{ Reason string }
+		do(t, "GET", d.base+probe, "").json(t, &body)
+		reason = body.Reason
+		return strings.Contains(reason, "Redis")
 	})
-	t.Logf("/readyz 503 %v after the kill: %s", tookDown, reason)
-	if !strings.Contains(reason, "Redis") {
-		t.Errorf("/readyz reason %q does not mention Redis", reason)
-	}
+	t.Logf("%s names Redis %v after the kill: %s", probe, tookDown, reason)
 	// The breaker opens, and decisions go on without the store.
 	testkit.For(t, time.Minute, "the breaker open", func() bool {
 		return metric(string(do(t, "GET", d.base+"/metrics", "").body), `hotkey_breaker_changes_total{state="open"}`) >= 1
 	})
 	opened := since()
+	// The probe keeps the daemon in the load balancer: it answers, by the
+	// fallbacks; the strict form takes it out.
+	const probes = 20
+	ready, strict := map[string]int{}, map[string]int{}
+	for range probes {
+		for _, c := range []struct {
+			path string
+			seen map[string]int
+		}{{probe, ready}, {"/readyz?strict=true", strict}} {
+			r := do(t, "GET", d.base+c.path, "")
+			var body struct{ Status, Reason string }
+			r.json(t, &body)
+			c.seen[fmt.Sprintf("%d %s", r.status, body.Status)]++
+			if !strings.Contains(body.Reason, "Redis") {
+				t.Errorf("%s with Redis down: reason %q does not mention Redis", c.path, body.Reason)
+			}
+		}
+	}
+	t.Logf("with Redis down, %d probes: %s %v, /readyz?strict=true %v", probes, probe, ready, strict)
+	if ready["200 degraded"] != probes {
+		t.Errorf("%s with Redis down: %v of %d probes, want 200 degraded for all", probe, ready, probes)
+	}
+	if strict["503 degraded"] != probes {
+		t.Errorf("/readyz?strict=true with Redis down: %v of %d probes, want 503 degraded for all", strict, probes)
+	}
 	testkit.For(t, time.Minute, "answers of every kind with the breaker open", func() bool { return answered(opened, down) })
 
 	phase.Store(restarting)
@@ -174,14 +204,23 @@ func TestRedisKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	restarted := time.Now()
-	tookUp := testkit.For(t, time.Minute, "/readyz 200 after Redis returns", func() bool {
-		return do(t, "GET", d.base+"/readyz", "").status == 200
+	tookUp := testkit.For(t, time.Minute, "/readyz?strict=true 200 after Redis returns", func() bool {
+		return do(t, "GET", d.base+"/readyz?strict=true", "").status == 200
 	})
 	phase.Store(back)
-	t.Logf("/readyz 200 %v after Redis restarted (down %v in all)", tookUp, time.Since(killed)-time.Since(restarted))
+	t.Logf("/readyz?strict=true 200 %v after Redis restarted (down %v in all)", tookUp, time.Since(killed)-time.Since(restarted))
+	testkit.For(t, time.Minute, probe+" ready with Redis back", func() bool {
+		var body struct{ Status string }
+		r := do(t, "GET", d.base+probe, "")
+		r.json(t, &body)
+		return r.status == 200 && body.Status == "ready"
+	})
 	testkit.For(t, time.Minute, "answers of every kind with Redis back", func() bool { return answered(0, back) })
 	cancel()
 	wg.Wait()
+	if n := connErrs.Load(); n > 0 {
+		t.Errorf("%d requests failed to connect", n)
+	}
 
 	// count[phase][target][status]
 	count := map[int32]map[string]map[int]int{}
@@ -227,6 +266,49 @@ func TestRedisKilled(t *testing.T) {
 			}
 		}
 	}
+	// With Redis down, the local fallback admits and says so.
+	var admitted, degraded int
+	for _, o := range outcomes {
+		if o.phase == down && o.target == "cache" && o.status == 200 {
+			admitted++
+			if o.degraded {
+				degraded++
+			}
+		}
+	}
+	if degraded != admitted {
+		t.Errorf("with Redis down, %d of %d admissions of the local policy say degraded, want all", degraded, admitted)
+	}
+}
+
+// shippedReadinessPath is the path of the readiness probe of the
+// Deployment in deploy/kubernetes.
+func shippedReadinessPath(t *testing.T) string {
+	t.Helper()
+	b, err := os.ReadFile(filepath.Join("..", "..", "deploy", "kubernetes", "deployment.yaml"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var dep struct {
+		Spec struct {
+			Template struct {
+				Spec struct {
+					Containers []struct {
+						ReadinessProbe struct {
+							HTTPGet struct{ Path string } `yaml:"httpGet"`
+						} `yaml:"readinessProbe"`
+					}
+				}
+			}
+		}
+	}
+	if err := yaml.Unmarshal(b, &dep); err != nil {
+		t.Fatal(err)
+	}
+	if cs := dep.Spec.Template.Spec.Containers; len(cs) == 0 || cs[0].ReadinessProbe.HTTPGet.Path == "" {
+		t.Fatal("deployment.yaml: no readiness probe with an httpGet path")
+	}
+	return dep.Spec.Template.Spec.Containers[0].ReadinessProbe.HTTPGet.Path
 }
 
 // TestTwoDaemons: two daemons on one redis-server, the second joined to
@@ -331,18 +413,20 @@ func TestTwoDaemons(t *testing.T) {
 	}
 
 	// The first daemon, and with it the NATS server, goes away: the second
-	// is not ready (it cannot agree on hot keys) but goes on deciding.
+	// is degraded (it cannot agree on hot keys) but goes on deciding, and
+	// stays ready.
 	d1.stop()
 	var reason string
-	testkit.For(t, time.Minute, "the second daemon not ready without NATS", func() bool {
+	testkit.For(t, time.Minute, "the second daemon degraded without NATS", func() bool {
 		r := do(t, "GET", d2.base+"/readyz", "")
-		if r.status == 503 {
-			var body struct{ Reason string }
-			r.json(t, &body)
-			reason = body.Reason
-		}
-		return r.status == 503
+		var body struct{ Status, Reason string }
+		r.json(t, &body)
+		reason = body.Reason
+		return r.status == 200 && body.Status == "degraded"
 	})
+	if r := do(t, "GET", d2.base+"/readyz?strict=true", ""); r.status != 503 {
+		t.Errorf("/readyz?strict=true of the second daemon without NATS: %d %s, want 503", r.status, r.body)
+	}
 	t.Logf("/readyz of the second daemon without NATS: %s", reason)
 	if !strings.Contains(reason, "NATS") {
 		t.Errorf("reason %q does not mention NATS", reason)

@@ -134,7 +134,7 @@ var flagDocs = []flagDoc{
 	{"redis-tls", "", "TLS to Redis, verified against the system's roots (rediss:// in --redis turns it on too)"},
 	{"redis-ca", "FILE", "PEM CA that signs Redis's certificates; turns TLS on"},
 	{"redis-prefix", "PREFIX", "prepended to every counter name in Redis (no '{' or '}'), so that deployments can share a Redis apart"},
-	{"require-store", "", "stop the start when Redis cannot be reached; without it the daemon starts degraded (each policy's on_store_failure decides, /readyz answers 503) until Redis answers"},
+	{"require-store", "", "stop the start when Redis cannot be reached; without it the daemon starts degraded (each policy's on_store_failure decides, /readyz says degraded) until Redis answers"},
 	{"nats", "URL", "join an existing NATS (nats:// or tls://, comma-separated for a cluster) instead of embedding a server"},
 	{"nats-listen", "ADDR", "the embedded NATS server listens on ADDR (other daemons join with --nats nats://ADDR); not with --nats"},
 	{"nats-cluster-listen", "ADDR", "the embedded NATS server accepts routes from other daemons' embedded servers on ADDR, so that they form one NATS cluster without a separate nats-server (see --nats-routes); off loopback, needs --nats-user/--nats-password or --nats-token for the routes to log in with; not with --nats"},

@@ -100,6 +100,9 @@ type Daemon struct {
 	engine *hotkey.Engine
 	reg    *prometheus.Registry
 
+	// draining is set once Shutdown begins: /readyz answers 503 and the
+	// gRPC health service NOT_SERVING from then on.
+	draining atomic.Bool
 	shutdown sync.Once
 	stopErr  error
 }

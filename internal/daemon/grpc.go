@@ -40,6 +40,10 @@ const healthInterval = time.Second
 // which the health service reports too.
 const rlsService = "envoy.service.ratelimit.v3.RateLimitService"
 
+// strictService is the gRPC health service name whose status is
+// NOT_SERVING while the daemon is degraded, as /readyz?strict=true.
+const strictService = "hotkeyd.strict"
+
 // rls serves envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit
 // from the rules of --envoy-config.
 type rls struct {
@@ -98,21 +102,26 @@ func (d *Daemon) startGRPC() error {
 	return nil
 }
 
-// followReadiness sets the gRPC health status, for the whole server and
-// for the rate-limit service, from what /readyz reports, until Shutdown.
+// followReadiness sets the gRPC health status until Shutdown: for the
+// whole server and for the rate-limit service, SERVING while the daemon
+// answers decisions (degraded included), NOT_SERVING once it drains; for
+// strictService, NOT_SERVING while it is degraded too, as /readyz?strict=true.
 func (d *Daemon) followReadiness() {
 	defer close(d.healthDone)
 	t := time.NewTicker(healthInterval)
 	defer t.Stop()
 	for {
-		st := healthpb.HealthCheckResponse_SERVING
+		st, strict := healthpb.HealthCheckResponse_SERVING, healthpb.HealthCheckResponse_SERVING
 		ctx, cancel := context.WithTimeout(context.Background(), healthInterval)
-		if reasons := d.notReady(ctx); len(reasons) > 0 {
-			st = healthpb.HealthCheckResponse_NOT_SERVING
+		if d.draining.Load() {
+			st, strict = healthpb.HealthCheckResponse_NOT_SERVING, healthpb.HealthCheckResponse_NOT_SERVING
+		} else if reasons := d.degraded(ctx); len(reasons) > 0 {
+			strict = healthpb.HealthCheckResponse_NOT_SERVING
 		}
 		cancel()
 		d.health.SetServingStatus("", st)
 		d.health.SetServingStatus(rlsService, st)
+		d.health.SetServingStatus(strictService, strict)
 		select {
 		case <-d.healthStop:
 			return

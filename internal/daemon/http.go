@@ -122,16 +122,40 @@ func (d *Daemon) handleHotKeys(w http.ResponseWriter, r *http.Request) {
 
 // Readiness is the body of GET /readyz.
 type Readiness struct {
+	// Status is "ready", "degraded" (answering, but by each policy's
+	// on_store_failure or without agreeing hot keys: Reason says why) or
+	// "draining" (shutting down: no longer taking decisions).
 	Status string `json:"status"`
 	Reason string `json:"reason,omitempty"`
 	// Warnings say what works but not as a deployment would want.
 	Warnings []string `json:"warnings,omitempty"`
 }
 
+// handleReady is GET /readyz: 200 while the daemon answers decisions,
+// degraded or not, 503 once it drains. With ?strict=true a degraded
+// daemon answers 503 too, for deployments that would rather take it out
+// of a load balancer on a store outage than have it decide by fallbacks.
 func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
+	strict := false
+	if v := r.URL.Query().Get("strict"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			writeError(w, http.StatusBadRequest, fmt.Sprintf("strict=%q: want true or false", truncate(v, 100)))
+			return
+		}
+		strict = b
+	}
+	if d.draining.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, Readiness{Status: "draining", Reason: "shutting down: decisions in flight finish, new ones go to other daemons"})
+		return
+	}
 	warnings := d.warnings()
-	if reasons := d.notReady(r.Context()); len(reasons) > 0 {
-		writeJSON(w, http.StatusServiceUnavailable, Readiness{Status: "not ready", Reason: strings.Join(reasons, "; "), Warnings: warnings})
+	if reasons := d.degraded(r.Context()); len(reasons) > 0 {
+		status := http.StatusOK
+		if strict {
+			status = http.StatusServiceUnavailable
+		}
+		writeJSON(w, status, Readiness{Status: "degraded", Reason: strings.Join(reasons, "; "), Warnings: warnings})
 		return
 	}
 	writeJSON(w, http.StatusOK, Readiness{Status: "ready", Warnings: warnings})
@@ -150,9 +174,10 @@ func (d *Daemon) warnings() []string {
 	return w
 }
 
-// notReady says why the store or the coordinator is not usable now, if it
-// is not.
-func (d *Daemon) notReady(ctx context.Context) []string {
+// degraded says why the store or the coordinator is not usable now, if it
+// is not: decisions are then made by each policy's on_store_failure, or
+// without agreeing hot keys with other daemons.
+func (d *Daemon) degraded(ctx context.Context) []string {
 	var reasons []string
 	if st := d.nc.Status(); st != nats.CONNECTED {
 		reasons = append(reasons, fmt.Sprintf("NATS connection %s: hot keys are not agreed with other daemons", strings.ToLower(st.String())))

@@ -47,7 +47,8 @@ func (d *Daemon) serveHTTP() {
 	}()
 }
 
-// Shutdown stops the daemon gracefully: HTTP stops accepting and finishes
+// Shutdown stops the daemon gracefully: from its start /readyz answers 503
+// and the gRPC health service NOT_SERVING; HTTP stops accepting and finishes
 // the requests in flight, the NATS micro service stops and the connection
 // drains (finishing its requests in flight), then the engine (and its
 // coordinator), the store and the embedded NATS server stop. It returns
@@ -58,6 +59,7 @@ func (d *Daemon) Shutdown(ctx context.Context) error {
 }
 
 func (d *Daemon) stop(ctx context.Context) error {
+	d.draining.Store(true)
 	d.stopBackground()
 	var errs []error
 	var wg sync.WaitGroup

@@ -112,7 +112,7 @@ func (d *Daemon) startNATS() error {
 	}
 	nc, err := nats.Connect(d.natsURL, opts...)
 	if err == nil && !nc.IsConnected() {
-		d.log.Warn("cannot reach NATS yet: deciding alone (hot keys are not agreed with other daemons, /readyz answers 503) until it answers", "url", redact.URLs(strings.Split(d.natsURL, ",")))
+		d.log.Warn("cannot reach NATS yet: deciding alone (hot keys are not agreed with other daemons, /readyz says degraded) until it answers", "url", redact.URLs(strings.Split(d.natsURL, ",")))
 	}
 	if err != nil {
 		if d.ns != nil {

@@ -58,7 +58,7 @@ func (d *Daemon) openStore(ctx context.Context) error {
 	}
 	// Without --require-store the daemon starts whether or not Redis
 	// answers: decisions follow each policy's fallback, and /readyz says
-	// not ready, until the store is set up.
+	// degraded, until the store is set up.
 	ctx, cancel := context.WithTimeout(ctx, storeSetupTimeout)
 	defer cancel()
 	s, err := counter.NewRedisStore(ctx, d.redis, counter.RedisConfig{Prefix: cfg.RedisPrefix, SetupRetry: storeSetupRetry})
@@ -67,7 +67,7 @@ func (d *Daemon) openStore(ctx context.Context) error {
 	}
 	d.store, d.rstore = s, s
 	if err := s.Ready(); err != nil {
-		d.log.Warn("cannot reach the store: starting degraded; decisions follow each policy's on_store_failure, and /readyz answers 503, until it answers (retried every "+storeSetupRetry.String()+"); "+flagName("require-store")+" makes this stop the start instead",
+		d.log.Warn("cannot reach the store: starting degraded; decisions follow each policy's on_store_failure, and /readyz says degraded, until it answers (retried every "+storeSetupRetry.String()+"); "+flagName("require-store")+" makes this stop the start instead",
 			"store", what, "err", err)
 		d.background(func(stop <-chan struct{}) { d.awaitStore(stop, err) })
 	}
