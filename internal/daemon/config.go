@@ -23,6 +23,9 @@ const (
 	DefaultListen     = "127.0.0.1:8080"
 	DefaultGRPCListen = "127.0.0.1:8081"
 	DefaultNATSListen = "127.0.0.1:4222"
+	// NATSNone, as --nats, runs the daemon without NATS: no embedded
+	// server, no hotkey.allow, hot keys split by this daemon alone.
+	NATSNone = "none"
 	// DefaultHotFloor is the least rate, per daemon, that splits a key:
 	// 10 requests in a 100 ms sub-window, a count whose noise no longer
 	// decides.
@@ -73,7 +76,9 @@ type Config struct {
 	RedisCA                  string // PEM CA that signs Redis's certificates; turns TLS on
 	RedisPrefix              string // prepended to every counter name
 
-	NATS       string // URL(s) of an existing NATS; empty: embed a server
+	// NATS is the URL(s) of an existing NATS to join; empty: embed a
+	// server; NATSNone: no NATS at all (one daemon alone, no hotkey.allow).
+	NATS       string
 	NATSListen string // the embedded server's address
 	// NATSClusterListen is where the embedded server accepts routes from
 	// the other daemons' embedded servers; empty: no cluster.
@@ -135,7 +140,7 @@ var flagDocs = []flagDoc{
 	{"redis-ca", "FILE", "PEM CA that signs Redis's certificates; turns TLS on"},
 	{"redis-prefix", "PREFIX", "prepended to every counter name in Redis (no '{' or '}'), so that deployments can share a Redis apart"},
 	{"require-store", "", "stop the start when Redis cannot be reached; without it the daemon starts degraded (each policy's on_store_failure decides, /readyz says degraded) until Redis answers"},
-	{"nats", "URL", "join an existing NATS (nats:// or tls://, comma-separated for a cluster) instead of embedding a server"},
+	{"nats", "URL", "join an existing NATS (nats:// or tls://, comma-separated for a cluster) instead of embedding a server; \"none\" runs with no NATS at all: no embedded server, no hotkey.allow, hot keys split by this daemon alone (for one daemon; every other --nats-* flag is then refused)"},
 	{"nats-listen", "ADDR", "the embedded NATS server listens on ADDR (other daemons join with --nats nats://ADDR); not with --nats"},
 	{"nats-cluster-listen", "ADDR", "the embedded NATS server accepts routes from other daemons' embedded servers on ADDR, so that they form one NATS cluster without a separate nats-server (see --nats-routes); off loopback, needs --nats-user/--nats-password or --nats-token for the routes to log in with; not with --nats"},
 	{"nats-routes", "URL,URL,...", "the --nats-cluster-listen addresses of the other daemons (nats-route://host:6222, or host:6222) to route to; with --nats-user/--nats-password or --nats-token, routes must log in with them too"},
@@ -345,6 +350,16 @@ func (c *Config) check() error {
 	if c.RedisPrefix == "" || strings.ContainsAny(c.RedisPrefix, "{}") {
 		return fmt.Errorf("%s %q: want a non-empty prefix without '{' or '}' (a counter's own hash tag decides its Cluster slot)", flagName("redis-prefix"), c.RedisPrefix)
 	}
+	switch c.NATS {
+	case NATSNone:
+		for _, d := range flagDocs {
+			if strings.HasPrefix(d.name, "nats-") && c.set[d.name] {
+				return fmt.Errorf("%s applies to NATS, which %s none turns off: give one or the other", flagName(d.name), flagName("nats"))
+			}
+		}
+	case "off", "false", "no", "0":
+		return fmt.Errorf("%s %q: want none to run with no NATS, or a URL such as nats://host:4222", flagName("nats"), c.NATS)
+	}
 	if c.NATS != "" {
 		for _, f := range []string{"nats-listen", "nats-cluster-listen", "nats-routes", "nats-cluster-name", "nats-client-user", "nats-client-password"} {
 			if c.set[f] {
@@ -467,9 +482,10 @@ Usage:
   hotkeyd version      print the version (or --version)
   hotkeyd --help       this text
 
-With no flags: counters in memory, an embedded NATS server on 127.0.0.1:4222,
-HTTP on 127.0.0.1:8080, gRPC on 127.0.0.1:8081, and the policy "default"
-(token_bucket, 100/s, burst 100, on_store_failure local).
+With no flags: counters in memory, an embedded NATS server on 127.0.0.1:4222
+(--nats none for no NATS at all), HTTP on 127.0.0.1:8080, gRPC on
+127.0.0.1:8081, and the policy "default" (token_bucket, 100/s, burst 100,
+on_store_failure local).
 
 Each flag can also be set by its environment variable; a flag on the command
 line wins over the environment.

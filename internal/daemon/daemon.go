@@ -1,6 +1,6 @@
 // Package daemon is hotkeyd: the hotkey engine behind an HTTP API and a NATS
 // micro service, with a policies file, Prometheus metrics and an embedded
-// NATS server by default. cmd/hotkeyd is a thin main around Main.
+// NATS server by default (--nats none: no NATS, one daemon alone). cmd/hotkeyd is a thin main around Main.
 package daemon
 
 import (
@@ -80,9 +80,9 @@ type Daemon struct {
 	healthDone  chan struct{}
 	descMetrics *descMetrics
 
-	ns      *natsserver.Server // nil when joining an existing NATS
+	ns      *natsserver.Server // nil when joining an existing NATS, or with --nats none
 	natsURL string
-	nc      *nats.Conn
+	nc      *nats.Conn // nil with --nats none; so are svc and coord
 	// natsSynced says the server has confirmed the subscriptions since the
 	// connection last came up (/readyz checks it).
 	natsSynced atomic.Bool
@@ -111,7 +111,7 @@ type Daemon struct {
 func (d *Daemon) Addr() string { return d.ln.Addr().String() }
 
 // NATSURL returns the URL the daemon connects to NATS with (the embedded
-// server's, unless --nats).
+// server's, unless --nats); empty with --nats none.
 func (d *Daemon) NATSURL() string { return d.natsURL }
 
 // ID returns the instance ID (the origin of its leases in /v1/hotkeys).

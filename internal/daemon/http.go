@@ -115,6 +115,9 @@ func (d *Daemon) handleHotKeys(w http.ResponseWriter, r *http.Request) {
 	hot := d.engine.HotKeys()
 	out := HotKeys{Peers: max(0, d.engine.Instances()-1), HotKeys: make([]HotKey, 0, len(hot))}
 	for _, h := range hot {
+		if d.coord == nil { // --nats none: levels this daemon set, with no lease
+			h.Origin = d.id
+		}
 		out.HotKeys = append(out.HotKeys, HotKey{Policy: h.Policy, Key: h.Key, Level: int(h.Level), ExpiresInMs: ceilDiv(h.ExpiresIn, time.Millisecond), Origin: h.Origin})
 	}
 	writeJSON(w, http.StatusOK, out)
@@ -179,16 +182,18 @@ func (d *Daemon) warnings() []string {
 // without agreeing hot keys with other daemons.
 func (d *Daemon) degraded(ctx context.Context) []string {
 	var reasons []string
-	if st := d.nc.Status(); st != nats.CONNECTED {
-		reasons = append(reasons, fmt.Sprintf("NATS connection %s: hot keys are not agreed with other daemons", strings.ToLower(st.String())))
-	} else if !d.natsSynced.Load() {
-		// Connected since the last check: the server has the subscriptions
-		// (hotkey.allow, the coordinator's) once it answers a PING sent
-		// after them.
-		if err := d.nc.FlushTimeout(pingTimeout); err != nil {
-			reasons = append(reasons, "NATS subscriptions not confirmed yet: "+err.Error())
-		} else {
-			d.natsSynced.Store(true)
+	if d.nc != nil { // with --nats none, hot keys are this daemon's alone to agree
+		if st := d.nc.Status(); st != nats.CONNECTED {
+			reasons = append(reasons, fmt.Sprintf("NATS connection %s: hot keys are not agreed with other daemons", strings.ToLower(st.String())))
+		} else if !d.natsSynced.Load() {
+			// Connected since the last check: the server has the
+			// subscriptions (hotkey.allow, the coordinator's) once it
+			// answers a PING sent after them.
+			if err := d.nc.FlushTimeout(pingTimeout); err != nil {
+				reasons = append(reasons, "NATS subscriptions not confirmed yet: "+err.Error())
+			} else {
+				d.natsSynced.Store(true)
+			}
 		}
 	}
 	if d.rstore != nil {

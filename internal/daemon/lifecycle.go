@@ -49,9 +49,9 @@ func (d *Daemon) serveHTTP() {
 
 // Shutdown stops the daemon gracefully: from its start /readyz answers 503
 // and the gRPC health service NOT_SERVING; HTTP stops accepting and finishes
-// the requests in flight, the NATS micro service stops and the connection
-// drains (finishing its requests in flight), then the engine (and its
-// coordinator), the store and the embedded NATS server stop. It returns
+// the requests in flight, the NATS micro service (if any) stops and the
+// connection drains (finishing its requests in flight), then the engine
+// (and its coordinator), the store and the embedded NATS server stop. It returns
 // when all is stopped or ctx is done.
 func (d *Daemon) Shutdown(ctx context.Context) error {
 	d.shutdown.Do(func() { d.stopErr = d.stop(ctx) })
@@ -95,6 +95,24 @@ func (d *Daemon) stop(ctx context.Context) error {
 			d.httpSrv.Close()
 		}
 	}()
+	natsErr := d.stopNATS(ctx)
+	wg.Wait()
+	if grpcErr != nil {
+		errs = append(errs, grpcErr)
+	}
+	if natsErr != nil {
+		errs = append(errs, natsErr)
+	}
+	d.closeRest()
+	return errors.Join(errs...)
+}
+
+// stopNATS stops the micro service, waits for its decisions in flight and
+// drains the connection, until ctx is done; nil at once without NATS.
+func (d *Daemon) stopNATS(ctx context.Context) error {
+	if d.nc == nil {
+		return nil
+	}
 	var natsErr error
 	if err := d.svc.Stop(); err != nil {
 		natsErr = fmt.Errorf("NATS micro service: %w", err)
@@ -115,15 +133,7 @@ func (d *Daemon) stop(ctx context.Context) error {
 		d.nc.Close()
 		natsErr = errors.Join(natsErr, errors.New("NATS drain: timed out"))
 	}
-	wg.Wait()
-	if grpcErr != nil {
-		errs = append(errs, grpcErr)
-	}
-	if natsErr != nil {
-		errs = append(errs, natsErr)
-	}
-	d.closeRest()
-	return errors.Join(errs...)
+	return natsErr
 }
 
 // closeRest stops what runs behind the APIs: the engine and its

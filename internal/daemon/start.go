@@ -59,8 +59,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	if d.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, listenError("HTTP", cfg.Listen, "listen", err)
 	}
-	if err = d.startNATS(); err != nil {
-		return nil, err
+	if cfg.NATS != NATSNone {
+		if err = d.startNATS(); err != nil {
+			return nil, err
+		}
 	}
 	sctx, cancel := context.WithTimeout(ctx, startTimeout)
 	defer cancel()
@@ -81,28 +83,33 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	d.reqs = newRequestMetrics(d.reg)
 	// The series of each API from the start, at 0 (gRPC's once it serves).
 	d.reqs.api(apiHTTP)
-	d.nats.seconds = d.reqs.api(apiNATS)
-
-	// Hot keys are counter names, policy|key: room for the longest.
-	maxName := max(maxPolicyName, envoyconf.MaxPolicyName) + 1 + hotkey.DefaultMaxKeyLen
-	if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
-		return nil, fmt.Errorf("coordinator: %w", err)
-	}
 	probe := cfg.BreakerProbe
-	d.engine, err = hotkey.New(d.store,
-		hotkey.WithCoordinator(d.coord),
+	opts := []hotkey.Option{
 		hotkey.WithMetrics(d.reg),
 		hotkey.WithLogger(log),
 		hotkey.WithDetector(detector.Config{Threshold: cfg.HotThreshold, Floor: cfg.HotFloor, CoolDown: cfg.CoolDown}),
 		hotkey.WithBreaker(hotkey.DefaultBreakerFailures, probe, max(hotkey.DefaultBreakerMaxProbe, probe)),
 		hotkey.WithLocalKeys(cfg.MaxKeys),
-	)
-	if err != nil {
+	}
+	// Without NATS the engine's own coordinator.Local agrees hot keys with
+	// this daemon alone.
+	if d.nc != nil {
+		d.nats.seconds = d.reqs.api(apiNATS)
+		// Hot keys are counter names, policy|key: room for the longest.
+		maxName := max(maxPolicyName, envoyconf.MaxPolicyName) + 1 + hotkey.DefaultMaxKeyLen
+		if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
+			return nil, fmt.Errorf("coordinator: %w", err)
+		}
+		opts = append(opts, hotkey.WithCoordinator(d.coord))
+	}
+	if d.engine, err = hotkey.New(d.store, opts...); err != nil {
 		return nil, err
 	}
 
-	if err = d.addService(version); err != nil {
-		return nil, err
+	if d.nc != nil {
+		if err = d.addService(version); err != nil {
+			return nil, err
+		}
 	}
 	d.serveHTTP()
 	if cfg.GRPCListen != "" {
@@ -129,7 +136,10 @@ func (d *Daemon) logServing(r *rules, version string) {
 		store = "redis cluster " + strings.Join(cfg.RedisCluster, ",")
 	}
 	nats := redact.URLs(strings.Split(d.natsURL, ","))
-	if d.ns != nil {
+	switch {
+	case d.nc == nil:
+		nats = "off"
+	case d.ns != nil:
 		nats = "embedded " + d.natsURL
 		if cfg.NATSClusterListen != "" {
 			nats += fmt.Sprintf(" cluster %s on %s routes %s", cfg.NATSClusterName, d.ns.Server().ClusterAddr(), strings.Join(cfg.NATSRoutes, ","))

@@ -39,7 +39,7 @@ func (d *Daemon) openStore(ctx context.Context) error {
 		what = fmt.Sprintf("Redis Cluster at %s, set by %s", strings.Join(cfg.RedisCluster, ","), flagName("redis-cluster"))
 	default:
 		d.store = counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: cfg.MaxKeys})
-		if cfg.NATS != "" || cfg.NATSClusterListen != "" || !loopback(cfg.NATSListen) {
+		if cfg.NATS != NATSNone && (cfg.NATS != "" || cfg.NATSClusterListen != "" || !loopback(cfg.NATSListen)) {
 			d.log.Warn("counters are in memory, yet other daemons may share this NATS: each keeps its own counters, and requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted once per daemon; give them one store with " +
 				flagName("redis") + " or " + flagName("redis-cluster") + " (/readyz warns while peers are seen)")
 		}
