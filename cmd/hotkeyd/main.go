@@ -3,6 +3,7 @@
 // metrics, a YAML policies file, and an embedded NATS server by default.
 //
 //	hotkeyd                                  # memory counters, embedded NATS on 127.0.0.1:4222, HTTP on 127.0.0.1:8080
+//	hotkeyd --nats none                      # the same alone, with no NATS at all
 //	hotkeyd --redis redis://127.0.0.1:6379 --policies policies.yaml
 //	hotkeyd --help                           # every flag, its environment variable and default
 //
