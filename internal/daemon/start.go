@@ -85,7 +85,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 
 	// Hot keys are counter names, policy|key: room for the longest.
 	maxName := max(maxPolicyName, envoyconf.MaxPolicyName) + 1 + hotkey.DefaultMaxKeyLen
-	if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
+	if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Namespace: cfg.Namespace, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
 		return nil, fmt.Errorf("coordinator: %w", err)
 	}
 	probe := cfg.BreakerProbe
