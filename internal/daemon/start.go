@@ -142,7 +142,7 @@ func (d *Daemon) logServing(r *rules, version string) {
 	if r.envoy != nil {
 		domains = strings.Join(r.envoy.Domains(), ",")
 	}
-	log.Info("serving", "http", d.Addr(), "grpc", grpcAddr, "nats", nats, "store", store, "instance", d.id,
+	log.Info("serving", "http", d.Addr(), "grpc", grpcAddr, "nats", nats, "namespace", cfg.Namespace, "store", store, "instance", d.id,
 		"policies", strings.Join(r.policies.Names(), ","), "envoy_domains", domains, "version", version)
 	if d.grpcLn != nil && r.envoy == nil {
 		log.Info("the gRPC rate-limit service has no rules: every descriptor is answered OK until " + flagName("envoy-config") + " gives some")
