@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hotkeyd/hotkey"
+	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/internal/redact"
@@ -100,6 +101,11 @@ type Config struct {
 	// (coordinator.Config.Secret): read at start, never passed in argv.
 	NATSSecretFile string
 
+	// Namespace names the NATS subjects of this fleet (AllowSubject, the
+	// coordinator's Namespace, the micro service's name, the inboxes):
+	// fleets that share a NATS with namespaces of their own stay apart.
+	Namespace string
+
 	// NATSConcurrency bounds the hotkey.allow requests decided at once.
 	NATSConcurrency int
 
@@ -147,7 +153,7 @@ var flagDocs = []flagDoc{
 	{"nats-cluster-name", "NAME", "the name of the embedded servers' NATS cluster: the same on every daemon"},
 	{"nats-user", "USER", "NATS user (with --nats-password); with the embedded server, clients must log in as USER"},
 	{"nats-password", "PASSWORD", "NATS password for --nats-user"},
-	{"nats-client-user", "USER", "a second user of the embedded NATS server, for API clients, with --nats-client-password: it may publish on hotkey.allow and subscribe to _INBOX.> only, so that it cannot touch the daemons' coordination subjects (needs --nats-user)"},
+	{"nats-client-user", "USER", "a second user of the embedded NATS server, for API clients, with --nats-client-password: it may publish on the decision subject of --namespace (hotkey.allow by default) and subscribe to _INBOX.> only, so that it cannot touch the daemons' coordination subjects (needs --nats-user)"},
 	{"nats-client-password", "PASSWORD", "the password of --nats-client-user"},
 	{"nats-token", "TOKEN", "NATS token; with the embedded server, clients must present TOKEN"},
 	{"nats-nkey-seed", "FILE", "NATS nkey seed file (with --nats)"},
@@ -156,6 +162,7 @@ var flagDocs = []flagDoc{
 	{"nats-cert", "FILE", "PEM client certificate for NATS, with --nats-key (with --nats)"},
 	{"nats-key", "FILE", "PEM key of --nats-cert"},
 	{"nats-secret-file", "FILE", "sign and check the daemons' coordination messages with the secret in FILE (at least 16 bytes, white space around it ignored; e.g. openssl rand -hex 32); every daemon needs the same, and drops the others' messages"},
+	{"namespace", "NAME", "the fleet's NATS namespace (1 to 64 of A-Z a-z 0-9 - _): daemons agree on hot keys and count instances only with daemons of the same namespace, and serve decisions on hotkey.NAME.api.allow (hotkey.allow for \"default\"), as the micro service hotkey-NAME (hotkey for \"default\"), so that fleets sharing a NATS stay apart"},
 	{"nats-concurrency", "N", "decide up to N requests on hotkey.allow at once (1: one at a time); more wait in the NATS client's buffer"},
 	{"hot-threshold", "RATE", "T: requests per second for one key, over all daemons, at which it is split in 4 (16 at 4T, 64 at 16T). Each daemon measures the key's rate it sees over the last 100 ms (sliding by 10 ms) and compares it with T divided by the live daemons, or --hot-floor if that is more (so among more than T/floor daemons a key evenly spread splits at daemons x floor, over T)"},
 	{"hot-floor", "RATE", "the least rate one daemon must see of a key for it to split, however many daemons divide --hot-threshold (capped at it): without it, among 20 daemons at T 1000, 5 requests in 100 ms on one would split a key"},
@@ -216,6 +223,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.NATSCert, "nats-cert", "", "")
 	fs.StringVar(&cfg.NATSKey, "nats-key", "", "")
 	fs.StringVar(&cfg.NATSSecretFile, "nats-secret-file", "", "")
+	fs.StringVar(&cfg.Namespace, "namespace", coordinator.DefaultNamespace, "")
 	fs.IntVar(&cfg.NATSConcurrency, "nats-concurrency", DefaultNATSConcurrency, "")
 	fs.IntVar(&cfg.MaxKeys, "max-keys", counter.DefaultMemoryConfig().MaxKeys, "")
 	fs.Float64Var(&cfg.HotThreshold, "hot-threshold", detector.DefaultConfig().Threshold, "")
@@ -426,6 +434,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s needs %s", flagName("nats-password"), flagName("nats-user"))
 	case (c.NATSCert == "") != (c.NATSKey == ""):
 		return fmt.Errorf("%s and %s go together", flagName("nats-cert"), flagName("nats-key"))
+	case !validNamespace(c.Namespace):
+		return fmt.Errorf("%s %q: want 1 to %d of A-Z a-z 0-9 - _ (one NATS subject token: no '.', spaces or wildcards)", flagName("namespace"), c.Namespace, maxNamespace)
 	case c.NATSConcurrency < 1 || c.NATSConcurrency > 1<<20:
 		return fmt.Errorf("%s %d: want 1 to %d", flagName("nats-concurrency"), c.NATSConcurrency, 1<<20)
 	case c.MaxKeys < 1 || c.MaxKeys > maxMaxKeys:
@@ -507,7 +517,8 @@ Flags:
 	}
 	fmt.Fprint(w, `
 API: POST /v1/allow {"policy":"default","key":"user_123","cost":1} -> 200 or 429;
-GET /v1/hotkeys, /metrics, /healthz, /readyz; NATS: request on hotkey.allow;
+GET /v1/hotkeys, /metrics, /healthz, /readyz; NATS: request on hotkey.allow
+(hotkey.NAME.api.allow with --namespace NAME);
 gRPC: envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit.
 See docs/api.md and docs/envoy.md.
 `)

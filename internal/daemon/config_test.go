@@ -54,6 +54,13 @@ func TestParseArgsErrors(t *testing.T) {
 		msg  string
 	}{
 		{[]string{"--hot-threshold", "x"}, nil, "hot-threshold"},
+		{[]string{"--namespace", ""}, nil, "--namespace (HOTKEYD_NAMESPACE) \"\": want 1 to 64"},
+		{[]string{"--namespace", "prod.eu"}, nil, "--namespace (HOTKEYD_NAMESPACE) \"prod.eu\": want 1 to 64"},
+		{[]string{"--namespace", "prod eu"}, nil, "--namespace"},
+		{[]string{"--namespace", "*"}, nil, "--namespace"},
+		{[]string{"--namespace", ">"}, nil, "--namespace"},
+		{[]string{"--namespace", strings.Repeat("n", 65)}, nil, "--namespace"},
+		{nil, map[string]string{"HOTKEYD_NAMESPACE": "a.b"}, "HOTKEYD_NAMESPACE"},
 		{nil, map[string]string{"HOTKEYD_COOL_DOWN": "soon"}, "HOTKEYD_COOL_DOWN"},
 		{[]string{"--cool-down", "5"}, nil, "want a duration with its unit, e.g. 60s"},
 		{nil, map[string]string{"HOTKEYD_BREAKER_PROBE": "10"}, "HOTKEYD_BREAKER_PROBE=\"10\": want a duration with its unit"},

@@ -92,10 +92,8 @@ func (d *Daemon) startNATS() error {
 		return fmt.Errorf("%s %s: %w", flagName("nats-nkey-seed"), cfg.NATSNkeySeed, errors.Unwrap(err))
 	}
 	opts = append(opts, auth...)
-	if cfg.NATSClientUser != "" {
-		// API clients may subscribe to _INBOX.>: the daemons' own inboxes
-		// (the coordinator's sync replies) are elsewhere.
-		opts = append(opts, nats.CustomInboxPrefix(daemonInboxPrefix))
+	if p := inboxPrefix(cfg.Namespace, cfg.NATSClientUser != ""); p != "" {
+		opts = append(opts, nats.CustomInboxPrefix(p))
 	}
 
 	if cfg.NATS == "" {
@@ -156,7 +154,7 @@ func (d *Daemon) startEmbedded() error {
 			case d.cfg.NATSClientUser != "":
 				o.Users = []*server.User{
 					{Username: d.cfg.NATSUser, Password: d.cfg.NATSPassword},
-					{Username: d.cfg.NATSClientUser, Password: d.cfg.NATSClientPassword, Permissions: clientPermissions()},
+					{Username: d.cfg.NATSClientUser, Password: d.cfg.NATSClientPassword, Permissions: clientPermissions(d.cfg.Namespace)},
 				}
 			case d.cfg.NATSUser != "":
 				o.Username, o.Password = d.cfg.NATSUser, d.cfg.NATSPassword
@@ -189,16 +187,16 @@ func (d *Daemon) startEmbedded() error {
 }
 
 // clientPermissions are those of --nats-client-user on the embedded NATS
-// server: ask for decisions on hotkey.allow, and hear the answers.
-func clientPermissions() *server.Permissions {
+// server: ask for decisions on namespace ns's subject, and hear the answers.
+func clientPermissions(ns string) *server.Permissions {
 	return &server.Permissions{
-		Publish:   &server.SubjectPermission{Allow: []string{natsSubject}},
+		Publish:   &server.SubjectPermission{Allow: []string{AllowSubject(ns)}},
 		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
 	}
 }
 
-// daemonInboxPrefix is the daemons' inbox prefix with --nats-client-user,
-// out of the clients' _INBOX.>.
+// daemonInboxPrefix is the daemons' inbox prefix (see inboxPrefix), out of
+// the clients' _INBOX.>.
 const daemonInboxPrefix = "_HOTKEYD_INBOX"
 
 // routeUser is the user routes log in as when the daemons share a token.
@@ -248,22 +246,24 @@ func loopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// addService serves hotkey.allow as a NATS micro service, and waits, if
-// connected, until the server has the subscription.
+// addService serves the namespace's decision subject (AllowSubject) as a
+// NATS micro service, and waits, if connected, until the server has the
+// subscription.
 func (d *Daemon) addService(version string) error {
 	var err error
+	subject := AllowSubject(d.cfg.Namespace)
 	d.nats.slots = make(chan struct{}, max(1, d.cfg.NATSConcurrency))
 	d.svc, err = micro.AddService(d.nc, micro.Config{
-		Name:        ServiceName,
+		Name:        serviceName(d.cfg.Namespace),
 		Version:     serviceVersion(version),
-		Description: "hotkey rate-limit decisions: request on " + natsSubject + " with {\"policy\":\"default\",\"key\":\"user_123\",\"cost\":1}",
-		Metadata:    map[string]string{"instance": d.id},
+		Description: "hotkey rate-limit decisions: request on " + subject + " with {\"policy\":\"default\",\"key\":\"user_123\",\"cost\":1}",
+		Metadata:    map[string]string{"instance": d.id, "namespace": d.cfg.Namespace},
 	})
 	if err != nil {
 		return fmt.Errorf("NATS micro service: %w", err)
 	}
-	if err = d.svc.AddEndpoint("allow", micro.HandlerFunc(d.handleNATS), micro.WithEndpointSubject(natsSubject)); err != nil {
-		return fmt.Errorf("NATS micro endpoint %s: %w", natsSubject, err)
+	if err = d.svc.AddEndpoint("allow", micro.HandlerFunc(d.handleNATS), micro.WithEndpointSubject(subject)); err != nil {
+		return fmt.Errorf("NATS micro endpoint %s: %w", subject, err)
 	}
 	if d.nc.IsConnected() {
 		if err = d.nc.FlushTimeout(startTimeout); err != nil {

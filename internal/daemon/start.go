@@ -97,7 +97,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		d.nats.seconds = d.reqs.api(apiNATS)
 		// Hot keys are counter names, policy|key: room for the longest.
 		maxName := max(maxPolicyName, envoyconf.MaxPolicyName) + 1 + hotkey.DefaultMaxKeyLen
-		if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
+		if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Namespace: cfg.Namespace, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
 			return nil, fmt.Errorf("coordinator: %w", err)
 		}
 		opts = append(opts, hotkey.WithCoordinator(d.coord))
@@ -152,7 +152,7 @@ func (d *Daemon) logServing(r *rules, version string) {
 	if r.envoy != nil {
 		domains = strings.Join(r.envoy.Domains(), ",")
 	}
-	log.Info("serving", "http", d.Addr(), "grpc", grpcAddr, "nats", nats, "store", store, "instance", d.id,
+	log.Info("serving", "http", d.Addr(), "grpc", grpcAddr, "nats", nats, "namespace", cfg.Namespace, "store", store, "instance", d.id,
 		"policies", strings.Join(r.policies.Names(), ","), "envoy_domains", domains, "version", version)
 	if d.grpcLn != nil && r.envoy == nil {
 		log.Info("the gRPC rate-limit service has no rules: every descriptor is answered OK until " + flagName("envoy-config") + " gives some")
