@@ -3,9 +3,10 @@ package daemon
 import (
 	"errors"
 	"fmt"
-	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // policiesBomb is a small file of aliases of aliases that would expand to
@@ -44,15 +45,6 @@ func fuzzPoliciesCostLimit(size int) uint64 { return 16384*uint64(size) + 16<<20
 // maxPolicyErrorLen bounds the length of an error's text.
 const maxPolicyErrorLen = 1000
 
-// allocated returns the bytes f allocates.
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
-
 // TestPoliciesRefusedCheaply: a policies file whose aliases, nesting or
 // long names could make it cost far more than its size is refused, at a
 // cost linear in its size, with a short error naming the line and field.
@@ -75,7 +67,7 @@ func TestPoliciesRefusedCheaply(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
-			alloc := allocated(func() { _, err = ParsePolicies([]byte(tc.file)) })
+			alloc := testkit.Allocated(func() { _, err = ParsePolicies([]byte(tc.file)) })
 			t.Logf("%d bytes allocated for a %d-byte file: %.100v", alloc, len(tc.file), err)
 			if limit := policiesCostLimit(len(tc.file)); alloc > limit {
 				t.Errorf("%d bytes allocated for a %d-byte file, want at most %d", alloc, len(tc.file), limit)

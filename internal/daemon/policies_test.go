@@ -8,6 +8,7 @@ import (
 
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // exampleFile is the policies file of the issue, verbatim.
@@ -145,7 +146,7 @@ func FuzzParsePolicies(f *testing.F) {
 			ps  Policies
 			err error
 		)
-		alloc := allocated(func() { ps, err = ParsePolicies(data) })
+		alloc := testkit.Allocated(func() { ps, err = ParsePolicies(data) })
 		if limit := fuzzPoliciesCostLimit(len(data)); alloc > limit {
 			t.Errorf("%d bytes allocated for a %d-byte file, want at most %d", alloc, len(data), limit)
 		}

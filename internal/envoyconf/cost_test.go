@@ -5,9 +5,10 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
+
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // cyclicFile nests a descriptor list in itself through an alias.
@@ -53,15 +54,6 @@ func fuzzCostLimit(size int) uint64 { return 16384*uint64(size) + 16<<20 }
 // maxErrorLen bounds the length of an error's text.
 const maxErrorLen = 1000
 
-// allocated returns the bytes f allocates.
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
-}
-
 // TestRefusedCheaply: a file whose aliases or nesting would make it cost
 // far more than its size is refused, at a cost linear in its size, with
 // a short error naming the line and field.
@@ -81,7 +73,7 @@ func TestRefusedCheaply(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var err error
-			alloc := allocated(func() { _, err = Parse(map[string][]byte{"bad.yaml": []byte(tc.file)}) })
+			alloc := testkit.Allocated(func() { _, err = Parse(map[string][]byte{"bad.yaml": []byte(tc.file)}) })
 			t.Logf("%d bytes allocated for a %d-byte file: %.100v", alloc, len(tc.file), err)
 			if limit := costLimit(len(tc.file)); alloc > limit {
 				t.Errorf("%d bytes allocated for a %d-byte file, want at most %d", alloc, len(tc.file), limit)
@@ -141,7 +133,7 @@ func FuzzParse(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var err error
-		alloc := allocated(func() { _, err = Parse(map[string][]byte{"f.yaml": data}) })
+		alloc := testkit.Allocated(func() { _, err = Parse(map[string][]byte{"f.yaml": data}) })
 		if limit := fuzzCostLimit(len(data)); alloc > limit {
 			t.Errorf("%d bytes allocated for a %d-byte file, want at most %d", alloc, len(data), limit)
 		}

@@ -1,11 +1,12 @@
 package yamlerr
 
 import (
-	"runtime"
 	"strings"
 	"testing"
 
 	"gopkg.in/yaml.v3"
+
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // TestLocate: the line named is the one at fault, not the one where
@@ -62,9 +63,9 @@ func TestLocateCost(t *testing.T) {
 		if err == nil {
 			t.Fatal("no error")
 		}
-		parse := allocated(func() { yaml.Unmarshal(data, &n) })
+		parse := testkit.Allocated(func() { yaml.Unmarshal(data, &n) })
 		var line int
-		alloc := allocated(func() { line, _ = Locate(data, err) })
+		alloc := testkit.Allocated(func() { line, _ = Locate(data, err) })
 		t.Logf("Locate of a %d-byte file: line %d, %d bytes allocated; one parse %d", len(data), line, alloc, parse)
 		if limit := 16*parse + 4<<20; alloc > limit {
 			t.Errorf("Locate allocated %d bytes for a %d-byte file that one parse allocates %d for, want at most %d", alloc, len(data), parse, limit)
@@ -87,13 +88,4 @@ func TestNew(t *testing.T) {
 	if got := Quote(strings.Repeat("é", 100)); len(got) > 64+len(`"…"`) {
 		t.Errorf("Quote: %d bytes", len(got))
 	}
-}
-
-// allocated returns the bytes f allocates.
-func allocated(f func()) uint64 {
-	var before, after runtime.MemStats
-	runtime.ReadMemStats(&before)
-	f()
-	runtime.ReadMemStats(&after)
-	return after.TotalAlloc - before.TotalAlloc
 }
