@@ -199,12 +199,15 @@ func (s *MemoryStore) cell(st *stripe, id [2]uint64, t int64) int {
 }
 
 // Len returns the number of counters held, expired ones included.
-func (s *MemoryStore) Len() int {
-	n := 0
+func (s *MemoryStore) Len() int { return int(s.sum(func(t *table) uint64 { return uint64(t.n) })) }
+
+// sum adds up f of every stripe's table, each under its stripe's lock.
+func (s *MemoryStore) sum(f func(t *table) uint64) uint64 {
+	var n uint64
 	for i := range s.stripes {
 		st := &s.stripes[i]
 		st.mu.Lock()
-		n += st.t.n
+		n += f(&st.t)
 		st.mu.Unlock()
 	}
 	return n
@@ -245,16 +248,7 @@ func (s *MemoryStore) Shared() bool { return s.users.Load() > 1 }
 // Full returns the number of counters the store refused to create, their
 // stripe being full of live counters: takes of new keys (see TakeAt), and
 // counters a Reshard could not seed. Each stripe holds MaxKeys/Stripes.
-func (s *MemoryStore) Full() uint64 {
-	var n uint64
-	for i := range s.stripes {
-		st := &s.stripes[i]
-		st.mu.Lock()
-		n += st.t.refused
-		st.mu.Unlock()
-	}
-	return n
-}
+func (s *MemoryStore) Full() uint64 { return s.sum(func(t *table) uint64 { return t.refused }) }
 
 // Close implements Store. The memory store holds no goroutines.
 func (s *MemoryStore) Close() error { return nil }
