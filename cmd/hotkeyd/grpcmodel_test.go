@@ -10,8 +10,8 @@ import (
 
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
-	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
+
+	"github.com/hotkeyd/hotkey/internal/rlswire"
 )
 
 // grpcModelConfig is the rules file of TestGRPCModel: limits small enough
@@ -29,92 +29,14 @@ descriptors:
       requests_per_unit: 5
 `
 
-// modelDesc is one descriptor of TestGRPCModel's requests, as raw bytes go
-// on the wire: keys and values need not be UTF-8.
-type modelDesc struct {
-	kv         []string
-	rpu        uint32 // own limit; 0 with unit 0: none
-	unit       rlpb.RateLimitResponse_RateLimit_Unit
-	multiplier uint32 // the own limit's unit_multiplier; 0: unset
-	hits       *uint64
-}
-
-// encodeRLS encodes a RateLimitRequest by hand: the generated marshaller
-// refuses strings that are not UTF-8, which Envoy sends as they come.
-func encodeRLS(domain string, hits uint32, descs []modelDesc) []byte {
-	var b []byte
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendString(b, domain)
-	for _, d := range descs {
-		var m []byte
-		for i := 0; i+1 < len(d.kv); i += 2 {
-			var e []byte
-			e = protowire.AppendTag(e, 1, protowire.BytesType)
-			e = protowire.AppendString(e, d.kv[i])
-			e = protowire.AppendTag(e, 2, protowire.BytesType)
-			e = protowire.AppendString(e, d.kv[i+1])
-			m = protowire.AppendTag(m, 1, protowire.BytesType)
-			m = protowire.AppendBytes(m, e)
-		}
-		if d.unit != 0 {
-			var o []byte
-			o = protowire.AppendTag(o, 1, protowire.VarintType)
-			o = protowire.AppendVarint(o, uint64(d.rpu))
-			o = protowire.AppendTag(o, 2, protowire.VarintType)
-			o = protowire.AppendVarint(o, uint64(d.unit))
-			if d.multiplier > 0 {
-				var w []byte
-				w = protowire.AppendTag(w, 1, protowire.VarintType)
-				w = protowire.AppendVarint(w, uint64(d.multiplier))
-				o = protowire.AppendTag(o, 3, protowire.BytesType)
-				o = protowire.AppendBytes(o, w)
-			}
-			m = protowire.AppendTag(m, 2, protowire.BytesType)
-			m = protowire.AppendBytes(m, o)
-		}
-		if d.hits != nil {
-			var w []byte
-			if *d.hits > 0 {
-				w = protowire.AppendTag(w, 1, protowire.VarintType)
-				w = protowire.AppendVarint(w, *d.hits)
-			}
-			m = protowire.AppendTag(m, 3, protowire.BytesType)
-			m = protowire.AppendBytes(m, w)
-		}
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendBytes(b, m)
-	}
-	if hits > 0 {
-		b = protowire.AppendTag(b, 3, protowire.VarintType)
-		b = protowire.AppendVarint(b, uint64(hits))
-	}
-	return b
-}
-
-// rawCodec sends a request's bytes as they are and keeps an answer's.
-type rawCodec struct{}
-
-func (rawCodec) Marshal(v any) ([]byte, error) { return *v.(*[]byte), nil }
-func (rawCodec) Unmarshal(data []byte, v any) error {
-	*v.(*[]byte) = append([]byte(nil), data...)
-	return nil
-}
-func (rawCodec) Name() string { return "proto" }
-
 // shouldRaw asks ShouldRateLimit with a request encoded by hand.
 func shouldRaw(t *testing.T, conn *grpc.ClientConn, req []byte) (*rlpb.RateLimitResponse, error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	var out []byte
-	if err := conn.Invoke(ctx, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &req, &out, grpc.ForceCodec(rawCodec{})); err != nil {
-		return nil, err
-	}
 	resp := &rlpb.RateLimitResponse{}
-	if err := proto.Unmarshal(out, resp); err != nil {
-		t.Fatalf("the answer does not decode: %v", err)
-	}
-	return resp, nil
+	err := conn.Invoke(ctx, rlpb.RateLimitService_ShouldRateLimit_FullMethodName, req, resp, grpc.ForceCodecV2(rlswire.Codec{}))
+	return resp, err
 }
 
 // TestGRPCModel drives the daemon's ShouldRateLimit with random requests
@@ -171,7 +93,7 @@ func runGRPCModel(t *testing.T, d *proc, conn *grpc.ClientConn, seed uint64, req
 	start := time.Now()
 	for r := range requests {
 		n := 1 + rng.IntN(3)
-		descs := make([]modelDesc, 0, n)
+		descs := make([]rlswire.Descriptor, 0, n)
 		seen := map[string]bool{}
 		type want struct {
 			counter string
@@ -182,13 +104,13 @@ func runGRPCModel(t *testing.T, d *proc, conn *grpc.ClientConn, seed uint64, req
 		wants := make([]want, 0, n)
 		reqHits := []uint32{0, 0, 0, 1, 2}[rng.IntN(5)]
 		for len(descs) < n {
-			md := modelDesc{}
+			md := rlswire.Descriptor{}
 			w := want{hits: max(1, int64(reqHits))}
 			v := values[rng.IntN(len(values))]
 			switch rng.IntN(3) {
 			case 0: // a rule's descriptor
 				k := keys[rng.IntN(len(keys))]
-				md.kv = []string{k, v}
+				md.KV = []string{k, v}
 				switch k {
 				case "tenant":
 					w.counter, w.unit, w.limit = "rule tenant "+v, "year", 7
@@ -198,15 +120,15 @@ func runGRPCModel(t *testing.T, d *proc, conn *grpc.ClientConn, seed uint64, req
 			default: // a descriptor's own limit
 				k := keys[rng.IntN(len(keys))]
 				u := grpcModelUnits[rng.IntN(len(grpcModelUnits))]
-				md.kv = []string{k, v}
-				md.rpu, md.unit = uint32(2+rng.IntN(2)), u.unit
+				md.KV = []string{k, v}
+				md.RequestsPerUnit, md.Unit = uint32(2+rng.IntN(2)), int32(u.unit)
 				mult := uint32(1)
 				if rng.IntN(4) == 0 {
-					md.multiplier = 2
+					md.Multiplier = 2
 					mult = 2
 				}
 				w.counter = fmt.Sprintf("own %q %q %v×%d", k, v, u.unit, mult)
-				w.unit, w.limit = fmt.Sprintf("%v×%d", u.unit, mult), int64(md.rpu)
+				w.unit, w.limit = fmt.Sprintf("%v×%d", u.unit, mult), int64(md.RequestsPerUnit)
 			}
 			if w.counter != "" && seen[w.counter] {
 				continue // one counter once a request, so that its answer is exact
@@ -215,17 +137,17 @@ func runGRPCModel(t *testing.T, d *proc, conn *grpc.ClientConn, seed uint64, req
 			switch rng.IntN(6) {
 			case 0:
 				h := uint64(0)
-				md.hits = &h
+				md.Hits = &h
 				w.hits = 0
 			case 1:
 				h := uint64(1 + rng.IntN(9))
-				md.hits = &h
+				md.Hits = &h
 				w.hits = int64(h)
 			}
 			descs = append(descs, md)
 			wants = append(wants, w)
 		}
-		resp, err := shouldRaw(t, conn, encodeRLS("model", reqHits, descs))
+		resp, err := shouldRaw(t, conn, rlswire.Request("model", reqHits, descs...))
 		if err != nil {
 			t.Fatalf("request %d %+v: %v", r, descs, err)
 		}
@@ -237,7 +159,7 @@ func runGRPCModel(t *testing.T, d *proc, conn *grpc.ClientConn, seed uint64, req
 			st := resp.Statuses[i]
 			if w.limit == 0 {
 				if st.Code != rlpb.RateLimitResponse_OK || st.CurrentLimit != nil {
-					t.Errorf("request %d, descriptor %d %q: no rule applies, got %v", r, i, descs[i].kv, st)
+					t.Errorf("request %d, descriptor %d %q: no rule applies, got %v", r, i, descs[i].KV, st)
 				}
 				continue
 			}

@@ -18,13 +18,11 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
-	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hotkeyd/hotkey/internal/redistest"
+	"github.com/hotkeyd/hotkey/internal/rlswire"
 )
 
 // rlsEnv is an in-process daemon serving Envoy rules, on the memory store
@@ -67,62 +65,14 @@ func startRLS(t *testing.T, store, rules string, args ...string) *rlsEnv {
 	return &rlsEnv{d: d, conn: conn}
 }
 
-// rawCodec sends a []byte as the message's wire data as it is, so that a
-// test can send what proto.Marshal refuses (strings that are not UTF-8),
-// and decodes answers as proto.
-type rawCodec struct{}
-
-func (rawCodec) Name() string { return "proto" }
-
-func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
-	return mem.BufferSlice{mem.SliceBuffer(v.([]byte))}, nil
-}
-
-func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	return proto.Unmarshal(data.Materialize(), v.(proto.Message))
-}
-
 // wireRequest hand-encodes a RateLimitRequest of domain, one descriptor
 // per list of key, value pairs; strings go on the wire as their bytes.
 func wireRequest(domain string, descs ...[]string) []byte {
-	var b []byte
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
-	b = protowire.AppendString(b, domain)
-	for _, kv := range descs {
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendBytes(b, wireDescriptor(kv))
+	ds := make([]rlswire.Descriptor, len(descs))
+	for i, kv := range descs {
+		ds[i].KV = kv
 	}
-	return b
-}
-
-// wireDescriptor hand-encodes a RateLimitDescriptor of key, value pairs.
-func wireDescriptor(kv []string) []byte {
-	var d []byte
-	for i := 0; i+1 < len(kv); i += 2 {
-		var e []byte
-		e = protowire.AppendTag(e, 1, protowire.BytesType)
-		e = protowire.AppendString(e, kv[i])
-		e = protowire.AppendTag(e, 2, protowire.BytesType)
-		e = protowire.AppendString(e, kv[i+1])
-		d = protowire.AppendTag(d, 1, protowire.BytesType)
-		d = protowire.AppendBytes(d, e)
-	}
-	return d
-}
-
-// ownDescriptor hand-encodes field 2 of a RateLimitRequest: a descriptor
-// of key, value pairs with its own limit of rpu per unit.
-func ownDescriptor(rpu uint32, unit typev3.RateLimitUnit, kv ...string) []byte {
-	var lim []byte
-	lim = protowire.AppendTag(lim, 1, protowire.VarintType)
-	lim = protowire.AppendVarint(lim, uint64(rpu))
-	lim = protowire.AppendTag(lim, 2, protowire.VarintType)
-	lim = protowire.AppendVarint(lim, uint64(unit))
-	d := wireDescriptor(kv)
-	d = protowire.AppendTag(d, 2, protowire.BytesType)
-	d = protowire.AppendBytes(d, lim)
-	b := protowire.AppendTag(nil, 2, protowire.BytesType)
-	return protowire.AppendBytes(b, d)
+	return rlswire.Request(domain, 0, ds...)
 }
 
 // raw sends the wire data b as a ShouldRateLimit request.
@@ -130,7 +80,7 @@ func (e *rlsEnv) raw(b []byte) (*rlpb.RateLimitResponse, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // only catches a hang
 	defer cancel()
 	resp := &rlpb.RateLimitResponse{}
-	err := e.conn.Invoke(ctx, rlpb.RateLimitService_ShouldRateLimit_FullMethodName, b, resp, grpc.ForceCodecV2(rawCodec{}))
+	err := e.conn.Invoke(ctx, rlpb.RateLimitService_ShouldRateLimit_FullMethodName, b, resp, grpc.ForceCodecV2(rlswire.Codec{}))
 	return resp, err
 }
 
@@ -191,9 +141,9 @@ func TestGRPCInvalidUTF8(t *testing.T) {
 			// Keys too, and a descriptor's own limit on them, whose label
 			// holds its keys; a domain that is not UTF-8 is one the rules
 			// do not have.
-			own := ownDescriptor(1, typev3.RateLimitUnit_YEAR, "\xff", "x")
+			own := rlswire.Descriptor{KV: []string{"\xff", "x"}, RequestsPerUnit: 1, Unit: int32(typev3.RateLimitUnit_YEAR)}
 			for i, want := range []rlpb.RateLimitResponse_Code{rlpb.RateLimitResponse_OK, rlpb.RateLimitResponse_OVER_LIMIT} {
-				resp, err := e.raw(append(wireRequest("edge"), own...))
+				resp, err := e.raw(rlswire.Request("edge", 0, own))
 				if err != nil || resp.OverallCode != want {
 					t.Errorf("own limit of 1 on key \xff, request %d: %v, %v; want %v", i, resp, err, want)
 				}
