@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -55,6 +56,7 @@ type Engine struct {
 	log       *slog.Logger
 	refuse    refusals
 	settleNow chan struct{} // wakes the loop to settle merged and refused keys
+	settling  sync.Mutex    // serialises settle's passes
 	life      context.Context
 	endLife   context.CancelFunc // called by Close: ends the loop's store calls
 	stop      chan struct{}      // closed by Close

@@ -312,6 +312,9 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 						continue // a later change of the same key in the batch replaces it
 					}
 					handler{e}.SetLevel(batch[i].name, hashKey(batch[i].name), batch[i].level)
+					if rng.IntN(3) == 0 {
+						e.settle() // its loop settles when it will, between changes too
+					}
 				}
 			}
 			// Settle now, as the engines' loops soon would: what the run

@@ -113,9 +113,14 @@ func (e *Engine) wakeSettle() {
 // under the limit they were last decided with, and takes them out of the
 // table; then it applies the refused levels, highest-ranked first, as far
 // as there is room. It reports whether a move failed and must be tried
-// again. The engine's loop calls it; it is safe to call concurrently (tests
-// call it to settle at once).
+// again. The engine's loop calls it; tests call it to settle at once. A
+// call waits for a pass under way and then makes its own: two passes at
+// once would each see the other's moves half done (one parks or removes an
+// entry the other's ranking counted on), so a pass that returned could
+// leave the table short of what it was told, until the other finished.
 func (e *Engine) settle() (retry bool) {
+	e.settling.Lock()
+	defer e.settling.Unlock()
 	e.refuse.mu.Lock()
 	e.rankLocked()
 	e.refuse.mu.Unlock()
