@@ -3,9 +3,7 @@ package daemon
 import (
 	"context"
 	"errors"
-	"fmt"
 	"math"
-	"net"
 	"net/http"
 	"slices"
 	"strings"
@@ -17,10 +15,6 @@ import (
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/health"
-	healthpb "google.golang.org/grpc/health/grpc_health_v1"
-	"google.golang.org/grpc/keepalive"
-	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/durationpb"
 
@@ -67,97 +61,6 @@ type overrideID struct {
 // maxOverrides bounds the rules kept for descriptors' own limits, one per
 // domain and limit; past it, such a rule is built per request.
 const maxOverrides = 10000
-
-// startGRPC listens on --grpc-listen and serves the rate-limit service, the
-// health service and reflection, sending each connection a GOAWAY at
-// --grpc-max-connection-age (0: never). It does nothing when the flag is
-// empty.
-func (d *Daemon) startGRPC() error {
-	if d.cfg.GRPCListen == "" {
-		return nil
-	}
-	ln, err := net.Listen("tcp", d.cfg.GRPCListen)
-	if err != nil {
-		return listenError("gRPC", d.cfg.GRPCListen, "grpc-listen", err)
-	}
-	d.grpcLn = ln
-	d.grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{d.reqs.api(apiGRPC)}), grpc.ForceServerCodecV2(newRLSCodec()),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace}))
-	d.rls = &rls{d: d}
-	d.grpcSrv.RegisterService(&rlsServiceDesc, d.rls)
-	d.health = health.NewServer()
-	healthpb.RegisterHealthServer(d.grpcSrv, d.health)
-	reflection.Register(d.grpcSrv)
-	d.healthStop = make(chan struct{})
-	d.healthDone = make(chan struct{})
-	go d.followReadiness()
-	go func() {
-		if err := d.grpcSrv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
-			select {
-			case d.failed <- fmt.Errorf("gRPC: %w", err):
-			default:
-			}
-		}
-	}()
-	return nil
-}
-
-// followReadiness sets the gRPC health status until Shutdown: for the
-// whole server and for the rate-limit service, SERVING while the daemon
-// answers decisions (degraded included), NOT_SERVING once it drains; for
-// strictService, NOT_SERVING while it is degraded too, as /readyz?strict=true.
-func (d *Daemon) followReadiness() {
-	defer close(d.healthDone)
-	t := time.NewTicker(healthInterval)
-	defer t.Stop()
-	for {
-		st, strict := healthpb.HealthCheckResponse_SERVING, healthpb.HealthCheckResponse_SERVING
-		ctx, cancel := context.WithTimeout(context.Background(), healthInterval)
-		if d.draining.Load() {
-			st, strict = healthpb.HealthCheckResponse_NOT_SERVING, healthpb.HealthCheckResponse_NOT_SERVING
-		} else if reasons := d.degraded(ctx); len(reasons) > 0 {
-			strict = healthpb.HealthCheckResponse_NOT_SERVING
-		}
-		cancel()
-		d.health.SetServingStatus("", st)
-		d.health.SetServingStatus(rlsService, st)
-		d.health.SetServingStatus(strictService, strict)
-		select {
-		case <-d.healthStop:
-			return
-		case <-t.C:
-		}
-	}
-}
-
-// stopGRPC stops the gRPC server: gracefully until ctx is done, then at
-// once.
-func (d *Daemon) stopGRPC(ctx context.Context) error {
-	if d.grpcSrv == nil {
-		return nil
-	}
-	close(d.healthStop)
-	<-d.healthDone
-	d.health.Shutdown() // NOT_SERVING, so that clients move away first
-	done := make(chan struct{})
-	go func() { d.grpcSrv.GracefulStop(); close(done) }()
-	select {
-	case <-done:
-		return nil
-	case <-ctx.Done():
-		d.grpcSrv.Stop()
-		<-done
-		return errors.New("gRPC: requests in flight not done within the shutdown timeout")
-	}
-}
-
-// GRPCAddr returns the gRPC listen address, or "" when gRPC is off.
-func (d *Daemon) GRPCAddr() string {
-	if d.grpcLn == nil {
-		return ""
-	}
-	return d.grpcLn.Addr().String()
-}
 
 // rlsServiceDesc is RateLimitService with a handler that decodes the
 // request itself (unmarshalRLSRequest), so that a value that is not UTF-8

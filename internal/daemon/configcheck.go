@@ -1,0 +1,178 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+
+	"github.com/hotkeyd/hotkey/internal/redact"
+)
+
+// check refuses contradictory or invalid settings, naming the flag.
+func (c *Config) check() error {
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:8080 or :8080", flagName("listen"), c.Listen)
+	}
+	if c.GRPCListen != "" {
+		if _, _, err := net.SplitHostPort(c.GRPCListen); err != nil {
+			return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:8081, or empty to turn gRPC off", flagName("grpc-listen"), c.GRPCListen)
+		}
+	}
+	if c.EnvoyConfig != "" && c.GRPCListen == "" {
+		return fmt.Errorf("%s is served over gRPC, which an empty %s turns off", flagName("envoy-config"), flagName("grpc-listen"))
+	}
+	for _, f := range []string{"grpc-max-connection-age", "grpc-max-connection-age-grace"} {
+		if c.set[f] && c.GRPCListen == "" {
+			return fmt.Errorf("%s applies to gRPC, which an empty %s turns off", flagName(f), flagName("grpc-listen"))
+		}
+	}
+	switch {
+	case c.GRPCMaxConnectionAge < 0:
+		return fmt.Errorf("%s %v: want a positive duration, e.g. 5m, or 0 to keep connections for ever", flagName("grpc-max-connection-age"), c.GRPCMaxConnectionAge)
+	case c.GRPCMaxConnectionAgeGrace < 0:
+		return fmt.Errorf("%s %v: want a positive duration, e.g. 30s, or 0 to wait for the requests in flight for ever", flagName("grpc-max-connection-age-grace"), c.GRPCMaxConnectionAgeGrace)
+	case c.GRPCMaxConnectionAgeGrace > 0 && c.GRPCMaxConnectionAge == 0:
+		return fmt.Errorf("%s follows %s, which is 0 (connections kept for ever): set it too", flagName("grpc-max-connection-age-grace"), flagName("grpc-max-connection-age"))
+	}
+	if c.Redis != "" && len(c.RedisCluster) > 0 {
+		return fmt.Errorf("%s and %s: give one or the other", flagName("redis"), flagName("redis-cluster"))
+	}
+	if c.set["redis-cluster"] && len(c.RedisCluster) == 0 {
+		return fmt.Errorf("%s: no address given", flagName("redis-cluster"))
+	}
+	if c.Redis == "" && len(c.RedisCluster) == 0 {
+		for _, f := range []string{"redis-user", "redis-password", "redis-tls", "redis-ca", "redis-prefix"} {
+			if c.set[f] {
+				return fmt.Errorf("%s applies to Redis, which neither %s nor %s names: counters are in memory", flagName(f), flagName("redis"), flagName("redis-cluster"))
+			}
+		}
+	}
+	if c.RedisPrefix == "" || strings.ContainsAny(c.RedisPrefix, "{}") {
+		return fmt.Errorf("%s %q: want a non-empty prefix without '{' or '}' (a counter's own hash tag decides its Cluster slot)", flagName("redis-prefix"), c.RedisPrefix)
+	}
+	switch c.NATS {
+	case NATSNone:
+		for _, d := range flagDocs {
+			if strings.HasPrefix(d.name, "nats-") && c.set[d.name] {
+				return fmt.Errorf("%s applies to NATS, which %s none turns off: give one or the other", flagName(d.name), flagName("nats"))
+			}
+		}
+	case "off", "false", "no", "0":
+		return fmt.Errorf("%s %q: want none to run with no NATS, or a URL such as nats://host:4222", flagName("nats"), c.NATS)
+	}
+	if c.NATS != "" {
+		for _, f := range []string{"nats-listen", "nats-cluster-listen", "nats-routes", "nats-cluster-name", "nats-client-user", "nats-client-password"} {
+			if c.set[f] {
+				return fmt.Errorf("%s is for the embedded NATS server, which %s replaces: give one or the other", flagName(f), flagName("nats"))
+			}
+		}
+	} else {
+		if c.NATSClusterListen != "" {
+			if _, port, err := net.SplitHostPort(c.NATSClusterListen); err != nil {
+				return fmt.Errorf("%s %q: want host:port, e.g. 0.0.0.0:6222", flagName("nats-cluster-listen"), c.NATSClusterListen)
+			} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+				return fmt.Errorf("%s %q: bad port", flagName("nats-cluster-listen"), c.NATSClusterListen)
+			}
+		} else {
+			for _, f := range []string{"nats-routes", "nats-cluster-name"} {
+				if c.set[f] {
+					return fmt.Errorf("%s needs %s: the embedded server accepts routes there", flagName(f), flagName("nats-cluster-listen"))
+				}
+			}
+		}
+		for _, r := range c.NATSRoutes {
+			if _, err := routeURL(r); err != nil {
+				return fmt.Errorf("%s %q: %v", flagName("nats-routes"), redact.URL(r), err)
+			}
+		}
+		switch {
+		case c.NATSClientUser != "" && c.NATSUser == "":
+			return fmt.Errorf("%s needs %s: the daemons log in as that user, with every right", flagName("nats-client-user"), flagName("nats-user"))
+		case (c.NATSClientUser == "") != (c.NATSClientPassword == ""):
+			return fmt.Errorf("%s and %s go together", flagName("nats-client-user"), flagName("nats-client-password"))
+		case c.NATSClientUser != "" && c.NATSPassword == "":
+			return fmt.Errorf("%s needs %s: without it anyone could log in as %s's user, with every right", flagName("nats-client-user"), flagName("nats-password"), flagName("nats-user"))
+		case c.NATSClientUser != "" && c.NATSClientUser == c.NATSUser:
+			return fmt.Errorf("%s %q is %s's user: give API clients a user of their own", flagName("nats-client-user"), c.NATSClientUser, flagName("nats-user"))
+		}
+		if c.NATSClusterName == "" || strings.ContainsAny(c.NATSClusterName, " \t\n.*>") {
+			return fmt.Errorf("%s %q: want a name without spaces, '.', '*' or '>'", flagName("nats-cluster-name"), c.NATSClusterName)
+		}
+		if c.NATSClusterListen != "" && !c.routeAuth() && !loopback(c.NATSClusterListen) {
+			return fmt.Errorf("%s %q: any host that reaches it could join the daemons' NATS cluster with no password or token, and publish as a daemon; add %s and %s, or %s (the same on every daemon: routes log in with them), or listen on a loopback address",
+				flagName("nats-cluster-listen"), c.NATSClusterListen, flagName("nats-user"), flagName("nats-password"), flagName("nats-token"))
+		}
+		if _, port, err := net.SplitHostPort(c.NATSListen); err != nil {
+			return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:4222", flagName("nats-listen"), c.NATSListen)
+		} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+			return fmt.Errorf("%s %q: bad port", flagName("nats-listen"), c.NATSListen)
+		}
+		for _, f := range []string{"nats-nkey-seed", "nats-creds", "nats-ca", "nats-cert", "nats-key"} {
+			if c.set[f] {
+				return fmt.Errorf("%s applies when joining an existing NATS with %s; the embedded server takes only --nats-user/--nats-password or --nats-token", flagName(f), flagName("nats"))
+			}
+		}
+	}
+	auth := 0
+	for _, on := range []bool{c.NATSUser != "" || c.NATSPassword != "", c.NATSToken != "", c.NATSNkeySeed != "", c.NATSCreds != ""} {
+		if on {
+			auth++
+		}
+	}
+	switch {
+	case auth > 1:
+		return errors.New("give at most one of --nats-user/--nats-password, --nats-token, --nats-nkey-seed and --nats-creds")
+	case c.NATSPassword != "" && c.NATSUser == "":
+		return fmt.Errorf("%s needs %s", flagName("nats-password"), flagName("nats-user"))
+	case (c.NATSCert == "") != (c.NATSKey == ""):
+		return fmt.Errorf("%s and %s go together", flagName("nats-cert"), flagName("nats-key"))
+	case !validNamespace(c.Namespace):
+		return fmt.Errorf("%s %q: want 1 to %d of A-Z a-z 0-9 - _ (one NATS subject token: no '.', spaces or wildcards)", flagName("namespace"), c.Namespace, maxNamespace)
+	case c.NATSConcurrency < 1 || c.NATSConcurrency > 1<<20:
+		return fmt.Errorf("%s %d: want 1 to %d", flagName("nats-concurrency"), c.NATSConcurrency, 1<<20)
+	case c.MaxKeys < 1 || c.MaxKeys > maxMaxKeys:
+		return fmt.Errorf("%s %d: want 1 to %d", flagName("max-keys"), c.MaxKeys, maxMaxKeys)
+	case !(c.HotThreshold > 0) || c.HotThreshold > 1e12:
+		return fmt.Errorf("%s %v: want a positive rate in requests per second", flagName("hot-threshold"), c.HotThreshold)
+	case !(c.HotFloor >= 0) || c.HotFloor > 1e12:
+		return fmt.Errorf("%s %v: want a rate in requests per second, 0 or more", flagName("hot-floor"), c.HotFloor)
+	case c.CoolDown <= 0:
+		return fmt.Errorf("%s %v: want a positive duration, e.g. 60s", flagName("cool-down"), c.CoolDown)
+	case c.BreakerProbe <= 0:
+		return fmt.Errorf("%s %v: want a positive duration, e.g. 10s", flagName("breaker-probe"), c.BreakerProbe)
+	case c.ReloadInterval < 0:
+		return fmt.Errorf("%s %v: want a positive duration, e.g. 2s, or 0 to check never", flagName("reload-interval"), c.ReloadInterval)
+	}
+	return nil
+}
+
+// routeAuth reports whether the embedded server's routes log in: with
+// --nats-user and --nats-password, or with --nats-token. A user without a
+// password is no secret.
+func (c *Config) routeAuth() bool {
+	return c.NATSUser != "" && c.NATSPassword != "" || c.NATSToken != ""
+}
+
+// routeURL parses a route of --nats-routes: nats-route://host:port,
+// nats://host:port or host:port, without credentials (the daemon adds its
+// own).
+func routeURL(s string) (*url.URL, error) {
+	if !strings.Contains(s, "://") {
+		s = "nats-route://" + s
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return nil, errors.New("want nats-route://host:port or host:port")
+	case u.Scheme != "nats-route" && u.Scheme != "nats":
+		return nil, fmt.Errorf("scheme %q: want nats-route://host:port or host:port", u.Scheme)
+	case u.User != nil:
+		return nil, errors.New("no credentials in a route: routes log in with --nats-user/--nats-password or --nats-token")
+	case u.Hostname() == "" || u.Port() == "" || u.Path != "" && u.Path != "/":
+		return nil, errors.New("want nats-route://host:port or host:port")
+	}
+	return u, nil
+}
