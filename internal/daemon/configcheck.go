@@ -60,6 +60,9 @@ func (c *Config) check() error {
 				return fmt.Errorf("%s applies to NATS, which %s none turns off: give one or the other", flagName(d.name), flagName("nats"))
 			}
 		}
+		if c.set["namespace"] {
+			return fmt.Errorf("%s names the fleet's NATS subjects, which %s none turns off: give one or the other", flagName("namespace"), flagName("nats"))
+		}
 	case "off", "false", "no", "0":
 		return fmt.Errorf("%s %q: want none to run with no NATS, or a URL such as nats://host:4222", flagName("nats"), c.NATS)
 	}
