@@ -4,12 +4,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"strings"
 
 	"github.com/nats-io/nats.go"
+
+	"github.com/hotkeyd/hotkey/internal/namespace"
 )
 
 // decision is the part of hotkeyd's answer a run reads.
@@ -69,30 +72,46 @@ func (h *httpTarget) Decide(ctx context.Context, key string, cost int64) (Outcom
 	return Outcome{Allowed: d.Allowed, Shards: d.Shards}, nil
 }
 
-// Subject is the NATS subject hotkeyd answers decisions on.
-const Subject = "hotkey.allow"
+// Subject is the NATS subject hotkeyd answers decisions on in the default
+// namespace.
+const Subject = namespace.DefaultAllowSubject
 
 // NATS decides by requests on hotkeyd's NATS subject (Subject) over nc,
-// under the named policy ("" for the daemon's default).
-func NATS(nc *nats.Conn, policy string) Target { return &natsTarget{nc: nc, policy: policy} }
+// under the named policy ("" for the daemon's default). It is shorthand for
+// NATSNamespace(nc, "default", policy).
+func NATS(nc *nats.Conn, policy string) Target {
+	return NATSNamespace(nc, namespace.Default, policy)
+}
+
+// NATSNamespace decides by requests over nc on the subject hotkeyd answers
+// in namespace ns (its --namespace: hotkey.allow for "default",
+// hotkey.<ns>.api.allow for others), under the named policy ("" for the
+// daemon's default). With no daemon of ns on the NATS, Decide fails with an
+// error that wraps nats.ErrNoResponders and names ns.
+func NATSNamespace(nc *nats.Conn, ns, policy string) Target {
+	return &natsTarget{nc: nc, ns: ns, subject: namespace.AllowSubject(ns), policy: policy}
+}
 
 type natsTarget struct {
-	nc     *nats.Conn
-	policy string
+	nc                  *nats.Conn
+	ns, subject, policy string
 }
 
 func (n *natsTarget) Decide(ctx context.Context, key string, cost int64) (Outcome, error) {
 	body, _ := json.Marshal(request{Policy: n.policy, Key: key, Cost: cost})
-	msg, err := n.nc.RequestWithContext(ctx, Subject, body)
+	msg, err := n.nc.RequestWithContext(ctx, n.subject, body)
+	if errors.Is(err, nats.ErrNoResponders) {
+		return Outcome{}, fmt.Errorf("%s: %w: no hotkeyd of namespace %q on this NATS (a daemon's --namespace names the subject it answers on)", n.subject, err, n.ns)
+	}
 	if err != nil {
 		return Outcome{}, err
 	}
 	if code := msg.Header.Get("Nats-Service-Error-Code"); code != "" {
-		return Outcome{}, fmt.Errorf("%s: %s %s", Subject, code, msg.Header.Get("Nats-Service-Error"))
+		return Outcome{}, fmt.Errorf("%s: %s %s", n.subject, code, msg.Header.Get("Nats-Service-Error"))
 	}
 	var d decision
 	if err := json.Unmarshal(msg.Data, &d); err != nil {
-		return Outcome{}, fmt.Errorf("%s: %w", Subject, err)
+		return Outcome{}, fmt.Errorf("%s: %w", n.subject, err)
 	}
 	return Outcome{Allowed: d.Allowed, Shards: d.Shards}, nil
 }

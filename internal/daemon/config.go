@@ -97,7 +97,7 @@ type Config struct {
 	// (coordinator.Config.Secret): read at start, never passed in argv.
 	NATSSecretFile string
 
-	// Namespace names the NATS subjects of this fleet (AllowSubject, the
+	// Namespace names the NATS subjects of this fleet (namespace.AllowSubject, the
 	// coordinator's Namespace, the micro service's name, the inboxes):
 	// fleets that share a NATS with namespaces of their own stay apart.
 	Namespace string

@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/hotkeyd/hotkey/internal/namespace"
 	"github.com/hotkeyd/hotkey/internal/redact"
 )
 
@@ -132,8 +133,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s needs %s", flagName("nats-password"), flagName("nats-user"))
 	case (c.NATSCert == "") != (c.NATSKey == ""):
 		return fmt.Errorf("%s and %s go together", flagName("nats-cert"), flagName("nats-key"))
-	case !validNamespace(c.Namespace):
-		return fmt.Errorf("%s %q: want 1 to %d of A-Z a-z 0-9 - _ (one NATS subject token: no '.', spaces or wildcards)", flagName("namespace"), c.Namespace, maxNamespace)
+	case !namespace.Valid(c.Namespace):
+		return fmt.Errorf("%s %q: want 1 to %d of A-Z a-z 0-9 - _ (one NATS subject token: no '.', spaces or wildcards)", flagName("namespace"), c.Namespace, namespace.Max)
 	case c.NATSConcurrency < 1 || c.NATSConcurrency > 1<<20:
 		return fmt.Errorf("%s %d: want 1 to %d", flagName("nats-concurrency"), c.NATSConcurrency, 1<<20)
 	case c.MaxKeys < 1 || c.MaxKeys > maxMaxKeys:

@@ -24,6 +24,7 @@ import (
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/namespace"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 )
 
@@ -41,8 +42,8 @@ const (
 	drainTimeout      = 2 * time.Second        // NATS drain at shutdown
 	newConnGrace      = 250 * time.Millisecond // at shutdown, connections with no request yet are closed after this
 	redisDial         = time.Second
-	// natsSubject is the micro endpoint's subject.
-	natsSubject = "hotkey.allow"
+	// natsSubject is the micro endpoint's subject in the default namespace.
+	natsSubject = namespace.DefaultAllowSubject
 	// ServiceName is the NATS micro service's name.
 	ServiceName = "hotkey"
 )

@@ -5,33 +5,6 @@ package daemon
 
 import "github.com/hotkeyd/hotkey/coordinator"
 
-// maxNamespace bounds --namespace, as the coordinator bounds a subject token.
-const maxNamespace = 64
-
-// validNamespace reports whether ns is 1 to maxNamespace of A-Z a-z 0-9 - _:
-// one NATS subject token, and a part of a micro service name.
-func validNamespace(ns string) bool {
-	if ns == "" || len(ns) > maxNamespace {
-		return false
-	}
-	for _, c := range []byte(ns) {
-		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_') {
-			return false
-		}
-	}
-	return true
-}
-
-// AllowSubject returns the subject decisions are asked on in namespace ns:
-// hotkey.allow in the default namespace, hotkey.<ns>.api.allow in others,
-// which no coordinator's hotkey.<ns>.* matches.
-func AllowSubject(ns string) string {
-	if ns == coordinator.DefaultNamespace {
-		return natsSubject
-	}
-	return "hotkey." + ns + ".api.allow"
-}
-
 // serviceName returns the micro service's name in namespace ns, which names
 // its discovery subjects ($SRV.PING.<name> and the like): ServiceName in
 // the default namespace, ServiceName-<ns> in others.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/internal/namespace"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 )
@@ -32,7 +33,7 @@ func TestNamespaceNames(t *testing.T) {
 		{"default", "hotkey.allow", "hotkey", "", "_HOTKEYD_INBOX"},
 		{"staging", "hotkey.staging.api.allow", "hotkey-staging", "_HOTKEYD_INBOX.staging", "_HOTKEYD_INBOX.staging"},
 	} {
-		if s, n, in, gw := AllowSubject(c.give), serviceName(c.give), inboxPrefix(c.give, false), inboxPrefix(c.give, true); s != c.subject || n != c.service || in != c.inbox || gw != c.gwIn {
+		if s, n, in, gw := namespace.AllowSubject(c.give), serviceName(c.give), inboxPrefix(c.give, false), inboxPrefix(c.give, true); s != c.subject || n != c.service || in != c.inbox || gw != c.gwIn {
 			t.Errorf("%s: subject %q, service %q, inbox %q (%q with a client user); want %q, %q, %q (%q)", c.give, s, n, in, gw, c.subject, c.service, c.inbox, c.gwIn)
 		}
 		if p := clientPermissions(c.give).Publish.Allow; !slices.Equal(p, []string{c.subject}) {
@@ -45,7 +46,7 @@ func TestNamespaceNames(t *testing.T) {
 func namespaceArgs(ns string) []string { return []string{"--namespace", ns} }
 
 // fleetSubject is the subject d decides on.
-func fleetSubject(d *Daemon) string { return AllowSubject(d.cfg.Namespace) }
+func fleetSubject(d *Daemon) string { return namespace.AllowSubject(d.cfg.Namespace) }
 
 // coordNamespace is the coordinator's namespace of d.
 func coordNamespace(d *Daemon) string { return d.cfg.Namespace }
@@ -201,7 +202,7 @@ func TestNamespacesApart(t *testing.T) {
 	if u, ok := ask(fleetSubject(b[0])); u != 0 || ok != 10 {
 		t.Errorf("b_only on b's subject: %d of 10 unknown, %d allowed; want 10 allowed", u, ok)
 	}
-	if _, err := nc.Request(AllowSubject("default"), []byte(`{"key":"k"}`), time.Minute); !errors.Is(err, nats.ErrNoResponders) {
+	if _, err := nc.Request(namespace.AllowSubject("default"), []byte(`{"key":"k"}`), time.Minute); !errors.Is(err, nats.ErrNoResponders) {
 		t.Errorf("a request on the default namespace's subject: %v, want no responders", err)
 	}
 	m, err := nc.Request("$SRV.INFO.hotkey-a", nil, time.Minute)

@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go/micro"
 
 	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/internal/namespace"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/redact"
 )
@@ -190,7 +191,7 @@ func (d *Daemon) startEmbedded() error {
 // server: ask for decisions on namespace ns's subject, and hear the answers.
 func clientPermissions(ns string) *server.Permissions {
 	return &server.Permissions{
-		Publish:   &server.SubjectPermission{Allow: []string{AllowSubject(ns)}},
+		Publish:   &server.SubjectPermission{Allow: []string{namespace.AllowSubject(ns)}},
 		Subscribe: &server.SubjectPermission{Allow: []string{"_INBOX.>"}},
 	}
 }
@@ -246,12 +247,12 @@ func loopback(addr string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// addService serves the namespace's decision subject (AllowSubject) as a
+// addService serves the namespace's decision subject (namespace.AllowSubject) as a
 // NATS micro service, and waits, if connected, until the server has the
 // subscription.
 func (d *Daemon) addService(version string) error {
 	var err error
-	subject := AllowSubject(d.cfg.Namespace)
+	subject := namespace.AllowSubject(d.cfg.Namespace)
 	d.nats.slots = make(chan struct{}, max(1, d.cfg.NATSConcurrency))
 	d.svc, err = micro.AddService(d.nc, micro.Config{
 		Name:        serviceName(d.cfg.Namespace),

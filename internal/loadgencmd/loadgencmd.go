@@ -22,12 +22,14 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/schollz/progressbar/v3"
 
+	"github.com/hotkeyd/hotkey/internal/namespace"
 	"github.com/hotkeyd/hotkey/loadgen"
 )
 
 // config is what the flags say.
 type config struct {
 	target, policy, workload, key, status string
+	namespace                             string
 	rate, hotRate, zipfS                  float64
 	duration                              time.Duration
 	concurrency, keys                     int
@@ -69,6 +71,7 @@ func parse(args []string, out io.Writer) (config, error) {
 	var seed int64
 	fs.StringVar(&c.target, "target", "http://127.0.0.1:8080", "the daemon: http://host:port, or nats://host:port for its NATS API")
 	fs.StringVar(&c.policy, "policy", "default", "the policy each request names")
+	fs.StringVar(&c.namespace, "namespace", namespace.Default, "with a nats:// target, the --namespace of the daemons to ask: decisions go to hotkey.allow for \"default\", hotkey.NAME.api.allow for NAME")
 	fs.StringVar(&c.workload, "workload", "hotspot", "hotspot, ramp, uniform, zipf or flood")
 	fs.Float64Var(&c.rate, "rate", 1000, "requests per second sent")
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "how long to send")
@@ -91,6 +94,8 @@ func parse(args []string, out io.Writer) (config, error) {
 		}
 		return c, fmt.Errorf("%v (hotkeyd loadgen --help lists the flags)", err)
 	}
+	nsSet := false
+	fs.Visit(func(f *flag.Flag) { nsSet = nsSet || f.Name == "namespace" })
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q: hotkeyd loadgen takes flags only (hotkeyd loadgen --help lists them)", fs.Arg(0))
 	}
@@ -116,6 +121,10 @@ func parse(args []string, out io.Writer) (config, error) {
 		return c, fmt.Errorf("--hot-rate %v: want above 0 and at most --rate (%v)", c.hotRate, c.rate)
 	case c.key == "":
 		return c, errors.New("--key: want a non-empty key")
+	case !namespace.Valid(c.namespace):
+		return c, fmt.Errorf("--namespace %q: want 1 to %d of A-Z a-z 0-9 - _, as the daemons' --namespace", c.namespace, namespace.Max)
+	case nsSet && u.Scheme != "nats":
+		return c, fmt.Errorf("--namespace names NATS subjects: it applies to a nats:// --target, not %s", c.target)
 	}
 	if c.status == "" && u.Scheme != "nats" {
 		c.status = c.target
@@ -231,7 +240,7 @@ func (c config) connect() (loadgen.Target, func(), error) {
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect to NATS at %s: %w", c.target, err)
 		}
-		return loadgen.NATS(nc, c.policy), nc.Close, nil
+		return loadgen.NATSNamespace(nc, c.namespace, c.policy), nc.Close, nil
 	}
 	return loadgen.HTTP(c.target, c.policy, nil), func() {}, nil
 }

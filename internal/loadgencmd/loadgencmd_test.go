@@ -33,6 +33,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--key", ""}, "--key"},
 		{[]string{"--nope"}, "-nope"},
 		{[]string{"extra"}, "extra"},
+		{[]string{"--target", "nats://127.0.0.1:4222", "--namespace", "a.b"}, `--namespace "a.b": want 1 to 64`},
+		{[]string{"--namespace", "fleet-a"}, "--namespace names NATS subjects: it applies to a nats:// --target"},
 	} {
 		var out, errOut bytes.Buffer
 		if code := loadgencmd.Main(tc.args, &out, &errOut); code != 2 || !strings.Contains(errOut.String(), tc.want) || !strings.HasPrefix(errOut.String(), "hotkeyd loadgen: ") {
@@ -98,5 +100,42 @@ func TestAgainstDaemon(t *testing.T) {
 				t.Errorf("no progress line on stderr: %q", errOut.String())
 			}
 		})
+	}
+}
+
+// TestNamespace: with --namespace, loadgen asks the daemons of that
+// namespace, and gets their decisions; without it, it asks the default
+// namespace's hotkey.allow, where no daemon of the fleet answers, and says so.
+func TestNamespace(t *testing.T) {
+	d, err := daemon.StartArgs(context.Background(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--namespace", "fleet-a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		d.Shutdown(ctx)
+	}()
+	args := []string{"--target", d.NATSURL(), "--rate", "100", "--duration", "200ms", "--keys", "5", "--json", "--progress=false"}
+
+	var out, errOut bytes.Buffer
+	code := loadgencmd.Main(append(args, "--namespace", "fleet-a"), &out, &errOut)
+	var sum struct{ Sent, Allowed, Denied, Errors int64 }
+	if code == 0 {
+		if err := json.Unmarshal(out.Bytes(), &sum); err != nil {
+			t.Fatalf("--json: %v: %s", err, out.String())
+		}
+	}
+	t.Logf("--namespace fleet-a: exit %d, %d sent, %d allowed, %d denied, %d errors", code, sum.Sent, sum.Allowed, sum.Denied, sum.Errors)
+	if code != 0 || sum.Sent == 0 || sum.Allowed+sum.Denied != sum.Sent || sum.Errors != 0 {
+		t.Errorf("--namespace fleet-a: exit %d, %d sent, %d decided, %d errors; want exit 0 and every request decided: %s", code, sum.Sent, sum.Allowed+sum.Denied, sum.Errors, errOut.String())
+	}
+
+	out.Reset()
+	errOut.Reset()
+	code = loadgencmd.Main(args, &out, &errOut)
+	t.Logf("default namespace: exit %d, %q", code, errOut.String())
+	if code != 1 || !strings.Contains(errOut.String(), "hotkey.allow: nats: no responders") || !strings.Contains(errOut.String(), `no hotkeyd of namespace "default" on this NATS`) {
+		t.Errorf("default namespace against fleet-a: exit %d, %q; want 1, no responders on hotkey.allow, naming the namespace", code, errOut.String())
 	}
 }
