@@ -58,6 +58,12 @@ type Config struct {
 	// connection past its age may take before it is closed; 0: for ever.
 	GRPCMaxConnectionAgeGrace time.Duration
 
+	// DrainDelay is how long, after SIGTERM or SIGINT, the daemon answers
+	// not ready (/readyz 503, gRPC health NOT_SERVING) while it still
+	// decides on every listener, before Shutdown: time for load balancers
+	// to stop routing to it. 0: Shutdown at once.
+	DrainDelay time.Duration
+
 	// ReloadInterval is how often the files of Policies and EnvoyConfig
 	// are checked for changes, which reload them; 0: only SIGHUP does.
 	ReloadInterval time.Duration
@@ -139,6 +145,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", DefaultGRPCListen, "")
 	fs.Var((*durationFlag)(&cfg.GRPCMaxConnectionAge), "grpc-max-connection-age", "")
 	fs.Var((*durationFlag)(&cfg.GRPCMaxConnectionAgeGrace), "grpc-max-connection-age-grace", "")
+	fs.Var((*durationFlag)(&cfg.DrainDelay), "drain-delay", "")
 	fs.StringVar(&cfg.EnvoyConfig, "envoy-config", "", "")
 	fs.StringVar(&cfg.Policies, "policies", "", "")
 	fs.StringVar(&cfg.Redis, "redis", "", "")

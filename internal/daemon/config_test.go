@@ -66,6 +66,8 @@ func TestParseArgsErrors(t *testing.T) {
 		{nil, map[string]string{"HOTKEYD_NATS": "none", "HOTKEYD_NAMESPACE": "default"}, "--namespace (HOTKEYD_NAMESPACE) names"},
 		{nil, map[string]string{"HOTKEYD_COOL_DOWN": "soon"}, "HOTKEYD_COOL_DOWN"},
 		{[]string{"--cool-down", "5"}, nil, "want a duration with its unit, e.g. 60s"},
+		{[]string{"--drain-delay", "-1s"}, nil, "--drain-delay (HOTKEYD_DRAIN_DELAY) -1s: want a positive duration"},
+		{nil, map[string]string{"HOTKEYD_DRAIN_DELAY": "5"}, "HOTKEYD_DRAIN_DELAY=\"5\": want a duration with its unit"},
 		{nil, map[string]string{"HOTKEYD_BREAKER_PROBE": "10"}, "HOTKEYD_BREAKER_PROBE=\"10\": want a duration with its unit"},
 		{[]string{"--hot-threshold", "0"}, nil, "--hot-threshold"},
 		{[]string{"--cool-down", "0s"}, nil, "--cool-down"},

@@ -38,6 +38,9 @@ func (c *Config) check() error {
 	case c.GRPCMaxConnectionAgeGrace > 0 && c.GRPCMaxConnectionAge == 0:
 		return fmt.Errorf("%s follows %s, which is 0 (connections kept for ever): set it too", flagName("grpc-max-connection-age-grace"), flagName("grpc-max-connection-age"))
 	}
+	if c.DrainDelay < 0 {
+		return fmt.Errorf("%s %v: want a positive duration, e.g. 5s, or 0 to shut down at once", flagName("drain-delay"), c.DrainDelay)
+	}
 	if c.Redis != "" && len(c.RedisCluster) > 0 {
 		return fmt.Errorf("%s and %s: give one or the other", flagName("redis"), flagName("redis-cluster"))
 	}

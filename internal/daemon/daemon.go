@@ -78,6 +78,7 @@ type Daemon struct {
 	rls         *rls
 	health      *health.Server
 	healthStop  chan struct{}
+	readyWake   chan struct{} // tells followReadiness that draining began
 	healthDone  chan struct{}
 	descMetrics *descMetrics
 
@@ -101,8 +102,8 @@ type Daemon struct {
 	engine *hotkey.Engine
 	reg    *prometheus.Registry
 
-	// draining is set once Shutdown begins: /readyz answers 503 and the
-	// gRPC health service NOT_SERVING from then on.
+	// draining is set once Drain or Shutdown begins: /readyz answers 503
+	// and the gRPC health service NOT_SERVING from then on.
 	draining atomic.Bool
 	shutdown sync.Once
 	stopErr  error

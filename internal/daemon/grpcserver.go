@@ -36,6 +36,7 @@ func (d *Daemon) startGRPC() error {
 	healthpb.RegisterHealthServer(d.grpcSrv, d.health)
 	reflection.Register(d.grpcSrv)
 	d.healthStop = make(chan struct{})
+	d.readyWake = make(chan struct{}, 1)
 	d.healthDone = make(chan struct{})
 	go d.followReadiness()
 	go func() {
@@ -73,6 +74,7 @@ func (d *Daemon) followReadiness() {
 		case <-d.healthStop:
 			return
 		case <-t.C:
+		case <-d.readyWake:
 		}
 	}
 }

@@ -18,6 +18,7 @@ var flagDocs = []flagDoc{
 	{"grpc-listen", "ADDR", "Envoy's rate-limit service (envoy.service.ratelimit.v3, gRPC health and reflection) listens on ADDR; empty turns it off"},
 	{"grpc-max-connection-age", "DURATION", "ask each gRPC client, with an HTTP/2 GOAWAY, to reconnect once its connection is this old (±10%), so that clients such as Envoy spread over daemons added since (requests in flight finish); 0 keeps connections for ever"},
 	{"grpc-max-connection-age-grace", "DURATION", "after a connection's --grpc-max-connection-age, give its requests in flight this long before it is closed; 0 waits for them for ever"},
+	{"drain-delay", "DURATION", "after SIGTERM or SIGINT, answer not ready (/readyz 503, gRPC health NOT_SERVING) for DURATION while still deciding over HTTP, gRPC and NATS, then shut down (in 4.5 s at most): time for load balancers, and a Kubernetes Service's endpoints, to stop sending requests before the listeners close; a second signal ends the delay; 0 shuts down at once"},
 	{"envoy-config", "PATH", "envoyproxy/ratelimit's YAML configuration (a file, or a directory of them) for the gRPC rate-limit service; see docs/envoy.md"},
 	{"policies", "PATH", "YAML file of named policies, or a directory of them (see docs/api.md); without it, the built-in \"default\": token_bucket 100/s, burst 100, on_store_failure local"},
 	{"reload-interval", "DURATION", "check the files of --policies and --envoy-config for changes this often, and reload them when they change (SIGHUP reloads too; a file refused keeps the rules in force); 0 checks never"},

@@ -47,6 +47,19 @@ func (d *Daemon) serveHTTP() {
 	}()
 }
 
+// Drain marks the daemon draining without stopping anything: from its call
+// /readyz answers 503 and the gRPC health service NOT_SERVING, while HTTP,
+// gRPC and NATS keep deciding, so that load balancers stop sending requests
+// before Shutdown stops taking them. It does not block, and may be called
+// more than once.
+func (d *Daemon) Drain() {
+	d.draining.Store(true)
+	select {
+	case d.readyWake <- struct{}{}: // nil without gRPC: nothing to wake
+	default:
+	}
+}
+
 // Shutdown stops the daemon gracefully: from its start /readyz answers 503
 // and the gRPC health service NOT_SERVING; HTTP stops accepting and finishes
 // the requests in flight, the NATS micro service (if any) stops and the

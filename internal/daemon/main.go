@@ -25,8 +25,9 @@ import (
 // Main runs hotkeyd with args (without the program name), reading flags'
 // environment variables through lookup. It returns the exit code: 0 after
 // --help, version or a graceful shutdown on SIGTERM or SIGINT; 2 for bad
-// flags; 1 when the daemon cannot start or fails. SIGHUP reloads the
-// policies and Envoy rules (Reload).
+// flags; 1 when the daemon cannot start or fails. After SIGTERM or SIGINT
+// the daemon drains for --drain-delay (a second signal ends the delay),
+// then shuts down. SIGHUP reloads the policies and Envoy rules (Reload).
 func Main(version string, args []string, lookup func(string) (string, bool), stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "loadgen" {
 		return loadgencmd.Main(args[1:], stdout, stderr)
@@ -86,7 +87,10 @@ serve:
 			break serve
 		}
 	}
-	stop() // a second signal ends the process at once
+	if code == 0 {
+		drainDelay(d, cfg.DrainDelay, time.After, sigs)
+	}
+	stop() // another signal ends the process at once
 	sctx, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
 	start := time.Now()
@@ -96,6 +100,25 @@ serve:
 		log.Info("stopped", "took", time.Since(start))
 	}
 	return code
+}
+
+// drainDelay marks d draining (Drain) and keeps it deciding for delay, so
+// that load balancers stop routing to it before its listeners close, or
+// until a signal on sigs ends the wait; it reports whether one did. after
+// is time.After but in tests. With delay 0 it returns at once.
+func drainDelay(d *Daemon, delay time.Duration, after func(time.Duration) <-chan time.Time, sigs <-chan os.Signal) (cut bool) {
+	if delay <= 0 {
+		return false
+	}
+	d.Drain()
+	d.log.Info("draining: not ready, still deciding", "drain_delay", delay)
+	select {
+	case <-after(delay):
+		return false
+	case s := <-sigs:
+		d.log.Info("drain delay cut short", "signal", signalName(s))
+		return true
+	}
 }
 
 // signalName names the signal s (an os.Signal), as kill -l does.
