@@ -49,6 +49,12 @@ type Config struct {
 	Policies    string // a file or a directory
 	EnvoyConfig string // envoyproxy/ratelimit's YAML: a file or a directory
 
+	// TLSCert and TLSKey are the PEM key pair the HTTP and gRPC listeners
+	// serve TLS with, only; empty: plaintext. TLSClientCA is a PEM bundle
+	// that client certificates must chain to (mTLS); empty: none asked.
+	// The files are read again when they change.
+	TLSCert, TLSKey, TLSClientCA string
+
 	// GRPCMaxConnectionAge is how long a gRPC connection may live before
 	// the server asks its client, with a GOAWAY, to open a new one (gRPC
 	// adds a jitter of ±10%); 0: for ever. Clients that reconnect resolve
@@ -146,6 +152,9 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.Var((*durationFlag)(&cfg.GRPCMaxConnectionAge), "grpc-max-connection-age", "")
 	fs.Var((*durationFlag)(&cfg.GRPCMaxConnectionAgeGrace), "grpc-max-connection-age-grace", "")
 	fs.Var((*durationFlag)(&cfg.DrainDelay), "drain-delay", "")
+	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "")
+	fs.StringVar(&cfg.TLSKey, "tls-key", "", "")
+	fs.StringVar(&cfg.TLSClientCA, "tls-client-ca", "", "")
 	fs.StringVar(&cfg.EnvoyConfig, "envoy-config", "", "")
 	fs.StringVar(&cfg.Policies, "policies", "", "")
 	fs.StringVar(&cfg.Redis, "redis", "", "")

@@ -103,6 +103,11 @@ func TestParseArgsErrors(t *testing.T) {
 		{[]string{"--nats-client-user", "gw", "--nats-client-password", "p"}, nil, "needs --nats-user"},
 		{[]string{"--nats-user", "u", "--nats-password", "p", "--nats-client-user", "gw"}, nil, "go together"},
 		{[]string{"--nats-user", "u", "--nats-password", "p", "--nats-client-user", "u", "--nats-client-password", "q"}, nil, "a user of their own"},
+		{[]string{"--tls-cert", "tls.crt"}, nil, "--tls-cert (HOTKEYD_TLS_CERT) and --tls-key (HOTKEYD_TLS_KEY) go together"},
+		{[]string{"--tls-key", "tls.key"}, nil, "--tls-cert (HOTKEYD_TLS_CERT) and --tls-key (HOTKEYD_TLS_KEY) go together"},
+		{nil, map[string]string{"HOTKEYD_TLS_CERT": "tls.crt"}, "--tls-key (HOTKEYD_TLS_KEY)"},
+		{[]string{"--tls-client-ca", "ca.crt"}, nil, "--tls-client-ca (HOTKEYD_TLS_CLIENT_CA) needs --tls-cert (HOTKEYD_TLS_CERT)"},
+		{nil, map[string]string{"HOTKEYD_TLS_CLIENT_CA": "ca.crt"}, "--tls-client-ca (HOTKEYD_TLS_CLIENT_CA) needs"},
 	}
 	for _, c := range cases {
 		_, err := ParseArgs(c.args, env(c.env), nil)

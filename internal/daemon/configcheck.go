@@ -22,6 +22,12 @@ func (c *Config) check() error {
 			return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:8081, or empty to turn gRPC off", flagName("grpc-listen"), c.GRPCListen)
 		}
 	}
+	switch {
+	case (c.TLSCert == "") != (c.TLSKey == ""):
+		return fmt.Errorf("%s and %s go together", flagName("tls-cert"), flagName("tls-key"))
+	case c.TLSClientCA != "" && c.TLSCert == "":
+		return fmt.Errorf("%s needs %s and %s: client certificates are asked for in a TLS handshake", flagName("tls-client-ca"), flagName("tls-cert"), flagName("tls-key"))
+	}
 	if c.EnvoyConfig != "" && c.GRPCListen == "" {
 		return fmt.Errorf("%s is served over gRPC, which an empty %s turns off", flagName("envoy-config"), flagName("grpc-listen"))
 	}

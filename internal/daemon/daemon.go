@@ -68,6 +68,7 @@ type Daemon struct {
 	bgStop chan struct{}  // closed to stop them; nil before the first
 
 	ln       net.Listener
+	tls      *tlsFiles // nil when TLS is off
 	httpSrv  *http.Server
 	conns    connTracker
 	httpDone chan struct{} // closed when HTTP Shutdown has returned

@@ -10,13 +10,14 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
 )
 
 // startGRPC listens on --grpc-listen and serves the rate-limit service, the
-// health service and reflection, sending each connection a GOAWAY at
+// health service and reflection, over TLS only with --tls-cert, sending each connection a GOAWAY at
 // --grpc-max-connection-age (0: never). It does nothing when the flag is
 // empty.
 func (d *Daemon) startGRPC() error {
@@ -28,8 +29,12 @@ func (d *Daemon) startGRPC() error {
 		return listenError("gRPC", d.cfg.GRPCListen, "grpc-listen", err)
 	}
 	d.grpcLn = ln
-	d.grpcSrv = grpc.NewServer(grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{d.reqs.api(apiGRPC)}), grpc.ForceServerCodecV2(newRLSCodec()),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace}))
+	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{d.reqs.api(apiGRPC)}), grpc.ForceServerCodecV2(newRLSCodec()),
+		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace})}
+	if d.tls != nil {
+		opts = append(opts, grpc.Creds(credentials.NewTLS(d.tls.config("h2"))))
+	}
+	d.grpcSrv = grpc.NewServer(opts...)
 	d.rls = &rls{d: d}
 	d.grpcSrv.RegisterService(&rlsServiceDesc, d.rls)
 	d.health = health.NewServer()

@@ -37,8 +37,12 @@ func (d *Daemon) serveHTTP() {
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(d.log.Handler(), slog.LevelDebug),
 	}
+	serve := func() error { return d.httpSrv.Serve(d.ln) }
+	if d.httpSrv.TLSConfig = d.serverTLS(); d.httpSrv.TLSConfig != nil {
+		serve = func() error { return d.httpSrv.ServeTLS(d.ln, "", "") }
+	}
 	go func() {
-		if err := d.httpSrv.Serve(d.ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+		if err := serve(); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			select {
 			case d.failed <- err:
 			default:

@@ -53,6 +53,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	if err != nil {
 		return nil, err
 	}
+	if d.tls, err = newTLSFiles(cfg, log); err != nil {
+		return nil, err
+	}
 	d.readyz = &hotkey.Policy{Name: "hotkeyd_readyz", Limit: counter.Limit{Rate: 1 << 30, Period: time.Second}}
 	d.id = instanceID()
 
@@ -80,6 +83,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	build.Set(1)
 	d.reg.MustRegister(build)
 	d.reloads = newReloadMetrics(d.reg)
+	if d.tls != nil {
+		d.reg.MustRegister(d.tls.errors)
+	}
 	d.reqs = newRequestMetrics(d.reg)
 	// The series of each API from the start, at 0 (gRPC's once it serves).
 	d.reqs.api(apiHTTP)
@@ -152,7 +158,14 @@ func (d *Daemon) logServing(r *rules, version string) {
 	if r.envoy != nil {
 		domains = strings.Join(r.envoy.Domains(), ",")
 	}
-	log.Info("serving", "http", d.Addr(), "grpc", grpcAddr, "nats", nats, "namespace", cfg.Namespace, "store", store, "instance", d.id,
+	tlsMode := "off"
+	switch {
+	case cfg.TLSClientCA != "":
+		tlsMode = "mtls"
+	case cfg.TLSCert != "":
+		tlsMode = "on"
+	}
+	log.Info("serving", "http", d.Addr(), "grpc", grpcAddr, "tls", tlsMode, "nats", nats, "namespace", cfg.Namespace, "store", store, "instance", d.id,
 		"policies", strings.Join(r.policies.Names(), ","), "envoy_domains", domains, "version", version)
 	if d.grpcLn != nil && r.envoy == nil {
 		log.Info("the gRPC rate-limit service has no rules: every descriptor is answered OK until " + flagName("envoy-config") + " gives some")
