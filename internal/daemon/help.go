@@ -79,8 +79,8 @@ Usage:
 
 With no flags: counters in memory, an embedded NATS server on 127.0.0.1:4222
 (--nats none for no NATS at all), HTTP on 127.0.0.1:8080, gRPC on
-127.0.0.1:8081, the admin listener on 127.0.0.1:8082, and the policy "default" (token_bucket, 100/s, burst 100,
-on_store_failure local).
+127.0.0.1:8081, the admin listener on 127.0.0.1:8082, and the policy
+"default" (token_bucket, 100/s, burst 100, on_store_failure local).
 
 Each flag can also be set by its environment variable; a flag on the command
 line wins over the environment.
