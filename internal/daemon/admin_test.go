@@ -1,12 +1,19 @@
 package daemon
 
 import (
+	"bufio"
+	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // TestAdminListenFlag: --admin-listen defaults to loopback, is read from
@@ -159,5 +166,71 @@ func TestAdminConfig(t *testing.T) {
 	}
 	if refused, body := dump(); refused.Generation != 2 || rate(refused, "api") != 7 {
 		t.Errorf("after a refused reload: %s", body)
+	}
+}
+
+// TestAdminStopsLast: while a shutdown waits for a decision in flight on
+// the API, the admin listener still serves /metrics (and /readyz says
+// draining); once the shutdown returns, it is closed.
+func TestAdminStopsLast(t *testing.T) {
+	d, err := StartArgs(context.Background(), "--listen", "127.0.0.1:0", "--nats", "none")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := "http://" + d.AdminAddr()
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}, Timeout: time.Minute}
+
+	// A decision in flight: its body half sent, its handler reading.
+	body := `{"key":"in-flight"}`
+	conn, err := net.Dial("tcp", d.Addr())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	fmt.Fprintf(conn, "POST /v1/allow HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:5])
+
+	stopped := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // only catches a hang
+		defer cancel()
+		stopped <- d.Shutdown(ctx)
+	}()
+	testkit.For(t, time.Minute, "/readyz on the admin listener to say draining", func() bool {
+		resp, err := client.Get(admin + "/readyz")
+		if err != nil {
+			t.Fatalf("admin /readyz while draining: %v", err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusServiceUnavailable
+	})
+	resp, err := client.Get(admin + "/metrics")
+	if err != nil {
+		t.Fatalf("admin /metrics while the API drains: %v", err)
+	}
+	scrape, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(scrape), "hotkeyd_build_info") {
+		t.Errorf("admin /metrics while the API drains: %d", resp.StatusCode)
+	}
+	select {
+	case err := <-stopped:
+		t.Fatalf("shutdown returned with a decision in flight: %v", err)
+	default:
+	}
+
+	fmt.Fprint(conn, body[5:])
+	answer, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	answer.Body.Close()
+	if answer.StatusCode != http.StatusOK {
+		t.Errorf("the decision in flight: %d", answer.StatusCode)
+	}
+	if err := <-stopped; err != nil {
+		t.Errorf("shutdown: %v", err)
+	}
+	if _, err := client.Get(admin + "/metrics"); err == nil {
+		t.Error("the admin listener still answers after the shutdown")
 	}
 }
