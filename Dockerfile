@@ -28,6 +28,8 @@ USER 65532:65532
 # that others join takes --nats-listen 0.0.0.0:4222.
 ENV HOTKEYD_LISTEN=0.0.0.0:8080 \
     HOTKEYD_GRPC_LISTEN=0.0.0.0:8081
-# HTTP API and /metrics, gRPC (Envoy's rate-limit service), embedded NATS.
+# HTTP API, gRPC (Envoy's rate-limit service), embedded NATS. The admin
+# listener (/metrics, /v1/hotkeys) stays on loopback unless
+# HOTKEYD_ADMIN_LISTEN is set, as the manifests and compose.yaml do.
 EXPOSE 8080 8081 4222
 ENTRYPOINT ["/usr/local/bin/hotkeyd"]

@@ -860,7 +860,7 @@ func (c compose) hostIsService(t *testing.T, where, rawURL, want string) string 
 // hotkeyd accepts, listening on every interface, with its policies file
 // mounted and accepted, its counters in the redis service and its hot keys
 // agreed over the nats service, all of them the same; Prometheus loads
-// the alert rules and scrapes every daemon's /metrics on its HTTP port;
+// the alert rules and scrapes every daemon's /metrics on its admin port;
 // Grafana's provisioning points at the Prometheus service and at the
 // dashboard.
 func TestCompose(t *testing.T) {
@@ -902,6 +902,11 @@ func TestCompose(t *testing.T) {
 		}
 		c.hotkeyd[name] = cfg
 		checkAllInterfaces(t, where, "listen", cfg.Listen)
+		if cfg.AdminListen == "" {
+			t.Errorf("%s: no --admin-listen: Prometheus has no /metrics to scrape", where)
+		} else {
+			checkAllInterfaces(t, where, "admin-listen", cfg.AdminListen)
+		}
 		if cfg.GRPCListen != "" {
 			checkAllInterfaces(t, where, "grpc-listen", cfg.GRPCListen)
 		}
@@ -1010,12 +1015,10 @@ func checkComposePrometheus(t *testing.T, c compose) {
 					}
 					continue
 				}
-				if _, lp, _ := net.SplitHostPort(cfg.Listen); lp != port {
-					t.Errorf("%s: job %s: target %s: the daemon listens on --listen %s", host, sc.JobName, tg, cfg.Listen)
+				if _, lp, _ := net.SplitHostPort(cfg.AdminListen); lp != port {
+					t.Errorf("%s: job %s: target %s: the daemon serves /metrics on --admin-listen %s", host, sc.JobName, tg, cfg.AdminListen)
 				}
-				if mp := cmpOr(sc.MetricsPath, "/metrics"); mp != "/metrics" {
-					t.Errorf("%s: job %s: metrics_path %s: the daemon serves /metrics", host, sc.JobName, mp)
-				}
+				routeAnswers(t, host+": job "+sc.JobName+": metrics_path", cmpOr(sc.MetricsPath, "/metrics"), true)
 				scraped[h] = true
 			}
 		}
@@ -1318,8 +1321,8 @@ func TestKubernetes(t *testing.T) {
 	for _, p := range c.Ports {
 		ports[p.Name] = p.ContainerPort
 	}
-	for flag, want := range map[string]string{"listen": "http", "grpc-listen": "grpc"} {
-		addr := map[string]string{"listen": cfg.Listen, "grpc-listen": cfg.GRPCListen}[flag]
+	for flag, want := range map[string]string{"listen": "http", "grpc-listen": "grpc", "admin-listen": "admin"} {
+		addr := map[string]string{"listen": cfg.Listen, "grpc-listen": cfg.GRPCListen, "admin-listen": cfg.AdminListen}[flag]
 		lp := checkAllInterfaces(t, where, flag, addr)
 		if strconv.Itoa(ports[want]) != lp {
 			t.Errorf("%s: port %s is %d, but --%s is %s", where, want, ports[want], flag, addr)
@@ -1335,6 +1338,8 @@ func TestKubernetes(t *testing.T) {
 		return 0
 	}
 	_, httpPort, _ := net.SplitHostPort(cfg.Listen)
+	_, adminPort, _ := net.SplitHostPort(cfg.AdminListen)
+	// The probes ask the API listener: the one that must answer decisions.
 	for _, p := range []struct {
 		name, path string
 		probe      *probe
@@ -1349,13 +1354,15 @@ func TestKubernetes(t *testing.T) {
 		if strconv.Itoa(portOf(p.probe.HTTPGet.Port)) != httpPort {
 			t.Errorf("%s: %s on port %v, but the daemon's HTTP is --listen %s", where, p.name, p.probe.HTTPGet.Port, cfg.Listen)
 		}
-		routeAnswers(t, where+": "+p.name, p.probe.HTTPGet.Path)
+		routeAnswers(t, where+": "+p.name, p.probe.HTTPGet.Path, false)
 	}
-	if a := spec.Template.Metadata.Annotations; a["prometheus.io/scrape"] == "true" {
-		if a["prometheus.io/port"] != httpPort {
-			t.Errorf("%s: prometheus.io/port %s, but /metrics is on --listen %s", where, a["prometheus.io/port"], cfg.Listen)
+	if a := spec.Template.Metadata.Annotations; a["prometheus.io/scrape"] != "true" {
+		t.Errorf("%s: no prometheus.io/scrape: \"true\": the pods' metrics are not scraped", where)
+	} else {
+		if a["prometheus.io/port"] != adminPort {
+			t.Errorf("%s: prometheus.io/port %s, but /metrics is on --admin-listen %s", where, a["prometheus.io/port"], cfg.AdminListen)
 		}
-		routeAnswers(t, where+": prometheus.io/path", cmpOr(a["prometheus.io/path"], "/metrics"))
+		routeAnswers(t, where+": prometheus.io/path", cmpOr(a["prometheus.io/path"], "/metrics"), true)
 	}
 
 	// Security and resources.
@@ -1459,6 +1466,28 @@ func TestKubernetes(t *testing.T) {
 		_, lp, _ := net.SplitHostPort(addr)
 		if strconv.Itoa(svcPorts[name]) != lp {
 			t.Errorf("%s: Service port %s reaches container port %d, but the daemon listens on %s", svc.file, name, svcPorts[name], addr)
+		}
+	}
+	// No Service reaches the admin listener: it lists raw keys.
+	for _, s := range byKind["Service"] {
+		var spec struct {
+			Ports []struct {
+				Name       string
+				Port       int
+				TargetPort any `yaml:"targetPort"`
+			}
+		}
+		if err := s.Spec.Decode(&spec); err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range spec.Ports {
+			tp := p.TargetPort
+			if tp == nil {
+				tp = p.Port
+			}
+			if strconv.Itoa(portOf(tp)) == adminPort {
+				t.Errorf("%s: Service %s port %s reaches the admin listener (--admin-listen %s): /v1/hotkeys and /metrics list raw keys, for Prometheus only", s.file, s.name(), p.Name, cfg.AdminListen)
+			}
 		}
 	}
 	pdb := byKind["PodDisruptionBudget"][0]
@@ -1620,8 +1649,9 @@ var (
 )
 
 // routeAnswers fails t unless GET p answers 200 on a daemon (in memory,
-// started once for the package's tests).
-func routeAnswers(t *testing.T, where, p string) {
+// started once for the package's tests): on its admin listener if admin,
+// else on its API listener.
+func routeAnswers(t *testing.T, where, p string, admin bool) {
 	t.Helper()
 	plainOnce.Do(func() {
 		plainDaemon, plainErr = daemon.StartArgs(context.Background(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0")
@@ -1629,13 +1659,17 @@ func routeAnswers(t *testing.T, where, p string) {
 	if plainErr != nil {
 		t.Fatal(plainErr)
 	}
-	resp, err := http.Get("http://" + plainDaemon.Addr() + p)
+	addr, listener := plainDaemon.Addr(), "API"
+	if admin {
+		addr, listener = plainDaemon.AdminAddr(), "admin"
+	}
+	resp, err := http.Get("http://" + addr + p)
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		t.Errorf("%s: GET %s on a running daemon: %s", where, p, resp.Status)
+		t.Errorf("%s: GET %s on a running daemon's %s listener: %s", where, p, listener, resp.Status)
 	}
 }
 
@@ -1903,7 +1937,7 @@ func TestMetricNames(t *testing.T) {
 	}
 	allow := func(key string) int { return allowN(key, 1) }
 	scrape := func() map[string]*dto.MetricFamily {
-		resp, err := client.Get(base + "/metrics")
+		resp, err := client.Get("http://" + d.AdminAddr() + "/metrics")
 		if err != nil {
 			t.Fatal(err)
 		}

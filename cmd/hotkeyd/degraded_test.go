@@ -24,7 +24,7 @@ func TestStartWithRedisDown(t *testing.T) {
 	}
 	url := "redis://" + srv.Addr
 
-	code, out := runBinary(t, "--redis", url, "--require-store", "--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t))
+	code, out := runBinary(t, "--redis", url, "--require-store", "--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t), "--admin-listen", freeAddr(t))
 	if code != 1 || !strings.Contains(out, "cannot reach Redis at "+url) {
 		t.Errorf("--require-store with Redis down: exit %d, %s", code, out)
 	}

@@ -171,7 +171,7 @@ func TestGRPCShouldRateLimit(t *testing.T) {
 						t.Errorf("shadow-mode request %d: headers %v", i, h)
 					}
 				}
-				scrape := string(do(t, "GET", d.base+"/metrics", "").body)
+				scrape := string(do(t, "GET", d.admin+"/metrics", "").body)
 				labels := `{descriptor="gateway.route_/search.user",domain="gateway"}`
 				if h, o, s := metric(scrape, "hotkeyd_descriptor_hits_total"+labels), metric(scrape, "hotkeyd_descriptor_over_limit_total"+labels),
 					metric(scrape, "hotkeyd_descriptor_shadow_mode_total"+labels); h != 6 || o != 3 || s != 3 {

@@ -218,7 +218,7 @@ func runGRPCModel(t *testing.T, d *proc, conn *grpc.ClientConn, seed uint64, req
 	t.Logf("%d requests, %d counters charged, %d answers off the model", requests, full, checked)
 	// Keys and values that are not UTF-8 reach the metrics too: the scrape
 	// must still answer.
-	if scrape := string(do(t, "GET", d.base+"/metrics", "").body); !strings.Contains(scrape, "hotkeyd_descriptor_hits_total") {
+	if scrape := string(do(t, "GET", d.admin+"/metrics", "").body); !strings.Contains(scrape, "hotkeyd_descriptor_hits_total") {
 		t.Errorf("no descriptor metrics after the run")
 	}
 }

@@ -158,7 +158,8 @@ func TestHTTPErrors(t *testing.T) {
 		{"unknown policy", "POST", "/v1/allow", `{"policy":"nope","key":"k"}`, 404, `unknown policy "nope": this daemon has "bulk", "default", "login"`},
 		{"GET allow", "GET", "/v1/allow", ``, 405, "method GET not allowed on /v1/allow: use POST"},
 		{"PUT allow", "PUT", "/v1/allow", `{"key":"k"}`, 405, "method PUT not allowed"},
-		{"POST hotkeys", "POST", "/v1/hotkeys", `{}`, 405, "use GET"},
+		{"hotkeys on the API", "GET", "/v1/hotkeys", ``, 404, "moved to the admin listener, --admin-listen"},
+		{"metrics on the API", "GET", "/metrics", ``, 404, "moved to the admin listener, --admin-listen"},
 		{"DELETE readyz", "DELETE", "/readyz", ``, 405, "use GET"},
 		{"too large", "POST", "/v1/allow", `{"key":"` + strings.Repeat("k", 1<<20) + `"}`, 413, "request body over the 1048576 bytes allowed"},
 		{"no such endpoint", "GET", "/v2/allow", ``, 404, "no such endpoint /v2/allow"},
@@ -219,9 +220,15 @@ func TestHTTPStatus(t *testing.T) {
 	if h.Peers != 0 || h.HotKeys == nil || len(h.HotKeys) != 0 {
 		t.Errorf("/v1/hotkeys on an idle lone daemon: %+v", h)
 	}
+	if r := do(t, "POST", d.admin+"/v1/hotkeys", `{}`); r.status != 405 || r.header.Get("Allow") != "GET, HEAD" {
+		t.Errorf("POST /v1/hotkeys on the admin listener: %d %s, want 405", r.status, r.body)
+	}
 	// Addresses from the environment only.
 	e := startDaemon(t, daemonOpts{viaEnv: true})
 	if r := do(t, "GET", e.base+"/healthz", ""); r.status != 200 {
 		t.Errorf("HOTKEYD_LISTEN: %d", r.status)
+	}
+	if r := do(t, "GET", e.admin+"/metrics", ""); r.status != 200 {
+		t.Errorf("HOTKEYD_ADMIN_LISTEN: %d", r.status)
 	}
 }

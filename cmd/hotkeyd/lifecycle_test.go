@@ -117,9 +117,10 @@ func TestPortTaken(t *testing.T) {
 		args []string
 		flag string
 	}{
-		{[]string{"--listen", taken, "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t)}, "change it with --listen (HOTKEYD_LISTEN)"},
-		{[]string{"--listen", freeAddr(t), "--nats-listen", taken, "--grpc-listen", freeAddr(t)}, "change it with --nats-listen (HOTKEYD_NATS_LISTEN)"},
-		{[]string{"--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", taken}, "change it with --grpc-listen (HOTKEYD_GRPC_LISTEN)"},
+		{[]string{"--listen", taken, "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t), "--admin-listen", freeAddr(t)}, "change it with --listen (HOTKEYD_LISTEN)"},
+		{[]string{"--listen", freeAddr(t), "--nats-listen", taken, "--grpc-listen", freeAddr(t), "--admin-listen", freeAddr(t)}, "change it with --nats-listen (HOTKEYD_NATS_LISTEN)"},
+		{[]string{"--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", taken, "--admin-listen", freeAddr(t)}, "change it with --grpc-listen (HOTKEYD_GRPC_LISTEN)"},
+		{[]string{"--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t), "--admin-listen", taken}, "change it with --admin-listen (HOTKEYD_ADMIN_LISTEN)"},
 	}
 	for _, c := range cases {
 		code, out := runBinary(t, c.args...)
@@ -152,7 +153,7 @@ func TestInvalidPoliciesRefused(t *testing.T) {
 	}
 	for _, c := range cases {
 		path := writeFile(t, "policies.yaml", c.file)
-		code, out := runBinary(t, "--policies", path, "--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t))
+		code, out := runBinary(t, "--policies", path, "--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t), "--admin-listen", freeAddr(t))
 		if code == 0 {
 			t.Errorf("started on %q", c.file)
 			continue
@@ -190,7 +191,7 @@ func TestInvalidEnvoyConfigRefused(t *testing.T) {
 	}
 	for _, c := range cases {
 		path := writeFile(t, "rl.yaml", c.file)
-		code, out := runBinary(t, "--envoy-config", path, "--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t))
+		code, out := runBinary(t, "--envoy-config", path, "--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t), "--admin-listen", freeAddr(t))
 		if code == 0 {
 			t.Errorf("started on %q", c.file)
 			continue
@@ -201,7 +202,7 @@ func TestInvalidEnvoyConfigRefused(t *testing.T) {
 			}
 		}
 	}
-	if code, out := runBinary(t, "--envoy-config", "/nonexistent/rl.yaml", "--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t)); code == 0 || !strings.Contains(out, "--envoy-config") {
+	if code, out := runBinary(t, "--envoy-config", "/nonexistent/rl.yaml", "--listen", freeAddr(t), "--nats-listen", freeAddr(t), "--grpc-listen", freeAddr(t), "--admin-listen", freeAddr(t)); code == 0 || !strings.Contains(out, "--envoy-config") {
 		t.Errorf("missing path: exit %d, %q", code, out)
 	}
 	if code, out := runBinary(t, "--envoy-config", "/x.yaml", "--grpc-listen", ""); code != 2 || !strings.Contains(out, "--grpc-listen") {

@@ -17,7 +17,7 @@ import (
 func TestLoadgen(t *testing.T) {
 	d := startDaemon(t, daemonOpts{args: []string{"--hot-threshold", "50"}})
 	var out, errOut testkit.Buffer
-	cmd := exec.Command(bin, "loadgen", "--target", d.base, "--rate", "400", "--hot-rate", "200",
+	cmd := exec.Command(bin, "loadgen", "--target", d.base, "--status", d.admin, "--rate", "400", "--hot-rate", "200",
 		"--duration", "10m", "--keys", "50", "--key", "tenant:acme")
 	cmd.Stdout, cmd.Stderr = &out, &errOut
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}

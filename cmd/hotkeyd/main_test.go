@@ -83,7 +83,8 @@ func freeAddr(t testing.TB) string {
 type proc struct {
 	t        testing.TB
 	cmd      *exec.Cmd
-	base     string // http://127.0.0.1:PORT
+	base     string // http://127.0.0.1:PORT of the API
+	admin    string // http://127.0.0.1:PORT of the admin listener
 	grpcAddr string // 127.0.0.1:PORT of the gRPC listener
 	natsURL  string // the embedded server's, or the one joined
 	id       string // instance ID, from the "serving" log line
@@ -97,8 +98,9 @@ type daemonOpts struct {
 	args []string // extra flags
 	join string   // --nats URL; empty: embedded server on a free port
 	env  []string // extra environment
-	// viaEnv passes the listen addresses as HOTKEYD_LISTEN and
-	// HOTKEYD_NATS_LISTEN instead of flags.
+	// viaEnv passes the listen addresses as HOTKEYD_LISTEN,
+	// HOTKEYD_NATS_LISTEN, HOTKEYD_GRPC_LISTEN and HOTKEYD_ADMIN_LISTEN
+	// instead of flags.
 	viaEnv bool
 }
 
@@ -148,8 +150,14 @@ func tryStart(t testing.TB, o daemonOpts) (*proc, error) {
 	} else {
 		args = append(args, "--grpc-listen", grpcAddr)
 	}
+	admin := freeAddr(t)
+	if o.viaEnv {
+		env = append(env, "HOTKEYD_ADMIN_LISTEN="+admin)
+	} else {
+		args = append(args, "--admin-listen", admin)
+	}
 	args = append(args, o.args...)
-	d := &proc{t: t, base: "http://" + listen, grpcAddr: grpcAddr, natsURL: natsURL, stderr: &testkit.Buffer{}, done: make(chan struct{})}
+	d := &proc{t: t, base: "http://" + listen, admin: "http://" + admin, grpcAddr: grpcAddr, natsURL: natsURL, stderr: &testkit.Buffer{}, done: make(chan struct{})}
 	d.cmd = exec.Command(bin, args...)
 	d.cmd.Env = append(append(os.Environ(), o.env...), env...)
 	d.cmd.Stderr = d.stderr
@@ -306,7 +314,7 @@ type hotKeys struct {
 
 func (d *proc) hotKeys(t testing.TB) hotKeys {
 	t.Helper()
-	r := do(t, "GET", d.base+"/v1/hotkeys", "")
+	r := do(t, "GET", d.admin+"/v1/hotkeys", "")
 	if r.status != 200 {
 		t.Fatalf("/v1/hotkeys: %d %s", r.status, r.body)
 	}

@@ -40,7 +40,7 @@ func TestMaxKeys(t *testing.T) {
 	if flood >= maxKeys {
 		t.Errorf("the flood admitted %d new keys, more than the %d counters --max-keys allows", flood, maxKeys)
 	}
-	full := metric(string(do(t, "GET", d.base+"/metrics", "").body), `hotkey_memory_store_full_total{store="store"}`)
+	full := metric(string(do(t, "GET", d.admin+"/metrics", "").body), `hotkey_memory_store_full_total{store="store"}`)
 	if want := float64(4*maxKeys - flood); full != want {
 		t.Errorf(`hotkey_memory_store_full_total{store="store"} = %v, want the %v flood keys denied`, full, want)
 	}

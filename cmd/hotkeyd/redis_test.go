@@ -169,7 +169,7 @@ func TestRedisKilled(t *testing.T) {
 	t.Logf("%s names Redis %v after the kill: %s", probe, tookDown, reason)
 	// The breaker opens, and decisions go on without the store.
 	testkit.For(t, time.Minute, "the breaker open", func() bool {
-		return metric(string(do(t, "GET", d.base+"/metrics", "").body), `hotkey_breaker_changes_total{state="open"}`) >= 1
+		return metric(string(do(t, "GET", d.admin+"/metrics", "").body), `hotkey_breaker_changes_total{state="open"}`) >= 1
 	})
 	opened := since()
 	// The probe keeps the daemon in the load balancer: it answers, by the
@@ -441,7 +441,7 @@ func TestMetrics(t *testing.T) {
 	t.Parallel()
 	d := startDaemon(t, daemonOpts{args: []string{"--hot-threshold", "50"}})
 	scrape := func() string {
-		r := do(t, "GET", d.base+"/metrics", "")
+		r := do(t, "GET", d.admin+"/metrics", "")
 		if r.status != 200 {
 			t.Fatalf("/metrics: %d", r.status)
 		}

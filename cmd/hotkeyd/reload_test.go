@@ -107,7 +107,7 @@ func TestSIGHUPReload(t *testing.T) {
 		return *a.Limit
 	}
 	reloads := func(result string) float64 {
-		return metric(string(do(t, "GET", d.base+"/metrics", "").body), `hotkeyd_policy_reloads_total{result="`+result+`"}`)
+		return metric(string(do(t, "GET", d.admin+"/metrics", "").body), `hotkeyd_policy_reloads_total{result="`+result+`"}`)
 	}
 	hup := func(result string, want float64) {
 		t.Helper()
@@ -145,7 +145,7 @@ func TestSIGHUPReload(t *testing.T) {
 			t.Errorf("the log of the refused reload lacks %q:\n%s", want, log)
 		}
 	}
-	if v := metric(string(do(t, "GET", d.base+"/metrics", "").body), "hotkeyd_policy_last_reload_successful"); v != 0 {
+	if v := metric(string(do(t, "GET", d.admin+"/metrics", "").body), "hotkeyd_policy_last_reload_successful"); v != 0 {
 		t.Errorf("hotkeyd_policy_last_reload_successful = %v after a refused reload, want 0", v)
 	}
 

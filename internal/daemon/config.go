@@ -19,7 +19,10 @@ import (
 const (
 	DefaultListen     = "127.0.0.1:8080"
 	DefaultGRPCListen = "127.0.0.1:8081"
-	DefaultNATSListen = "127.0.0.1:4222"
+	// DefaultAdminListen is the admin listener's: loopback, since it
+	// serves raw keys (/v1/hotkeys, /metrics) and profiles.
+	DefaultAdminListen = "127.0.0.1:8082"
+	DefaultNATSListen  = "127.0.0.1:4222"
 	// NATSNone, as --nats, runs the daemon without NATS: no embedded
 	// server, no hotkey.allow, hot keys split by this daemon alone.
 	NATSNone = "none"
@@ -44,8 +47,11 @@ const (
 
 // Config is what the flags (or their environment variables) say.
 type Config struct {
-	Listen      string
-	GRPCListen  string // Envoy's rate-limit service; empty: off
+	Listen     string
+	GRPCListen string // Envoy's rate-limit service; empty: off
+	// AdminListen serves /metrics, /v1/hotkeys, /v1/config, the health
+	// checks and /debug/pprof/, apart from the API; empty: off.
+	AdminListen string
 	Policies    string // a file or a directory
 	EnvoyConfig string // envoyproxy/ratelimit's YAML: a file or a directory
 
@@ -149,6 +155,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	var showVersion bool
 	fs.StringVar(&cfg.Listen, "listen", DefaultListen, "")
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", DefaultGRPCListen, "")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", DefaultAdminListen, "")
 	fs.Var((*durationFlag)(&cfg.GRPCMaxConnectionAge), "grpc-max-connection-age", "")
 	fs.Var((*durationFlag)(&cfg.GRPCMaxConnectionAgeGrace), "grpc-max-connection-age-grace", "")
 	fs.Var((*durationFlag)(&cfg.DrainDelay), "drain-delay", "")

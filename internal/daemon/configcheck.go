@@ -28,6 +28,16 @@ func (c *Config) check() error {
 	case c.TLSClientCA != "" && c.TLSCert == "":
 		return fmt.Errorf("%s needs %s and %s: client certificates are asked for in a TLS handshake", flagName("tls-client-ca"), flagName("tls-cert"), flagName("tls-key"))
 	}
+	if c.AdminListen != "" {
+		if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
+			return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:8082, or empty to turn the admin listener off", flagName("admin-listen"), c.AdminListen)
+		}
+		for _, o := range []struct{ flag, addr string }{{"listen", c.Listen}, {"grpc-listen", c.GRPCListen}} {
+			if sameListen(c.AdminListen, o.addr) {
+				return fmt.Errorf("%s %q is the address of %s %q: the admin listener serves raw keys and profiles, and needs an address of its own, off the API's network", flagName("admin-listen"), c.AdminListen, flagName(o.flag), o.addr)
+			}
+		}
+	}
 	if c.EnvoyConfig != "" && c.GRPCListen == "" {
 		return fmt.Errorf("%s is served over gRPC, which an empty %s turns off", flagName("envoy-config"), flagName("grpc-listen"))
 	}
@@ -160,6 +170,22 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 2s, or 0 to check never", flagName("reload-interval"), c.ReloadInterval)
 	}
 	return nil
+}
+
+// sameListen reports whether listening on a and on b would take the same
+// port: the same port, not 0 (each listen gets a port of its own), on the
+// same host or on all addresses.
+func sameListen(a, b string) bool {
+	ha, pa, err := net.SplitHostPort(a)
+	if err != nil {
+		return false
+	}
+	hb, pb, err := net.SplitHostPort(b)
+	if err != nil || pa != pb || pa == "0" {
+		return false
+	}
+	wild := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
+	return ha == hb || wild(ha) || wild(hb)
 }
 
 // routeAuth reports whether the embedded server's routes log in: with

@@ -74,6 +74,9 @@ type Daemon struct {
 	httpDone chan struct{} // closed when HTTP Shutdown has returned
 	failed   chan error
 
+	adminLn  net.Listener // nil when the admin listener is off
+	adminSrv *http.Server // nil until it serves
+
 	grpcLn      net.Listener // nil when gRPC is off
 	grpcSrv     *grpc.Server
 	rls         *rls
@@ -120,7 +123,7 @@ func (d *Daemon) NATSURL() string { return d.natsURL }
 // ID returns the instance ID (the origin of its leases in /v1/hotkeys).
 func (d *Daemon) ID() string { return d.id }
 
-// Failed reports an HTTP server that stopped on its own.
+// Failed reports a server (HTTP, admin, gRPC) that stopped on its own.
 func (d *Daemon) Failed() <-chan error { return d.failed }
 
 // instanceID names this daemon for as long as it runs: the host name (at

@@ -26,7 +26,7 @@ func TestMain(m *testing.M) {
 // NATS on kernel-chosen ports), asks it over HTTP and NATS, shuts it down,
 // and checks (goleak, in TestMain) that nothing it started is left running.
 func TestInProcess(t *testing.T) {
-	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--hot-threshold", "50"}, env(nil), nil)
+	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--hot-threshold", "50"}, env(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -85,7 +85,7 @@ func TestInProcess(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		resp, err := client.Get("http://" + d.Addr() + "/v1/hotkeys")
+		resp, err := client.Get("http://" + d.AdminAddr() + "/v1/hotkeys")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -116,7 +116,7 @@ func TestClusterListenWarn(t *testing.T) {
 		{[]string{"--nats-cluster-listen", "127.0.0.1:0"}, true},
 		{[]string{"--nats-cluster-listen", "127.0.0.1:0", "--nats-token", "s3cret-token"}, false},
 	} {
-		cfg, err := ParseArgs(append([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0"}, c.give...), env(nil), nil)
+		cfg, err := ParseArgs(append([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, c.give...), env(nil), nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,7 +154,7 @@ func TestSecretFile(t *testing.T) {
 		return p
 	}
 	start := func(file string) (*Daemon, error) {
-		cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--nats-secret-file", file}, env(nil), nil)
+		cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--nats-secret-file", file}, env(nil), nil)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -174,10 +174,10 @@ func TestGRPCInvalidUTF8(t *testing.T) {
 	}
 }
 
-// scrapeMetrics returns what d's /metrics serves.
+// scrapeMetrics returns what d's /metrics (on the admin listener) serves.
 func scrapeMetrics(t *testing.T, d *Daemon) string {
 	t.Helper()
-	resp, err := (&http.Client{}).Get("http://" + d.Addr() + "/metrics")
+	resp, err := (&http.Client{}).Get("http://" + d.AdminAddr() + "/metrics")
 	if err != nil {
 		t.Fatal(err)
 	}

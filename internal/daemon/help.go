@@ -14,7 +14,8 @@ type flagDoc struct {
 
 // flagDocs lists the flags in the order --help shows them.
 var flagDocs = []flagDoc{
-	{"listen", "ADDR", "HTTP API, /metrics and health checks listen on ADDR"},
+	{"listen", "ADDR", "the HTTP API (POST /v1/allow) and health checks (/healthz, /readyz) listen on ADDR"},
+	{"admin-listen", "ADDR", "the admin listener: /metrics, GET /v1/hotkeys (raw keys), GET /v1/config (the rules in force), /healthz, /readyz and /debug/pprof/, plaintext, apart from the API; keep it off the API's network (Prometheus scrapes it); empty turns it off"},
 	{"grpc-listen", "ADDR", "Envoy's rate-limit service (envoy.service.ratelimit.v3, gRPC health and reflection) listens on ADDR; empty turns it off"},
 	{"grpc-max-connection-age", "DURATION", "ask each gRPC client, with an HTTP/2 GOAWAY, to reconnect once its connection is this old (±10%), so that clients such as Envoy spread over daemons added since (requests in flight finish); 0 keeps connections for ever"},
 	{"grpc-max-connection-age-grace", "DURATION", "after a connection's --grpc-max-connection-age, give its requests in flight this long before it is closed; 0 waits for them for ever"},
@@ -75,15 +76,15 @@ func Usage(w io.Writer, fs *flag.FlagSet) {
 	fmt.Fprint(w, `hotkeyd: a rate-limiting daemon that survives hot keys.
 
 Usage:
-  hotkeyd [flags]      serve (HTTP API, NATS micro service "hotkey", /metrics)
+  hotkeyd [flags]      serve (HTTP API, NATS micro service "hotkey", admin listener)
   hotkeyd loadgen ...  send load to a running hotkeyd (hotkeyd loadgen --help)
   hotkeyd version      print the version (or --version)
   hotkeyd --help       this text
 
 With no flags: counters in memory, an embedded NATS server on 127.0.0.1:4222
 (--nats none for no NATS at all), HTTP on 127.0.0.1:8080, gRPC on
-127.0.0.1:8081, and the policy "default" (token_bucket, 100/s, burst 100,
-on_store_failure local).
+127.0.0.1:8081, the admin listener on 127.0.0.1:8082, and the policy
+"default" (token_bucket, 100/s, burst 100, on_store_failure local).
 
 Each flag can also be set by its environment variable; a flag on the command
 line wins over the environment.
@@ -105,7 +106,8 @@ Flags:
 	}
 	fmt.Fprint(w, `
 API: POST /v1/allow {"policy":"default","key":"user_123","cost":1} -> 200 or 429;
-GET /v1/hotkeys, /metrics, /healthz, /readyz; NATS: request on hotkey.allow
+GET /healthz, /readyz; admin: GET /metrics, /v1/hotkeys, /v1/config, /healthz,
+/readyz, /debug/pprof/; NATS: request on hotkey.allow
 (hotkey.NAME.api.allow with --namespace NAME);
 gRPC: envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit.
 See docs/api.md and docs/envoy.md.

@@ -12,24 +12,25 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/hotkeyd/hotkey"
 )
 
-// routes returns the HTTP API.
+// routes returns the HTTP API: decisions and health only. What lists keys
+// or the rules is on the admin listener (adminRoutes).
 func (d *Daemon) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/allow", timedHTTP(d.reqs.api(apiHTTP), d.handleAllow))
-	mux.HandleFunc("/v1/hotkeys", get(d.handleHotKeys))
-	metrics := promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{ErrorLog: slogPrinter{d}})
-	mux.HandleFunc("/metrics", get(metrics.ServeHTTP))
-	mux.HandleFunc("/healthz", get(func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-	}))
+	mux.HandleFunc("/healthz", get(handleHealth))
 	mux.HandleFunc("/readyz", get(d.handleReady))
+	moved := func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("%s is not served here: it moved to the admin listener, %s", truncate(r.URL.Path, 100), flagName("admin-listen")))
+	}
+	for _, p := range []string{"/metrics", "/v1/hotkeys", "/v1/config", "/debug/pprof/"} {
+		mux.HandleFunc(p, moved)
+	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint %s: the API is POST /v1/allow, GET /v1/hotkeys, /metrics, /healthz, /readyz", truncate(r.URL.Path, 100)))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint %s: the API is POST /v1/allow, GET /healthz, /readyz; /metrics, /v1/hotkeys and /v1/config are on the admin listener, %s", truncate(r.URL.Path, 100), flagName("admin-listen")))
 	})
 	return mux
 }

@@ -31,7 +31,7 @@ func TestPoliciesIndependentHTTP(t *testing.T) {
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--policies", policies}, env(nil), nil)
+	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--policies", policies}, env(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -67,7 +67,8 @@ func (d *Daemon) Drain() {
 // Shutdown stops the daemon gracefully: from its start /readyz answers 503
 // and the gRPC health service NOT_SERVING; HTTP stops accepting and finishes
 // the requests in flight, the NATS micro service (if any) stops and the
-// connection drains (finishing its requests in flight), then the engine
+// connection drains (finishing its requests in flight), then the admin
+// listener (which serves /metrics until then) stops, then the engine
 // (and its coordinator), the store and the embedded NATS server stop. It returns
 // when all is stopped or ctx is done.
 func (d *Daemon) Shutdown(ctx context.Context) error {
@@ -119,6 +120,10 @@ func (d *Daemon) stop(ctx context.Context) error {
 	}
 	if natsErr != nil {
 		errs = append(errs, natsErr)
+	}
+	// Last of the servers: metrics can be scraped while the APIs drain.
+	if err := d.stopAdmin(ctx); err != nil {
+		errs = append(errs, err)
 	}
 	d.closeRest()
 	return errors.Join(errs...)
@@ -180,6 +185,11 @@ func (d *Daemon) abort() {
 	}
 	if d.ln != nil {
 		d.ln.Close()
+	}
+	if d.adminSrv != nil {
+		d.adminSrv.Close()
+	} else if d.adminLn != nil {
+		d.adminLn.Close()
 	}
 	if d.grpcSrv != nil {
 		close(d.healthStop)

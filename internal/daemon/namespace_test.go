@@ -89,7 +89,7 @@ func TestNamespacesApart(t *testing.T) {
 	defer client.CloseIdleConnections()
 	hotKeys := func(d *Daemon) HotKeys {
 		t.Helper()
-		resp, err := client.Get("http://" + d.Addr() + "/v1/hotkeys")
+		resp, err := client.Get("http://" + d.AdminAddr() + "/v1/hotkeys")
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -57,7 +57,7 @@ func TestNoNATS(t *testing.T) {
 	} else {
 		t.Logf("%s is taken already: %v", DefaultNATSListen, err)
 	}
-	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--nats", "none", "--hot-threshold", "50"}, env(nil), nil)
+	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--nats", "none", "--hot-threshold", "50"}, env(nil), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,11 @@ func TestNoNATS(t *testing.T) {
 	defer client.CloseIdleConnections()
 	get := func(path string) (int, string) {
 		t.Helper()
-		resp, err := client.Get("http://" + d.Addr() + path)
+		addr := d.Addr()
+		if path != "/readyz" {
+			addr = d.AdminAddr()
+		}
+		resp, err := client.Get("http://" + addr + path)
 		if err != nil {
 			t.Fatal(err)
 		}

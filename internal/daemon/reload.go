@@ -27,6 +27,9 @@ type rules struct {
 	origins  map[string]origin // where each policy of the file is defined
 	known    string            // the policies' names, quoted, for the 404 of an unknown one
 	envoy    *envoyconf.Config // nil without --envoy-config
+	// generation counts the loads up to this one: 1 at start.
+	generation uint64
+	loadedAt   time.Time // when the files were read
 }
 
 // origin is where a policy is defined: its file and the line of its name.
@@ -51,7 +54,7 @@ func loadRules(cfg Config) (*rules, error) {
 			return nil, fmt.Errorf("envoy configuration, set by %s, refused: %w", flagName("envoy-config"), err)
 		}
 	}
-	return &rules{policies: ps, origins: origins, known: strings.Join(quoteAll(ps.Names()), ", "), envoy: envoy}, nil
+	return &rules{policies: ps, origins: origins, known: strings.Join(quoteAll(ps.Names()), ", "), envoy: envoy, loadedAt: time.Now()}, nil
 }
 
 // LoadPolicies reads the policies at path: one YAML file (see
@@ -192,6 +195,7 @@ func (d *Daemon) Reload(cause string) error {
 		d.reloads.success.Set(0)
 		return err
 	}
+	r.generation = old.generation + 1
 	d.rules.Store(r)
 	added, removed, changed := diffPolicies(old.policies, r.policies)
 	attrs := []any{"cause", cause, "policies", strings.Join(r.policies.Names(), ","),

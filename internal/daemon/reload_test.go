@@ -96,7 +96,7 @@ type reloadEnv struct {
 
 func startReloadEnv(t *testing.T, args ...string) *reloadEnv {
 	t.Helper()
-	args = append([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--hot-threshold", "1e9"}, args...)
+	args = append([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--hot-threshold", "1e9"}, args...)
 	cfg, err := ParseArgs(args, env(nil), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -48,7 +48,7 @@ func TestRequestDuration(t *testing.T) {
 		{"GET", "/v1/allow", ``},
 		{"GET", "/healthz", ``},
 		{"GET", "/metrics", ``},
-		{"GET", "/v1/hotkeys", ``},
+		{"GET", "/nope", ``},
 	}
 	const wantHTTP = 5
 	for _, r := range httpReqs {

@@ -24,9 +24,10 @@ import (
 // StartArgs starts a daemon in this process as the flags args say (the
 // environment is not read), logging nowhere: for the tests, benchmarks and
 // reports that run a daemon beside their clients. Unless args set
-// --grpc-listen, gRPC listens on a free loopback port, not the default one.
+// --grpc-listen or --admin-listen, they listen on free loopback ports, not
+// the default ones.
 func StartArgs(ctx context.Context, args ...string) (*Daemon, error) {
-	args = append([]string{"--grpc-listen", "127.0.0.1:0"}, args...)
+	args = append([]string{"--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, args...)
 	cfg, err := ParseArgs(args, func(string) (string, bool) { return "", false }, nil)
 	if err != nil {
 		return nil, err
@@ -48,6 +49,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	if err != nil {
 		return nil, err
 	}
+	r.generation = 1
 	d.rules.Store(r)
 	secret, err := readSecret(cfg.NATSSecretFile, log)
 	if err != nil {
@@ -61,6 +63,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 
 	if d.ln, err = net.Listen("tcp", cfg.Listen); err != nil {
 		return nil, listenError("HTTP", cfg.Listen, "listen", err)
+	}
+	if err = d.listenAdmin(); err != nil {
+		return nil, err
 	}
 	if cfg.NATS != NATSNone {
 		if err = d.startNATS(); err != nil {
@@ -118,6 +123,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		}
 	}
 	d.serveHTTP()
+	d.serveAdmin()
 	if cfg.GRPCListen != "" {
 		d.descMetrics = newDescMetrics(d.reg)
 		if err = d.startGRPC(); err != nil {
@@ -165,7 +171,11 @@ func (d *Daemon) logServing(r *rules, version string) {
 	case cfg.TLSCert != "":
 		tlsMode = "on"
 	}
-	log.Info("serving", "http", d.Addr(), "grpc", grpcAddr, "tls", tlsMode, "nats", nats, "namespace", cfg.Namespace, "store", store, "instance", d.id,
+	adminAddr := "off"
+	if d.adminLn != nil {
+		adminAddr = d.AdminAddr()
+	}
+	log.Info("serving", "http", d.Addr(), "admin", adminAddr, "grpc", grpcAddr, "tls", tlsMode, "nats", nats, "namespace", cfg.Namespace, "store", store, "instance", d.id,
 		"policies", strings.Join(r.policies.Names(), ","), "envoy_domains", domains, "version", version)
 	if d.grpcLn != nil && r.envoy == nil {
 		log.Info("the gRPC rate-limit service has no rules: every descriptor is answered OK until " + flagName("envoy-config") + " gives some")

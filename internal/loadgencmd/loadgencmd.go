@@ -47,7 +47,8 @@ Requests go out at --rate, whatever the daemon answers (an open loop), and
 each one's latency counts from when it was meant to be sent. The progress
 line shows the decisions/s and the share admitted since the start, the p99
 latency of the last second, and the level of --key (how many subcounters it
-is split into at most) as the daemon's /v1/hotkeys reports it.
+is split into at most) as the daemon's /v1/hotkeys reports it, on the admin
+listener that --status names (else as its decisions report it).
 
 Workloads:
   hotspot   --key at --hot-rate over --keys background keys (uniform)
@@ -82,7 +83,7 @@ func parse(args []string, out io.Writer) (config, error) {
 	fs.Float64Var(&c.zipfS, "zipf-s", 1.1, "Zipf exponent, above 1 (zipf)")
 	fs.Int64Var(&c.cost, "cost", 1, "each request's cost")
 	fs.Int64Var(&seed, "seed", 1, "seed of the workload's random keys")
-	fs.StringVar(&c.status, "status", "", "the daemon's HTTP address, for /v1/hotkeys (default: --target if it is http; off for nats)")
+	fs.StringVar(&c.status, "status", "", "the daemon's admin listener, http://host:port (its --admin-listen, 127.0.0.1:8082 by default), for the level of --key in /v1/hotkeys; off by default: the level is then the decisions' shards")
 	fs.BoolVar(&c.json, "json", false, "print the full result as JSON instead of the table")
 	fs.BoolVar(&c.progress, "progress", true, "show the progress line (on stderr)")
 	if err := fs.Parse(args); err != nil {
@@ -126,8 +127,10 @@ func parse(args []string, out io.Writer) (config, error) {
 	case nsSet && u.Scheme != "nats":
 		return c, fmt.Errorf("--namespace names NATS subjects: it applies to a nats:// --target, not %s", c.target)
 	}
-	if c.status == "" && u.Scheme != "nats" {
-		c.status = c.target
+	if c.status != "" {
+		if s, err := url.Parse(c.status); err != nil || s.Host == "" || (s.Scheme != "http" && s.Scheme != "https") {
+			return c, fmt.Errorf("--status %q: want the daemon's admin listener as http://host:port (its --admin-listen)", c.status)
+		}
 	}
 	return c, nil
 }
@@ -326,7 +329,7 @@ type summary struct {
 	Key struct {
 		Name string `json:"name"`
 		// MaxLevel is the highest level /v1/hotkeys reported during the
-		// run (0 without a status address).
+		// run (0 without --status).
 		MaxLevel int `json:"max_level"`
 		// PerSecond is the key's decisions in each second of the run.
 		PerSecond []loadgen.Bucket `json:"per_second"`

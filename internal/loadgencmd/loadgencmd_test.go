@@ -68,7 +68,7 @@ func TestAgainstDaemon(t *testing.T) {
 	for _, target := range []string{"http://" + d.Addr(), d.NATSURL()} {
 		t.Run(target[:4], func(t *testing.T) {
 			key := "hot-" + target[:4]
-			args := []string{"--target", target, "--status", "http://" + d.Addr(), "--key", key,
+			args := []string{"--target", target, "--status", "http://" + d.AdminAddr(), "--key", key,
 				"--rate", "600", "--hot-rate", "300", "--duration", "1s", "--keys", "20", "--json"}
 			var sum struct {
 				Sent, Allowed, Denied, Errors int64
