@@ -188,6 +188,9 @@ func TestAdminStopsLast(t *testing.T) {
 	}
 	defer conn.Close()
 	fmt.Fprintf(conn, "POST /v1/allow HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body[:5])
+	// Until the server has read it, the request is not in flight: a
+	// shutdown would close the listener with the connection not accepted.
+	testkit.For(t, time.Minute, "the decision to be read", func() bool { return d.conns.count(http.StateActive) == 1 })
 
 	stopped := make(chan error, 1)
 	go func() {
@@ -233,4 +236,17 @@ func TestAdminStopsLast(t *testing.T) {
 	if _, err := client.Get(admin + "/metrics"); err == nil {
 		t.Error("the admin listener still answers after the shutdown")
 	}
+}
+
+// count returns how many connections are in state s.
+func (t *connTracker) count(s http.ConnState) int {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	n := 0
+	for _, cs := range t.conns {
+		if cs == s {
+			n++
+		}
+	}
+	return n
 }
