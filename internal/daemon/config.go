@@ -81,6 +81,13 @@ type Config struct {
 	ReloadInterval time.Duration
 	Redis          string
 	RedisCluster   []string
+	// RedisSentinel are the addresses of Redis Sentinels, which name the
+	// master RedisMaster that holds the counters and follow its failovers.
+	RedisSentinel []string
+	RedisMaster   string
+	// RedisSentinelPassword logs in to the Sentinels (their requirepass);
+	// the data nodes take RedisUser and RedisPassword.
+	RedisSentinelPassword string
 	// RequireStore stops the start when Redis cannot be reached, instead
 	// of starting degraded.
 	RequireStore bool
@@ -89,7 +96,10 @@ type Config struct {
 	RedisUser, RedisPassword string
 	RedisTLS                 bool   // TLS to Redis (rediss:// turns it on too)
 	RedisCA                  string // PEM CA that signs Redis's certificates; turns TLS on
-	RedisPrefix              string // prepended to every counter name
+	// RedisCert and RedisKey are a PEM client certificate and its key,
+	// presented to Redis (tls-auth-clients); they turn TLS on.
+	RedisCert, RedisKey string
+	RedisPrefix         string // prepended to every counter name
 
 	// NATS is the URL(s) of an existing NATS to join; empty: embed a
 	// server; NATSNone: no NATS at all (one daemon alone, no hotkey.allow).
@@ -151,7 +161,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	cfg := Config{set: make(map[string]bool)}
 	fs := flag.NewFlagSet("hotkeyd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	var cluster, routes, level string
+	var cluster, sentinels, routes, level string
 	var showVersion bool
 	fs.StringVar(&cfg.Listen, "listen", DefaultListen, "")
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", DefaultGRPCListen, "")
@@ -166,11 +176,16 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.Policies, "policies", "", "")
 	fs.StringVar(&cfg.Redis, "redis", "", "")
 	fs.StringVar(&cluster, "redis-cluster", "", "")
+	fs.StringVar(&sentinels, "redis-sentinel", "", "")
+	fs.StringVar(&cfg.RedisMaster, "redis-master", "", "")
+	fs.StringVar(&cfg.RedisSentinelPassword, "redis-sentinel-password", "", "")
 	fs.BoolVar(&cfg.RequireStore, "require-store", false, "")
 	fs.StringVar(&cfg.RedisUser, "redis-user", "", "")
 	fs.StringVar(&cfg.RedisPassword, "redis-password", "", "")
 	fs.BoolVar(&cfg.RedisTLS, "redis-tls", false, "")
 	fs.StringVar(&cfg.RedisCA, "redis-ca", "", "")
+	fs.StringVar(&cfg.RedisCert, "redis-cert", "", "")
+	fs.StringVar(&cfg.RedisKey, "redis-key", "", "")
 	fs.StringVar(&cfg.RedisPrefix, "redis-prefix", counter.DefaultRedisConfig().Prefix, "")
 	fs.StringVar(&cfg.NATS, "nats", "", "")
 	fs.StringVar(&cfg.NATSListen, "nats-listen", DefaultNATSListen, "")
@@ -236,13 +251,8 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	if envErr != nil {
 		return cfg, envErr
 	}
-	if cluster != "" {
-		for _, a := range strings.Split(cluster, ",") {
-			if a = strings.TrimSpace(a); a != "" {
-				cfg.RedisCluster = append(cfg.RedisCluster, a)
-			}
-		}
-	}
+	cfg.RedisCluster = addrList(cluster)
+	cfg.RedisSentinel = addrList(sentinels)
 	for _, r := range strings.Split(routes, ",") {
 		if r = strings.TrimSpace(r); r != "" {
 			cfg.NATSRoutes = append(cfg.NATSRoutes, r)
@@ -252,6 +262,18 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 		return cfg, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
 	return cfg, cfg.check()
+}
+
+// addrList splits a comma-separated list of addresses, dropping blanks;
+// nil if there is none.
+func addrList(s string) []string {
+	var addrs []string
+	for _, a := range strings.Split(s, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			addrs = append(addrs, a)
+		}
+	}
+	return addrs
 }
 
 // durationFlag is a time.Duration flag whose error says what to write.

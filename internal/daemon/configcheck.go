@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net"
 	"net/url"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -57,18 +58,8 @@ func (c *Config) check() error {
 	if c.DrainDelay < 0 {
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 5s, or 0 to shut down at once", flagName("drain-delay"), c.DrainDelay)
 	}
-	if c.Redis != "" && len(c.RedisCluster) > 0 {
-		return fmt.Errorf("%s and %s: give one or the other", flagName("redis"), flagName("redis-cluster"))
-	}
-	if c.set["redis-cluster"] && len(c.RedisCluster) == 0 {
-		return fmt.Errorf("%s: no address given", flagName("redis-cluster"))
-	}
-	if c.Redis == "" && len(c.RedisCluster) == 0 {
-		for _, f := range []string{"redis-user", "redis-password", "redis-tls", "redis-ca", "redis-prefix"} {
-			if c.set[f] {
-				return fmt.Errorf("%s applies to Redis, which neither %s nor %s names: counters are in memory", flagName(f), flagName("redis"), flagName("redis-cluster"))
-			}
-		}
+	if err := c.checkRedis(); err != nil {
+		return err
 	}
 	if c.RedisPrefix == "" || strings.ContainsAny(c.RedisPrefix, "{}") {
 		return fmt.Errorf("%s %q: want a non-empty prefix without '{' or '}' (a counter's own hash tag decides its Cluster slot)", flagName("redis-prefix"), c.RedisPrefix)
@@ -186,6 +177,49 @@ func sameListen(a, b string) bool {
 	}
 	wild := func(h string) bool { return h == "" || h == "0.0.0.0" || h == "::" }
 	return ha == hb || wild(ha) || wild(hb)
+}
+
+// checkRedis refuses contradictory Redis settings: more than one store,
+// a Sentinel without its master's name, half a client certificate, a
+// refinement of a Redis that no flag names.
+func (c *Config) checkRedis() error {
+	var stores []string
+	for f, on := range map[string]bool{"redis": c.Redis != "", "redis-cluster": c.set["redis-cluster"] || len(c.RedisCluster) > 0, "redis-sentinel": c.set["redis-sentinel"] || len(c.RedisSentinel) > 0} {
+		if on {
+			stores = append(stores, flagName(f))
+		}
+	}
+	slices.Sort(stores)
+	if len(stores) > 1 {
+		return fmt.Errorf("%s: give one of them", strings.Join(stores, " and "))
+	}
+	if c.set["redis-cluster"] && len(c.RedisCluster) == 0 {
+		return fmt.Errorf("%s: no address given", flagName("redis-cluster"))
+	}
+	if c.set["redis-sentinel"] && len(c.RedisSentinel) == 0 {
+		return fmt.Errorf("%s: no address given", flagName("redis-sentinel"))
+	}
+	if len(c.RedisSentinel) > 0 && c.RedisMaster == "" {
+		return fmt.Errorf("%s needs %s: the name the Sentinels monitor the master under", flagName("redis-sentinel"), flagName("redis-master"))
+	}
+	if len(c.RedisSentinel) == 0 {
+		for _, f := range []string{"redis-master", "redis-sentinel-password"} {
+			if c.set[f] {
+				return fmt.Errorf("%s applies to Redis Sentinel: give %s too", flagName(f), flagName("redis-sentinel"))
+			}
+		}
+	}
+	if (c.RedisCert == "") != (c.RedisKey == "") {
+		return fmt.Errorf("%s and %s go together: a client certificate and its key", flagName("redis-cert"), flagName("redis-key"))
+	}
+	if c.Redis == "" && len(c.RedisCluster) == 0 && len(c.RedisSentinel) == 0 {
+		for _, f := range []string{"redis-user", "redis-password", "redis-tls", "redis-ca", "redis-cert", "redis-key", "redis-prefix"} {
+			if c.set[f] {
+				return fmt.Errorf("%s applies to Redis, which none of %s, %s and %s names: counters are in memory", flagName(f), flagName("redis"), flagName("redis-cluster"), flagName("redis-sentinel"))
+			}
+		}
+	}
+	return nil
 }
 
 // routeAuth reports whether the embedded server's routes log in: with

@@ -170,7 +170,7 @@ func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
 func (d *Daemon) warnings() []string {
 	var w []string
 	if n := d.engine.Instances(); d.redis == nil && n > 1 {
-		w = append(w, fmt.Sprintf("%d daemons share NATS but each keeps its counters in memory: requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted up to %d times its limit; give them one store with --redis or --redis-cluster", n, n))
+		w = append(w, fmt.Sprintf("%d daemons share NATS but each keeps its counters in memory: requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted up to %d times its limit; give them one store with --redis, --redis-cluster or --redis-sentinel", n, n))
 	}
 	if d.ns != nil && len(d.cfg.NATSRoutes) > 0 && d.ns.Server().NumRoutes() == 0 {
 		w = append(w, "no route of the embedded NATS server to the other daemons' (--nats-routes) is up: this daemon agrees hot keys with none of them; check their addresses, that they run, and that they share --nats-user/--nats-password")

@@ -146,6 +146,8 @@ func (d *Daemon) logServing(r *rules, version string) {
 		store = "redis " + redact.URL(cfg.Redis)
 	case len(cfg.RedisCluster) > 0:
 		store = "redis cluster " + strings.Join(cfg.RedisCluster, ",")
+	case len(cfg.RedisSentinel) > 0:
+		store = "redis master " + cfg.RedisMaster + " of sentinels " + strings.Join(cfg.RedisSentinel, ",")
 	}
 	nats := redact.URLs(strings.Split(d.natsURL, ","))
 	switch {

@@ -37,17 +37,24 @@ func (d *Daemon) openStore(ctx context.Context) error {
 		}
 		d.redis = redis.NewClusterClient(opt)
 		what = fmt.Sprintf("Redis Cluster at %s, set by %s", strings.Join(cfg.RedisCluster, ","), flagName("redis-cluster"))
+	case len(cfg.RedisSentinel) > 0:
+		opt, err := redisFailoverOptions(cfg)
+		if err != nil {
+			return err
+		}
+		d.redis = redis.NewFailoverClient(opt)
+		what = fmt.Sprintf("Redis master %q of the Sentinels at %s, set by %s", cfg.RedisMaster, strings.Join(cfg.RedisSentinel, ","), flagName("redis-sentinel"))
 	default:
 		d.store = counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: cfg.MaxKeys})
 		if cfg.NATS != NATSNone && (cfg.NATS != "" || cfg.NATSClusterListen != "" || !loopback(cfg.NATSListen)) {
 			d.log.Warn("counters are in memory, yet other daemons may share this NATS: each keeps its own counters, and requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted once per daemon; give them one store with " +
-				flagName("redis") + " or " + flagName("redis-cluster") + " (/readyz warns while peers are seen)")
+				flagName("redis") + ", " + flagName("redis-cluster") + " or " + flagName("redis-sentinel") + " (/readyz warns while peers are seen)")
 		}
 		return nil
 	}
 	if cfg.RequireStore {
 		if err := d.redis.Ping(ctx).Err(); err != nil {
-			return fmt.Errorf("cannot reach %s: %w", what, err)
+			return fmt.Errorf("cannot reach %s: %w%s", what, err, certHint(cfg, err))
 		}
 		s, err := counter.NewRedisStore(ctx, d.redis, counter.RedisConfig{Prefix: cfg.RedisPrefix})
 		if err != nil {
@@ -68,7 +75,7 @@ func (d *Daemon) openStore(ctx context.Context) error {
 	d.store, d.rstore = s, s
 	if err := s.Ready(); err != nil {
 		d.log.Warn("cannot reach the store: starting degraded; decisions follow each policy's on_store_failure, and /readyz says degraded, until it answers (retried every "+storeSetupRetry.String()+"); "+flagName("require-store")+" makes this stop the start instead",
-			"store", what, "err", err)
+			"store", what, "err", err.Error()+certHint(cfg, err))
 		d.background(func(stop <-chan struct{}) { d.awaitStore(stop, err) })
 	}
 	return nil
@@ -124,12 +131,42 @@ func redisClusterOptions(cfg Config) (*redis.ClusterOptions, error) {
 	}, nil
 }
 
+// redisFailoverOptions are the client options of --redis-sentinel and
+// the flags that refine it: the master's name, the Sentinels' password,
+// and the data nodes' user, password and TLS (which the Sentinels share).
+func redisFailoverOptions(cfg Config) (*redis.FailoverOptions, error) {
+	tc, err := redisTLS(cfg, nil)
+	if err != nil {
+		return nil, err
+	}
+	return &redis.FailoverOptions{
+		MasterName:            cfg.RedisMaster,
+		SentinelAddrs:         cfg.RedisSentinel,
+		SentinelPassword:      cfg.RedisSentinelPassword,
+		Username:              cfg.RedisUser,
+		Password:              cfg.RedisPassword,
+		TLSConfig:             tc,
+		DialTimeout:           redisDial,
+		MaxRetries:            1,
+		DialerRetries:         1,
+		ContextTimeoutEnabled: true,
+	}, nil
+}
+
 // redisTLS is the TLS configuration to Redis: tc (that of a rediss://
-// URL, or nil), turned on by --redis-tls or --redis-ca, with the CA of
-// --redis-ca as its roots.
+// URL, or nil), turned on by --redis-tls, --redis-ca or --redis-cert,
+// with the CA of --redis-ca as its roots and the client certificate of
+// --redis-cert and --redis-key.
 func redisTLS(cfg Config, tc *tls.Config) (*tls.Config, error) {
-	if tc == nil && (cfg.RedisTLS || cfg.RedisCA != "") {
+	if tc == nil && (cfg.RedisTLS || cfg.RedisCA != "" || cfg.RedisCert != "") {
 		tc = &tls.Config{MinVersion: tls.VersionTLS12}
+	}
+	if cfg.RedisCert != "" || cfg.RedisKey != "" {
+		cert, err := tls.LoadX509KeyPair(cfg.RedisCert, cfg.RedisKey)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s and %s %s: %w", flagName("redis-cert"), cfg.RedisCert, flagName("redis-key"), cfg.RedisKey, err)
+		}
+		tc.Certificates = []tls.Certificate{cert}
 	}
 	if cfg.RedisCA != "" {
 		pem, err := os.ReadFile(cfg.RedisCA)
@@ -143,6 +180,15 @@ func redisTLS(cfg Config, tc *tls.Config) (*tls.Config, error) {
 		tc.RootCAs = pool
 	}
 	return tc, nil
+}
+
+// certHint points to --redis-cert when Redis asked for a client
+// certificate and none was given; else it is empty.
+func certHint(cfg Config, err error) string {
+	if cfg.RedisCert != "" || !strings.Contains(err.Error(), "certificate required") {
+		return ""
+	}
+	return " (Redis requires a client certificate: give " + flagName("redis-cert") + " and " + flagName("redis-key") + ")"
 }
 
 // awaitStore logs when the store, unreachable at start, is set up, and

@@ -13,6 +13,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -41,12 +42,14 @@ const (
 // Its methods are safe for concurrent use. Addr never changes after Start
 // returns, including across Kill and Restart.
 type Server struct {
-	Addr string // "127.0.0.1:PORT"
+	Addr    string // "127.0.0.1:PORT"
+	TLSAddr string // "127.0.0.1:PORT" of the TLS port; empty without TLS
 
 	mu     sync.Mutex
 	dir    string   // the server's own working directory, removed by Close
 	port   int      // TCP port; fixed for the server's lifetime
-	extra  []string // extra redis-server arguments (cluster mode)
+	conf   string   // config file, the first argument; "" for none
+	extra  []string // extra redis-server arguments (cluster, replica, TLS, Sentinel)
 	cmd    *exec.Cmd
 	done   chan struct{} // closed once cmd has been waited for
 	out    *tail
@@ -67,16 +70,100 @@ func Start(dir string) (*Server, error) {
 	return s, nil
 }
 
+// TLS names the PEM files of a server that also listens for TLS.
+type TLS struct {
+	Cert, Key string // the server's certificate and key
+	CA        string // the CA that signs clients' certificates
+	// AuthClients makes the server refuse clients without a certificate
+	// signed by CA (tls-auth-clients yes).
+	AuthClients bool
+}
+
+// StartTLS is Start with a TLS port too, at TLSAddr, besides the plain
+// one at Addr (for the test's own checks).
+func StartTLS(dir string, files TLS) (*Server, error) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, ErrNotInstalled
+	}
+	auth := "no"
+	if files.AuthClients {
+		auth = "yes"
+	}
+	s, err := startWith(dir, func(s *Server) error {
+		p, err := freePort(false)
+		if err != nil {
+			return err
+		}
+		s.TLSAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(p))
+		s.extra = []string{"--tls-port", strconv.Itoa(p), "--tls-cert-file", files.Cert, "--tls-key-file", files.Key,
+			"--tls-ca-cert-file", files.CA, "--tls-auth-clients", auth}
+		return nil
+	}, false)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: start TLS: %w", err)
+	}
+	return s, nil
+}
+
+// StartReplica is Start for a replica of the server at master.
+func StartReplica(dir, master string) (*Server, error) {
+	host, port, err := net.SplitHostPort(master)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: start replica: %w", err)
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, ErrNotInstalled
+	}
+	s, err := start(dir, []string{"--replicaof", host, port}, false)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: start replica: %w", err)
+	}
+	return s, nil
+}
+
+// StartSentinel starts a Redis Sentinel that monitors the master at
+// master under name, with a quorum of 1, on a port free a moment ago
+// (Sentinel takes no port 0). Its config file, which Sentinel rewrites,
+// is in its own directory.
+func StartSentinel(dir, name, master string) (*Server, error) {
+	host, port, err := net.SplitHostPort(master)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: start sentinel: %w", err)
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		return nil, ErrNotInstalled
+	}
+	s, err := startWith(dir, func(s *Server) error {
+		s.conf = filepath.Join(s.dir, "sentinel.conf")
+		s.extra = []string{"--sentinel"}
+		conf := fmt.Sprintf("sentinel monitor %s %s %s 1\nsentinel down-after-milliseconds %s 5000\n", name, host, port, name)
+		return os.WriteFile(s.conf, []byte(conf), 0o600)
+	}, false)
+	if err != nil {
+		return nil, fmt.Errorf("redistest: start sentinel: %w", err)
+	}
+	return s, nil
+}
+
 // start creates the server directory and tries up to startAttempts fresh
 // ports, since a port found free may be taken before redis binds it.
 func start(dir string, extra []string, cluster bool) (*Server, error) {
+	return startWith(dir, func(s *Server) error { s.extra = extra; return nil }, cluster)
+}
+
+// startWith is start with setup run before each attempt, once s.dir
+// exists, to set the arguments (and pick any other port).
+func startWith(dir string, setup func(*Server) error, cluster bool) (*Server, error) {
 	sdir, err := os.MkdirTemp(dir, "redis-")
 	if err != nil {
 		return nil, err
 	}
-	s := &Server{dir: sdir, extra: extra}
+	s := &Server{dir: sdir}
 	for range startAttempts {
 		if s.port, err = freePort(cluster); err != nil {
+			break
+		}
+		if err = setup(s); err != nil {
 			break
 		}
 		s.Addr = net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port))
@@ -92,14 +179,18 @@ func start(dir string, extra []string, cluster bool) (*Server, error) {
 // itself (INFO reports its PID), which implies it answers PING.
 // On failure the process is stopped again. The caller holds s.mu or owns s.
 func (s *Server) run() error {
-	args := append([]string{
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf)
+	}
+	args = append(append(args,
 		"--port", strconv.Itoa(s.port),
 		"--bind", "127.0.0.1",
 		"--save", "",
 		"--appendonly", "no",
 		"--dir", s.dir,
 		"--daemonize", "no",
-	}, s.extra...)
+	), s.extra...)
 	cmd := exec.Command("redis-server", args...)
 	cmd.Dir = s.dir
 	s.out = &tail{}
