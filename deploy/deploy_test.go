@@ -516,6 +516,26 @@ func entrypoint(t *testing.T, s *stage) []string {
 	return entry
 }
 
+// containerConfig is the configuration hotkeyd takes in container c of a
+// manifest: the image's ENTRYPOINT arguments and ENV (fin, the final
+// stage), then c's args and env. It fails t if hotkeyd refuses them.
+func containerConfig(t *testing.T, where string, fin *stage, c *container) daemon.Config {
+	t.Helper()
+	env := maps.Clone(fin.env)
+	for _, e := range c.Env {
+		if e.ValueFrom != nil {
+			t.Errorf("%s: env %s from valueFrom: not followed by this test", where, e.Name)
+		}
+		env[e.Name] = e.Value
+	}
+	args := append(slices.Clone(entrypoint(t, fin)[1:]), c.Args...)
+	cfg, err := daemon.ParseArgs(args, lookup(env), io.Discard)
+	if err != nil {
+		t.Fatalf("%s: hotkeyd %q with %v refuses to start: %v", where, args, env, err)
+	}
+	return cfg
+}
+
 // checkAllInterfaces fails t unless addr (host:port) listens on every
 // interface, as a server in a container must to be reached; it returns the
 // port.
@@ -1297,18 +1317,7 @@ func TestKubernetes(t *testing.T) {
 	if len(c.Command) > 0 && !slices.Equal(c.Command, entry[:1]) {
 		t.Errorf("%s: command %v overrides the image's ENTRYPOINT %v", where, c.Command, entry)
 	}
-	env := maps.Clone(fin.env)
-	for _, e := range c.Env {
-		if e.ValueFrom != nil {
-			t.Errorf("%s: env %s from valueFrom: not followed by this test", where, e.Name)
-		}
-		env[e.Name] = e.Value
-	}
-	args := append(slices.Clone(entry[1:]), c.Args...)
-	cfg, err := daemon.ParseArgs(args, lookup(env), io.Discard)
-	if err != nil {
-		t.Fatalf("%s: hotkeyd %q with %v refuses to start: %v", where, args, env, err)
-	}
+	cfg := containerConfig(t, where, fin, c)
 	if cfg.NATS == "" {
 		t.Errorf("%s: no --nats: each pod would embed its own NATS server and agree with no other", where)
 	}
@@ -1574,16 +1583,7 @@ func TestKubernetesGRPC(t *testing.T) {
 	if c == nil {
 		t.Fatalf("%s: no hotkeyd container", where)
 	}
-	fin := parseDockerfile(t).final()
-	env := maps.Clone(fin.env)
-	for _, e := range c.Env {
-		env[e.Name] = e.Value
-	}
-	args := append(slices.Clone(entrypoint(t, fin)[1:]), c.Args...)
-	cfg, err := daemon.ParseArgs(args, lookup(env), io.Discard)
-	if err != nil {
-		t.Fatalf("%s: hotkeyd %q refuses to start: %v", where, args, err)
-	}
+	cfg := containerConfig(t, where, parseDockerfile(t).final(), c)
 	if !slices.Contains(c.Args, "--grpc-max-connection-age") || cfg.GRPCMaxConnectionAge <= 0 {
 		t.Errorf("%s: args %q: no --grpc-max-connection-age: a connection to the ClusterIP Service stays on its pod for ever, and pods added later get none", where, c.Args)
 	}

@@ -1,9 +1,6 @@
 package deploy_test
 
 import (
-	"io"
-	"maps"
-	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -52,15 +49,7 @@ func TestKubernetesDrainDelay(t *testing.T) {
 			continue
 		}
 		found = true
-		env := maps.Clone(fin.env)
-		for _, e := range c.Env {
-			env[e.Name] = e.Value
-		}
-		args := append(slices.Clone(entrypoint(t, fin)[1:]), c.Args...)
-		cfg, err := daemon.ParseArgs(args, lookup(env), io.Discard)
-		if err != nil {
-			t.Fatalf("%s: hotkeyd %q refuses to start: %v", where, args, err)
-		}
+		cfg := containerConfig(t, where, fin, &c.container)
 		if cfg.DrainDelay <= 0 {
 			t.Errorf("%s: no --drain-delay: a pod stops accepting at SIGTERM, while the Service still sends it requests for a few seconds", where)
 		}

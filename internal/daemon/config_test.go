@@ -2,7 +2,9 @@ package daemon
 
 import (
 	"bytes"
+	"context"
 	"errors"
+	"io"
 	"log/slog"
 	"runtime/debug"
 	"strings"
@@ -12,6 +14,24 @@ import (
 
 func env(m map[string]string) func(string) (string, bool) {
 	return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+}
+
+// startLogged starts a daemon on args and the environment environ, after
+// loopback ports of its own for the HTTP, gRPC and admin listeners (args
+// given later win), logging as text to logs (nil: nowhere). It fails t if
+// ParseArgs refuses args, and returns Start's error.
+func startLogged(t *testing.T, logs io.Writer, environ map[string]string, args ...string) (*Daemon, error) {
+	t.Helper()
+	args = append([]string{"--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, args...)
+	cfg, err := ParseArgs(args, env(environ), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	log := slog.New(slog.DiscardHandler)
+	if logs != nil {
+		log = slog.New(slog.NewTextHandler(logs, nil))
+	}
+	return Start(context.Background(), cfg, log, "test")
 }
 
 func TestParseArgsDefaults(t *testing.T) {

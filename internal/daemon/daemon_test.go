@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -26,13 +25,8 @@ func TestMain(m *testing.M) {
 // NATS on kernel-chosen ports), asks it over HTTP and NATS, shuts it down,
 // and checks (goleak, in TestMain) that nothing it started is left running.
 func TestInProcess(t *testing.T) {
-	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--hot-threshold", "50"}, env(nil), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs testkit.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, nil))
-	d, err := Start(context.Background(), cfg, log, "test")
+	d, err := startLogged(t, &logs, nil, "--nats-listen", "127.0.0.1:0", "--hot-threshold", "50")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -116,12 +110,8 @@ func TestClusterListenWarn(t *testing.T) {
 		{[]string{"--nats-cluster-listen", "127.0.0.1:0"}, true},
 		{[]string{"--nats-cluster-listen", "127.0.0.1:0", "--nats-token", "s3cret-token"}, false},
 	} {
-		cfg, err := ParseArgs(append([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, c.give...), env(nil), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
 		var logs testkit.Buffer
-		d, err := Start(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)), "test")
+		d, err := startLogged(t, &logs, nil, append([]string{"--nats-listen", "127.0.0.1:0"}, c.give...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -154,11 +144,7 @@ func TestSecretFile(t *testing.T) {
 		return p
 	}
 	start := func(file string) (*Daemon, error) {
-		cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--nats-secret-file", file}, env(nil), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		return Start(context.Background(), cfg, slog.New(slog.DiscardHandler), "test")
+		return startLogged(t, nil, nil, "--nats-listen", "127.0.0.1:0", "--nats-secret-file", file)
 	}
 	for _, bad := range []struct{ file, msg string }{
 		{filepath.Join(dir, "missing"), "no such file"},

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -31,11 +30,7 @@ func TestPoliciesIndependentHTTP(t *testing.T) {
 `), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--policies", policies}, env(nil), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := Start(context.Background(), cfg, slog.New(slog.DiscardHandler), "test")
+	d, err := startLogged(t, nil, nil, "--nats-listen", "127.0.0.1:0", "--policies", policies)
 	if err != nil {
 		t.Fatal(err)
 	}

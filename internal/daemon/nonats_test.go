@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"io"
-	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -57,12 +56,8 @@ func TestNoNATS(t *testing.T) {
 	} else {
 		t.Logf("%s is taken already: %v", DefaultNATSListen, err)
 	}
-	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--nats", "none", "--hot-threshold", "50"}, env(nil), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs testkit.Buffer
-	d, err := Start(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)), "test")
+	d, err := startLogged(t, &logs, nil, "--nats", "none", "--hot-threshold", "50")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -96,13 +95,9 @@ type reloadEnv struct {
 
 func startReloadEnv(t *testing.T, args ...string) *reloadEnv {
 	t.Helper()
-	args = append([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--hot-threshold", "1e9"}, args...)
-	cfg, err := ParseArgs(args, env(nil), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	args = append([]string{"--nats-listen", "127.0.0.1:0", "--hot-threshold", "1e9"}, args...)
 	var logs testkit.Buffer
-	d, err := Start(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)), "test")
+	d, err := startLogged(t, &logs, nil, args...)
 	if err != nil {
 		t.Fatal(err)
 	}

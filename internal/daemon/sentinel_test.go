@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -60,13 +59,9 @@ func TestRedisSentinel(t *testing.T) {
 	if err := os.WriteFile(policies, []byte(sentinelPolicies), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--grpc-listen", "", "--nats", "none", "--policies", policies, "--breaker-probe", "100ms",
-		"--redis-sentinel", sentinel.Addr, "--redis-master", name, "--require-store"}, env(nil), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs testkit.Buffer
-	d, err := Start(ctx, cfg, slog.New(slog.NewTextHandler(&logs, nil)), "test")
+	d, err := startLogged(t, &logs, nil, "--grpc-listen", "", "--nats", "none", "--policies", policies, "--breaker-probe", "100ms",
+		"--redis-sentinel", sentinel.Addr, "--redis-master", name, "--require-store")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"errors"
 	"io"
-	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -276,13 +275,9 @@ func TestTLSExpiredServerCert(t *testing.T) {
 	now := time.Now()
 	srv := ca.Issue(t, testkit.LeafConfig{Name: "hotkeyd", IPs: localhost, NotBefore: now.Add(-2 * time.Hour), NotAfter: now.Add(-time.Hour)})
 	files := newTLSDir(t, map[string][]byte{"tls.crt": srv.CertPEM, "tls.key": srv.KeyPEM})
-	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--nats", "none",
-		"--tls-cert", files.path("tls.crt"), "--tls-key", files.path("tls.key")}, env(nil), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var logs testkit.Buffer
-	d, err := Start(context.Background(), cfg, slog.New(slog.NewTextHandler(&logs, nil)), "test")
+	d, err := startLogged(t, &logs, nil, "--nats", "none",
+		"--tls-cert", files.path("tls.crt"), "--tls-key", files.path("tls.key"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -413,12 +408,7 @@ func TestTLSEnv(t *testing.T) {
 	ca := testkit.NewCA(t, "hotkeyd test CA")
 	srv := ca.Issue(t, testkit.LeafConfig{Name: "hotkeyd", IPs: localhost})
 	files := newTLSDir(t, map[string][]byte{"tls.crt": srv.CertPEM, "tls.key": srv.KeyPEM, "ca.crt": ca.CertPEM})
-	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:0", "--grpc-listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--nats", "none"},
-		env(map[string]string{"HOTKEYD_TLS_CERT": files.path("tls.crt"), "HOTKEYD_TLS_KEY": files.path("tls.key"), "HOTKEYD_TLS_CLIENT_CA": files.path("ca.crt")}), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := Start(context.Background(), cfg, slog.New(slog.DiscardHandler), "test")
+	d, err := startLogged(t, nil, map[string]string{"HOTKEYD_TLS_CERT": files.path("tls.crt"), "HOTKEYD_TLS_KEY": files.path("tls.key"), "HOTKEYD_TLS_CLIENT_CA": files.path("ca.crt")}, "--nats", "none")
 	if err != nil {
 		t.Fatal(err)
 	}
