@@ -45,6 +45,10 @@
 // stops being exact), a window's Period at most MaxWindowPeriod; Validate
 // refuses what a store could not enforce exactly.
 //
+// Charges: the memory store also adds usage to a counter without a decision
+// (MemoryStore.ChargeAt), the units another instance admitted on the key,
+// saturating at the algorithm's bounds (see charge.go).
+//
 // Time: the memory store reads an injected clock; the Redis store takes time
 // from redis.call('TIME'), so client clocks never decide.
 package counter

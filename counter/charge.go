@@ -1,0 +1,136 @@
+package counter
+
+import "time"
+
+// A charge is usage added to a counter without a decision: the units
+// another instance admitted on the key (gossip), in the units of the
+// algorithm. A charge of n leaves a counter as an admitted Take of n would,
+// for every n a Take could admit; beyond that, it saturates at a bound of
+// its algorithm, so that an absurd n can neither overflow a counter nor
+// make it admit more:
+//
+//   - TokenBucket: the TAT moves to max(TAT, now) + n intervals, at most
+//     the burst tolerance (Capacity intervals) beyond now: an empty bucket,
+//     the furthest a Take ever moves it. Debt past that would deny longer
+//     than any run of Takes can, and would need to be counted beyond the
+//     tolerance's bound (MaxTolerance).
+//   - FixedWindow, SlidingWindow: n is added to the current window's count,
+//     at most MaxCount, the highest Rate: a saturated window denies every
+//     Take, and the sliding estimate of two of them stays within an int64.
+//   - SlidingLog: an entry of n units at now, bounded as a Take's entries
+//     are (see slidinglog.go), at most maxLogUnits units each.
+
+// maxLogUnits caps the units of one sliding log entry written by a charge:
+// a log of maxLogEntries+1 such entries still sums within MaxCount, and one
+// entry is far above MaxLogRate, so it denies as any larger one would.
+const maxLogUnits = MaxCount / (maxLogEntries + 1)
+
+// Charge is ChargeAt at the store's clock's now.
+func (s *MemoryStore) Charge(key string, hash uint64, lim Limit, n int64) bool {
+	return s.ChargeAt(s.clock(), key, hash, lim, n)
+}
+
+// ChargeAt adds n units of usage to key's counter under lim at now, with
+// no decision: what an admitted Take of n would leave, saturating where a
+// Take could not have admitted n (see charge.go). It reports whether the
+// counter holds the charge. A key without a counter whose stripe is full of
+// live counters is not charged: the charge is dropped, reported false and
+// counted by Full, as a refused Take is. A charge of n ≤ 0, or under a limit
+// without a positive Rate and Period, changes nothing and reports true.
+// Like TakeAt it is safe for concurrent use and never blocks on I/O.
+func (s *MemoryStore) ChargeAt(now time.Time, key string, _ uint64, lim Limit, n int64) bool {
+	if n <= 0 || lim.Rate <= 0 || lim.Period <= 0 {
+		return true
+	}
+	id := s.fingerprint(key)
+	st := s.stripe(id)
+	t := s.nanos(now)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	i := s.cell(st, id, t)
+	if i < 0 {
+		return false
+	}
+	c := st.t.state(i)
+	c.charge(t, lim, n)
+	st.t.setState(i, c)
+	return true
+}
+
+// charge adds n > 0 units under lim to s at now (see charge.go).
+func (s *state) charge(now int64, lim Limit, n int64) {
+	switch lim.Algorithm {
+	case SlidingWindow:
+		s.chargeSlidingWindow(now, lim, n)
+	case FixedWindow:
+		s.chargeFixedWindow(now, lim, n)
+	case SlidingLog:
+		s.chargeSlidingLog(now, lim, n)
+	default:
+		s.chargeGCRA(now, lim, n)
+	}
+}
+
+func (s *state) chargeGCRA(now int64, lim Limit, n int64) {
+	g := newGCRA(lim.Period.Nanoseconds(), lim, 1, fracBits)
+	var d fixed
+	if s.a > now || s.a == now && s.b > 0 {
+		d = fixed{s.a, s.b}.sub(fixed{now, 0})
+	}
+	if written := s.interval(); written != (fixed{}) && written != g.unit && (fixed{}).less(d) {
+		d = d.rescale(written, g.unit) // see takeGCRA
+	}
+	if !d.less(g.tol) {
+		return // at or past an empty bucket (a lowered limit): nothing to add
+	}
+	if room := g.tol.sub(d).per(g.unit); n > room {
+		d = g.tol
+	} else {
+		d = d.add(g.unit.mul(n))
+	}
+	tat := fixed{now, 0}.add(d)
+	s.a, s.b = tat.w, tat.f
+	s.setInterval(g.unit)
+	s.expires = tat.ceil()
+}
+
+func (s *state) chargeFixedWindow(now int64, lim Limit, n int64) {
+	p := int64(lim.Period)
+	w := now / p
+	if w != s.a {
+		s.a, s.b = w, 0
+	}
+	s.b = addCount(s.b, n)
+	s.expires = windowEnd(w, 1, p)
+}
+
+func (s *state) chargeSlidingWindow(now int64, lim Limit, n int64) {
+	p := int64(lim.Period)
+	w := now / p
+	switch w {
+	case s.a:
+	case s.a + 1:
+		s.a, s.b, s.c = w, 0, s.b
+	default:
+		s.a, s.b, s.c = w, 0, 0
+	}
+	s.b = addCount(s.b, n)
+	s.expires = windowEnd(w, 2, p)
+}
+
+func (s *state) chargeSlidingLog(now int64, lim Limit, n int64) {
+	p := int64(lim.Period)
+	s.logDrop(now - p)
+	s.logAdd(now, min(n, maxLogUnits), p)
+	last := &s.log[len(s.log)-1] // where the units went: a new entry or the newest
+	last.n = min(last.n, maxLogUnits)
+	s.expires = addSat(s.logNewest(), p)
+}
+
+// addCount is a+n for a window's count a ≥ 0 and n > 0, at most MaxCount.
+func addCount(a, n int64) int64 {
+	if a >= MaxCount || n > MaxCount-a {
+		return max(a, MaxCount)
+	}
+	return a + n
+}

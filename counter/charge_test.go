@@ -1,0 +1,149 @@
+package counter
+
+import (
+	"math"
+	"math/rand/v2"
+	"testing"
+	"time"
+)
+
+// chargeLimits are limits of every algorithm, some with a rate that does
+// not divide its period or a burst apart from the rate.
+var chargeLimits = []Limit{
+	{Algorithm: TokenBucket, Rate: 10, Period: time.Second},
+	{Algorithm: TokenBucket, Rate: 7, Period: time.Second, Burst: 20},
+	{Algorithm: SlidingWindow, Rate: 10, Period: time.Second},
+	{Algorithm: FixedWindow, Rate: 10, Period: time.Second},
+	{Algorithm: SlidingLog, Rate: 10, Period: time.Second},
+}
+
+func limitName(l Limit) string {
+	return l.Algorithm.String() + "/" + time.Duration(l.Period).String()
+}
+
+// TestChargeAsTake: a peer's admitted units, charged to one store, leave
+// it deciding exactly as a store that took them: two stores see the same
+// seeded run of local takes and peer units (taken by one, charged to the
+// other when the taker admitted them), and every local take gets the same
+// result from both.
+func TestChargeAsTake(t *testing.T) {
+	for _, lim := range chargeLimits {
+		t.Run(limitName(lim), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(27, uint64(lim.Algorithm)))
+			charged := NewMemoryStore(MemoryConfig{})
+			took := NewMemoryStore(MemoryConfig{})
+			now := t0
+			differ, charges := 0, 0
+			for i := range 5000 {
+				now = now.Add(time.Duration(rng.Int64N(int64(150 * time.Millisecond))))
+				if rng.IntN(2) == 0 {
+					n := 1 + rng.Int64N(lim.Capacity())
+					if took.TakeAt(now, "k", 0, lim, n).Allowed {
+						if !charged.ChargeAt(now, "k", 0, lim, n) {
+							t.Fatalf("step %d: charge of %d dropped", i, n)
+						}
+						charges++
+						continue
+					}
+					charged.TakeAt(now, "k", 0, lim, n)
+				}
+				n := 1 + rng.Int64N(3)
+				a, b := charged.TakeAt(now, "k", 0, lim, n), took.TakeAt(now, "k", 0, lim, n)
+				if a != b {
+					if differ == 0 {
+						t.Errorf("step %d: take of %d after charges: %+v, after takes: %+v", i, n, a, b)
+					}
+					differ++
+				}
+			}
+			if differ > 0 || charges < 100 {
+				t.Errorf("%d takes of 5000 decided otherwise after %d charges, want 0 (and ≥ 100 charges)", differ, charges)
+			}
+		})
+	}
+}
+
+// TestChargeSaturates: a charge beyond what a counter can admit (up to
+// MaxInt64, twice) leaves it empty, never overflowed: from then on it
+// admits no more in any instant than a store that took its whole capacity
+// at once, and for a token bucket or a log exactly as much.
+func TestChargeSaturates(t *testing.T) {
+	for _, lim := range chargeLimits {
+		for _, give := range []int64{lim.Capacity() + 1, MaxCount, math.MaxInt64} {
+			t.Run(limitName(lim), func(t *testing.T) {
+				charged := NewMemoryStore(MemoryConfig{})
+				took := NewMemoryStore(MemoryConfig{})
+				if !took.TakeAt(t0, "k", 0, lim, lim.Capacity()).Allowed {
+					t.Fatal("a fresh counter refused its capacity")
+				}
+				charged.ChargeAt(t0, "k", 0, lim, give)
+				charged.ChargeAt(t0, "k", 0, lim, give)
+				var gotSum, wantSum int
+				for step := range 40 {
+					at := t0.Add(time.Duration(step) * lim.Period / 10)
+					var got, want int
+					for range lim.Capacity() + 1 {
+						if charged.TakeAt(at, "k", 0, lim, 1).Allowed {
+							got++
+						}
+						if took.TakeAt(at, "k", 0, lim, 1).Allowed {
+							want++
+						}
+					}
+					gotSum += got
+					wantSum += want
+					exact := lim.Algorithm == TokenBucket || lim.Algorithm == SlidingLog
+					if step == 0 && got != 0 || gotSum > wantSum || exact && got != want {
+						t.Fatalf("charge of %d twice: %v in admitted %d (%d since), after taking the capacity %d (%d since)",
+							give, at.Sub(t0), got, gotSum, want, wantSum)
+					}
+				}
+				if gotSum == 0 {
+					t.Errorf("charge of %d twice: nothing admitted in 4 periods", give)
+				}
+			})
+		}
+	}
+}
+
+// TestChargeFullTable: a charge for a key the table has no room for is
+// dropped, reported and counted by Full; a key it holds is charged.
+func TestChargeFullTable(t *testing.T) {
+	s := NewMemoryStore(MemoryConfig{MaxKeys: 1, Stripes: 1})
+	hour := Limit{Rate: 2, Period: time.Hour}
+	s.TakeAt(t0, "held", 0, hour, 1)
+	if s.ChargeAt(t0, "new", 0, hour, 1) {
+		t.Error("charge of a key a full table cannot hold reported charged")
+	}
+	if got := s.Full(); got != 1 {
+		t.Errorf("Full() = %d after a dropped charge, want 1", got)
+	}
+	if !s.ChargeAt(t0, "held", 0, hour, 1) {
+		t.Error("charge of a held key dropped")
+	}
+	if s.TakeAt(t0, "held", 0, hour, 1).Allowed {
+		t.Error("held key admitted a unit past its 1 taken and 1 charged of 2")
+	}
+	if !s.ChargeAt(t0, "held", 0, Limit{}, 1) || !s.ChargeAt(t0, "held", 0, hour, -1) {
+		t.Error("a charge of nothing reported dropped")
+	}
+}
+
+// TestChargeSlidingWindowOverflow: absurd charges in two windows in a row
+// leave a sliding window denying: its estimate, the previous count
+// weighted plus the current one, stays within an int64.
+func TestChargeSlidingWindowOverflow(t *testing.T) {
+	lim := Limit{Algorithm: SlidingWindow, Rate: 10, Period: time.Second}
+	s := NewMemoryStore(MemoryConfig{})
+	s.ChargeAt(t0, "k", 0, lim, math.MaxInt64)
+	s.ChargeAt(t0.Add(time.Second), "k", 0, lim, math.MaxInt64)
+	admitted := 0
+	for range 10 {
+		if s.TakeAt(t0.Add(1500*time.Millisecond), "k", 0, lim, 1).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 0 {
+		t.Errorf("admitted %d of 10 after two windows charged MaxInt64, want 0", admitted)
+	}
+}

@@ -1,0 +1,38 @@
+package gossip_test
+
+import (
+	"fmt"
+
+	"github.com/cespare/xxhash/v2"
+	"github.com/hotkeyd/hotkey/gossip"
+)
+
+// A sender flushes its round into messages; a receiver decodes each and
+// applies it once.
+func Example() {
+	cfg := gossip.DefaultConfig()
+	round, codec, dedup := gossip.NewRound(cfg), gossip.NewCodec(cfg), gossip.NewDedup(cfg)
+
+	round.Add("api", "alice", xxhash.Sum64String("alice"), 3)
+	round.Add("api", "alice", xxhash.Sum64String("alice"), 2)
+	msgs, err := codec.Encode(gossip.Header{Sender: "i-1", Start: 1, Round: 7}, round.Flush())
+	if err != nil {
+		panic(err)
+	}
+	for _, delivery := range [][]byte{msgs[0], msgs[0]} { // delivered twice
+		m, err := codec.Decode(delivery)
+		if err != nil {
+			panic(err)
+		}
+		if !dedup.Accept(m.Header) {
+			fmt.Println("duplicate: not applied")
+			continue
+		}
+		for _, e := range m.Entries {
+			fmt.Printf("charge %s/%s %d units\n", e.Limit, e.Key, e.Units)
+		}
+	}
+	// Output:
+	// charge api/alice 5 units
+	// duplicate: not applied
+}

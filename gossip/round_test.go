@@ -1,0 +1,103 @@
+package gossip
+
+import (
+	"fmt"
+	"math"
+	"sync"
+	"testing"
+
+	"github.com/cespare/xxhash/v2"
+)
+
+func add(r *Round, limit, key string, n int64) bool {
+	return r.Add(limit, key, xxhash.Sum64String(key), n)
+}
+
+// TestRoundFlush: a round sums a key's units per limit, hands them out
+// once at Flush and starts empty.
+func TestRoundFlush(t *testing.T) {
+	r := NewRound(Config{})
+	add(r, "api", "a", 2)
+	add(r, "api", "a", 3)
+	add(r, "login", "a", 1)
+	add(r, "api", "b", math.MaxInt64)
+	add(r, "api", "b", 5)
+	got := map[string]int64{}
+	for _, e := range r.Flush() {
+		got[e.Limit+"/"+e.Key] = e.Units
+	}
+	want := map[string]int64{"api/a": 5, "login/a": 1, "api/b": math.MaxInt64}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("Flush = %v, want %v", got, want)
+	}
+	if n := len(r.Flush()); n != 0 || r.Len() != 0 {
+		t.Errorf("second Flush has %d entries (Len %d), want 0", n, r.Len())
+	}
+}
+
+// TestRoundCap: a round holds at most MaxKeys keys; adds of new keys past
+// it are dropped and counted, adds to held keys are not, and Flush makes
+// room again. Adds the codec cannot carry are dropped and counted too.
+func TestRoundCap(t *testing.T) {
+	const maxKeys, give = 1000, 5000
+	r := NewRound(Config{MaxKeys: maxKeys})
+	held := 0
+	for i := range give {
+		if add(r, "api", fmt.Sprintf("k%d", i), 1) {
+			held++
+		}
+	}
+	if held > maxKeys || held < maxKeys*9/10 || r.Len() != held {
+		t.Errorf("held %d keys (Len %d), want at most %d and most of them", held, r.Len(), maxKeys)
+	}
+	if got := r.Dropped(); got != give-uint64(held) {
+		t.Errorf("Dropped() = %d, want %d", got, give-held)
+	}
+	if !add(r, "api", "k0", 1) {
+		t.Error("add to a held key dropped")
+	}
+	for _, bad := range []struct{ limit, key string }{{"", "k"}, {"api", ""}, {string(make([]byte, MaxLimitLen+1)), "k"}, {"api", string(make([]byte, DefaultMaxKeyLen+1))}} {
+		if add(r, bad.limit, bad.key, 1) {
+			t.Errorf("add of limit of %d bytes, key of %d held", len(bad.limit), len(bad.key))
+		}
+	}
+	if add(r, "api", "k0", 0) || add(r, "api", "k0", -1) {
+		t.Error("add of no units held")
+	}
+	if got, want := r.Dropped(), give-uint64(held)+6; got != want {
+		t.Errorf("Dropped() = %d after 6 adds it cannot carry, want %d", got, want)
+	}
+	if r.Flush(); !add(r, "api", "new", 1) {
+		t.Error("add after Flush dropped")
+	}
+}
+
+// TestRoundConcurrent: adds racing with flushes lose no unit.
+func TestRoundConcurrent(t *testing.T) {
+	r := NewRound(Config{})
+	const workers, adds = 4, 2000
+	var wg sync.WaitGroup
+	for w := range workers {
+		wg.Go(func() {
+			for i := range adds {
+				add(r, "api", fmt.Sprintf("k%d", (i+w)%50), 1)
+			}
+		})
+	}
+	var total int64
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	for stop := false; !stop; {
+		select {
+		case <-done:
+			stop = true
+		default:
+		}
+		for _, e := range r.Flush() {
+			total += e.Units
+		}
+	}
+	if total != workers*adds {
+		t.Errorf("flushed %d units, want %d", total, workers*adds)
+	}
+}
