@@ -195,3 +195,194 @@ func TestLeaseMatchesMemory(t *testing.T) {
 		})
 	}
 }
+
+// admission is units admitted at an instant (ns).
+type admission struct{ at, n int64 }
+
+// overLimit returns a description of a span of evs (in time order) that
+// admits more than lim allows, or "" if none does: for a token bucket, more
+// than Burst + the units refilled over any span; for the window algorithms,
+// more than Rate in an aligned window; for the log, more than Rate in any
+// period.
+func overLimit(lim Limit, evs []admission) string {
+	p := int64(lim.Period)
+	for i := range evs {
+		var sum int64
+		for j := i; j < len(evs); j++ {
+			sum += evs[j].n
+			span := evs[j].at - evs[i].at
+			var allowed float64
+			switch lim.Algorithm {
+			case TokenBucket:
+				allowed = float64(lim.Capacity()) + float64(span)*float64(lim.Rate)/float64(p)
+			case SlidingLog:
+				if span >= p {
+					continue
+				}
+				allowed = float64(lim.Rate)
+			default:
+				if evs[i].at/p != evs[j].at/p {
+					continue
+				}
+				allowed = float64(lim.Rate)
+			}
+			if float64(sum) > allowed+1e-9 {
+				return fmt.Sprintf("%d units admitted in [%d, %d] ns, at most %.2f allowed", sum, evs[i].at, evs[j].at, allowed)
+			}
+		}
+	}
+	return ""
+}
+
+// TestLeaseReturnNoMoreRoom: world A leases blocks, admits part of each
+// at once and returns the rest later, several leases open at a time; world
+// B takes only the units A admitted, at the same instants, and the same
+// other traffic A admitted. After every step A has no more room than B
+// (Peek's Remaining), B admits everything A admits, and A's admissions keep
+// to the limit over every window. Memory stores on one injected clock.
+func TestLeaseReturnNoMoreRoom(t *testing.T) {
+	for _, lim := range []Limit{
+		{Algorithm: TokenBucket, Rate: 10, Period: time.Second},
+		{Algorithm: TokenBucket, Rate: 1, Period: time.Second, Burst: 10},
+		{Algorithm: TokenBucket, Rate: 1000, Period: time.Second, Burst: 100},
+		{Algorithm: TokenBucket, Rate: 7, Period: 3 * time.Second, Burst: 5},
+		{Algorithm: SlidingWindow, Rate: 10, Period: time.Second},
+		{Algorithm: SlidingWindow, Rate: 100, Period: time.Second},
+		{Algorithm: FixedWindow, Rate: 10, Period: time.Second},
+		{Algorithm: FixedWindow, Rate: 100, Period: time.Second},
+		{Algorithm: SlidingLog, Rate: 10, Period: time.Second},
+		{Algorithm: SlidingLog, Rate: 100, Period: time.Second},
+	} {
+		t.Run(fmt.Sprintf("%v/%d/%v/%d", lim.Algorithm, lim.Rate, lim.Period, lim.Burst), func(t *testing.T) {
+			for seed := range uint64(20) {
+				worldsAB(t, lim, seed)
+			}
+		})
+	}
+}
+
+func worldsAB(t *testing.T, lim Limit, seed uint64) {
+	t.Helper()
+	rng := rand.New(rand.NewPCG(seed, uint64(lim.Algorithm)))
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	now := func() time.Time { return clock }
+	a := NewMemoryStore(MemoryConfig{Clock: now})
+	b := NewMemoryStore(MemoryConfig{Clock: now})
+	const key = "k"
+	ctx := context.Background()
+	type held struct{ tok, left int64 }
+	var open []held
+	var evs []admission
+	var leased, returned int64
+	step := int64(lim.Period) / 8
+	if lim.Algorithm == TokenBucket {
+		step = int64(lim.Period) * lim.Capacity() / lim.Rate / 8
+	}
+	c := lim.Capacity()
+	for i := range 400 {
+		clock = clock.Add(time.Duration(rng.Int64N(step)))
+		t0 := clock.UnixNano()
+		admit := func(n int64, what string) {
+			if n == 0 {
+				return
+			}
+			evs = append(evs, admission{t0, n})
+			if r := b.TakeAt(clock, key, 0, lim, n); !r.Allowed {
+				t.Fatalf("seed %d step %d: B denies %d units A admitted (%s): %+v", seed, i, n, what, r)
+			}
+		}
+		switch op := rng.IntN(3); {
+		case op == 0:
+			n := 1 + rng.Int64N(max(1, c/4))
+			if r := a.TakeAt(clock, key, 0, lim, n); r.Allowed {
+				admit(n, "a take")
+			}
+		case op == 1 || len(open) == 0:
+			l := a.LeaseAt(clock, key, lim, 1+rng.Int64N(c))
+			spent := rng.Int64N(l.Granted + 1)
+			admit(spent, "a lease's")
+			leased += l.Granted
+			if l.Granted > spent {
+				open = append(open, held{l.Token, l.Granted - spent})
+			}
+		default:
+			j := rng.IntN(len(open))
+			back := a.ReturnAt(clock, key, lim, open[j].left, open[j].tok)
+			if back < 0 || back > open[j].left {
+				t.Fatalf("seed %d step %d: return of %d: %d went back", seed, i, open[j].left, back)
+			}
+			returned += back
+			open = append(open[:j], open[j+1:]...)
+		}
+		ra, _ := a.Peek(ctx, key, 0, lim)
+		rb, _ := b.Peek(ctx, key, 0, lim)
+		if ra.Remaining > rb.Remaining || ra.Allowed && !rb.Allowed {
+			t.Fatalf("seed %d step %d: A has more room than B: A %+v, B %+v", seed, i, ra, rb)
+		}
+	}
+	if msg := overLimit(lim, evs); msg != "" {
+		t.Fatalf("seed %d: A: %s", seed, msg)
+	}
+	if leased == 0 || returned == 0 {
+		t.Fatalf("seed %d: %d leased, %d returned: want both", seed, leased, returned)
+	}
+}
+
+// TestTokenBucketReturnFigures: how much a token bucket's return gives
+// back, on leases held 100 ms, against world B (the lease of the units
+// spent): A's room after the return never passes B's, and equals it when
+// B's bucket stayed full or A's refilled.
+func TestTokenBucketReturnFigures(t *testing.T) {
+	for _, tt := range []struct {
+		name              string
+		lim               Limit
+		used              int64         // units taken before the lease
+		lease, spent      int64         // lease n, admit spent of it
+		held              time.Duration // until the return
+		wantBack          int64
+		wantRoomA, wantRB int64
+	}{
+		{"issue's case: 1/s burst 10, lease 5, one take at 3 s", Limit{Rate: 1, Period: time.Second, Burst: 10}, 0, 5, 0, 3 * time.Second, 2, 9, 9},
+		{"10/s full, lease 10, spend 3", PerSecond(10), 0, 10, 3, 100 * time.Millisecond, 6, 7, 8},
+		{"10/s full, lease 2, spend 0", PerSecond(10), 0, 2, 0, 100 * time.Millisecond, 1, 10, 10},
+		{"10/s busy, lease 2, spend 0", PerSecond(10), 8, 2, 0, 100 * time.Millisecond, 1, 2, 3},
+		{"10/s busy, lease 2, spend 1", PerSecond(10), 8, 2, 1, 100 * time.Millisecond, 0, 1, 2},
+		{"1000/s full, lease 100, spend 30", PerSecond(1000), 0, 100, 30, 100 * time.Millisecond, 0, 1000, 1000},
+		{"1000/s busy, lease 100, spend 30", PerSecond(1000), 800, 100, 30, 100 * time.Millisecond, 0, 200, 270},
+		{"1000/s busy, lease 100, spend 30, 10 ms", PerSecond(1000), 800, 100, 30, 10 * time.Millisecond, 60, 170, 180},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+			now := func() time.Time { return clock }
+			a := NewMemoryStore(MemoryConfig{Clock: now})
+			b := NewMemoryStore(MemoryConfig{Clock: now})
+			for _, s := range []*MemoryStore{a, b} {
+				if tt.used > 0 {
+					s.TakeAt(clock, "k", 0, tt.lim, tt.used)
+				}
+			}
+			l := a.LeaseAt(clock, "k", tt.lim, tt.lease)
+			if l.Granted != tt.lease {
+				t.Fatalf("lease: %+v, want %d granted", l, tt.lease)
+			}
+			if tt.spent > 0 {
+				b.TakeAt(clock, "k", 0, tt.lim, tt.spent)
+			}
+			if tt.name[:5] == "issue" { // one more unit admitted in both at 3 s
+				clock = clock.Add(tt.held)
+				a.TakeAt(clock, "k", 0, tt.lim, 1)
+				b.TakeAt(clock, "k", 0, tt.lim, 1)
+			} else {
+				clock = clock.Add(tt.held)
+			}
+			back := a.ReturnAt(clock, "k", tt.lim, tt.lease-tt.spent, l.Token)
+			ra, _ := a.Peek(context.Background(), "k", 0, tt.lim)
+			rb, _ := b.Peek(context.Background(), "k", 0, tt.lim)
+			roomA, roomB := ra.Remaining+1, rb.Remaining+1
+			t.Logf("return of %d after %v: %d back; room A %d, B %d", tt.lease-tt.spent, tt.held, back, roomA, roomB)
+			if back != tt.wantBack || roomA != tt.wantRoomA || roomB != tt.wantRB {
+				t.Errorf("%d back, room A %d, B %d; want %d back, A %d, B %d", back, roomA, roomB, tt.wantBack, tt.wantRoomA, tt.wantRB)
+			}
+		})
+	}
+}
