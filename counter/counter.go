@@ -45,6 +45,11 @@
 // stops being exact), a window's Period at most MaxWindowPeriod; Validate
 // refuses what a store could not enforce exactly.
 //
+// Leases (lease.go): a store that is a Leaser charges a block of up to n
+// units in one call (Lease) and takes unused ones back (Return) by each
+// algorithm's rule, never leaving a counter more room than it would have
+// had if the block had been only the units spent.
+//
 // Time: the memory store reads an injected clock; the Redis store takes time
 // from redis.call('TIME'), so client clocks never decide.
 package counter

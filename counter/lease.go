@@ -33,9 +33,11 @@ import (
 //     and A admits from then on only what B would. B's waste while full
 //     (refill past the burst) is what the (t1 - t0) term pays for: burst 10
 //     at 1/s, lease 5 at t=0, one more unit at t=3, return 5: B holds 9,
-//     and A gets back 2 units (5 - 3), holding 9 too. Only the interval the
-//     TAT was written under is trusted: under another limit (a policy
-//     change) a return gives back nothing.
+//     and A gets back 2 units (5 - 3), holding 9 too. Each return compares
+//     A with a world without returns, and the GCRA step is monotone in the
+//     TAT, so returns of leases open at the same time compose. Only the
+//     interval the TAT was written under is trusted: under another limit (a
+//     policy change) a return gives back nothing.
 //
 // Return takes the token Lease gave: the store's instant of the lease (or,
 // for the memory store's sliding log, the stamp of the entry holding its
