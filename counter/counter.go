@@ -49,6 +49,11 @@
 // (MemoryStore.ChargeAt), the units another instance admitted on the key,
 // saturating at the algorithm's bounds (see charge.go).
 //
+// Leases (lease.go): a store that is a Leaser charges a block of up to n
+// units in one call (Lease) and takes unused ones back (Return) by each
+// algorithm's rule, never leaving a counter more room than it would have
+// had if the block had been only the units spent.
+//
 // Time: the memory store reads an injected clock; the Redis store takes time
 // from redis.call('TIME'), so client clocks never decide.
 package counter
