@@ -1,0 +1,337 @@
+// Reserve: a store whose instance admits from blocks of units leased from
+// another store (sync: reserve).
+
+package counter
+
+import (
+	"context"
+	"math"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Defaults of ReserveConfig.
+const (
+	DefaultLease         = 100 * time.Millisecond
+	DefaultReserveBlocks = 1 << 16
+)
+
+// ReserveConfig configures a ReserveStore.
+type ReserveConfig struct {
+	// Lease is how long a block may be admitted from before its unused
+	// units go back to the store; 0 means DefaultLease.
+	Lease time.Duration
+	// Instances returns the live instances sharing the store: one
+	// instance's block is at most the capacity divided by them. Nil: 1.
+	Instances func() int
+	// MaxBlocks bounds the keys holding a block; past it a key is decided
+	// on the store, one call per decision. 0 means DefaultReserveBlocks.
+	MaxBlocks int
+	// Clock is the time source; nil means time.Now.
+	Clock func() time.Time
+}
+
+// ReserveStats counts what a ReserveStore did.
+type ReserveStats struct {
+	Local    uint64 // decisions admitted from a block, with no store call
+	Leases   uint64 // store calls that leased a block
+	Takes    uint64 // decisions taken on the store, not from a block (a cold key, a cost the block lacked)
+	Returns  uint64 // store calls that returned a block's unused units
+	Returned uint64 // units the store took back
+	Unspent  uint64 // units given back to the store that it did not take back (see Leaser.Return)
+}
+
+// ReserveStore decides from blocks of units leased from a Leaser: an
+// instance leases a key's block in one store call and admits from it
+// locally until it is spent or its lease ends, when its unused units go
+// back. A block lasts about one lease at the key's local rate, and is at
+// most the counter's capacity divided by the live instances, so that no
+// instance holds more than its part; a key too slow to fill a block of 2
+// is decided on the store, one call per decision.
+//
+// Units leave the store before they are admitted, so a ReserveStore never
+// admits more than the store would: its error is a denial while units sit
+// unused in another instance's block (until that block's lease ends).
+// Safe for concurrent use. Close returns every open block.
+type ReserveStore struct {
+	base      Leaser
+	lease     int64 // ns
+	instances func() int
+	clock     func() time.Time
+	maxBlocks int64
+
+	shards [64]reserveShard
+	n      atomic.Int64 // blocks held
+
+	local, leases, takes, returns, returned, unspent atomic.Uint64
+
+	closed   atomic.Bool
+	stop     chan struct{}
+	stopped  chan struct{}
+	closeErr error
+	once     sync.Once
+}
+
+type reserveShard struct {
+	mu     sync.Mutex
+	blocks map[string]*block
+}
+
+// block is one key's lease, and what sizes the next.
+type block struct {
+	mu    sync.Mutex // held across the store call that leases it
+	hash  uint64
+	lim   Limit
+	left  int64 // leased units not admitted yet
+	token int64 // the lease's, for Return
+	until int64 // when the lease ends, ns
+
+	// The key's local rate: units decided since `since`, and the last
+	// estimate, in units per lease.
+	used     int64
+	since    int64
+	perLease float64
+	idle     int  // sweeps since the key was last decided
+	dead     bool // forgotten: a decision that found it looks again
+}
+
+// NewReserveStore returns a store that leases blocks from base. The
+// caller closes base after the ReserveStore.
+func NewReserveStore(base Leaser, cfg ReserveConfig) *ReserveStore {
+	if cfg.Lease <= 0 {
+		cfg.Lease = DefaultLease
+	}
+	if cfg.MaxBlocks <= 0 {
+		cfg.MaxBlocks = DefaultReserveBlocks
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = time.Now
+	}
+	if cfg.Instances == nil {
+		cfg.Instances = func() int { return 1 }
+	}
+	s := &ReserveStore{base: base, lease: int64(cfg.Lease), instances: cfg.Instances, clock: cfg.Clock, maxBlocks: int64(cfg.MaxBlocks),
+		stop: make(chan struct{}), stopped: make(chan struct{})}
+	for i := range s.shards {
+		s.shards[i].blocks = make(map[string]*block)
+	}
+	go s.sweep(cfg.Lease / 2)
+	return s
+}
+
+// Stats returns what the store did so far.
+func (s *ReserveStore) Stats() ReserveStats {
+	return ReserveStats{Local: s.local.Load(), Leases: s.leases.Load(), Takes: s.takes.Load(),
+		Returns: s.returns.Load(), Returned: s.returned.Load(), Unspent: s.unspent.Load()}
+}
+
+// Take implements Store: from the key's block when it holds n units under
+// lim, else from a block leased now, else on the store.
+func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
+	if s.closed.Load() {
+		return s.take(ctx, key, hash, lim, n)
+	}
+	var b *block
+	for {
+		if b = s.block(key, hash); b == nil { // no room for another block
+			return s.take(ctx, key, hash, lim, n)
+		}
+		b.mu.Lock()
+		if !b.dead {
+			break
+		}
+		b.mu.Unlock()
+	}
+	defer b.mu.Unlock()
+	if s.closed.Load() { // closed meanwhile: no block outlives Close
+		s.giveBack(ctx, key, b)
+		return s.take(ctx, key, hash, lim, n)
+	}
+	now := s.clock().UnixNano()
+	b.used += n
+	b.idle = 0
+	if b.lim == lim && now < b.until && b.left >= n {
+		b.left -= n
+		s.local.Add(1)
+		return Result{Allowed: true, Limit: lim.Capacity(), Remaining: b.left}, nil
+	}
+	// The block is spent, ended or of another limit: what is left of it
+	// goes back before the next is leased.
+	s.giveBack(ctx, key, b)
+	size := s.size(b, now, lim, n)
+	if size <= n {
+		return s.take(ctx, key, hash, lim, n)
+	}
+	l, err := s.base.Lease(ctx, key, hash, lim, size)
+	if err != nil {
+		return Result{}, err
+	}
+	s.leases.Add(1)
+	switch {
+	case l.Granted >= n:
+		b.lim, b.left, b.token, b.until = lim, l.Granted-n, l.Token, now+s.lease
+		r := l.Result
+		r.Allowed, r.Remaining = true, b.left
+		if b.left > 0 {
+			r.NextAfter = 0 // the store is empty, this block is not: no denial to remember
+		}
+		return r, nil
+	case l.Granted > 0: // fewer than n fit: not a block, and not n
+		b.lim, b.left, b.token = lim, l.Granted, l.Token
+		s.giveBack(ctx, key, b)
+		return s.take(ctx, key, hash, lim, n)
+	}
+	return l.Result, nil // not one unit fits: the store's denial
+}
+
+// take decides n units on the store itself.
+func (s *ReserveStore) take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
+	s.takes.Add(1)
+	return s.base.Take(ctx, key, hash, lim, n)
+}
+
+// size returns the units to lease for b at now: about one lease of the
+// key's local rate, at least n, at most the capacity divided by the live
+// instances. It updates the rate estimate.
+func (s *ReserveStore) size(b *block, now int64, lim Limit, n int64) int64 {
+	if b.since == 0 {
+		b.since = now
+	}
+	switch elapsed := now - b.since; {
+	case elapsed >= s.lease:
+		rate := float64(b.used) * float64(s.lease) / float64(elapsed)
+		b.perLease = (b.perLease + rate) / 2 // an average of the last estimates, halving the older
+		b.used, b.since = 0, now
+	case b.perLease == 0 && b.used >= reserveEvidence:
+		// A first estimate, before a whole lease has passed, once the
+		// key has been decided often enough for one to mean something.
+		b.perLease = float64(b.used) * float64(s.lease) / float64(max(elapsed, s.lease/10))
+	}
+	want := int64(math.Min(math.Ceil(b.perLease*1.25), math.MaxInt64/2))
+	fair := lim.Capacity() / int64(max(1, s.instances()))
+	return max(n, min(want, fair))
+}
+
+// giveBack returns b's unused units to the store. The caller holds b.mu.
+func (s *ReserveStore) giveBack(ctx context.Context, key string, b *block) {
+	if b.left <= 0 {
+		b.left = 0
+		return
+	}
+	left := b.left
+	b.left, b.until = 0, 0
+	s.returns.Add(1)
+	got, err := s.base.Return(ctx, key, b.hash, b.lim, left, b.token)
+	if err != nil {
+		got = 0
+	}
+	s.returned.Add(uint64(got))
+	s.unspent.Add(uint64(left - got))
+}
+
+// block returns key's block, made if it has none; nil when MaxBlocks are
+// held.
+func (s *ReserveStore) block(key string, hash uint64) *block {
+	sh := &s.shards[hash&uint64(len(s.shards)-1)]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if b := sh.blocks[key]; b != nil {
+		return b
+	}
+	if s.n.Load() >= s.maxBlocks {
+		return nil
+	}
+	b := &block{hash: hash}
+	sh.blocks[key] = b
+	s.n.Add(1)
+	return b
+}
+
+// sweep returns the unused units of ended leases every interval, and
+// forgets keys not decided for a while, until Close.
+func (s *ReserveStore) sweep(every time.Duration) {
+	defer close(s.stopped)
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-s.stop:
+			return
+		case <-t.C:
+			s.sweepOnce(false)
+		}
+	}
+}
+
+// reserveEvidence is how many decisions a key needs, within its first
+// lease, to be leased a block before the lease has passed: a cold key's
+// first decisions go to the store, one call each.
+const reserveEvidence = 8
+
+// reserveIdleSweeps is how many sweeps a key may go undecided before its
+// block and rate estimate are forgotten.
+const reserveIdleSweeps = 20
+
+// sweepOnce returns the unused units of ended leases (every lease when
+// all), and forgets idle keys.
+func (s *ReserveStore) sweepOnce(all bool) {
+	now := s.clock().UnixNano()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	for i := range s.shards {
+		sh := &s.shards[i]
+		sh.mu.Lock()
+		var ended []string
+		for k, b := range sh.blocks {
+			if !b.mu.TryLock() {
+				continue // a decision is leasing it
+			}
+			b.idle++
+			if all || b.until <= now || b.idle > reserveIdleSweeps {
+				ended = append(ended, k)
+			}
+			b.mu.Unlock()
+		}
+		sh.mu.Unlock()
+		for _, k := range ended {
+			sh.mu.Lock()
+			b := sh.blocks[k]
+			sh.mu.Unlock()
+			if b == nil {
+				continue
+			}
+			b.mu.Lock()
+			if all || b.until <= s.clock().UnixNano() {
+				s.giveBack(ctx, k, b)
+			}
+			forget := all || b.idle > reserveIdleSweeps
+			if forget {
+				s.giveBack(ctx, k, b)
+				b.dead = true
+			}
+			b.mu.Unlock()
+			if forget {
+				sh.mu.Lock()
+				if sh.blocks[k] == b {
+					delete(sh.blocks, k)
+					s.n.Add(-1)
+				}
+				sh.mu.Unlock()
+			}
+		}
+	}
+}
+
+// Close returns every open block to the store and stops the sweeper;
+// later Takes go to the store. It does not close the store it leases
+// from. Safe to call twice.
+func (s *ReserveStore) Close() error {
+	s.once.Do(func() {
+		s.closed.Store(true)
+		close(s.stop)
+		<-s.stopped
+		s.sweepOnce(true)
+	})
+	return nil
+}

@@ -1,0 +1,189 @@
+package counter
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// stepClock is a clock the test moves.
+type stepClock struct{ ns atomic.Int64 }
+
+func newStepClock() *stepClock {
+	c := &stepClock{}
+	c.ns.Store(time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC).UnixNano())
+	return c
+}
+
+func (c *stepClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
+func (c *stepClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// recordingLeaser leases from a memory store on the test's clock and
+// records the units given back.
+type recordingLeaser struct {
+	*MemoryStore
+	now func() time.Time
+
+	mu       sync.Mutex
+	returned []int64
+	leased   []int64
+}
+
+func (l *recordingLeaser) Lease(_ context.Context, key string, hash uint64, lim Limit, n int64) (Lease, error) {
+	for m := n; m >= 1; m /= 2 {
+		if r := l.TakeAt(l.now(), key, hash, lim, m); r.Allowed {
+			l.mu.Lock()
+			l.leased = append(l.leased, m)
+			l.mu.Unlock()
+			return Lease{Granted: m, Result: r, Token: l.now().UnixNano()}, nil
+		}
+	}
+	return Lease{Result: l.TakeAt(l.now(), key, hash, lim, 1)}, nil
+}
+
+func (l *recordingLeaser) Return(_ context.Context, _ string, _ uint64, _ Limit, n, _ int64) (int64, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.returned = append(l.returned, n)
+	return 0, nil
+}
+
+func newReserveTest(t *testing.T, instances int) (*ReserveStore, *recordingLeaser, *stepClock) {
+	t.Helper()
+	clock := newStepClock()
+	l := &recordingLeaser{MemoryStore: NewMemoryStore(MemoryConfig{Clock: clock.Now}), now: clock.Now}
+	s := NewReserveStore(l, ReserveConfig{Clock: clock.Now, Instances: func() int { return instances }})
+	t.Cleanup(func() { s.Close() })
+	return s, l, clock
+}
+
+// TestReserveColdKey: a key decided now and then goes to the store, one
+// call per decision, and holds no block.
+func TestReserveColdKey(t *testing.T) {
+	s, _, clock := newReserveTest(t, 1)
+	ctx := context.Background()
+	lim := PerSecond(100)
+	for range 20 {
+		if r, err := s.Take(ctx, "cold", 1, lim, 1); err != nil || !r.Allowed {
+			t.Fatalf("%+v %v", r, err)
+		}
+		clock.Advance(time.Second)
+	}
+	if st := s.Stats(); st.Leases != 0 || st.Takes != 20 || st.Local != 0 {
+		t.Errorf("stats %+v: want 20 takes, no lease", st)
+	}
+}
+
+// TestReserveHotKey: a key at 20,000/s on 3 instances, under a limit of
+// 30,000/s, makes under 0.1 store calls per decision; over a limit of
+// 10,000/s it admits no more than the bucket allows.
+func TestReserveHotKey(t *testing.T) {
+	for _, c := range []struct {
+		rate, burst int64
+		calls       float64 // most store calls per decision
+	}{
+		{30000, 3000, 0.1},
+		{10000, 1000, 1}, // over the limit every denial is a call: the engine's deny cache answers those
+	} {
+		clock := newStepClock()
+		l := &recordingLeaser{MemoryStore: NewMemoryStore(MemoryConfig{Clock: clock.Now}), now: clock.Now}
+		var stores []*ReserveStore
+		for range 3 {
+			s := NewReserveStore(l, ReserveConfig{Clock: clock.Now, Instances: func() int { return 3 }})
+			t.Cleanup(func() { s.Close() })
+			stores = append(stores, s)
+		}
+		ctx := context.Background()
+		lim := Limit{Rate: c.rate, Period: time.Second, Burst: c.burst}
+		var admitted, decisions int64
+		for i := range 60000 { // 3 s at 20,000/s
+			r, err := stores[i%3].Take(ctx, "hot", 7, lim, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			decisions++
+			if r.Allowed {
+				admitted++
+			}
+			clock.Advance(50 * time.Microsecond)
+		}
+		var calls uint64
+		for _, s := range stores {
+			st := s.Stats()
+			calls += st.Leases + st.Takes + st.Returns
+		}
+		// burst + rate × 3 s: what the bucket admits at most.
+		if bound := c.burst + 3*c.rate; admitted > bound {
+			t.Errorf("limit %d/s: admitted %d, over the bucket's %d", c.rate, admitted, bound)
+		}
+		perDecision := float64(calls) / float64(decisions)
+		t.Logf("limit %d/s: %d decisions, %d admitted, %d store calls (%.4f per decision)", c.rate, decisions, admitted, calls, perDecision)
+		if perDecision > c.calls {
+			t.Errorf("limit %d/s: %.3f store calls per decision, want at most %v", c.rate, perDecision, c.calls)
+		}
+	}
+}
+
+// TestReserveFairPart: one instance of 4 never leases more than a quarter
+// of the capacity at once, however fast its key.
+func TestReserveFairPart(t *testing.T) {
+	s, l, clock := newReserveTest(t, 4)
+	ctx := context.Background()
+	lim := Limit{Rate: 100, Period: time.Second, Burst: 100}
+	for range 200 {
+		s.Take(ctx, "k", 1, lim, 1)
+		clock.Advance(10 * time.Microsecond)
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.leased) == 0 {
+		t.Fatal("no block leased at 100,000/s")
+	}
+	for _, n := range l.leased {
+		if n > 25 {
+			t.Errorf("leases %v: one over 25, a quarter of 100", l.leased)
+			break
+		}
+	}
+}
+
+// TestReserveReturns: the unused units of a lease that ended, of a limit
+// that changed, and at Close go back to the store.
+func TestReserveReturns(t *testing.T) {
+	s, l, clock := newReserveTest(t, 1)
+	ctx := context.Background()
+	lim := Limit{Rate: 1000, Period: time.Second, Burst: 1000}
+	for range 50 {
+		s.Take(ctx, "k", 1, lim, 1)
+		clock.Advance(10 * time.Microsecond)
+	}
+	if s.Stats().Leases == 0 {
+		t.Fatal("no block leased at 100,000/s")
+	}
+	clock.Advance(DefaultLease)
+	s.sweepOnce(false)
+	l.mu.Lock()
+	ended := len(l.returned)
+	l.mu.Unlock()
+	if ended != 1 {
+		t.Errorf("%d returns after the lease ended, want 1", ended)
+	}
+	for range 50 {
+		s.Take(ctx, "k", 1, lim, 1)
+		clock.Advance(10 * time.Microsecond)
+	}
+	lim2 := lim
+	lim2.Rate = 2000
+	s.Take(ctx, "k", 1, lim2, 1)
+	s.Close()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if len(l.returned) < 2 {
+		t.Errorf("returns %v: the block of the old limit, or the last at Close, not given back", l.returned)
+	}
+	if st := s.Stats(); st.Returned+st.Unspent == 0 {
+		t.Errorf("stats %+v", st)
+	}
+}
