@@ -51,11 +51,17 @@ type ReserveStats struct {
 // is decided on the store, one call per decision.
 //
 // Units leave the store before they are admitted, so a ReserveStore never
-// admits more than the store would: its error is a denial while units sit
-// unused in another instance's block (until that block's lease ends).
+// admits more units than the store counted: its error is a denial while
+// units sit unused in another instance's block (until that block's lease
+// ends). A window algorithm's block ends with the window that counted it,
+// so its windows hold exactly. A token bucket counts a block's units when
+// it is leased, and they may be admitted up to a lease later, while the
+// bucket refills for others: over any interval it admits at most rate ×
+// lease more than a bucket deciding each unit when admitted. A sliding
+// log, whose units count from their instant, is decided on the store.
 // Safe for concurrent use. Close returns every open block.
 type ReserveStore struct {
-	base      Leaser
+	base      LeaseStore
 	lease     int64 // ns
 	instances func() int
 	clock     func() time.Time
@@ -96,9 +102,16 @@ type block struct {
 	dead     bool // forgotten: a decision that found it looks again
 }
 
+// LeaseStore is a store that leases blocks of units: the memory and Redis
+// stores are.
+type LeaseStore interface {
+	Store
+	Leaser
+}
+
 // NewReserveStore returns a store that leases blocks from base. The
 // caller closes base after the ReserveStore.
-func NewReserveStore(base Leaser, cfg ReserveConfig) *ReserveStore {
+func NewReserveStore(base LeaseStore, cfg ReserveConfig) *ReserveStore {
 	if cfg.Lease <= 0 {
 		cfg.Lease = DefaultLease
 	}
@@ -160,7 +173,7 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 	// goes back before the next is leased.
 	s.giveBack(ctx, key, b)
 	size := s.size(b, now, lim, n)
-	if size <= n {
+	if size <= n || lim.Algorithm == SlidingLog {
 		return s.take(ctx, key, hash, lim, n)
 	}
 	l, err := s.base.Lease(ctx, key, hash, lim, size)
@@ -170,7 +183,7 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 	s.leases.Add(1)
 	switch {
 	case l.Granted >= n:
-		b.lim, b.left, b.token, b.until = lim, l.Granted-n, l.Token, now+s.lease
+		b.lim, b.left, b.token, b.until = lim, l.Granted-n, l.Token, now+min(s.lease, int64(windowLeft(lim, l.Result)))
 		r := l.Result
 		r.Allowed, r.Remaining = true, b.left
 		if b.left > 0 {
@@ -183,6 +196,22 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 		return s.take(ctx, key, hash, lim, n)
 	}
 	return l.Result, nil // not one unit fits: the store's denial
+}
+
+// windowLeft is how long the window a lease of a window algorithm charged
+// has left, from the lease's result: the block must be spent in that
+// window, which alone counts its units. Read from the store's own answer,
+// it needs no clock of the store's; now was read before the call, so the
+// window ends no earlier than now plus it. For a token bucket, whose units
+// count at any time, the lease decides.
+func windowLeft(lim Limit, r Result) time.Duration {
+	switch lim.Algorithm {
+	case FixedWindow:
+		return r.ResetAfter // the window's end, when its count resets
+	case SlidingWindow:
+		return r.ResetAfter - lim.Period // the current window's count reaches 0 a period after it ends
+	}
+	return math.MaxInt64
 }
 
 // take decides n units on the store itself.
@@ -207,6 +236,10 @@ func (s *ReserveStore) size(b *block, now int64, lim Limit, n int64) int64 {
 		// A first estimate, before a whole lease has passed, once the
 		// key has been decided often enough for one to mean something.
 		b.perLease = float64(b.used) * float64(s.lease) / float64(max(elapsed, s.lease/10))
+	case b.until-now > s.lease/2:
+		// The last block was spent within half its lease: the key is
+		// faster than the estimate, which doubles until the next.
+		b.perLease *= 2
 	}
 	want := int64(math.Min(math.Ceil(b.perLease*1.25), math.MaxInt64/2))
 	fair := lim.Capacity() / int64(max(1, s.instances()))

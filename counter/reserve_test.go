@@ -6,6 +6,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // stepClock is a clock the test moves.
@@ -20,40 +22,37 @@ func newStepClock() *stepClock {
 func (c *stepClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
 func (c *stepClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
 
-// recordingLeaser leases from a memory store on the test's clock and
-// records the units given back.
+// recordingLeaser is a memory store on the test's clock that records the
+// blocks it leased and the units given back.
 type recordingLeaser struct {
 	*MemoryStore
-	now func() time.Time
 
 	mu       sync.Mutex
-	returned []int64
 	leased   []int64
+	returned []int64
 }
 
-func (l *recordingLeaser) Lease(_ context.Context, key string, hash uint64, lim Limit, n int64) (Lease, error) {
-	for m := n; m >= 1; m /= 2 {
-		if r := l.TakeAt(l.now(), key, hash, lim, m); r.Allowed {
-			l.mu.Lock()
-			l.leased = append(l.leased, m)
-			l.mu.Unlock()
-			return Lease{Granted: m, Result: r, Token: l.now().UnixNano()}, nil
-		}
+func (l *recordingLeaser) Lease(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Lease, error) {
+	ls, err := l.MemoryStore.Lease(ctx, key, hash, lim, n)
+	if ls.Granted > 0 {
+		l.mu.Lock()
+		l.leased = append(l.leased, ls.Granted)
+		l.mu.Unlock()
 	}
-	return Lease{Result: l.TakeAt(l.now(), key, hash, lim, 1)}, nil
+	return ls, err
 }
 
-func (l *recordingLeaser) Return(_ context.Context, _ string, _ uint64, _ Limit, n, _ int64) (int64, error) {
+func (l *recordingLeaser) Return(ctx context.Context, key string, hash uint64, lim Limit, r, token int64) (int64, error) {
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.returned = append(l.returned, n)
-	return 0, nil
+	l.returned = append(l.returned, r)
+	l.mu.Unlock()
+	return l.MemoryStore.Return(ctx, key, hash, lim, r, token)
 }
 
 func newReserveTest(t *testing.T, instances int) (*ReserveStore, *recordingLeaser, *stepClock) {
 	t.Helper()
 	clock := newStepClock()
-	l := &recordingLeaser{MemoryStore: NewMemoryStore(MemoryConfig{Clock: clock.Now}), now: clock.Now}
+	l := &recordingLeaser{MemoryStore: NewMemoryStore(MemoryConfig{Clock: clock.Now})}
 	s := NewReserveStore(l, ReserveConfig{Clock: clock.Now, Instances: func() int { return instances }})
 	t.Cleanup(func() { s.Close() })
 	return s, l, clock
@@ -88,7 +87,7 @@ func TestReserveHotKey(t *testing.T) {
 		{10000, 1000, 1}, // over the limit every denial is a call: the engine's deny cache answers those
 	} {
 		clock := newStepClock()
-		l := &recordingLeaser{MemoryStore: NewMemoryStore(MemoryConfig{Clock: clock.Now}), now: clock.Now}
+		l := &recordingLeaser{MemoryStore: NewMemoryStore(MemoryConfig{Clock: clock.Now})}
 		var stores []*ReserveStore
 		for range 3 {
 			s := NewReserveStore(l, ReserveConfig{Clock: clock.Now, Instances: func() int { return 3 }})
@@ -185,5 +184,115 @@ func TestReserveReturns(t *testing.T) {
 	}
 	if st := s.Stats(); st.Returned+st.Unspent == 0 {
 		t.Errorf("stats %+v", st)
+	}
+}
+
+// TestReserveRedis: three instances leasing one hot key from a real Redis,
+// under its limit, admit within the bucket's bound with under 0.1 store
+// calls per decision, and give their blocks back at Close.
+func TestReserveRedis(t *testing.T) {
+	client := redis.NewClient(&redis.Options{Addr: testRedisAddr})
+	t.Cleanup(func() { client.Close() })
+	base := newTestStore(t, client, RedisConfig{Prefix: "reserve-test:"})
+	lim := Limit{Rate: 1000000, Period: time.Second, Burst: 100000}
+	key := uniqueKey(t)
+	ctx := context.Background()
+	var stores [3]*ReserveStore
+	for i := range stores {
+		stores[i] = NewReserveStore(base, ReserveConfig{Instances: func() int { return len(stores) }})
+	}
+	var admitted, decisions atomic.Int64
+	start := time.Now()
+	var wg sync.WaitGroup
+	for _, s := range stores {
+		wg.Go(func() {
+			for range 20000 {
+				r, err := s.Take(ctx, key, 9, lim, 1)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				decisions.Add(1)
+				if r.Allowed {
+					admitted.Add(1)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	var calls, back uint64
+	for _, s := range stores {
+		s.Close()
+		st := s.Stats()
+		calls += st.Leases + st.Takes + st.Returns
+		back += st.Returned + st.Unspent
+	}
+	bound := lim.Burst + int64(float64(lim.Rate)*elapsed.Seconds()) + 1
+	perDecision := float64(calls) / float64(decisions.Load())
+	t.Logf("%d decisions in %v, %d admitted (bound %d), %d store calls (%.4f per decision), %d units given back at the end", decisions.Load(), elapsed, admitted.Load(), bound, calls, perDecision, back)
+	if admitted.Load() > bound {
+		t.Errorf("admitted %d, over the bucket's %d", admitted.Load(), bound)
+	}
+	if perDecision > 0.1 {
+		t.Errorf("%.3f store calls per decision, want at most 0.1", perDecision)
+	}
+}
+
+// TestReserveWindows: three instances admit at most a window's limit in
+// each window, the blocks ending with the window that counted them, even
+// when a burst at a window's start follows steady traffic that left blocks
+// open at its end; a sliding log is decided on the store.
+func TestReserveWindows(t *testing.T) {
+	for _, alg := range []Algorithm{FixedWindow, SlidingWindow, SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			clock := newStepClock()
+			base := NewMemoryStore(MemoryConfig{Clock: clock.Now})
+			var stores [3]*ReserveStore
+			for i := range stores {
+				stores[i] = NewReserveStore(base, ReserveConfig{Clock: clock.Now, Instances: func() int { return 3 }})
+				t.Cleanup(func() { stores[i].Close() })
+			}
+			lim := Limit{Algorithm: alg, Rate: 10000, Period: time.Second}
+			perWindow := map[int64]int64{}
+			ctx := context.Background()
+			i := 0
+			take := func() {
+				r, err := stores[i%3].Take(ctx, "k", 3, lim, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Allowed {
+					perWindow[clock.Now().UnixNano()/int64(time.Second)]++
+				}
+				i++
+			}
+			for range 5 {
+				// Steady traffic at 3,000/s to the window's last
+				// millisecond, then a burst as the next one starts.
+				for range 2970 {
+					take()
+					clock.Advance(time.Second / 3000)
+				}
+				now := clock.Now().UnixNano()
+				clock.Advance(time.Duration(int64(time.Second) - now%int64(time.Second))) // the next window's start
+				for range 12000 {
+					take()
+				}
+			}
+			var leases uint64
+			for _, s := range stores {
+				leases += s.Stats().Leases
+			}
+			t.Logf("admitted by window %v, %d leases", perWindow, leases)
+			for w, n := range perWindow {
+				if n > lim.Rate {
+					t.Errorf("window %d: %d admitted, over %d", w, n, lim.Rate)
+				}
+			}
+			if (leases == 0) != (alg == SlidingLog) {
+				t.Errorf("%d leases: want none for a sliding log, some for windows", leases)
+			}
+		})
 	}
 }
