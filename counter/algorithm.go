@@ -77,9 +77,9 @@ func (c *counts) interval() fixed { return fixed{c.c, int64(c.f)} }
 // setInterval notes u as the interval the TAT is written under.
 func (c *counts) setInterval(u fixed) { c.c, c.f = u.w, uint32(u.f) }
 
-func (s *state) takeSlidingWindow(now int64, lim Limit, n int64) Result {
-	p := int64(lim.Period)
-	w := now / p
+// rollWindows makes w the sliding window's current window: the one before
+// it, if it was current, becomes the previous; older counts are gone.
+func (s *counts) rollWindows(w int64) {
 	switch w {
 	case s.a:
 	case s.a + 1:
@@ -87,6 +87,12 @@ func (s *state) takeSlidingWindow(now int64, lim Limit, n int64) Result {
 	default:
 		s.a, s.b, s.c = w, 0, 0
 	}
+}
+
+func (s *state) takeSlidingWindow(now int64, lim Limit, n int64) Result {
+	p := int64(lim.Period)
+	w := now / p
+	s.rollWindows(w)
 	elapsed := now - w*p
 	left := p - elapsed
 	// The previous window counts for the part of it still inside the sliding

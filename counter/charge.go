@@ -42,19 +42,8 @@ func (s *MemoryStore) ChargeAt(now time.Time, key string, _ uint64, lim Limit, n
 	if n <= 0 || lim.Rate <= 0 || lim.Period <= 0 {
 		return true
 	}
-	id := s.fingerprint(key)
-	st := s.stripe(id)
-	t := s.nanos(now)
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	i := s.cell(st, id, t)
-	if i < 0 {
-		return false
-	}
-	c := st.t.state(i)
-	c.charge(t, lim, n)
-	st.t.setState(i, c)
-	return true
+	ok, _ := s.update(now, key, func(c *state, t int64) { c.charge(t, lim, n) })
+	return ok
 }
 
 // charge adds n > 0 units under lim to s at now (see charge.go).
@@ -107,13 +96,7 @@ func (s *state) chargeFixedWindow(now int64, lim Limit, n int64) {
 func (s *state) chargeSlidingWindow(now int64, lim Limit, n int64) {
 	p := int64(lim.Period)
 	w := now / p
-	switch w {
-	case s.a:
-	case s.a + 1:
-		s.a, s.b, s.c = w, 0, s.b
-	default:
-		s.a, s.b, s.c = w, 0, 0
-	}
+	s.rollWindows(w)
 	s.b = addCount(s.b, n)
 	s.expires = windowEnd(w, 2, p)
 }

@@ -89,18 +89,10 @@ func (s *MemoryStore) Lease(_ context.Context, key string, _ uint64, lim Limit, 
 // LeaseAt is Lease at the instant now. A key without a counter whose
 // stripe is full is refused as by TakeAt.
 func (s *MemoryStore) LeaseAt(now time.Time, key string, lim Limit, n int64) Lease {
-	id := s.fingerprint(key)
-	st := s.stripe(id)
-	t := s.nanos(now)
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	i := s.cell(st, id, t)
-	if i < 0 {
-		return Lease{Result: refused(lim, time.Duration(st.t.soonest-t))}
+	var l Lease
+	if ok, wait := s.update(now, key, func(c *state, t int64) { l = c.lease(t, lim, n) }); !ok {
+		return Lease{Result: refused(lim, wait)}
 	}
-	c := st.t.state(i)
-	l := c.lease(t, lim, n)
-	st.t.setState(i, c)
 	return l
 }
 

@@ -142,6 +142,26 @@ func (s *MemoryStore) TakeAt(now time.Time, key string, _ uint64, lim Limit, n i
 	return res
 }
 
+// update runs f on key's counter state at now, in the store's ns, holding
+// its stripe, and writes the state back. When the stripe is full of live
+// counters and has none for key, it runs nothing and returns false with
+// how long until one expires. TakeAt, the hot path, does the same inline.
+func (s *MemoryStore) update(now time.Time, key string, f func(c *state, t int64)) (bool, time.Duration) {
+	id := s.fingerprint(key)
+	st := s.stripe(id)
+	t := s.nanos(now)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	i := s.cell(st, id, t)
+	if i < 0 {
+		return false, time.Duration(st.t.soonest - t)
+	}
+	c := st.t.state(i)
+	f(&c, t)
+	st.t.setState(i, c)
+	return true, 0
+}
+
 // Prefetch starts loading the cache line of key's counter, and returns at
 // once: a caller about to decide on key does other work meanwhile (the
 // engine feeds its hot-key detector), so that the two cache misses, on a
