@@ -104,3 +104,65 @@ func BenchmarkRedisRateBaseline(b *testing.B) {
 		return nil
 	})
 }
+
+// BenchmarkRedisHotTake and BenchmarkRedisHotReserve decide one key, as a
+// hot key is decided, from 32×GOMAXPROCS goroutines: every decision a
+// store call, or through three instances' ReserveStores (sync: reserve)
+// that lease blocks of it from the same server. storecalls/op is the
+// server's share of the work.
+func BenchmarkRedisHotTake(b *testing.B) {
+	client := redis.NewClient(&redis.Options{Addr: testRedisAddr})
+	defer client.Close()
+	s, err := NewRedisStore(context.Background(), client, RedisConfig{Prefix: "bench-hot:"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	key := fmt.Sprintf("take-%d", time.Now().UnixNano())
+	runHot(b, client, func(int) (Result, error) { return s.Take(context.Background(), key, 0, benchLimit, 1) })
+	b.ReportMetric(1, "storecalls/op")
+}
+
+func BenchmarkRedisHotReserve(b *testing.B) {
+	client := redis.NewClient(&redis.Options{Addr: testRedisAddr})
+	defer client.Close()
+	s, err := NewRedisStore(context.Background(), client, RedisConfig{Prefix: "bench-hot:"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Close()
+	var instances [3]*ReserveStore
+	for i := range instances {
+		instances[i] = NewReserveStore(s, ReserveConfig{Instances: func() int { return len(instances) }})
+	}
+	key := fmt.Sprintf("reserve-%d", time.Now().UnixNano())
+	runHot(b, client, func(i int) (Result, error) {
+		return instances[i%len(instances)].Take(context.Background(), key, 0, benchLimit, 1)
+	})
+	var calls uint64
+	for _, r := range instances {
+		r.Close()
+		st := r.Stats()
+		calls += st.Leases + st.Takes + st.Returns
+	}
+	b.ReportMetric(float64(calls)/float64(b.N), "storecalls/op")
+}
+
+// runHot runs decide from 32×GOMAXPROCS goroutines, each with a number of
+// its own, and reports decisions/s and the server's CPU time per decision.
+func runHot(b *testing.B, client *redis.Client, decide func(goroutine int) (Result, error)) {
+	var seq atomic.Int64
+	b.ReportAllocs()
+	b.SetParallelism(32)
+	cpu0 := serverCPU(b, client)
+	b.RunParallel(func(pb *testing.PB) {
+		g := int(seq.Add(1))
+		for pb.Next() {
+			if r, err := decide(g); err != nil || !r.Allowed {
+				b.Errorf("decide = %+v, %v", r, err)
+				return
+			}
+		}
+	})
+	reportRate(b, client, cpu0)
+}
