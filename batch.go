@@ -72,6 +72,12 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 			continue
 		}
 		d := degraded{r.Key, name, hash, r.Cost, r.Policy}
+		if r.Policy.Sync == SyncReserve {
+			// Mostly from a block in memory: no round trip to share.
+			res, err := e.decideStore(ctx, e.storeFor(r.Policy), name, hash, r.Policy.Limit, r.Cost)
+			out[i].Result, out[i].Err = e.conclude(ctx, d, res, err)
+			continue
+		}
 		gen := e.moveGen(hash) // before the lookup: see moved
 		if ent := e.entry(name, hash); ent != nil {
 			if after == nil {
@@ -86,7 +92,7 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 				if prev != nil {
 					<-prev
 				}
-				res, err := e.decideStore(ctx, name, hash, r.Policy.Limit, r.Cost)
+				res, err := e.decideStore(ctx, e.storeFor(r.Policy), name, hash, r.Policy.Limit, r.Cost)
 				res, err = e.conclude(ctx, d, res, err)
 				out[i] = Decision{Result: res, Err: err}
 			}()
@@ -184,7 +190,7 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 				if res.Allowed && e.moved(d.hash, b.gens[j]) {
 					// A move began while the take was in flight: decide
 					// again where the usage is, as decideStore does.
-					res, err = e.decideStore(ctx, d.name, d.hash, d.p.Limit, d.n)
+					res, err = e.decideStore(ctx, e.store, d.name, d.hash, d.p.Limit, d.n)
 				}
 			}
 		}

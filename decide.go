@@ -64,7 +64,7 @@ func (e *Engine) allow(ctx context.Context, key string, p *Policy, n int64) (Res
 	if err != nil {
 		return Result{}, err
 	}
-	r, err := e.decideStore(ctx, name, hash, p.Limit, n)
+	r, err := e.decideStore(ctx, e.storeFor(p), name, hash, p.Limit, n)
 	return e.conclude(ctx, degraded{key, name, hash, n, p}, r, err)
 }
 
@@ -74,6 +74,10 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 	if err := e.check(key, p.Limit, n); err != nil {
 		e.metrics.rejectInput(p)
 		return "", 0, err
+	}
+	if p.Sync != SyncStore && (p.Sync != SyncReserve || e.leaser == nil) {
+		e.metrics.rejectInput(p)
+		return "", 0, fmt.Errorf("%w: policy %q: sync %v on a store that cannot keep it", ErrUnknownSync, p.Name, p.Sync)
 	}
 	name := key
 	if p.Name != "" {
@@ -146,15 +150,15 @@ func (e *Engine) fallback(ctx context.Context, d degraded, cause error) (Result,
 }
 
 // decideStore decides on the store: the key whole, or split.
-func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
+func (e *Engine) decideStore(ctx context.Context, st counter.Store, key string, hash uint64, lim Limit, n int64) (Result, error) {
 	gen := e.moveGen(hash)
 	ent := e.entry(key, hash)
 	if ent == nil {
-		r, err := e.decide(ctx, key, hash, lim, n)
+		r, err := e.decide(ctx, st, key, hash, lim, n)
 		if err != nil || !r.Allowed || !e.moved(hash, gen) {
 			return r, err
 		}
-		return e.decideStore(ctx, key, hash, lim, n) // see moved
+		return e.decideStore(ctx, st, key, hash, lim, n) // see moved
 	}
 	// The counters that hold the key's usage were last written under the
 	// limit of the decision before: a move reads them under it.
@@ -215,7 +219,7 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 		e.wakeSettle() // room for a refused key
 	}
 	if level == shard.Level1 {
-		return e.decide(ctx, key, hash, lim, n)
+		return e.decide(ctx, st, key, hash, lim, n)
 	}
 	if n > 1 && shard.Fit(level, lim.Rate, lim.Capacity(), e.opt.minShare, n) < level {
 		// No subcounter holding the key's usage can take n. Fewer, larger
@@ -223,7 +227,7 @@ func (e *Engine) decideStore(ctx context.Context, key string, hash uint64, lim L
 		// as a key whose every subcounter is full would.
 		return Result{Limit: lim.Capacity(), RetryAfter: lim.Period, ResetAfter: lim.Period, Shards: level}, nil
 	}
-	return e.decideSplit(ctx, ent, level, p, lim, n)
+	return e.decideSplit(ctx, st, ent, level, p, lim, n)
 }
 
 // moveStripes is the number of stripes of Engine.moves.
@@ -358,8 +362,8 @@ func (e *Engine) placement() shard.Placement {
 }
 
 // decide takes n from the unsplit counter of key, named shard.Name(key).
-func (e *Engine) decide(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
-	r, err := e.take(ctx, shard.Name(key), hash, lim, n)
+func (e *Engine) decide(ctx context.Context, st counter.Store, key string, hash uint64, lim Limit, n int64) (Result, error) {
+	r, err := e.take(ctx, st, shard.Name(key), hash, lim, n)
 	if err != nil {
 		return Result{}, err
 	}
@@ -368,10 +372,10 @@ func (e *Engine) decide(ctx context.Context, key string, hash uint64, lim Limit,
 
 // decideSplit takes n from one of the level subcounters of ent, named
 // under p, and on a deny probes a second one.
-func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level shard.Level, p shard.Placement, lim Limit, n int64) (Result, error) {
+func (e *Engine) decideSplit(ctx context.Context, st counter.Store, ent *shard.Entry, level shard.Level, p shard.Placement, lim Limit, n int64) (Result, error) {
 	i := ent.Pick(level, e.opt.selection, e.seed)
 	name, hash := ent.Sub(level, i, p)
-	r, err := e.take(ctx, name, hash, subLimit(lim, level, i), n)
+	r, err := e.take(ctx, st, name, hash, subLimit(lim, level, i), n)
 	if err != nil {
 		return Result{}, err
 	}
@@ -381,7 +385,7 @@ func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level shard.
 		j := shard.SecondChance(i, int(level), shard.Mix(e.seed^ent.Hash^uint64(r.RetryAfter)))
 		// A failed probe leaves the first answer standing.
 		name, hash = ent.Sub(level, j, p)
-		if r2, err := e.take(ctx, name, hash, subLimit(lim, level, j), n); err == nil &&
+		if r2, err := e.take(ctx, st, name, hash, subLimit(lim, level, j), n); err == nil &&
 			(r2.Allowed || r2.RetryAfter < r.RetryAfter) {
 			r = r2
 		}
@@ -399,11 +403,11 @@ func (e *Engine) decideSplit(ctx context.Context, ent *shard.Entry, level shard.
 
 // take asks the store for n from counter name, unless the deny cache knows
 // it denies.
-func (e *Engine) take(ctx context.Context, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
+func (e *Engine) take(ctx context.Context, st counter.Store, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
 	if r, ok := e.knownDenied(hash, lim, n); ok {
 		return r, nil
 	}
-	r, err := e.storeTake(ctx, name, hash, lim, n)
+	r, err := e.storeTake(ctx, st, name, hash, lim, n)
 	if err == nil {
 		e.remember(hash, lim, n, r)
 	}
@@ -442,7 +446,7 @@ func (e *Engine) remember(hash uint64, lim Limit, n int64, r counter.Result) {
 // The circuit breaker counts store calls, not decisions: a decision the deny
 // cache answers tells nothing of the store. While it is open, storeTake
 // fails with ErrBreakerOpen but for the one call that probes.
-func (e *Engine) storeTake(ctx context.Context, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
+func (e *Engine) storeTake(ctx context.Context, st counter.Store, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
 	if err := ctx.Err(); err != nil {
 		return counter.Result{}, err // over before the store was asked: no verdict on it
 	}
@@ -454,8 +458,10 @@ func (e *Engine) storeTake(ctx context.Context, name string, hash uint64, lim Li
 	if e.metrics != nil {
 		start = monotonic()
 	}
-	r, err := e.store.Take(ctx, name, hash, lim, n)
-	e.metrics.storeCall(start)
+	r, err := st.Take(ctx, name, hash, lim, n)
+	if st == e.store { // a reserve's decision is mostly local: not a store call to time
+		e.metrics.storeCall(start)
+	}
 	e.brk.report(ctx, probe, err)
 	return r, err
 }
@@ -469,6 +475,15 @@ func subLimit(lim Limit, n shard.Level, i int) Limit {
 		lim.Burst = shard.Share(capacity, int(n), i)
 	}
 	return lim
+}
+
+// storeFor returns the store p's decisions are taken on: the engine's,
+// or for SyncReserve the blocks leased from it.
+func (e *Engine) storeFor(p *Policy) counter.Store {
+	if p.Sync == SyncReserve && e.leaser != nil {
+		return e.reserveStore()
+	}
+	return e.store
 }
 
 func (e *Engine) check(key string, lim Limit, n int64) error {

@@ -43,9 +43,13 @@ type Engine struct {
 	sharer   sharer                        // nil: the store does not say
 	detach   func()                        // ends this engine's Attach; nil if none
 	batcher  counter.Batcher               // nil: a batch's takes go one by one
-	detect   *detector.Detector            // nil: disabled
-	coord    coordinator.Coordinator
-	reshard  counter.Resharder // nil: no state transfer
+	leaser   counter.LeaseStore            // the store, if it leases (SyncReserve); else nil
+
+	reserveMu sync.Mutex
+	reserve   *counter.ReserveStore // made on the first SyncReserve decision
+	detect    *detector.Detector    // nil: disabled
+	coord     coordinator.Coordinator
+	reshard   counter.Resharder // nil: no state transfer
 	// moves counts, per stripe of hashes, the moves of usage off unsplit
 	// counters (nil without state transfer): see moved.
 	moves     []atomic.Uint32
@@ -89,6 +93,7 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	e.placer, _ = store.(placer)
 	e.prefetch, _ = store.(prefetcher)
 	e.batcher, _ = store.(counter.Batcher)
+	e.leaser, _ = store.(counter.LeaseStore)
 	if e.sharer, _ = store.(sharer); e.sharer != nil {
 		e.detach = e.sharer.Attach()
 	}
@@ -200,6 +205,22 @@ func (e *Engine) loop() {
 	}
 }
 
+// reserveStore returns the blocks SyncReserve decisions are taken from,
+// made on the first: an engine that has none runs no sweeper. Once the
+// engine is closed it returns the store: no block outlives Close.
+func (e *Engine) reserveStore() counter.Store {
+	e.reserveMu.Lock()
+	defer e.reserveMu.Unlock()
+	switch {
+	case e.reserve != nil:
+		return e.reserve
+	case e.closed.Load():
+		return e.store
+	}
+	e.reserve = counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.Instances, Clock: e.opt.clock})
+	return e.reserve
+}
+
 // handler applies the coordinator's decisions to the engine.
 type handler struct{ e *Engine }
 
@@ -305,6 +326,11 @@ func (e *Engine) Close() error {
 	e.endLife()
 	close(e.stop)
 	<-e.done
+	e.reserveMu.Lock()
+	if e.reserve != nil {
+		e.reserve.Close() // its blocks' unused units go back
+	}
+	e.reserveMu.Unlock()
 	if e.detach != nil {
 		e.detach()
 	}

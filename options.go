@@ -35,6 +35,7 @@ type options struct {
 	breakerProbe, breakerMaxProbe time.Duration
 	logger                        *slog.Logger
 	registerer                    prometheus.Registerer
+	reserveLease                  time.Duration
 }
 
 // DefaultMaxKeyLen is the longest key accepted by default (WithMaxKeyLen).
@@ -110,6 +111,21 @@ func WithMaxHotKeys(n int) Option {
 			return fmt.Errorf("max hot keys %d: must be positive", n)
 		}
 		o.maxHotKeys = n
+		return nil
+	}
+}
+
+// WithReserveLease sets how long a block leased for a SyncReserve policy
+// is admitted from before its unused units go back to the store (default
+// counter.DefaultLease, 100 ms). Longer leases cost fewer store calls and
+// hold units longer: a token bucket may admit up to rate × lease over its
+// limit, and another instance's denial lasts up to a lease.
+func WithReserveLease(d time.Duration) Option {
+	return func(o *options) error {
+		if d <= 0 || d > time.Minute {
+			return fmt.Errorf("reserve lease %v: want more than 0, at most 1m", d)
+		}
+		o.reserveLease = d
 		return nil
 	}
 }

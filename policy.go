@@ -45,6 +45,47 @@ func ParseFallback(s string) (Fallback, error) {
 	return 0, fmt.Errorf("%w: %q (want local, open, closed or error)", ErrUnknownFallback, s)
 }
 
+// Sync is how a policy's counters are kept across the instances that share
+// a store.
+type Sync uint8
+
+const (
+	// SyncStore makes every decision a store call (batched on Redis): the
+	// store holds the count exactly. The default.
+	SyncStore Sync = iota
+	// SyncReserve has each instance lease blocks of a key's units from the
+	// store and admit from them locally (counter.ReserveStore): a warm key
+	// costs about one store call per lease (WithReserveLease) instead of
+	// one per decision. Units leave the store before they are admitted, so
+	// windows hold their limit exactly; a token bucket admits at most rate
+	// × lease more than one deciding each unit as it is admitted, and a
+	// sliding log is decided as under SyncStore. Its error is a denial
+	// while units sit in another instance's block. The store must lease
+	// (counter.LeaseStore: the memory and Redis stores do).
+	SyncReserve
+	numSyncs
+)
+
+var syncNames = [numSyncs]string{"store", "reserve"}
+
+// String returns the mode's name as used in configuration files.
+func (s Sync) String() string {
+	if s < numSyncs {
+		return syncNames[s]
+	}
+	return fmt.Sprintf("Sync(%d)", uint8(s))
+}
+
+// ParseSync returns the mode named s (see Sync.String).
+func ParseSync(s string) (Sync, error) {
+	for i, n := range syncNames {
+		if n == s {
+			return Sync(i), nil
+		}
+	}
+	return 0, fmt.Errorf("%w: %q (want store or reserve)", ErrUnknownSync, s)
+}
+
 // Policy is a limit with what to do when the store fails. A Policy must not
 // be changed once in use; it may be shared by goroutines and engines.
 type Policy struct {
@@ -57,6 +98,9 @@ type Policy struct {
 	OnStoreFailure Fallback
 	// Allowlist holds keys that FallbackClosed still admits.
 	Allowlist []string
+	// Sync is how the policy's counters are kept across instances; the
+	// zero value is SyncStore.
+	Sync Sync
 
 	once  sync.Once
 	allow map[string]struct{}

@@ -1,0 +1,155 @@
+package hotkey
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/testkit"
+)
+
+// TestReserveEngines: three engines, each with a Redis client of its own,
+// decide one hot key under a SyncReserve policy: Redis runs at most one
+// script per 10 decisions (INFO commandstats, before and after), the
+// token bucket admits within burst + rate × (time + one lease), and a
+// fixed window holds its limit in every window (its blocks end with it).
+func TestReserveEngines(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		lim  Limit
+	}{
+		{"token-bucket", Limit{Rate: 1_000_000, Period: time.Second, Burst: 100_000}},
+		{"fixed-window", Limit{Algorithm: FixedWindow, Rate: 20_000, Period: time.Second}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			admin := redis.NewClient(&redis.Options{Addr: env.Server.Addr})
+			defer admin.Close()
+			var engines [3]*Engine
+			for i := range engines {
+				client := redis.NewClient(&redis.Options{Addr: env.Server.Addr})
+				defer client.Close()
+				store, err := counter.NewRedisStore(context.Background(), client, counter.RedisConfig{Prefix: "reserve-engines:" + c.name + ":"})
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer store.Close()
+				e, err := New(store, WithoutDetector())
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer e.Close()
+				engines[i] = e
+			}
+			p := &Policy{Name: "reserve", Limit: c.lim, Sync: SyncReserve}
+			key := c.name + time.Now().Format("150405.000000")
+			calls0 := evalCalls(t, admin)
+			var mu sync.Mutex
+			perWindow := map[int64]int64{}
+			var admitted, decisions atomic.Int64
+			start := time.Now()
+			var wg sync.WaitGroup
+			for _, e := range engines {
+				wg.Go(func() {
+					for range 20_000 {
+						r, err := e.Allow(context.Background(), key, p)
+						if err != nil {
+							t.Error(err)
+							return
+						}
+						decisions.Add(1)
+						if r.Allowed {
+							admitted.Add(1)
+							mu.Lock()
+							perWindow[time.Now().UnixNano()/int64(time.Second)]++
+							mu.Unlock()
+						}
+					}
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			calls := evalCalls(t, admin) - calls0
+			perDecision := float64(calls) / float64(decisions.Load())
+			t.Logf("%d decisions in %v, %d admitted, %d scripts run (%.4f per decision), by window %v", decisions.Load(), elapsed, admitted.Load(), calls, perDecision, perWindow)
+			if perDecision > 0.1 {
+				t.Errorf("%.3f scripts per decision, want at most 0.1", perDecision)
+			}
+			switch c.lim.Algorithm {
+			case TokenBucket:
+				if bound := c.lim.Burst + int64(float64(c.lim.Rate)*(elapsed+counter.DefaultLease).Seconds()); admitted.Load() > bound {
+					t.Errorf("admitted %d, over burst + rate × (time + lease) = %d", admitted.Load(), bound)
+				}
+			case FixedWindow:
+				// An admission is read on the clock after its decision:
+				// at a window's end, each engine's one in flight may
+				// read the next window's.
+				for w, n := range perWindow {
+					if n > c.lim.Rate+int64(len(engines)) {
+						t.Errorf("window %d: %d admitted, over %d", w, n, c.lim.Rate)
+					}
+				}
+			}
+		})
+	}
+}
+
+// TestReserveCloseReturns: an engine's Close gives its blocks' unused
+// units back, so another instance can admit them.
+func TestReserveCloseReturns(t *testing.T) {
+	clock := testkit.NewClock()
+	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
+	e, err := New(store, WithoutDetector(), withClock(clock.Now))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lim := Limit{Algorithm: FixedWindow, Rate: 100, Period: time.Hour}
+	p := &Policy{Name: "r", Limit: lim, Sync: SyncReserve}
+	for range 20 { // enough, fast enough, to lease a block
+		if r, err := e.Allow(context.Background(), "k", p); err != nil || !r.Allowed {
+			t.Fatalf("%+v %v", r, err)
+		}
+		clock.Advance(time.Microsecond)
+	}
+	name := CounterName("r", "k")
+	// The store's view while the block is out: the block holds what is
+	// left, so a probe is denied (and charges nothing).
+	if r := store.TakeAt(clock.Now(), name, 0, lim, 1); r.Allowed {
+		t.Fatalf("the store admitted with the block out: %+v", r)
+	}
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := store.TakeAt(clock.Now(), name, 0, lim, 1)
+	t.Logf("after Close: %+v", r)
+	if want := lim.Rate - 20 - 1; !r.Allowed || r.Remaining != want { // the 20 decisions and this probe are all that is charged
+		t.Errorf("after Close: %+v, want %d left: the block's unused units not all back", r, want)
+	}
+}
+
+// TestReserveNeedsLeases: a SyncReserve policy on a store that cannot
+// lease is refused, never decided as SyncStore.
+func TestReserveNeedsLeases(t *testing.T) {
+	store := struct{ counter.Store }{counter.NewMemoryStore(counter.MemoryConfig{})}
+	e, err := New(store, WithoutDetector())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	p := &Policy{Name: "r", Limit: PerSecond(10), Sync: SyncReserve}
+	if _, err := e.Allow(context.Background(), "k", p); !errors.Is(err, ErrUnknownSync) {
+		t.Errorf("Allow = %v, want ErrUnknownSync", err)
+	}
+	out := make([]Decision, 2)
+	e.AllowBatch(context.Background(), []Request{{Key: "a", Policy: p, Cost: 1}, {Key: "b", Policy: p, Cost: 1}}, out)
+	for i, d := range out {
+		if !errors.Is(d.Err, ErrUnknownSync) {
+			t.Errorf("batch %d: %v, want ErrUnknownSync", i, d.Err)
+		}
+	}
+}
