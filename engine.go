@@ -217,7 +217,7 @@ func (e *Engine) reserveStore() counter.Store {
 	case e.closed.Load():
 		return e.store
 	}
-	e.reserve = counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.Instances, Clock: e.opt.clock})
+	e.reserve = counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.Instances, Clock: e.opt.clock, Sweep: e.opt.reserveSweep})
 	return e.reserve
 }
 

@@ -97,3 +97,13 @@ func withStateTransfer(on bool) Option {
 		return nil
 	}
 }
+
+// withoutReserveSweep has SyncReserve's blocks go back only at their key's
+// next decision and at Close: on a clock of the test's, never at a moment
+// the sweeper chose.
+func withoutReserveSweep() Option {
+	return func(o *options) error {
+		o.reserveSweep = -1
+		return nil
+	}
+}

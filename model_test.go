@@ -88,6 +88,7 @@ type modelConfig struct {
 	maxHot   int         // WithMaxHotKeys, 0 for the default
 	memKeys  int         // the memory store's MaxKeys, 0 for the default; floods fill it
 	store    modelStore
+	sync     Sync // every policy's
 }
 
 // modelStore is the store the engines of a run share.
@@ -118,6 +119,11 @@ var modelConfigs = []modelConfig{
 	{name: "redis/three/adaptive", engines: 3, adaptive: true, store: modelRedis},
 	{name: "redis/two/static4+adaptive/full-table", engines: 2, static: shard.Level4, adaptive: true, maxHot: 2, store: modelRedis},
 	{name: "cluster/two/adaptive/full-table", engines: 2, adaptive: true, maxHot: 2, store: modelCluster},
+	// sync: reserve, each engine admitting from blocks it leased.
+	{name: "reserve/three/adaptive", engines: 3, adaptive: true, sync: SyncReserve},
+	{name: "reserve/two/static4+adaptive/full-table", engines: 2, static: shard.Level4, adaptive: true, maxHot: 2, sync: SyncReserve},
+	{name: "reserve/two/adaptive/full-memory", engines: 2, adaptive: true, memKeys: 256, sync: SyncReserve},
+	{name: "reserve/redis/three/adaptive", engines: 3, adaptive: true, store: modelRedis, sync: SyncReserve},
 }
 
 // modelEvent is one admission: when, what it cost, and the limit it was
@@ -206,6 +212,9 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 		period = time.Second
 	}
 	opts := []Option{withClock(now), WithoutDetector()}
+	if cfg.store == modelMemory {
+		opts = append(opts, withoutReserveSweep()) // blocks go back at points the run decides
+	}
 	if cfg.static > 0 {
 		opts = append(opts, withSplitAll(cfg.static))
 	}
@@ -229,6 +238,9 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 	defer ref.Close()
 
 	policies := modelPolicies(period)
+	for _, p := range policies {
+		p.Sync = cfg.sync
+	}
 	varying := []Limit{policies[4].Limit, {Algorithm: TokenBucket, Rate: 640, Period: period, Burst: 160}}
 	// Keys are counted by their bytes, UTF-8 or not; "a|4|0" is a key of
 	// its own, not subcounter 0 of "a" split in 4.
@@ -342,7 +354,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			place(newPlacement(1+rng.IntN(4), version))
 			m.nodeMaps++
 		default: // the varying policy's limit changes
-			policies[4] = &Policy{Name: "varying", Limit: varying[rng.IntN(2)]}
+			policies[4] = &Policy{Name: "varying", Limit: varying[rng.IntN(2)], Sync: cfg.sync}
 		}
 	}
 	return m

@@ -36,6 +36,7 @@ type options struct {
 	logger                        *slog.Logger
 	registerer                    prometheus.Registerer
 	reserveLease                  time.Duration
+	reserveSweep                  time.Duration // see counter.ReserveConfig.Sweep
 }
 
 // DefaultMaxKeyLen is the longest key accepted by default (WithMaxKeyLen).

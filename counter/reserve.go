@@ -30,6 +30,11 @@ type ReserveConfig struct {
 	MaxBlocks int
 	// Clock is the time source; nil means time.Now.
 	Clock func() time.Time
+	// Sweep is how often the blocks of ended leases are returned, and
+	// idle keys forgotten; 0 means half the lease. Negative: never (tests
+	// on a clock of their own, where returns must come at points they
+	// choose: a block's next decision, and Close).
+	Sweep time.Duration
 }
 
 // ReserveStats counts what a ReserveStore did.
@@ -129,7 +134,14 @@ func NewReserveStore(base LeaseStore, cfg ReserveConfig) *ReserveStore {
 	for i := range s.shards {
 		s.shards[i].blocks = make(map[string]*block)
 	}
-	go s.sweep(cfg.Lease / 2)
+	switch {
+	case cfg.Sweep == 0:
+		go s.sweep(cfg.Lease / 2)
+	case cfg.Sweep > 0:
+		go s.sweep(cfg.Sweep)
+	default:
+		close(s.stopped)
+	}
 	return s
 }
 
