@@ -3,6 +3,8 @@ package hotkey
 import (
 	"context"
 	"errors"
+	"fmt"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,6 +13,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/faultproxy"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
@@ -151,5 +154,56 @@ func TestReserveNeedsLeases(t *testing.T) {
 		if !errors.Is(d.Err, ErrUnknownSync) {
 			t.Errorf("batch %d: %v, want ErrUnknownSync", i, d.Err)
 		}
+	}
+}
+
+// TestReserveStoreCut: when Redis stops answering while a block is out,
+// the block is spent first, undegraded, then the policy's fallback decides.
+func TestReserveStoreCut(t *testing.T) {
+	checkLeaks(t)
+	proxy, err := faultproxy.New(env.Server.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { proxy.Close() })
+	store := chaosStore(t, chaosClient(t, proxy.Addr()))
+	e, err := New(store, WithoutDetector(), WithBreaker(3, chaosProbe, chaosMaxProbe), WithReserveLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	p := &Policy{Name: "cut", Limit: Limit{Rate: 1_000_000, Period: time.Second, Burst: 100_000}, Sync: SyncReserve}
+	key := fmt.Sprintf("cut-%x", rand.Uint64())
+	ctx := context.Background()
+	for range 200 {
+		if r, err := e.Allow(ctx, key, p); err != nil || !r.Allowed || r.Degraded {
+			t.Fatalf("store up: %+v, %v", r, err)
+		}
+	}
+	if e.reserve.Stats().Leases == 0 {
+		t.Fatal("no block leased")
+	}
+	proxy.Cut()
+	var fromBlock, degraded int
+	for range 100_000 {
+		r, err := e.Allow(ctx, key, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Degraded {
+			degraded++
+			if degraded == 100 {
+				break
+			}
+			continue
+		}
+		if degraded > 0 {
+			t.Fatalf("an undegraded decision after %d degraded ones: %+v", degraded, r)
+		}
+		fromBlock++
+	}
+	t.Logf("after the cut: %d decisions from the block, then the fallback (%d degraded)", fromBlock, degraded)
+	if fromBlock == 0 || degraded < 100 {
+		t.Errorf("%d decisions from the block, %d degraded: want the block spent, then the fallback", fromBlock, degraded)
 	}
 }
