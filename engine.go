@@ -221,6 +221,17 @@ func (e *Engine) reserveStore() counter.Store {
 	return e.reserve
 }
 
+// reserveStats returns what SyncReserve's store did; false before the
+// first SyncReserve decision.
+func (e *Engine) reserveStats() (counter.ReserveStats, bool) {
+	e.reserveMu.Lock()
+	defer e.reserveMu.Unlock()
+	if e.reserve == nil {
+		return counter.ReserveStats{}, false
+	}
+	return e.reserve.Stats(), true
+}
+
 // handler applies the coordinator's decisions to the engine.
 type handler struct{ e *Engine }
 

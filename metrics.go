@@ -218,16 +218,18 @@ func (m *metrics) breakerChanged(s BreakerState) {
 type engineCollector struct{ e *Engine }
 
 var (
-	descHotKeys = prometheus.NewDesc("hotkey_hot_keys", "Keys split on this instance, by level.", []string{"level"}, nil)
-	descBreaker = prometheus.NewDesc("hotkey_breaker_open", "1 while the store circuit breaker is open, else 0.", nil, nil)
-	descPeers   = prometheus.NewDesc("hotkey_peers", "Other live instances, as the coordinator sees them.", nil, nil)
-	descSkew    = prometheus.NewDesc("hotkey_clock_skew_seconds", "The store's clock minus this host's, as last measured (Redis TIME).", nil, nil)
-	descCoord   = prometheus.NewDesc("hotkey_coordinator_messages_total", "Coordinator messages by kind: published, received, invalid, rejected (lease table full), dropped, publish_errors.", []string{"kind"}, nil)
-	descMemFull = prometheus.NewDesc("hotkey_memory_store_full_total", "Counters an in-process memory store refused to create, its stripe being full of live counters: takes of new keys (denied) and hot-key moves (left on the counters that hold the usage). By store: store (the engine's own, as hotkeyd's without Redis), local (the local fallback's).", []string{"store"}, nil)
+	descHotKeys      = prometheus.NewDesc("hotkey_hot_keys", "Keys split on this instance, by level.", []string{"level"}, nil)
+	descBreaker      = prometheus.NewDesc("hotkey_breaker_open", "1 while the store circuit breaker is open, else 0.", nil, nil)
+	descPeers        = prometheus.NewDesc("hotkey_peers", "Other live instances, as the coordinator sees them.", nil, nil)
+	descSkew         = prometheus.NewDesc("hotkey_clock_skew_seconds", "The store's clock minus this host's, as last measured (Redis TIME).", nil, nil)
+	descCoord        = prometheus.NewDesc("hotkey_coordinator_messages_total", "Coordinator messages by kind: published, received, invalid, rejected (lease table full), dropped, publish_errors.", []string{"kind"}, nil)
+	descReserve      = prometheus.NewDesc("hotkey_reserve_total", "sync: reserve, by event: local (a decision admitted from a block, with no store call), lease (a store call that leased a block), take (a decision taken on the store: a cold key, a cost its block lacked, a sliding log), return (a store call that gave a block's unused units back).", []string{"event"}, nil)
+	descReserveUnits = prometheus.NewDesc("hotkey_reserve_returned_units_total", "sync: reserve: unused units of blocks given back, by outcome: back (the store took them back), kept (its rule kept them: a token bucket's held past their time, a window that ended).", []string{"outcome"}, nil)
+	descMemFull      = prometheus.NewDesc("hotkey_memory_store_full_total", "Counters an in-process memory store refused to create, its stripe being full of live counters: takes of new keys (denied) and hot-key moves (left on the counters that hold the usage). By store: store (the engine's own, as hotkeyd's without Redis), local (the local fallback's).", []string{"store"}, nil)
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descHotKeys, descBreaker, descPeers, descSkew, descCoord, descMemFull} {
+	for _, d := range []*prometheus.Desc{descHotKeys, descBreaker, descPeers, descSkew, descCoord, descMemFull, descReserve, descReserveUnits} {
 		ch <- d
 	}
 }
@@ -253,6 +255,13 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descMemFull, prometheus.CounterValue, float64(ms.Full()), "store")
 	}
 	ch <- prometheus.MustNewConstMetric(descMemFull, prometheus.CounterValue, float64(e.local.Full()), "local")
+	if rs, ok := e.reserveStats(); ok {
+		for event, v := range map[string]uint64{"local": rs.Local, "lease": rs.Leases, "take": rs.Takes, "return": rs.Returns} {
+			ch <- prometheus.MustNewConstMetric(descReserve, prometheus.CounterValue, float64(v), event)
+		}
+		ch <- prometheus.MustNewConstMetric(descReserveUnits, prometheus.CounterValue, float64(rs.Returned), "back")
+		ch <- prometheus.MustNewConstMetric(descReserveUnits, prometheus.CounterValue, float64(rs.Unspent), "kept")
+	}
 	if cs := st.Coordinator; cs != nil {
 		for kind, v := range map[string]uint64{
 			"published": cs.Published, "received": cs.Received, "invalid": cs.Invalid,

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/counter"
@@ -182,6 +184,13 @@ func TestReserveStoreCut(t *testing.T) {
 	}
 	if e.reserve.Stats().Leases == 0 {
 		t.Fatal("no block leased")
+	}
+	reg := prometheus.NewRegistry()
+	if err := reg.Register(engineCollector{e}); err != nil {
+		t.Fatal(err)
+	}
+	if n, err := testutil.GatherAndCount(reg, "hotkey_reserve_total", "hotkey_reserve_returned_units_total"); err != nil || n != 6 {
+		t.Errorf("reserve metrics: %d series, %v; want 6", n, err)
 	}
 	proxy.Cut()
 	var fromBlock, degraded int
