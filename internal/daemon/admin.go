@@ -70,6 +70,7 @@ type PolicyDump struct {
 	Burst          int64    `json:"burst,omitempty"`
 	OnStoreFailure string   `json:"on_store_failure"`
 	Allowlist      []string `json:"allowlist,omitempty"`
+	Sync           string   `json:"sync"`
 	// File and Line are where the policy is defined; empty for the
 	// built-in default.
 	File string `json:"file,omitempty"`
@@ -90,6 +91,8 @@ type EnvoyRuleDump struct {
 	// Policy names the counters' namespace; empty when no counting is
 	// needed (unlimited, or 0 requests per unit).
 	Policy string `json:"policy,omitempty"`
+	// Sync is the counters' sync mode; empty when Policy is.
+	Sync string `json:"sync,omitempty"`
 }
 
 // handleConfig is GET /v1/config.
@@ -104,7 +107,7 @@ func (r *rules) dump(cfg Config) ConfigDump {
 		p := r.policies[name]
 		o := r.origins[name]
 		out.Policies = append(out.Policies, PolicyDump{Name: name, Algorithm: p.Limit.Algorithm.String(), Rate: p.Limit.Rate, Period: p.Limit.Period.String(),
-			Burst: p.Limit.Burst, OnStoreFailure: p.OnStoreFailure.String(), Allowlist: p.Allowlist, File: o.file, Line: o.line})
+			Burst: p.Limit.Burst, OnStoreFailure: p.OnStoreFailure.String(), Allowlist: p.Allowlist, Sync: p.Sync.String(), File: o.file, Line: o.line})
 	}
 	if r.envoy != nil {
 		for _, rule := range r.envoy.Rules() {
@@ -112,6 +115,9 @@ func (r *rules) dump(cfg Config) ConfigDump {
 				RequestsPerUnit: rule.RequestsPerUnit, Multiplier: rule.Multiplier, ShadowMode: rule.ShadowMode, Policy: policyName(rule.Policy)}
 			if !rule.Unlimited {
 				rd.Unit = rule.Unit.String()
+			}
+			if rule.Policy != nil {
+				rd.Sync = rule.Policy.Sync.String()
 			}
 			out.EnvoyRules = append(out.EnvoyRules, rd)
 		}

@@ -110,7 +110,7 @@ func TestAdminConfig(t *testing.T) {
 	policies := filepath.Join(dir, "policies.yaml")
 	writeTestFile(t, policies, onePolicy("api", 3))
 	envoyFile := filepath.Join(dir, "rules.yaml")
-	writeTestFile(t, envoyFile, "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5}\n")
+	writeTestFile(t, envoyFile, "domain: edge\ndescriptors:\n  - key: k\n    rate_limit: {unit: minute, requests_per_unit: 5, sync: reserve}\n")
 	e := startReloadEnv(t, "--policies", policies, "--envoy-config", envoyFile, "--reload-interval", "0",
 		"--nats-user", "hotkeyd", "--nats-password", password)
 	dump := func() (ConfigDump, string) {
@@ -143,10 +143,10 @@ func TestAdminConfig(t *testing.T) {
 	if c.Generation != 1 || c.PoliciesFrom != policies || c.EnvoyConfigFrom != envoyFile || c.LoadedAt.IsZero() || rate(c, "api") != 3 || rate(c, DefaultPolicy) != BuiltinPolicy().Limit.Rate {
 		t.Errorf("at start: %s", body)
 	}
-	if len(c.EnvoyRules) != 1 || c.EnvoyRules[0].Domain != "edge" || c.EnvoyRules[0].RequestsPerUnit != 5 || c.EnvoyRules[0].Unit != "minute" || c.EnvoyRules[0].File != envoyFile {
+	if len(c.EnvoyRules) != 1 || c.EnvoyRules[0].Domain != "edge" || c.EnvoyRules[0].RequestsPerUnit != 5 || c.EnvoyRules[0].Unit != "minute" || c.EnvoyRules[0].File != envoyFile || c.EnvoyRules[0].Sync != "reserve" {
 		t.Errorf("Envoy rules at start: %+v", c.EnvoyRules)
 	}
-	if p := c.Policies[0]; p.Name != "api" || p.Algorithm != "sliding_log" || p.Period != "24h0m0s" || p.File != policies || p.Line != 2 {
+	if p := c.Policies[0]; p.Name != "api" || p.Algorithm != "sliding_log" || p.Period != "24h0m0s" || p.File != policies || p.Line != 2 || p.Sync != "store" {
 		t.Errorf("policy api: %+v", p)
 	}
 

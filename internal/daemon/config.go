@@ -33,6 +33,11 @@ const (
 	// DefaultNATSClusterName names the embedded servers' cluster.
 	DefaultNATSClusterName = "hotkey"
 	DefaultBreakerProbe    = hotkey.DefaultBreakerProbe
+	// DefaultReserveLease is how long a sync: reserve policy's block is
+	// admitted from.
+	DefaultReserveLease = counter.DefaultLease
+	// maxReserveLease bounds --reserve-lease (hotkey.WithReserveLease).
+	maxReserveLease = time.Minute
 	// DefaultReloadInterval is how often the rules' files are checked for
 	// changes.
 	DefaultReloadInterval = 2 * time.Second
@@ -141,6 +146,9 @@ type Config struct {
 	HotFloor     float64 // the least local threshold, requests per second
 	CoolDown     time.Duration
 	BreakerProbe time.Duration
+	// ReserveLease is how long a block leased for a sync: reserve policy
+	// is admitted from before its unused units go back to the store.
+	ReserveLease time.Duration
 	LogLevel     slog.Level
 
 	// set records which flags were given, on the command line or in the
@@ -211,6 +219,8 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	cfg.CoolDown, cfg.BreakerProbe = detector.DefaultConfig().CoolDown, DefaultBreakerProbe
 	fs.Var((*durationFlag)(&cfg.CoolDown), "cool-down", "")
 	fs.Var((*durationFlag)(&cfg.BreakerProbe), "breaker-probe", "")
+	cfg.ReserveLease = DefaultReserveLease
+	fs.Var((*durationFlag)(&cfg.ReserveLease), "reserve-lease", "")
 	cfg.ReloadInterval = DefaultReloadInterval
 	fs.Var((*durationFlag)(&cfg.ReloadInterval), "reload-interval", "")
 	fs.StringVar(&level, "log-level", "info", "")

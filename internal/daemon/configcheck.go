@@ -157,6 +157,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 60s", flagName("cool-down"), c.CoolDown)
 	case c.BreakerProbe <= 0:
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 10s", flagName("breaker-probe"), c.BreakerProbe)
+	case c.ReserveLease <= 0 || c.ReserveLease > maxReserveLease:
+		return fmt.Errorf("%s %v: want a positive duration, at most %v, e.g. 100ms", flagName("reserve-lease"), c.ReserveLease, maxReserveLease)
 	case c.ReloadInterval < 0:
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 2s, or 0 to check never", flagName("reload-interval"), c.ReloadInterval)
 	}

@@ -71,6 +71,7 @@ func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
 //	    burst: 100                 # token_bucket only; default = limit; period/limit × burst at most 2^37 ms
 //	    on_store_failure: local    # local (default), open, closed
 //	    allowlist: [health_check]  # keys a closed policy still admits
+//	    sync: store                # store (default), reserve
 //
 // Unknown fields, duplicate names or fields, YAML aliases and merge keys,
 // and values the engine cannot enforce are errors (a *PolicyError naming
@@ -278,8 +279,18 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 				return err
 			}
 			p.Allowlist = list
+		case "sync":
+			s, err := scalarString(v, field)
+			if err != nil {
+				return err
+			}
+			m, err := hotkey.ParseSync(s)
+			if err != nil {
+				return perr(v, field, "unknown value %s: want store or reserve", yamlerr.Quote(s))
+			}
+			p.Sync = m
 		default:
-			return perr(k, field, "unknown field: want algorithm, limit, period, burst, on_store_failure or allowlist")
+			return perr(k, field, "unknown field: want algorithm, limit, period, burst, on_store_failure, allowlist or sync")
 		}
 		return nil
 	})

@@ -62,6 +62,19 @@ func TestParsePoliciesDefaults(t *testing.T) {
 	if w := ps["win"]; w.Limit.Algorithm != counter.FixedWindow || w.OnStoreFailure != hotkey.FallbackOpen {
 		t.Errorf("win = %+v", w)
 	}
+	if api.Sync != hotkey.SyncStore {
+		t.Errorf("api's sync %v, want store", api.Sync)
+	}
+}
+
+func TestParsePoliciesSync(t *testing.T) {
+	ps, err := ParsePolicies([]byte("policies:\n  a:\n    limit: 5\n    period: 1s\n    sync: reserve\n  b:\n    limit: 5\n    period: 1s\n    sync: store\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b := ps["a"].Sync, ps["b"].Sync; a != hotkey.SyncReserve || b != hotkey.SyncStore {
+		t.Errorf("sync: a %v, b %v; want reserve, store", a, b)
+	}
 }
 
 // TestParsePoliciesRefused: each bad file is refused with the line and the
@@ -84,6 +97,8 @@ func TestParsePoliciesRefused(t *testing.T) {
 		{"missing period", "policies:\n  a:\n    limit: 5\n", 3, "policies.a.period", "missing"},
 		{"burst on window", "policies:\n  a:\n    algorithm: sliding_window\n    limit: 5\n    period: 1s\n    burst: 9\n", 6, "policies.a.burst", "token_bucket only"},
 		{"zero burst", "policies:\n  a:\n    limit: 5\n    period: 1s\n    burst: 0\n", 5, "policies.a.burst", "positive"},
+		{"bad sync", "policies:\n  a:\n    limit: 5\n    period: 1s\n    sync: gossip\n", 5, "policies.a.sync", `unknown value "gossip": want store or reserve`},
+		{"sync not a value", "policies:\n  a:\n    limit: 5\n    period: 1s\n    sync: [reserve]\n", 5, "policies.a.sync", "single value"},
 		{"bad fallback", "policies:\n  a:\n    limit: 5\n    period: 1s\n    on_store_failure: error\n", 5, "policies.a.on_store_failure", "want local, open or closed"},
 		{"sliding log too large", "policies:\n  a:\n    algorithm: sliding_log\n    limit: 200000\n    period: 1s\n", 4, "policies.a.limit", "too large"},
 		{"limit over 2^53-1", "policies:\n  a:\n    algorithm: fixed_window\n    limit: 9223372036854775807\n    period: 1h\n", 4, "policies.a.limit", "over 2^53-1"},

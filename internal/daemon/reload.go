@@ -209,19 +209,23 @@ func (d *Daemon) Reload(cause string) error {
 	return nil
 }
 
-// keepsState refuses new rules that change the algorithm or the period of
-// a policy (or Envoy rule) that old has: its counters' state is written in
-// them, and a take under others reads it as no usage, so that until every
-// daemon (and every decision in flight) has the new rules, daemons on old
-// and new would each wipe the other's counts and admit without limit.
+// keepsState refuses new rules that change the algorithm, the period or
+// the sync mode of a policy (or Envoy rule) that old has: its counters'
+// state is written in the first two, and a take under others reads it as
+// no usage, so that until every daemon (and every decision in flight) has
+// the new rules, daemons on old and new would each wipe the other's counts
+// and admit without limit; and a change of sync mode would have daemons
+// decide one key in both modes, leased blocks beside single takes.
 func keepsState(old, r *rules) error {
 	for _, name := range r.policies.Names() {
 		p, q := old.policies[name], r.policies[name]
-		if p == nil || !stateChanged(p, q) {
+		if p == nil {
 			continue
 		}
-		o := r.origins[name]
-		return &PolicyError{File: o.file, Line: o.line, Field: "policies." + name, Msg: stateChange(p, q, "policy", "rename it")}
+		if msg := stateChange(p, q, "policy", "rename it"); msg != "" {
+			o := r.origins[name]
+			return &PolicyError{File: o.file, Line: o.line, Field: "policies." + name, Msg: msg}
+		}
 	}
 	if old.envoy == nil || r.envoy == nil {
 		return nil
@@ -233,8 +237,12 @@ func keepsState(old, r *rules) error {
 		}
 	}
 	for _, rule := range r.envoy.Rules() {
-		if p := before[policyName(rule.Policy)]; p != nil && stateChanged(p, rule.Policy) {
-			return &envoyconf.Error{File: rule.File, Line: rule.Line, Field: rule.Path, Msg: stateChange(p, rule.Policy, "rule", "give the descriptor another key or value")}
+		p := before[policyName(rule.Policy)]
+		if p == nil {
+			continue
+		}
+		if msg := stateChange(p, rule.Policy, "rule", "give the descriptor another key or value"); msg != "" {
+			return &envoyconf.Error{File: rule.File, Line: rule.Line, Field: rule.Path, Msg: msg}
 		}
 	}
 	return nil
@@ -247,13 +255,16 @@ func policyName(p *hotkey.Policy) string {
 	return p.Name
 }
 
-// stateChanged reports whether q counts in another state than p.
-func stateChanged(p, q *hotkey.Policy) bool {
-	return p.Limit.Algorithm != q.Limit.Algorithm || p.Limit.Period != q.Limit.Period
-}
-
-// stateChange explains the refusal of a change from p to q.
+// stateChange explains why a reload may not change p to q, or returns ""
+// when it may.
 func stateChange(p, q *hotkey.Policy, what, rename string) string {
+	if p.Limit.Algorithm == q.Limit.Algorithm && p.Limit.Period == q.Limit.Period {
+		if p.Sync == q.Sync {
+			return ""
+		}
+		return fmt.Sprintf("sync %v, was %v: a reload keeps the sync mode of a %s (daemons on old and new would decide its keys both from leased blocks and take by take); to change it, %s, or restart the daemons",
+			q.Sync, p.Sync, what, rename)
+	}
 	return fmt.Sprintf("%s per %v, was %s per %v: a reload keeps the algorithm and period of a %s, which its counters' state is written in (daemons that read it under others would count it as nothing); to change them, %s, or restart the daemons (either way its counters start afresh)",
 		q.Limit.Algorithm, q.Limit.Period, p.Limit.Algorithm, p.Limit.Period, what, rename)
 }
@@ -279,7 +290,7 @@ func diffPolicies(a, b Policies) (added, removed, changed []string) {
 }
 
 func samePolicy(a, b *hotkey.Policy) bool {
-	return a.Name == b.Name && a.Limit == b.Limit && a.OnStoreFailure == b.OnStoreFailure && slices.Equal(a.Allowlist, b.Allowlist)
+	return a.Name == b.Name && a.Limit == b.Limit && a.OnStoreFailure == b.OnStoreFailure && a.Sync == b.Sync && slices.Equal(a.Allowlist, b.Allowlist)
 }
 
 // watch reloads when the files of --policies or --envoy-config change,

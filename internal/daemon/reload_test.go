@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/internal/envoyconf"
 	"github.com/hotkeyd/hotkey/internal/testkit"
@@ -328,5 +329,47 @@ func TestReloadRefusesStateChange(t *testing.T) {
 	}
 	if ok, failed := e.reloads("ok"), e.reloads("error"); ok != 2 || failed != 3 {
 		t.Errorf("reloads counted: %v ok, %v refused; want 2 and 3", ok, failed)
+	}
+}
+
+// TestReloadRefusesSyncChange: a reload that changes the sync mode of a
+// kept policy, or of a kept Envoy rule, is refused as a change of
+// algorithm is; a new policy may take either mode.
+func TestReloadRefusesSyncChange(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "policies.yaml")
+	policies := func(mode, more string) string {
+		return "policies:\n  other:\n    limit: 1\n    period: 1s\n  api:\n    algorithm: fixed_window\n    limit: 10\n    period: 1s\n    sync: " + mode + "\n" + more
+	}
+	writeTestFile(t, path, policies("store", ""))
+	envoyFile := filepath.Join(dir, "rules.yaml")
+	rules := func(mode string) string {
+		return "domain: edge\ndescriptors:\n  - key: tenant\n    rate_limit: {unit: minute, requests_per_unit: 5, sync: " + mode + "}\n"
+	}
+	writeTestFile(t, envoyFile, rules("store"))
+	e := startReloadEnv(t, "--policies", path, "--envoy-config", envoyFile, "--reload-interval", "0")
+
+	writeTestFile(t, path, policies("reserve", ""))
+	err := e.d.Reload("test")
+	pe, ok := errors.AsType[*PolicyError](err)
+	if !ok || pe.File != path || pe.Line != 5 || pe.Field != "policies.api" || !strings.Contains(pe.Msg, "sync reserve, was store: a reload keeps the sync mode") {
+		t.Errorf("sync store to reserve: %v, want a refusal naming the file, line 5 and policies.api", err)
+	}
+	if got := e.d.rules.Load().policies["api"].Sync; got != hotkey.SyncStore {
+		t.Errorf("the policy in force has sync %v, want the old store", got)
+	}
+	writeTestFile(t, path, policies("store", "  fresh:\n    limit: 3\n    period: 1s\n    sync: reserve\n"))
+	if err := e.d.Reload("test"); err != nil || e.d.rules.Load().policies["fresh"].Sync != hotkey.SyncReserve {
+		t.Errorf("a new policy with sync reserve: %v", err)
+	}
+
+	writeTestFile(t, envoyFile, rules("reserve"))
+	err = e.d.Reload("test")
+	ee, ok := errors.AsType[*envoyconf.Error](err)
+	if !ok || ee.File != envoyFile || ee.Line != 3 || ee.Field != "edge.tenant" || !strings.Contains(ee.Msg, "a reload keeps the sync mode of a rule") {
+		t.Errorf("an Envoy rule's sync changed: %v, want a refusal naming the file, line 3 and the rule", err)
+	}
+	if ok, failed := e.reloads("ok"), e.reloads("error"); ok != 1 || failed != 2 {
+		t.Errorf("reloads counted: %v ok, %v refused; want 1 and 2", ok, failed)
 	}
 }

@@ -101,6 +101,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		hotkey.WithDetector(detector.Config{Threshold: cfg.HotThreshold, Floor: cfg.HotFloor, CoolDown: cfg.CoolDown}),
 		hotkey.WithBreaker(hotkey.DefaultBreakerFailures, probe, max(hotkey.DefaultBreakerMaxProbe, probe)),
 		hotkey.WithLocalKeys(cfg.MaxKeys),
+		hotkey.WithReserveLease(cfg.ReserveLease),
 	}
 	// Without NATS the engine's own coordinator.Local agrees hot keys with
 	// this daemon alone.

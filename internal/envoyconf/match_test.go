@@ -378,8 +378,8 @@ func TestPolicyName(t *testing.T) {
 	}
 }
 
-// TestPolicies: the extensions algorithm and on_store_failure, and the
-// defaults.
+// TestPolicies: the extensions algorithm, on_store_failure and sync, and
+// the defaults.
 func TestPolicies(t *testing.T) {
 	c := mustParse(t, map[string]string{"a.yaml": `
 domain: d
@@ -389,7 +389,7 @@ descriptors:
   - key: tb
     rate_limit: {unit: minute, requests_per_unit: 7, algorithm: token_bucket, on_store_failure: closed}
   - key: fw
-    rate_limit: {unit: hour, requests_per_unit: 8, algorithm: fixed_window, on_store_failure: open}
+    rate_limit: {unit: hour, requests_per_unit: 8, algorithm: fixed_window, on_store_failure: open, sync: reserve}
   - key: sl
     rate_limit: {unit: day, requests_per_unit: 9, algorithm: sliding_log}
   - key: zero
@@ -407,18 +407,19 @@ descriptors:
 		return m.Rule.Policy
 	}
 	for _, tc := range []struct {
-		key string
-		lim counter.Limit
-		fb  hotkey.Fallback
+		key  string
+		lim  counter.Limit
+		fb   hotkey.Fallback
+		sync hotkey.Sync
 	}{
-		{"default", counter.Limit{Algorithm: counter.SlidingWindow, Rate: 5, Period: Second.Duration()}, hotkey.FallbackLocal},
-		{"tb", counter.Limit{Algorithm: counter.TokenBucket, Rate: 7, Period: Minute.Duration(), Burst: 7}, hotkey.FallbackClosed},
-		{"fw", counter.Limit{Algorithm: counter.FixedWindow, Rate: 8, Period: Hour.Duration()}, hotkey.FallbackOpen},
-		{"sl", counter.Limit{Algorithm: counter.SlidingLog, Rate: 9, Period: Day.Duration()}, hotkey.FallbackLocal},
+		{"default", counter.Limit{Algorithm: counter.SlidingWindow, Rate: 5, Period: Second.Duration()}, hotkey.FallbackLocal, hotkey.SyncStore},
+		{"tb", counter.Limit{Algorithm: counter.TokenBucket, Rate: 7, Period: Minute.Duration(), Burst: 7}, hotkey.FallbackClosed, hotkey.SyncStore},
+		{"fw", counter.Limit{Algorithm: counter.FixedWindow, Rate: 8, Period: Hour.Duration()}, hotkey.FallbackOpen, hotkey.SyncReserve},
+		{"sl", counter.Limit{Algorithm: counter.SlidingLog, Rate: 9, Period: Day.Duration()}, hotkey.FallbackLocal, hotkey.SyncStore},
 	} {
 		p := pol(tc.key)
-		if p == nil || p.Limit != tc.lim || p.OnStoreFailure != tc.fb || p.Name != "envoy/d."+tc.key {
-			t.Errorf("%s: %+v, want %+v %v", tc.key, p, tc.lim, tc.fb)
+		if p == nil || p.Limit != tc.lim || p.OnStoreFailure != tc.fb || p.Sync != tc.sync || p.Name != "envoy/d."+tc.key {
+			t.Errorf("%s: %+v, want %+v %v %v", tc.key, p, tc.lim, tc.fb, tc.sync)
 		}
 	}
 	if p := pol("zero"); p != nil {

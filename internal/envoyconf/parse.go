@@ -445,7 +445,7 @@ func (p *parser) descriptor(v *yaml.Node, field *field, path string, lvl *level,
 		case "share_threshold":
 			shareNode = val
 			n.share, err = p.bool(val, f)
-		case "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "on_store_failure":
+		case "unit", "requests_per_unit", "unlimited", "name", "replaces", "algorithm", "on_store_failure", "sync":
 			return p.errf(k, f, "unknown field here: %s belongs inside rate_limit", key)
 		default:
 			return p.errf(k, f, "unknown field: want key, value, rate_limit, descriptors, shadow_mode, quota_mode, detailed_metric, value_to_metric or share_threshold")
@@ -530,11 +530,12 @@ func (p *parser) rateLimit(v *yaml.Node, field *field, r *Rule) error {
 		return p.errf(v, field, "want a mapping (unit, requests_per_unit, ...), found %s", kindName(v))
 	}
 	var (
-		unitNode, rpuNode, algNode, fbNode *yaml.Node
-		replNodes                          []*yaml.Node
-		unit                               string
-		alg                                = defaultAlgorithm
-		fallback                           = hotkey.FallbackLocal
+		unitNode, rpuNode, algNode, fbNode, syncNode *yaml.Node
+		replNodes                                    []*yaml.Node
+		unit                                         string
+		alg                                          = defaultAlgorithm
+		fallback                                     = hotkey.FallbackLocal
+		mode                                         hotkey.Sync
 	)
 	err := p.eachField(v, field, func(key string, k, val *yaml.Node) error {
 		f := field.dot(key)
@@ -577,8 +578,17 @@ func (p *parser) rateLimit(v *yaml.Node, field *field, r *Rule) error {
 			if fallback, err = hotkey.ParseFallback(s); err != nil || fallback == hotkey.FallbackError {
 				return p.errf(val, f, "unknown value %s: want local, open or closed", yamlerr.Quote(s))
 			}
+		case "sync":
+			syncNode = val
+			var s string
+			if s, err = p.str(val, f); err != nil {
+				return err
+			}
+			if mode, err = hotkey.ParseSync(s); err != nil {
+				return p.errf(val, f, "unknown value %s: want store or reserve", yamlerr.Quote(s))
+			}
 		default:
-			return p.errf(k, f, "unknown field: want unit, requests_per_unit, unlimited, name, replaces, algorithm or on_store_failure")
+			return p.errf(k, f, "unknown field: want unit, requests_per_unit, unlimited, name, replaces, algorithm, on_store_failure or sync")
 		}
 		return err
 	})
@@ -598,6 +608,8 @@ func (p *parser) rateLimit(v *yaml.Node, field *field, r *Rule) error {
 			return p.errf(algNode, field.dot("algorithm"), "given with unlimited: true; an unlimited rule has no counter")
 		case fbNode != nil:
 			return p.errf(fbNode, field.dot("on_store_failure"), "given with unlimited: true; an unlimited rule has no counter")
+		case syncNode != nil:
+			return p.errf(syncNode, field.dot("sync"), "given with unlimited: true; an unlimited rule has no counter")
 		}
 		return nil
 	}
@@ -630,7 +642,7 @@ func (p *parser) rateLimit(v *yaml.Node, field *field, r *Rule) error {
 		}
 		return p.errf(at, f, "%v", err)
 	}
-	r.Policy = &hotkey.Policy{Name: PolicyName(r.Path), Limit: lim, OnStoreFailure: fallback}
+	r.Policy = &hotkey.Policy{Name: PolicyName(r.Path), Limit: lim, OnStoreFailure: fallback, Sync: mode}
 	return nil
 }
 
