@@ -909,32 +909,12 @@ func TestChaosFlood(t *testing.T) {
 	runtime.KeepAlive(store)
 }
 
-// evalCalls returns how many script calls Redis has run (INFO commandstats:
-// eval, evalsha and their read-only and function forms). Commands the
-// scripts run inside count under their own names, not here.
+// evalCalls returns how many scripts Redis has run (redistest.ScriptCalls).
 func evalCalls(t *testing.T, c *redis.Client) int64 {
 	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
+	n, err := redistest.ScriptCalls(context.Background(), c)
 	if err != nil {
 		t.Fatal(err)
-	}
-	var n int64
-	for _, line := range strings.Split(info, "\r\n") {
-		name, stats, ok := strings.Cut(line, ":")
-		switch name {
-		case "cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro", "cmdstat_fcall", "cmdstat_fcall_ro":
-		default:
-			continue
-		}
-		for _, kv := range strings.Split(stats, ",") {
-			if v, ok2 := strings.CutPrefix(kv, "calls="); ok && ok2 {
-				calls, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					t.Fatalf("commandstats %q: %v", line, err)
-				}
-				n += calls
-			}
-		}
 	}
 	return n
 }

@@ -106,31 +106,13 @@ func TestReserveDaemons(t *testing.T) {
 	}
 }
 
-// scriptCalls is the number of scripts the Redis server of c has run, from
-// INFO commandstats.
+// scriptCalls is the number of scripts the Redis server of c has run
+// (redistest.ScriptCalls).
 func scriptCalls(t *testing.T, c *redis.Client) int64 {
 	t.Helper()
-	info, err := c.Info(context.Background(), "commandstats").Result()
+	n, err := redistest.ScriptCalls(context.Background(), c)
 	if err != nil {
 		t.Fatal(err)
-	}
-	var n int64
-	for line := range strings.SplitSeq(info, "\r\n") {
-		name, stats, _ := strings.Cut(line, ":")
-		switch name {
-		case "cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro", "cmdstat_fcall", "cmdstat_fcall_ro":
-		default:
-			continue
-		}
-		for kv := range strings.SplitSeq(stats, ",") {
-			if v, ok := strings.CutPrefix(kv, "calls="); ok {
-				calls, err := strconv.ParseInt(v, 10, 64)
-				if err != nil {
-					t.Fatalf("commandstats %q: %v", line, err)
-				}
-				n += calls
-			}
-		}
 	}
 	return n
 }

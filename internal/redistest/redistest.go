@@ -498,3 +498,34 @@ func (t *tail) String() string {
 	defer t.mu.Unlock()
 	return strings.TrimSpace(string(t.buf))
 }
+
+// ScriptCalls returns how many scripts the server c talks to has run since
+// its stats were last reset (CONFIG RESETSTAT), from INFO commandstats:
+// EVAL, EVALSHA, their read-only forms and FCALL. The commands a script
+// runs count under their own names, not here. Every decision of hotkey's
+// Redis store is a script, so this counts its store calls.
+func ScriptCalls(ctx context.Context, c *redis.Client) (int64, error) {
+	info, err := c.Info(ctx, "commandstats").Result()
+	if err != nil {
+		return 0, err
+	}
+	var n int64
+	for line := range strings.Lines(info) {
+		name, stats, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch name {
+		case "cmdstat_eval", "cmdstat_evalsha", "cmdstat_eval_ro", "cmdstat_evalsha_ro", "cmdstat_fcall", "cmdstat_fcall_ro":
+		default:
+			continue
+		}
+		for field := range strings.SplitSeq(stats, ",") {
+			if v, ok := strings.CutPrefix(field, "calls="); ok {
+				calls, err := strconv.ParseInt(v, 10, 64)
+				if err != nil {
+					return 0, fmt.Errorf("commandstats %q: %w", line, err)
+				}
+				n += calls
+			}
+		}
+	}
+	return n, nil
+}

@@ -2,31 +2,15 @@ package scenario
 
 import (
 	"context"
-	"strconv"
-	"strings"
 
+	"github.com/hotkeyd/hotkey/internal/redistest"
 	"github.com/redis/go-redis/v9"
 )
 
-// ScriptCalls returns the EVAL and EVALSHA calls the server c talks to has
-// answered since its stats were last reset (CONFIG RESETSTAT): the store
-// calls of hotkey's Redis store, whose every decision is a script.
+// ScriptCalls returns the scripts the server c talks to has run since its
+// stats were last reset (CONFIG RESETSTAT): the store calls of hotkey's
+// Redis store, whose every decision is a script (see redistest.ScriptCalls).
 func ScriptCalls(ctx context.Context, c *redis.Client) (float64, error) {
-	info, err := c.Info(ctx, "commandstats").Result()
-	if err != nil {
-		return 0, err
-	}
-	n := 0.0
-	for line := range strings.Lines(info) {
-		if !strings.HasPrefix(line, "cmdstat_evalsha:") && !strings.HasPrefix(line, "cmdstat_eval:") {
-			continue
-		}
-		for field := range strings.SplitSeq(strings.TrimSpace(line[strings.IndexByte(line, ':')+1:]), ",") {
-			if v, ok := strings.CutPrefix(field, "calls="); ok {
-				f, _ := strconv.ParseFloat(v, 64)
-				n += f
-			}
-		}
-	}
-	return n, nil
+	n, err := redistest.ScriptCalls(ctx, c)
+	return float64(n), err
 }
