@@ -1,0 +1,43 @@
+package coordinator
+
+// GossipHandler is a Handler that takes part in gossip: the per-round
+// counts of the engine's gossip-synced policies (see package gossip). A
+// coordinator that carries gossip (a Gossiper) hands it its peers'
+// payloads; Local has no peers and never calls these methods. To the
+// coordinator a payload is opaque bytes.
+type GossipHandler interface {
+	Handler
+	// Gossip is given the payload of a peer's gossip message: checked as
+	// the coordinator's other messages are (signature and freshness with a
+	// Secret), and never this instance's own. It is called from the
+	// coordinator's receiving goroutine, possibly at the same time as the
+	// Handler's other methods, and should return quickly.
+	Gossip(payload []byte)
+	// GossipSnapshot returns payloads of at most maxBytes each that carry
+	// this instance's current view of its gossiped counters. The
+	// coordinator sends them to a joining peer in answer to its sync
+	// request. It is called off the decision path.
+	GossipSnapshot(maxBytes int) [][]byte
+	// GossipSync is given one payload of a peer's snapshot, received in
+	// answer to this instance's sync request (at Start and after a
+	// reconnect), checked as Gossip's are.
+	GossipSync(payload []byte)
+}
+
+// Gossiper is a Coordinator that carries gossip between instances.
+type Gossiper interface {
+	Coordinator
+	// PublishGossip sends payload to every peer, signed as the
+	// coordinator's other messages are. It returns an error if the
+	// message was not handed to NATS: larger than MaxGossip, not
+	// connected, or closed. It may block on the network, so it is called
+	// off the decision path.
+	PublishGossip(payload []byte) error
+	// MaxGossip is the largest payload PublishGossip takes and
+	// GossipSnapshot is asked for.
+	MaxGossip() int
+	// Connected reports whether the coordinator reaches NATS now. While it
+	// does not, a gossip-synced policy decides on this instance's counts
+	// alone.
+	Connected() bool
+}
