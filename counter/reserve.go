@@ -64,6 +64,10 @@ type ReserveStats struct {
 // bucket refills for others: over any interval it admits at most rate ×
 // lease more than a bucket deciding each unit when admitted. A sliding
 // log, whose units count from their instant, is decided on the store.
+// The store's clock decides what is counted; the instance's clock only
+// when a block ends. If it steps forward, blocks end early and go back; if
+// it steps back past a block's start, the block ends; a step back shorter
+// than a block's age (under one lease) lengthens it by the step.
 // Safe for concurrent use. Close returns every open block.
 type ReserveStore struct {
 	base      LeaseStore
@@ -96,6 +100,7 @@ type block struct {
 	lim   Limit
 	left  int64 // leased units not admitted yet
 	token int64 // the lease's, for Return
+	from  int64 // when it was leased, ns
 	until int64 // when the lease ends, ns
 
 	// The key's local rate: units decided since `since`, and the last
@@ -176,7 +181,7 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 	now := s.clock().UnixNano()
 	b.used += n
 	b.idle = 0
-	if b.lim == lim && now < b.until && b.left >= n {
+	if b.lim == lim && b.open(now) && b.left >= n {
 		b.left -= n
 		s.local.Add(1)
 		return Result{Allowed: true, Limit: lim.Capacity(), Remaining: b.left}, nil
@@ -195,7 +200,7 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 	s.leases.Add(1)
 	switch {
 	case l.Granted >= n:
-		b.lim, b.left, b.token, b.until = lim, l.Granted-n, l.Token, now+min(s.lease, int64(windowLeft(lim, l.Result)))
+		b.lim, b.left, b.token, b.from, b.until = lim, l.Granted-n, l.Token, now, now+min(s.lease, int64(windowLeft(lim, l.Result)))
 		r := l.Result
 		r.Allowed, r.Remaining = true, b.left
 		if b.left > 0 {
@@ -236,8 +241,8 @@ func (s *ReserveStore) take(ctx context.Context, key string, hash uint64, lim Li
 // key's local rate, at least n, at most the capacity divided by the live
 // instances. It updates the rate estimate.
 func (s *ReserveStore) size(b *block, now int64, lim Limit, n int64) int64 {
-	if b.since == 0 {
-		b.since = now
+	if b.since == 0 || now < b.since { // first, or the clock stepped back
+		b.used, b.since = 0, now
 	}
 	switch elapsed := now - b.since; {
 	case elapsed >= s.lease:
@@ -248,7 +253,7 @@ func (s *ReserveStore) size(b *block, now int64, lim Limit, n int64) int64 {
 		// A first estimate, before a whole lease has passed, once the
 		// key has been decided often enough for one to mean something.
 		b.perLease = float64(b.used) * float64(s.lease) / float64(max(elapsed, s.lease/10))
-	case b.until-now > s.lease/2:
+	case b.open(now) && b.until-now > s.lease/2:
 		// The last block was spent within half its lease: the key is
 		// faster than the estimate, which doubles until the next.
 		b.perLease *= 2
@@ -257,6 +262,11 @@ func (s *ReserveStore) size(b *block, now int64, lim Limit, n int64) int64 {
 	fair := lim.Capacity() / int64(max(1, s.instances()))
 	return max(n, min(want, fair))
 }
+
+// open reports whether b's lease holds at now: ended at its end, and when
+// the clock stepped back before it began, since a block must not outlive
+// the window that counted it.
+func (b *block) open(now int64) bool { return b.from <= now && now < b.until }
 
 // giveBack returns b's unused units to the store. The caller holds b.mu.
 func (s *ReserveStore) giveBack(ctx context.Context, key string, b *block) {
@@ -333,7 +343,7 @@ func (s *ReserveStore) sweepOnce(all bool) {
 				continue // a decision is leasing it
 			}
 			b.idle++
-			if all || b.until <= now || b.idle > reserveIdleSweeps {
+			if all || !b.open(now) || b.idle > reserveIdleSweeps {
 				ended = append(ended, k)
 			}
 			b.mu.Unlock()
@@ -347,7 +357,7 @@ func (s *ReserveStore) sweepOnce(all bool) {
 				continue
 			}
 			b.mu.Lock()
-			if all || b.until <= s.clock().UnixNano() {
+			if all || !b.open(s.clock().UnixNano()) {
 				s.giveBack(ctx, k, b)
 			}
 			forget := all || b.idle > reserveIdleSweeps

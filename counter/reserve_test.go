@@ -10,7 +10,9 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// stepClock is a clock the test moves.
+// stepClock is a clock the test moves: testkit.Clock's twin, which this
+// package's own tests cannot import (testkit imports counter), and which
+// they need for the unexported sweepOnce.
 type stepClock struct{ ns atomic.Int64 }
 
 func newStepClock() *stepClock {
@@ -332,5 +334,90 @@ func TestReserveFalseDenials(t *testing.T) {
 				t.Errorf("spread %v, %v: %d of %d denied at 90%% of the limit, over 2%%", spread, lim.Algorithm, denied, n)
 			}
 		}
+	}
+}
+
+// TestReserveClockStep: one instance of three, on a window algorithm,
+// sees its clock step a minute forward, then back, while it holds a block,
+// as steady traffic below the limit runs to a window's end and a burst
+// starts the next: every window, on the store's clock, still admits at
+// most the limit, and the steady traffic (below the limit, so any denial
+// of it is false) is counted denied, during the step and outside it.
+func TestReserveClockStep(t *testing.T) {
+	for _, alg := range []Algorithm{FixedWindow, SlidingWindow} {
+		t.Run(alg.String(), func(t *testing.T) {
+			clock := newStepClock()
+			var step atomic.Int64 // the stepped instance's clock, ahead of the store's
+			stepped := func() time.Time { return clock.Now().Add(time.Duration(step.Load())) }
+			base := NewMemoryStore(MemoryConfig{Clock: clock.Now})
+			var stores [3]*ReserveStore
+			for i := range stores {
+				c := clock.Now
+				if i == 0 {
+					c = stepped
+				}
+				stores[i] = NewReserveStore(base, ReserveConfig{Clock: c, Instances: func() int { return 3 }, Sweep: -1})
+				t.Cleanup(func() { stores[i].Close() })
+			}
+			lim := Limit{Algorithm: alg, Rate: 10000, Period: time.Second}
+			perWindow := map[int64]int64{}
+			var steady, falseDenied, falseDeniedStep int
+			ctx := context.Background()
+			i := 0
+			take := func(inSteady bool) {
+				r, err := stores[i%3].Take(ctx, "k", 3, lim, 1)
+				if err != nil {
+					t.Fatal(err)
+				}
+				switch {
+				case r.Allowed:
+					perWindow[clock.Now().UnixNano()/int64(time.Second)]++
+				case inSteady && step.Load() != 0:
+					falseDeniedStep++
+				case inSteady:
+					falseDenied++
+				}
+				if inSteady {
+					steady++
+				}
+				i++
+			}
+			nextWindow := func() {
+				now := clock.Now().UnixNano()
+				clock.Advance(time.Duration(int64(time.Second) - now%int64(time.Second)))
+			}
+			for w := range 4 {
+				// Steady traffic at 3,000/s, within the limit, to the
+				// window's last millisecond, then a burst as the next
+				// one starts; the window after that is left empty, for
+				// a sliding window's estimate to forget the burst.
+				for j := range 2970 {
+					switch {
+					case w == 1 && j == 1000:
+						step.Store(int64(time.Minute))
+					case w == 1 && j == 2000:
+						step.Store(0)
+					}
+					take(true)
+					clock.Advance(time.Second / 3000)
+				}
+				nextWindow()
+				for range 12000 {
+					take(false)
+				}
+				nextWindow()
+				nextWindow()
+			}
+			st := stores[0].Stats()
+			t.Logf("admitted by window %v; steady traffic denied: %d of %d, %d of them while the clock was a minute ahead; the stepped instance: %+v", perWindow, falseDenied+falseDeniedStep, steady, falseDeniedStep, st)
+			for w, n := range perWindow {
+				if n > lim.Rate {
+					t.Errorf("window %d: %d admitted, over %d", w, n, lim.Rate)
+				}
+			}
+			if st.Leases == 0 {
+				t.Error("the stepped instance leased no block")
+			}
+		})
 	}
 }
