@@ -44,14 +44,15 @@ func denyID(sub uint64, lim counter.Limit) uint64 {
 }
 
 // lookup returns the cached deny for id if one covers cost at the instant
-// clock returns; clock is read only when the slot matches.
+// clock returns, between the deny and its end; clock is read only when the
+// slot matches.
 func (c *denyCache) lookup(id uint64, cost int64, clock func() time.Time) (counter.Result, bool) {
 	d := c.slots[id&c.mask].Load()
 	if d == nil || d.id != id || cost < d.cost {
 		return counter.Result{}, false
 	}
 	now := clock().UnixNano()
-	if now >= d.until {
+	if now >= d.until || now < d.at { // passed, or the clock stepped back before it
 		return counter.Result{}, false
 	}
 	res := d.res

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
@@ -53,4 +54,26 @@ func TestDenyCacheAgreesWithStore(t *testing.T) {
 		}
 	}
 	t.Logf("%d of 64 decisions disagreed", disagreed)
+}
+
+// TestDenyCacheClockStep: a remembered denial covers the instants from the
+// deny to its end, not a clock stepped back before the deny.
+func TestDenyCacheClockStep(t *testing.T) {
+	c := newDenyCache(16)
+	at := time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC)
+	c.add(7, 1, at, counter.Result{RetryAfter: time.Second})
+	for _, tt := range []struct {
+		give time.Duration // from the deny
+		want bool
+	}{
+		{0, true},
+		{999 * time.Millisecond, true},
+		{time.Second, false},
+		{-time.Nanosecond, false},
+		{-time.Minute, false},
+	} {
+		if _, got := c.lookup(7, 1, func() time.Time { return at.Add(tt.give) }); got != tt.want {
+			t.Errorf("%v from the deny: covered %v, want %v", tt.give, got, tt.want)
+		}
+	}
 }
