@@ -62,7 +62,7 @@ type NATS struct {
 	subjGossip string
 	sweep      time.Duration // longest interval between expiry checks
 	sign       *signer       // nil without Secret
-	seenMsg    *replayGuard  // stamps on <prefix>.<ns>.*; nil without Secret
+	seenMsg    *replayGuard  // stamps on .lease, .hb and .sync; nil without Secret
 	seenSync   *replayGuard  // stamps of sync replies, JSON and gossip; nil without Secret
 	seenGossip *replayGuard  // stamps on <prefix>.<ns>.gossip; nil without Secret
 
@@ -77,12 +77,13 @@ type NATS struct {
 	inbox     string
 
 	// gossipMu is held while a payload is handed to the GossipHandler, so
-	// that Gossip and GossipSync are never called at once nor after Close;
-	// and while PublishGossip stamps and publishes, so that stamps go out
-	// in order. It guards gossipClosed.
+	// that Gossip and GossipSync are never called at once nor after Close.
+	// It guards gossipClosed.
 	gossipMu     sync.Mutex
 	gossipClosed bool
-	pubGossipMu  sync.Mutex // held by PublishGossip from stamp to publish
+	// pubGossipMu is held by PublishGossip from stamp to publish, so that
+	// its stamps go out in order.
+	pubGossipMu sync.Mutex
 
 	mu       sync.Mutex // guards the fields below, up to toldLive
 	started  bool
@@ -344,6 +345,7 @@ func (c *NATS) sweepLocked(now time.Time) time.Duration {
 	if c.sign != nil {
 		c.seenMsg.sweep(now)
 		c.seenSync.sweep(now)
+		c.seenGossip.sweep(now)
 	}
 	return next
 }
