@@ -56,6 +56,10 @@ const (
 	// maxSyncQueue bounds the sync requests waiting for an answer; more are
 	// dropped (and counted).
 	maxSyncQueue = 16
+	// maxControlPending bounds the lease, heartbeat and sync request
+	// messages received and not handled yet; more are dropped (and
+	// counted), as nats.go drops past a subscription's pending limits.
+	maxControlPending = 1 << 16
 	// peerTimeout is how many heartbeat intervals a peer stays live without
 	// a heartbeat, and within how many a new origin must be heard twice to
 	// count as a peer.
@@ -95,7 +99,7 @@ type Config struct {
 	NATSOptions []nats.Option
 
 	// Prefix and Namespace name the subjects: <Prefix>.<Namespace>.lease,
-	// .hb and .sync. Instances share leases only within one namespace.
+	// .hb, .sync and .gossip. Instances share leases only within one namespace.
 	// Each is 1 to 64 of A-Z a-z 0-9 - _ (defaults "hotkey", "default").
 	Prefix    string
 	Namespace string
@@ -141,7 +145,8 @@ type Config struct {
 	// limit/MaxInstances (larger than its part of the limit).
 	MaxInstances int
 	// MaxMessage is the largest message accepted or sent, in bytes (default
-	// 64 KiB); sync replies are split to fit. It must leave room for a
+	// 64 KiB); sync replies are split to fit, and a gossip payload may be
+	// MaxMessage - GossipOverhead (MaxGossip). It must leave room for a
 	// lease of the longest key: at least 6×(MaxKeyLen+64)+128, and 79 more
 	// with a Secret.
 	MaxMessage int

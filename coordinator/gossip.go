@@ -20,7 +20,9 @@ type GossipHandler interface {
 	GossipSnapshot(maxBytes int) [][]byte
 	// GossipSync is given one payload of a peer's snapshot, received in
 	// answer to this instance's sync request (at Start and after a
-	// reconnect), checked as Gossip's are.
+	// reconnect) within SyncWait, checked as Gossip's are. Gossip and
+	// GossipSync are never called at the same time, nor after Close has
+	// returned.
 	GossipSync(payload []byte)
 }
 
@@ -34,7 +36,7 @@ type Gossiper interface {
 	// off the decision path.
 	PublishGossip(payload []byte) error
 	// MaxGossip is the largest payload PublishGossip takes and
-	// GossipSnapshot is asked for.
+	// GossipSnapshot is asked for. It does not change.
 	MaxGossip() int
 	// Connected reports whether the coordinator reaches NATS now. While it
 	// does not, a gossip-synced policy decides on this instance's counts

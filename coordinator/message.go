@@ -61,17 +61,18 @@ type wireLease struct {
 type reason uint8
 
 const (
-	reasonNone    reason = iota
-	reasonSize           // larger than MaxMessage
-	reasonJSON           // not a JSON object of the message's shape
-	reasonVersion        // v is not 1
-	reasonType           // unknown t, or a type not expected on its subject
-	reasonOrigin         // origin empty, too long or not UTF-8
-	reasonKey            // key empty or longer than MaxKeyLen
-	reasonLevel          // level not 4, 16 or 64
-	reasonTTL            // ttl_ms not in (0, MaxTTL]
-	reasonReply          // a sync request without a reply subject
-	reasonTS             // ts negative
+	reasonNone     reason = iota
+	reasonSize            // larger than MaxMessage
+	reasonJSON            // not a JSON object of the message's shape
+	reasonVersion         // v is not 1
+	reasonType            // unknown t, or a type not expected on its subject
+	reasonOrigin          // origin empty, too long or not UTF-8
+	reasonKey             // key empty or longer than MaxKeyLen
+	reasonLevel           // level not 4, 16 or 64
+	reasonTTL             // ttl_ms not in (0, MaxTTL]
+	reasonReply           // a sync request without a reply subject
+	reasonTS              // ts negative (a gossip envelope's stamp: not positive)
+	reasonEnvelope        // a gossip envelope that is malformed: version, flags, length
 	// With a secret only (sign.go):
 	reasonUnsigned  // no MAC
 	reasonSignature // a MAC, but not the right one
@@ -92,6 +93,7 @@ var reasonNames = [numReasons]string{
 	reasonTTL:       "ttl",
 	reasonReply:     "reply",
 	reasonTS:        "ts",
+	reasonEnvelope:  "envelope",
 	reasonUnsigned:  "unsigned",
 	reasonSignature: "signature",
 	reasonStale:     "stale",

@@ -215,7 +215,6 @@ func TestBadMessages(t *testing.T) {
 	pub(hb, `{"v":1,"t":"lease","origin":"o","key":"k","level":16,"ttl_ms":1000}`)           // lease on hb: type
 	pub(syncSubj, `{"v":1,"t":"hb","origin":"o"}`)                                           // hb on sync: type
 	pub(syncSubj, `{"v":1,"t":"sync_req","origin":"o"}`)                                     // no reply subject: reply
-	pub("hotkey.default.other", `{"v":1,"t":"hb","origin":"o"}`)                             // unknown subject: type
 	pub(c.inbox, `{"v":1,"t":"lease","origin":"o","key":"k","level":16,"ttl_ms":1}`)         // lease to the inbox: type
 	pub(lease, `{"v":1,"t":"lease","origin":"victim","key":"own","level":64,"ttl_ms":1000}`) // own origin: ignored
 	wantInvalid := map[string]uint64{}
@@ -223,7 +222,7 @@ func TestBadMessages(t *testing.T) {
 		wantInvalid[b.want.String()]++
 	}
 	wantInvalid["size"]++
-	wantInvalid["type"] += 4
+	wantInvalid["type"] += 3
 	wantInvalid["reply"]++
 
 	// Sync replies are applied until SyncWait after the request (sent by

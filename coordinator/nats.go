@@ -44,28 +44,46 @@ import (
 // (at most 2×MaxHotKeys), so a slow Handler cannot make them grow without
 // bound.
 //
+// It also carries gossip (Gossiper): binary envelopes on
+// <prefix>.<ns>.gossip (envelope.go), received on a subscription of their
+// own and handed to a Handler that is a GossipHandler, and a join sync's
+// answer includes that Handler's GossipSnapshot.
+//
 // While NATS is unreachable, own announcements still apply at once, peers'
 // leases lapse and the live count falls to 1: the coordinator degrades to
 // local coordination, and heals on reconnect.
 type NATS struct {
-	cfg       Config
-	lim       limits
-	log       *slog.Logger
-	subjLease string
-	subjHB    string
-	subjSync  string
-	sweep     time.Duration // longest interval between expiry checks
-	sign      *signer       // nil without Secret
-	seenMsg   *replayGuard  // stamps on <prefix>.<ns>.*; nil without Secret
-	seenSync  *replayGuard  // stamps of sync replies; nil without Secret
+	cfg        Config
+	lim        limits
+	log        *slog.Logger
+	subjLease  string
+	subjHB     string
+	subjSync   string
+	subjGossip string
+	sweep      time.Duration // longest interval between expiry checks
+	sign       *signer       // nil without Secret
+	seenMsg    *replayGuard  // stamps on .lease, .hb and .sync; nil without Secret
+	seenSync   *replayGuard  // stamps of sync replies, JSON and gossip; nil without Secret
+	seenGossip *replayGuard  // stamps on <prefix>.<ns>.gossip; nil without Secret
 
 	// Set by Start, then read-only.
-	h        Handler
-	nc       *nats.Conn
-	owned    bool
-	sub      *nats.Subscription // <prefix>.<ns>.*
-	inboxSub *nats.Subscription // sync replies
-	inbox    string
+	h         Handler
+	nc        *nats.Conn
+	owned     bool
+	ctlSubs   []*nats.Subscription // .lease, .hb and .sync, into ctl
+	ctl       chan *nats.Msg       // control messages, in the order received
+	gossipSub *nats.Subscription   // .gossip
+	inboxSub  *nats.Subscription   // sync replies
+	inbox     string
+
+	// gossipMu is held while a payload is handed to the GossipHandler, so
+	// that Gossip and GossipSync are never called at once nor after Close.
+	// It guards gossipClosed.
+	gossipMu     sync.Mutex
+	gossipClosed bool
+	// pubGossipMu is held by PublishGossip from stamp to publish, so that
+	// its stamps go out in order.
+	pubGossipMu sync.Mutex
 
 	mu       sync.Mutex // guards the fields below, up to toldLive
 	started  bool
@@ -98,26 +116,28 @@ func NewNATS(cfg Config) (*NATS, error) {
 	}
 	subj := cfg.Prefix + "." + cfg.Namespace + "."
 	c := &NATS{
-		cfg:       cfg,
-		lim:       limits{maxMessage: cfg.MaxMessage, maxKeyLen: cfg.MaxKeyLen, maxTTL: cfg.MaxTTL},
-		log:       cfg.Logger.With("coordinator", cfg.ID),
-		subjLease: subj + "lease",
-		subjHB:    subj + "hb",
-		subjSync:  subj + "sync",
-		sweep:     min(max(min(cfg.TTL, cfg.Heartbeat)/4, 5*time.Millisecond), 250*time.Millisecond),
-		announce:  make(map[string]struct{}),
-		peers:     make(map[string]time.Time),
-		once:      make(map[string]time.Time),
-		live:      1,
-		wakePub:   make(chan struct{}, 1),
-		wakeDisp:  make(chan struct{}, 1),
-		wakeSweep: make(chan struct{}, 1),
-		done:      make(chan struct{}),
+		cfg:        cfg,
+		lim:        limits{maxMessage: cfg.MaxMessage, maxKeyLen: cfg.MaxKeyLen, maxTTL: cfg.MaxTTL},
+		log:        cfg.Logger.With("coordinator", cfg.ID),
+		subjLease:  subj + "lease",
+		subjHB:     subj + "hb",
+		subjSync:   subj + "sync",
+		subjGossip: subj + "gossip",
+		sweep:      min(max(min(cfg.TTL, cfg.Heartbeat)/4, 5*time.Millisecond), 250*time.Millisecond),
+		announce:   make(map[string]struct{}),
+		peers:      make(map[string]time.Time),
+		once:       make(map[string]time.Time),
+		live:       1,
+		wakePub:    make(chan struct{}, 1),
+		wakeDisp:   make(chan struct{}, 1),
+		wakeSweep:  make(chan struct{}, 1),
+		done:       make(chan struct{}),
 	}
 	if cfg.Secret != nil {
 		c.sign = &signer{secret: cfg.Secret, scope: cfg.Prefix + "." + cfg.Namespace}
 		c.seenMsg = newReplayGuard(cfg.MaxClockSkew, cfg.MaxPeers)
 		c.seenSync = newReplayGuard(cfg.MaxClockSkew, cfg.MaxPeers)
+		c.seenGossip = newReplayGuard(cfg.MaxClockSkew, cfg.MaxPeers)
 	}
 	c.table = c.newTable()
 	return c, nil
@@ -159,6 +179,7 @@ func (c *NATS) Start(h Handler) error {
 	go c.publisher(lastReconnects)
 	go c.sweeper()
 	go c.dispatcher()
+	go c.receiver()
 	return nil
 }
 
@@ -178,6 +199,7 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 		// The guard remembers nothing from before this Start: a message
 		// stamped earlier could be a replay it cannot tell.
 		c.seenMsg.since(c.now())
+		c.seenGossip.since(c.now())
 	}
 	c.nc = c.cfg.Conn
 	if c.nc == nil {
@@ -198,7 +220,22 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 			}
 		}
 	}()
-	if c.sub, err = c.nc.Subscribe(c.cfg.Prefix+"."+c.cfg.Namespace+".*", c.onMsg); err != nil {
+	// Set before subscribing: the gossip subscription hands payloads to h.
+	c.h = h
+	// One channel for the control subjects keeps their messages in the
+	// order they came (a lease after the heartbeats before it), and the
+	// gossip subject apart, with pending limits of its own, so that a flood
+	// of gossip cannot hold up leases. A wildcard <prefix>.<ns>.* would take
+	// the gossip too.
+	c.ctl = make(chan *nats.Msg, maxControlPending)
+	for _, subj := range []string{c.subjLease, c.subjHB, c.subjSync} {
+		sub, err := c.nc.ChanSubscribe(subj, c.ctl)
+		if err != nil {
+			return 0, fmt.Errorf("coordinator: subscribe: %w", err)
+		}
+		c.ctlSubs = append(c.ctlSubs, sub)
+	}
+	if c.gossipSub, err = c.nc.Subscribe(c.subjGossip, c.onGossip); err != nil {
 		return 0, fmt.Errorf("coordinator: subscribe: %w", err)
 	}
 	c.inbox = c.nc.NewInbox()
@@ -218,12 +255,11 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 		}
 		reconnects = c.nc.Stats().Reconnects
 	}
-	c.h = h
 	c.started = true
 	c.toldLive = 1
 	c.publish(c.subjHB, encodeControl(c.cfg.ID, typeHB))
 	c.requestSync()
-	c.wg.Add(3)
+	c.wg.Add(4)
 	return reconnects, nil
 }
 
@@ -309,6 +345,7 @@ func (c *NATS) sweepLocked(now time.Time) time.Duration {
 	if c.sign != nil {
 		c.seenMsg.sweep(now)
 		c.seenSync.sweep(now)
+		c.seenGossip.sweep(now)
 	}
 	return next
 }
@@ -343,12 +380,34 @@ func (c *NATS) dispatcher() {
 	}
 }
 
+// receiver hands the control messages to onMsg, one at a time.
+func (c *NATS) receiver() {
+	defer c.wg.Done()
+	for {
+		select {
+		case <-c.done:
+			return
+		case m := <-c.ctl:
+			c.onMsg(m)
+		}
+	}
+}
+
+// subs returns the subscriptions made so far.
+func (c *NATS) subs() []*nats.Subscription {
+	var subs []*nats.Subscription
+	for _, s := range append(c.ctlSubs[:len(c.ctlSubs):len(c.ctlSubs)], c.gossipSub, c.inboxSub) {
+		if s != nil {
+			subs = append(subs, s)
+		}
+	}
+	return subs
+}
+
 // unsubscribe removes the subscriptions made so far.
 func (c *NATS) unsubscribe() {
-	for _, s := range []*nats.Subscription{c.sub, c.inboxSub} {
-		if s != nil {
-			_ = s.Unsubscribe()
-		}
+	for _, s := range c.subs() {
+		_ = s.Unsubscribe()
 	}
 }
 
@@ -374,5 +433,23 @@ func (c *NATS) Close() error {
 		c.nc.Close()
 	}
 	c.wg.Wait()
+	c.gossipMu.Lock()
+	c.gossipClosed = true
+	c.gossipMu.Unlock()
+	c.pubGossipMu.Lock() // a PublishGossip under way is done
+	c.pubGossipMu.Unlock()
 	return nil
 }
+
+// Connected implements Gossiper: whether the connection is up now. It is
+// false before Start and after Close.
+func (c *NATS) Connected() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.started && !c.closed && c.nc.IsConnected()
+}
+
+// MaxGossip implements Gossiper: Config.MaxMessage less GossipOverhead
+// (65,429 bytes by default), fixed by NewNATS. The NATS servers' max_payload
+// (1 MiB by default) must be at least MaxMessage.
+func (c *NATS) MaxGossip() int { return c.cfg.MaxMessage - GossipOverhead }

@@ -1,6 +1,8 @@
 package coordinator
 
 import (
+	"errors"
+	"fmt"
 	"maps"
 	"time"
 
@@ -23,6 +25,61 @@ func (c *NATS) publish(subject string, data []byte) {
 		return
 	}
 	c.st.published.Add(1)
+}
+
+// Errors of PublishGossip, wrapped with context.
+var (
+	ErrGossipSize   = errors.New("coordinator: gossip payload empty or larger than MaxGossip")
+	ErrNotConnected = errors.New("coordinator: not connected to NATS")
+	ErrClosed       = errors.New("coordinator: not started, or closed")
+)
+
+var _ Gossiper = (*NATS)(nil)
+
+// envelope returns payload in a gossip envelope for subject: signed, with
+// a stamp, with a Secret.
+func (c *NATS) envelope(subject string, payload []byte) []byte {
+	b := make([]byte, 0, len(payload)+GossipOverhead)
+	if c.sign == nil {
+		return appendEnvelope(b, c.cfg.ID, false, 0, payload)
+	}
+	b = appendEnvelope(b, c.cfg.ID, true, c.sign.stamp(c.now()), payload)
+	return c.sign.sealBinary(subject, b)
+}
+
+// PublishGossip implements Gossiper: it publishes payload, in an envelope
+// (signed with a Secret), on <prefix>.<ns>.gossip. It returns an error
+// wrapping ErrGossipSize for an empty payload or one over MaxGossip,
+// ErrClosed before Start or after Close, ErrNotConnected while the
+// connection is down, or nats.go's; each is counted in
+// Stats.GossipPublishErrors. Calls are serialized, and one may block while
+// nats.go flushes its buffer. The caller keeps payload.
+func (c *NATS) PublishGossip(payload []byte) error {
+	if len(payload) == 0 || len(payload) > c.MaxGossip() {
+		c.st.gossipPublishErrors.Add(1)
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrGossipSize, len(payload), c.MaxGossip())
+	}
+	c.pubGossipMu.Lock()
+	defer c.pubGossipMu.Unlock()
+	c.mu.Lock()
+	live := c.started && !c.closed
+	c.mu.Unlock()
+	switch {
+	case !live:
+		c.st.gossipPublishErrors.Add(1)
+		return fmt.Errorf("coordinator: publish gossip: %w", ErrClosed)
+	case !c.nc.IsConnected():
+		c.st.gossipPublishErrors.Add(1)
+		return fmt.Errorf("coordinator: publish gossip: %w", ErrNotConnected)
+	}
+	data := c.envelope(c.subjGossip, payload)
+	if err := c.nc.Publish(c.subjGossip, data); err != nil {
+		c.st.gossipPublishErrors.Add(1)
+		return fmt.Errorf("coordinator: publish gossip: %w", err)
+	}
+	c.st.gossipPublished.Add(1)
+	c.st.gossipBytes.Add(uint64(len(data)))
+	return nil
 }
 
 // requestSync asks the peers for their tables; replies are applied for
@@ -109,7 +166,9 @@ func (c *NATS) publishLeases(leases map[string]shard.Level) {
 
 // answerSync answers the queued sync requests with every unexpired lease
 // this instance knows: its own (with a full TTL, since it renews them) and
-// its peers' (with the time they have left).
+// its peers' (with the time they have left); and, if the Handler is a
+// GossipHandler, with the payloads of its GossipSnapshot, taken once for
+// all the requests queued.
 func (c *NATS) answerSync() {
 	type item struct {
 		key   string
@@ -142,10 +201,33 @@ func (c *NATS) answerSync() {
 		ch.add(it.key, it.level, it.ttl)
 	}
 	chunks := ch.done()
+	var snapshot [][]byte
+	if gh, ok := c.h.(GossipHandler); ok {
+		snapshot = gh.GossipSnapshot(c.MaxGossip())
+	}
 	for _, reply := range replyTo {
 		for _, b := range chunks {
 			c.publish(reply, b)
 		}
+		for _, p := range snapshot {
+			c.publishGossipSync(reply, p)
+		}
 		c.st.syncAnswered.Add(1)
 	}
+}
+
+// publishGossipSync sends one payload of this instance's gossip snapshot
+// to reply, the inbox of a sync request, in an envelope signed for it.
+// Failures are counted, never returned, as publish's.
+func (c *NATS) publishGossipSync(reply string, payload []byte) {
+	if len(payload) == 0 || len(payload) > c.MaxGossip() {
+		c.st.publishErrors.Add(1)
+		return
+	}
+	if err := c.nc.Publish(reply, c.envelope(reply, payload)); err != nil {
+		c.st.publishErrors.Add(1)
+		return
+	}
+	c.st.published.Add(1)
+	c.st.gossipSyncSent.Add(1)
 }

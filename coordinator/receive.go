@@ -96,12 +96,17 @@ func (c *NATS) onMsg(m *nats.Msg) {
 	}
 }
 
-// onSyncReply receives replies to this instance's sync requests.
+// onSyncReply receives replies to this instance's sync requests: JSON
+// leases, and gossip envelopes of the peers' snapshots.
 func (c *NATS) onSyncReply(m *nats.Msg) {
 	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
 		// The server's "no responders": nobody else is subscribed to the
 		// sync subject (yet).
 		c.st.noResponders.Add(1)
+		return
+	}
+	if isEnvelope(m.Data) {
+		c.onGossipSync(m)
 		return
 	}
 	msg, now, ok := c.receive(m, c.seenSync, func(msg message) reason {
@@ -176,4 +181,96 @@ func (c *NATS) receive(m *nats.Msg, guard *replayGuard, check func(message) reas
 func (c *NATS) invalid(r reason, subject string) {
 	c.st.invalid[r].Add(1)
 	c.log.Debug("coordinator: invalid message dropped", "reason", r.String(), "subject", subject)
+}
+
+// onGossip receives the messages of <prefix>.<ns>.gossip on the gossip
+// subscription's goroutine, and hands each valid peer's payload to the
+// Handler's Gossip.
+func (c *NATS) onGossip(m *nats.Msg) {
+	e, _, ok := c.receiveEnvelope(m, c.seenGossip)
+	if !ok {
+		return
+	}
+	c.handGossip(func(h GossipHandler) {
+		c.st.gossipReceived.Add(1)
+		h.Gossip(e.payload)
+	})
+}
+
+// onGossipSync receives a gossip envelope of a peer's snapshot, sent to
+// this instance's inbox in answer to its sync request, and hands its
+// payload to the Handler's GossipSync if it came within SyncWait.
+func (c *NATS) onGossipSync(m *nats.Msg) {
+	e, now, ok := c.receiveEnvelope(m, c.seenSync)
+	if !ok {
+		return
+	}
+	if until := c.syncUntil.Load(); until == nil || now.After(*until) {
+		c.st.lateReplies.Add(1)
+		return
+	}
+	c.handGossip(func(h GossipHandler) {
+		c.st.gossipSyncApplied.Add(1)
+		h.GossipSync(e.payload)
+	})
+}
+
+// handGossip calls f with the Handler if it is a GossipHandler, and counts
+// the payload ignored if not. f is never called once Close has returned,
+// nor while another f runs.
+func (c *NATS) handGossip(f func(GossipHandler)) {
+	h, ok := c.h.(GossipHandler)
+	if !ok {
+		c.st.gossipIgnored.Add(1)
+		return
+	}
+	c.gossipMu.Lock()
+	defer c.gossipMu.Unlock()
+	if c.gossipClosed {
+		return
+	}
+	f(h)
+}
+
+// receiveEnvelope counts m and decodes it as a gossip envelope. With a
+// Secret, it checks the MAC for m's subject and the stamp: within
+// MaxClockSkew of the clock, and above the last one guard accepted from
+// the origin. It drops m, counted, if it is invalid or this instance's
+// own, and reports whether its payload is to be handed on, with the time
+// it was received at.
+func (c *NATS) receiveEnvelope(m *nats.Msg, guard *replayGuard) (envelope, time.Time, bool) {
+	now := c.now()
+	c.st.received.Add(1)
+	e, r := decodeEnvelope(m.Data, c.lim.maxMessage)
+	if r == reasonNone && c.sign != nil {
+		switch {
+		case !e.signed:
+			r = reasonUnsigned
+		default:
+			r = c.sign.verifyBinary(m.Subject, e.body, e.mac)
+		}
+		if r == reasonNone && !fresh(e.stamp, now, c.cfg.MaxClockSkew) {
+			r = reasonStale
+		}
+	}
+	if r != reasonNone {
+		c.invalid(r, m.Subject)
+		return e, now, false
+	}
+	if e.origin == c.cfg.ID {
+		c.st.own.Add(1)
+		return e, now, false
+	}
+	if c.sign != nil {
+		r, full := guard.accept(e.origin, e.stamp, now)
+		if full {
+			c.st.dropped.Add(1)
+			return e, now, false
+		}
+		if r != reasonNone {
+			c.invalid(r, m.Subject)
+			return e, now, false
+		}
+	}
+	return e, now, true
 }

@@ -44,6 +44,9 @@ import (
 // ignores any field it does not know.
 const (
 	macDomain = "hotkey-mac-v1\n"
+	// gossipDomain starts gossip envelopes' MACs (envelope.go) as
+	// macDomain does the JSON messages': the two never sign the same input.
+	gossipDomain = "hotkey-gossip-mac-v1\n"
 	// macLen is the length of a MAC in unpadded base64url.
 	macLen = 43
 	// sealOverhead bounds what seal adds to a message: `,"ts":` and 16
@@ -60,10 +63,16 @@ type signer struct {
 	last   atomic.Int64
 }
 
-// macOf returns the MAC of body published on subject.
+// macOf returns the MAC of a JSON message's body published on subject.
 func (s *signer) macOf(subject string, body []byte) []byte {
+	return s.sum(macDomain, subject, body)
+}
+
+// sum returns the HMAC of domain, the scope, subject and body, each of
+// the middle two followed by a newline (domain ends in one).
+func (s *signer) sum(domain, subject string, body []byte) []byte {
 	h := hmac.New(sha256.New, s.secret)
-	h.Write([]byte(macDomain))
+	h.Write([]byte(domain))
 	h.Write([]byte(s.scope))
 	h.Write([]byte{'\n'})
 	h.Write([]byte(subject))
@@ -111,6 +120,21 @@ func (s *signer) verify(subject string, data []byte) reason {
 		return reasonSignature
 	}
 	if !hmac.Equal(got[:], s.macOf(subject, data[:n-len(macHead)])) {
+		return reasonSignature
+	}
+	return reasonNone
+}
+
+// sealBinary returns body, a gossip envelope up to its MAC, with the MAC
+// of it for subject appended (in body's spare capacity if it has some).
+func (s *signer) sealBinary(subject string, body []byte) []byte {
+	return append(body, s.sum(gossipDomain, subject, body)...)
+}
+
+// verifyBinary reports whether mac is the MAC of body, a gossip
+// envelope's signed bytes, received on subject (reasonSignature if not).
+func (s *signer) verifyBinary(subject string, body, mac []byte) reason {
+	if !hmac.Equal(mac, s.sum(gossipDomain, subject, body)) {
 		return reasonSignature
 	}
 	return reasonNone

@@ -4,8 +4,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/nats-io/nats.go"
-
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -16,7 +14,7 @@ type Stats struct {
 	Received      uint64            // messages received, valid or not
 	Own           uint64            // own messages received back and ignored
 	Invalid       uint64            // invalid messages dropped: the sum of InvalidBy
-	InvalidBy     map[string]uint64 // invalid messages by reason: size, json, version, type, origin, key, level, ttl, reply, ts; with a Secret also unsigned, signature, stale, replay
+	InvalidBy     map[string]uint64 // invalid messages by reason: size, json, version, type, origin, key, level, ttl, reply, ts, envelope (a malformed gossip envelope); with a Secret also unsigned, signature, stale, replay
 	Rejected      uint64            // valid leases for a new key dropped because MaxHotKeys keys were held
 	PeersRejected uint64            // origins not made live peers because MaxPeers were live, or forgotten after one heartbeat because MaxPeers others were heard once
 	Dropped       uint64            // messages lost to slow consumption, sync requests left unanswered (too many queued), and signed messages of a new origin while MaxPeers origins' stamps were kept
@@ -33,6 +31,16 @@ type Stats struct {
 	OwnKeys       int               // keys this instance holds a lease for
 	Peers         int               // live peers, this instance excluded (the Handler is told min(1+Peers, MaxInstances))
 	PendingPeers  int               // origins heard once, live at their second heartbeat within 3 intervals
+
+	// Gossip (Gossiper). Gossip messages count in Received, Own, Invalid and
+	// Dropped too; the snapshots sent in sync answers in Published.
+	GossipPublished      uint64 // gossip messages PublishGossip handed to NATS
+	GossipPublishErrors  uint64 // PublishGossip calls that returned an error: payload empty or over MaxGossip, not connected, closed, or refused by nats.go
+	GossipBytesPublished uint64 // bytes of those messages, envelopes included
+	GossipReceived       uint64 // peers' gossip payloads handed to the Handler's Gossip
+	GossipIgnored        uint64 // valid gossip payloads dropped because the Handler is no GossipHandler
+	GossipSyncSent       uint64 // gossip snapshot payloads sent in answer to peers' sync requests
+	GossipSyncApplied    uint64 // peers' gossip snapshot payloads handed to the Handler's GossipSync (late ones count in LateReplies)
 }
 
 // counters are the atomic counters behind Stats.
@@ -41,6 +49,9 @@ type counters struct {
 	dropped, lateReplies, unpublished, syncRequests, syncAnswered    atomic.Uint64
 	syncReplies, noResponders, reconnects, disconnects, asyncErrors  atomic.Uint64
 	invalid                                                          [numReasons]atomic.Uint64
+
+	gossipPublished, gossipPublishErrors, gossipBytes, gossipReceived atomic.Uint64
+	gossipIgnored, gossipSyncSent, gossipSyncApplied                  atomic.Uint64
 }
 
 // Stats returns the coordinator's counters.
@@ -63,6 +74,14 @@ func (c *NATS) Stats() Stats {
 		Reconnects:    c.st.reconnects.Load(),
 		Disconnects:   c.st.disconnects.Load(),
 		AsyncErrors:   c.st.asyncErrors.Load(),
+
+		GossipPublished:      c.st.gossipPublished.Load(),
+		GossipPublishErrors:  c.st.gossipPublishErrors.Load(),
+		GossipBytesPublished: c.st.gossipBytes.Load(),
+		GossipReceived:       c.st.gossipReceived.Load(),
+		GossipIgnored:        c.st.gossipIgnored.Load(),
+		GossipSyncSent:       c.st.gossipSyncSent.Load(),
+		GossipSyncApplied:    c.st.gossipSyncApplied.Load(),
 	}
 	for r := reasonNone + 1; r < numReasons; r++ {
 		if n := c.st.invalid[r].Load(); n > 0 {
@@ -75,7 +94,7 @@ func (c *NATS) Stats() Stats {
 	started := c.started
 	c.mu.Unlock()
 	if started {
-		for _, sub := range []*nats.Subscription{c.sub, c.inboxSub} {
+		for _, sub := range c.subs() {
 			if n, err := sub.Dropped(); err == nil {
 				s.Dropped += uint64(n)
 			}
