@@ -53,7 +53,7 @@ func runReserve(ctx context.Context, s *setup) (*scenario.Section, error) {
 	defer f.Close()
 
 	d := s.scale(10*time.Second, 2*time.Second)
-	sec := &scenario.Section{Setup: fmt.Sprintf("%d engines in one process (NATS coordinator in process, detector off), each with a go-redis client and Redis store of its own, on one redis-server; each request goes to an engine picked at random. Open loop for %v per mode: %d keys at %d/s each (in turn, so each key is offered %d in every 1 s window) and one key at %d/s, %d/s in all; fixed 1 s windows, limits %d per window for the %d keys and %d for the hot key (the offered load is 90%% of each); lease %v.",
+	sec := &scenario.Section{Setup: fmt.Sprintf("%d engines in one process (NATS coordinator in process, detector off), each with a go-redis client and Redis store of its own, on one redis-server; each request goes to an engine picked at random. Open loop for %v per mode: %d keys at %d/s each (in turn, so each key is offered %d in every 1 s window) and one key at %d/s, %d/s in all; fixed 1 s windows, limits %d per window for the %d keys and %d for the hot key (the offered load is 91%% and 90%% of them); lease %v.",
 		reserveEngines, d, coldKeys, coldRate, coldRate, hotRate, coldKeys*coldRate+hotRate, coldLimit, coldKeys, hotLimit, counter.DefaultLease)}
 	sec.Printf("| sync | decisions/s | store calls per decision | the hot key alone | the other keys alone | engine-key-windows per decision | worst key-window: admitted ÷ limit | key-windows over the limit | false denials ÷ offered | denied ÷ offered | key-windows offered over the limit |\n|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, mode := range []hotkey.Sync{hotkey.SyncReserve, hotkey.SyncStore} {
