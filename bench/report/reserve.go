@@ -147,7 +147,7 @@ func (f *fleet) Close() {
 type openResult struct {
 	rate                    float64 // decisions answered per second
 	perDecision             float64 // store calls per decision
-	floor                   float64 // (engine, key, window) triples with a decision, per decision: the fewest store calls windows allow
+	floor                   float64 // (engine, key, window) triples with a decision, per decision: the fewest leases or takes windows allow
 	offered, denied         int64
 	falseDenied             int64 // denials in a key-window that ended with room
 	windows, over           int   // key-windows checked, and those with more certain admissions than the limit
@@ -171,7 +171,7 @@ func (f *fleet) openLoop(ctx context.Context, admin *redis.Client, mode hotkey.S
 	prefix := fmt.Sprintf("r%d-%s:", f.run, mode)
 	cold := &hotkey.Policy{Name: "cold", Limit: hotkey.Limit{Algorithm: hotkey.FixedWindow, Rate: coldLimit, Period: time.Second}, Sync: mode}
 	hot := &hotkey.Policy{Name: "hot", Limit: hotkey.Limit{Algorithm: hotkey.FixedWindow, Rate: hotLimit, Period: time.Second}, Sync: mode}
-	wins := int(d/time.Second) + 3
+	wins := int(d/time.Second) + 10 // room for a pacer running late
 	t := &windowTarget{engines: f.c.Engines, base: time.Now().Unix(), wins: wins, index: map[string]int{}}
 	var w loadgen.Workload
 	var rate float64
