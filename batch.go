@@ -164,6 +164,7 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 		}
 	}
 	var took time.Duration // the round trip, each take's time
+	asked := e.opt.clock()
 	if len(sent) > 0 {
 		var start time.Duration
 		if e.metrics != nil {
@@ -185,7 +186,7 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 			e.metrics.storeTook(took)
 			e.brk.report(ctx, probes[j], err)
 			if err == nil {
-				e.remember(d.hash, d.p.Limit, d.n, op.Result)
+				e.remember(d.hash, d.p.Limit, d.n, op.Result, asked)
 				res = unsplit(op.Result)
 				if res.Allowed && e.moved(d.hash, b.gens[j]) {
 					// A move began while the take was in flight: decide

@@ -407,9 +407,13 @@ func (e *Engine) take(ctx context.Context, st counter.Store, name string, hash u
 	if r, ok := e.knownDenied(hash, lim, n); ok {
 		return r, nil
 	}
+	var asked time.Time // read only for the deny cache: a memory store's take costs little more than the clock
+	if e.deny != nil {
+		asked = e.opt.clock()
+	}
 	r, err := e.storeTake(ctx, st, name, hash, lim, n)
 	if err == nil {
-		e.remember(hash, lim, n, r)
+		e.remember(hash, lim, n, r, asked)
 	}
 	return r, err
 }
@@ -427,18 +431,20 @@ func (e *Engine) knownDenied(hash uint64, lim Limit, n int64) (counter.Result, b
 	return r, ok
 }
 
-// remember notes in the deny cache what the store answered to a take of n.
-func (e *Engine) remember(hash uint64, lim Limit, n int64, r counter.Result) {
+// remember notes in the deny cache what the store answered to a take of n
+// asked at asked. The store decided after asked, so its retry-after counted
+// from asked ends no later than the store's.
+func (e *Engine) remember(hash uint64, lim Limit, n int64, r counter.Result, asked time.Time) {
 	switch {
 	case e.deny == nil:
 	case !r.Allowed:
-		e.deny.add(denyID(hash, lim), n, e.opt.clock(), r)
+		e.deny.add(denyID(hash, lim), n, asked, r)
 	case r.NextAfter > 0:
 		// The admission emptied the bucket: the store says when its next
 		// unit is due. Remember that as a denial too, or a key over its
 		// limit would cost a store call per unit admitted plus one per
 		// unit refused. Other instances can only empty the bucket further.
-		e.deny.add(denyID(hash, lim), 1, e.opt.clock(), counter.Result{Limit: r.Limit, RetryAfter: r.NextAfter, ResetAfter: r.ResetAfter})
+		e.deny.add(denyID(hash, lim), 1, asked, counter.Result{Limit: r.Limit, RetryAfter: r.NextAfter, ResetAfter: r.ResetAfter})
 	}
 }
 

@@ -77,3 +77,57 @@ func TestDenyCacheClockStep(t *testing.T) {
 		}
 	}
 }
+
+// lateStore is a store whose answers arrive late: each Take advances the
+// clock by delay after the store decided, as a round trip does.
+type lateStore struct {
+	*testkit.Store
+	clock *testkit.Clock
+	delay time.Duration
+}
+
+func (s *lateStore) Take(ctx context.Context, key string, hash uint64, lim counter.Limit, n int64) (counter.Result, error) {
+	r, err := s.Store.Take(ctx, key, hash, lim, n)
+	s.clock.Advance(s.delay)
+	return r, err
+}
+
+// TestDenyCacheEndsWithTheWindow: a denial remembered from a store that
+// answers late ends when the store's window does, not a round trip after,
+// so the next window's first requests are asked of the store and admitted.
+func TestDenyCacheEndsWithTheWindow(t *testing.T) {
+	ctx := context.Background()
+	lim := Limit{Algorithm: FixedWindow, Rate: 2, Period: time.Second}
+	var denied int
+	const windows = 20
+	for i := range windows {
+		clock := testkit.NewClock()
+		store := &lateStore{Store: &testkit.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}, clock: clock, delay: 40 * time.Millisecond}
+		e, err := New(store, withClock(clock.Now), WithoutDetector())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		// Spend the window 100 ms before its end, then ask again i ms
+		// after it ended: within the round trip the cache would add.
+		end := clock.Now().Truncate(time.Second).Add(time.Second)
+		clock.Advance(end.Sub(clock.Now()) - 100*time.Millisecond)
+		for range lim.Rate + 1 {
+			if _, err := e.Allow(ctx, "k", pol(lim)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		clock.Advance(end.Add(time.Duration(i) * time.Millisecond).Sub(clock.Now()))
+		r, err := e.Allow(ctx, "k", pol(lim))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.Allowed {
+			denied++
+		}
+	}
+	t.Logf("the next window's first request denied in %d of %d", denied, windows)
+	if denied > 0 {
+		t.Errorf("the next window's first request denied in %d of %d: the deny cache outlived the window by the store's round trip", denied, windows)
+	}
+}

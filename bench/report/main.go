@@ -42,6 +42,7 @@ var scenarios = []named{
 	{"denycache", "The deny cache under an attacker at 10× the limit", runDenyCache},
 	{"detector", "Detector precision and recall: Zipf traffic with a random-key flood", runDetector},
 	{"envoy", "Envoy's gRPC protocol and batches", runEnvoy},
+	{"reserve", "sync: reserve against sync: store: 3 engines on one redis-server", runReserve},
 }
 
 // setup is what every scenario runs on.
