@@ -45,9 +45,9 @@ type Engine struct {
 	batcher  counter.Batcher               // nil: a batch's takes go one by one
 	leaser   counter.LeaseStore            // the store, if it leases (SyncReserve); else nil
 
-	reserveMu sync.Mutex
-	reserve   *counter.ReserveStore // made on the first SyncReserve decision
-	detect    *detector.Detector    // nil: disabled
+	reserveMu sync.Mutex                           // guards the making of reserve, and Close's of it
+	reserve   atomic.Pointer[counter.ReserveStore] // made on the first SyncReserve decision
+	detect    *detector.Detector                   // nil: disabled
 	coord     coordinator.Coordinator
 	reshard   counter.Resharder // nil: no state transfer
 	// moves counts, per stripe of hashes, the moves of usage off unsplit
@@ -209,27 +209,30 @@ func (e *Engine) loop() {
 // made on the first: an engine that has none runs no sweeper. Once the
 // engine is closed it returns the store: no block outlives Close.
 func (e *Engine) reserveStore() counter.Store {
+	if rs := e.reserve.Load(); rs != nil {
+		return rs
+	}
 	e.reserveMu.Lock()
 	defer e.reserveMu.Unlock()
-	switch {
-	case e.reserve != nil:
-		return e.reserve
-	case e.closed.Load():
+	if rs := e.reserve.Load(); rs != nil {
+		return rs
+	}
+	if e.closed.Load() {
 		return e.store
 	}
-	e.reserve = counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.Instances, Clock: e.opt.clock, Sweep: e.opt.reserveSweep})
-	return e.reserve
+	rs := counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.Instances, Clock: e.opt.clock, Sweep: e.opt.reserveSweep})
+	e.reserve.Store(rs)
+	return rs
 }
 
 // reserveStats returns what SyncReserve's store did; false before the
 // first SyncReserve decision.
 func (e *Engine) reserveStats() (counter.ReserveStats, bool) {
-	e.reserveMu.Lock()
-	defer e.reserveMu.Unlock()
-	if e.reserve == nil {
+	rs := e.reserve.Load()
+	if rs == nil {
 		return counter.ReserveStats{}, false
 	}
-	return e.reserve.Stats(), true
+	return rs.Stats(), true
 }
 
 // handler applies the coordinator's decisions to the engine.
@@ -338,8 +341,8 @@ func (e *Engine) Close() error {
 	close(e.stop)
 	<-e.done
 	e.reserveMu.Lock()
-	if e.reserve != nil {
-		e.reserve.Close() // its blocks' unused units go back
+	if rs := e.reserve.Load(); rs != nil {
+		rs.Close() // its blocks' unused units go back
 	}
 	e.reserveMu.Unlock()
 	if e.detach != nil {
