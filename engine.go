@@ -12,6 +12,7 @@ import (
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/gossip"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -47,9 +48,17 @@ type Engine struct {
 
 	reserveMu sync.Mutex                           // guards the making of reserve, and Close's of it
 	reserve   atomic.Pointer[counter.ReserveStore] // made on the first SyncReserve decision
-	detect    *detector.Detector                   // nil: disabled
-	coord     coordinator.Coordinator
-	reshard   counter.Resharder // nil: no state transfer
+	// The store of SyncGossip policies, made on the first, and the
+	// goroutine that flushes its rounds to peers (gossipDone closed when it
+	// has stopped; nil if none was started).
+	gossipMu     sync.Mutex // guards the making of gossip, and gossipDone
+	gossip       atomic.Pointer[gossip.Store]
+	gossipDone   chan struct{}
+	gossipID     string
+	gossipErrors atomic.Uint64      // rounds or messages not handed to the coordinator
+	detect       *detector.Detector // nil: disabled
+	coord        coordinator.Coordinator
+	reshard      counter.Resharder // nil: no state transfer
 	// moves counts, per stripe of hashes, the moves of usage off unsplit
 	// counters (nil without state transfer): see moved.
 	moves     []atomic.Uint32
@@ -129,10 +138,14 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	if e.coord == nil {
 		e.coord = &coordinator.Local{}
 	}
+	e.gossipID = gossipInstanceID()
+	// A peer's gossip, handed over from Start on, may make the gossip
+	// store, whose goroutine stops with e.stop.
+	e.stop, e.done = make(chan struct{}), make(chan struct{})
 	if err := e.coord.Start(handler{e}); err != nil {
+		e.closeGossip()
 		return nil, fmt.Errorf("hotkey: coordinator: %w", err)
 	}
-	e.stop, e.done = make(chan struct{}), make(chan struct{})
 	e.life, e.endLife = context.WithCancel(context.Background())
 	if e.detect != nil {
 		e.detect.Start()
@@ -235,6 +248,18 @@ func (e *Engine) reserveStats() (counter.ReserveStats, bool) {
 	return rs.Stats(), true
 }
 
+// closeGossip closes e.stop, which ends the engine's loop and gossip's,
+// and waits for gossip's last round to be sent.
+func (e *Engine) closeGossip() {
+	close(e.stop)
+	e.gossipMu.Lock()
+	done := e.gossipDone
+	e.gossipMu.Unlock()
+	if done != nil {
+		<-done
+	}
+}
+
 // handler applies the coordinator's decisions to the engine.
 type handler struct{ e *Engine }
 
@@ -329,7 +354,8 @@ func (e *Engine) staticLevel(key string) shard.Level {
 }
 
 // Close stops the engine and waits for its goroutines: later decisions
-// return ErrClosed. It does not close the store. Safe to call twice.
+// return ErrClosed. SyncGossip's last round goes to peers before the
+// coordinator is closed. It does not close the store. Safe to call twice.
 func (e *Engine) Close() error {
 	if e.closed.Swap(true) {
 		return nil
@@ -338,7 +364,7 @@ func (e *Engine) Close() error {
 		e.detect.Close()
 	}
 	e.endLife()
-	close(e.stop)
+	e.closeGossip()
 	<-e.done
 	e.reserveMu.Lock()
 	if rs := e.reserve.Load(); rs != nil {

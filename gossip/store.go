@@ -27,6 +27,9 @@ type StoreConfig struct {
 	// DefaultMaxKeys); a key past it is counted (SnapshotDropped) and left
 	// out of snapshots until a sweep finds room.
 	SnapshotKeys int
+	// Solo keeps no round: the store has no peers to send it to, and
+	// decides as its memory store alone; Flush returns nothing.
+	Solo bool
 }
 
 // StoreStats counts what a Store did since it was made.
@@ -55,6 +58,7 @@ type Store struct {
 	mem    *counter.MemoryStore
 	clock  func() time.Time
 	id     string
+	solo   bool
 	start  int64
 	cfg    Config
 	round  *Round
@@ -102,6 +106,7 @@ func NewStore(cfg StoreConfig) *Store {
 		mem:   counter.NewMemoryStore(cfg.Memory),
 		clock: cfg.Memory.Clock,
 		id:    cfg.ID,
+		solo:  cfg.Solo,
 		cfg:   g,
 		round: NewRound(g),
 		codec: NewCodec(g),
@@ -118,10 +123,10 @@ func (s *Store) Take(_ context.Context, key string, hash uint64, lim counter.Lim
 }
 
 // TakeAt is the memory store's TakeAt; an admitted take's n units join
-// the round, to go to peers at the next Flush.
+// the round, to go to peers at the next Flush (unless Solo).
 func (s *Store) TakeAt(now time.Time, key string, hash uint64, lim counter.Limit, n int64) counter.Result {
 	r := s.mem.TakeAt(now, key, hash, lim, n)
-	if r.Allowed {
+	if r.Allowed && !s.solo {
 		s.round.Add(s.limitID(lim), key, hash, n)
 	}
 	return r
