@@ -72,10 +72,14 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 			continue
 		}
 		d := degraded{r.Key, name, hash, r.Cost, r.Policy}
-		if r.Policy.Sync == SyncReserve {
+		switch r.Policy.Sync {
+		case SyncReserve:
 			// Mostly from a block in memory: no round trip to share.
 			res, err := e.decideStore(ctx, e.storeFor(r.Policy), name, hash, r.Policy.Limit, r.Cost)
 			out[i].Result, out[i].Err = e.conclude(ctx, d, res, err)
+			continue
+		case SyncGossip: // in memory
+			out[i].Result, out[i].Err = e.conclude(ctx, d, e.decideGossip(name, hash, r.Policy.Limit, r.Cost), nil)
 			continue
 		}
 		gen := e.moveGen(hash) // before the lookup: see moved

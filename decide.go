@@ -15,7 +15,8 @@ import (
 
 // The decision path, top to bottom. Allow and AllowN go through allow: it
 // checks the input, names the counter (policy|key), hashes it once and
-// feeds the detector, then decideStore picks the counters: the unsplit one
+// feeds the detector. A SyncGossip policy is decided on the gossip store's
+// unsplit counter (decideGossip); for the others decideStore picks the counters: the unsplit one
 // (decide), or for a split key one of its subcounters (decideSplit), after
 // moving the key's usage if its level or the store's node map changed
 // (transfer). take asks the deny cache, then the store through the breaker
@@ -64,8 +65,12 @@ func (e *Engine) allow(ctx context.Context, key string, p *Policy, n int64) (Res
 	if err != nil {
 		return Result{}, err
 	}
+	d := degraded{key, name, hash, n, p}
+	if p.Sync == SyncGossip {
+		return e.conclude(ctx, d, e.decideGossip(name, hash, p.Limit, n), nil)
+	}
 	r, err := e.decideStore(ctx, e.storeFor(p), name, hash, p.Limit, n)
-	return e.conclude(ctx, degraded{key, name, hash, n, p}, r, err)
+	return e.conclude(ctx, d, r, err)
 }
 
 // admit checks a decision's input and names its counter: the counter name
@@ -75,7 +80,7 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 		e.metrics.rejectInput(p)
 		return "", 0, err
 	}
-	if p.Sync != SyncStore && (p.Sync != SyncReserve || e.leaser == nil) {
+	if p.Sync != SyncStore && p.Sync != SyncGossip && (p.Sync != SyncReserve || e.leaser == nil) {
 		e.metrics.rejectInput(p)
 		return "", 0, fmt.Errorf("%w: policy %q: sync %v on a store that cannot keep it", ErrUnknownSync, p.Name, p.Sync)
 	}
@@ -88,7 +93,10 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 		name = CounterName(p.Name, key)
 	}
 	hash := hashKey(name)
-	if e.prefetch != nil {
+	switch {
+	case p.Sync == SyncGossip:
+		e.gossipStore().Prefetch(shard.Name(name))
+	case e.prefetch != nil:
 		e.prefetch.Prefetch(shard.Name(name)) // its miss overlaps the detector's
 	}
 	if e.detect != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/gossip"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -45,11 +46,19 @@ type Engine struct {
 	batcher  counter.Batcher               // nil: a batch's takes go one by one
 	leaser   counter.LeaseStore            // the store, if it leases (SyncReserve); else nil
 
-	reserveMu sync.Mutex
-	reserve   *counter.ReserveStore // made on the first SyncReserve decision
-	detect    *detector.Detector    // nil: disabled
-	coord     coordinator.Coordinator
-	reshard   counter.Resharder // nil: no state transfer
+	reserveMu sync.Mutex                           // guards the making of reserve, and Close's of it
+	reserve   atomic.Pointer[counter.ReserveStore] // made on the first SyncReserve decision
+	// The store of SyncGossip policies, made on the first, and the
+	// goroutine that flushes its rounds to peers (gossipDone closed when it
+	// has stopped; nil if none was started).
+	gossipMu     sync.Mutex // guards the making of gossip, and gossipDone
+	gossip       atomic.Pointer[gossip.Store]
+	gossipDone   chan struct{}
+	gossipID     string
+	gossipErrors atomic.Uint64      // rounds or messages not handed to the coordinator
+	detect       *detector.Detector // nil: disabled
+	coord        coordinator.Coordinator
+	reshard      counter.Resharder // nil: no state transfer
 	// moves counts, per stripe of hashes, the moves of usage off unsplit
 	// counters (nil without state transfer): see moved.
 	moves     []atomic.Uint32
@@ -129,10 +138,14 @@ func New(store Store, opts ...Option) (*Engine, error) {
 	if e.coord == nil {
 		e.coord = &coordinator.Local{}
 	}
+	e.gossipID = gossipInstanceID()
+	// A peer's gossip, handed over from Start on, may make the gossip
+	// store, whose goroutine stops with e.stop.
+	e.stop, e.done = make(chan struct{}), make(chan struct{})
 	if err := e.coord.Start(handler{e}); err != nil {
+		e.closeGossip()
 		return nil, fmt.Errorf("hotkey: coordinator: %w", err)
 	}
-	e.stop, e.done = make(chan struct{}), make(chan struct{})
 	e.life, e.endLife = context.WithCancel(context.Background())
 	if e.detect != nil {
 		e.detect.Start()
@@ -209,27 +222,42 @@ func (e *Engine) loop() {
 // made on the first: an engine that has none runs no sweeper. Once the
 // engine is closed it returns the store: no block outlives Close.
 func (e *Engine) reserveStore() counter.Store {
+	if rs := e.reserve.Load(); rs != nil {
+		return rs
+	}
 	e.reserveMu.Lock()
 	defer e.reserveMu.Unlock()
-	switch {
-	case e.reserve != nil:
-		return e.reserve
-	case e.closed.Load():
+	if rs := e.reserve.Load(); rs != nil {
+		return rs
+	}
+	if e.closed.Load() {
 		return e.store
 	}
-	e.reserve = counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.Instances, Clock: e.opt.clock, Sweep: e.opt.reserveSweep})
-	return e.reserve
+	rs := counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.Instances, Clock: e.opt.clock, Sweep: e.opt.reserveSweep})
+	e.reserve.Store(rs)
+	return rs
 }
 
 // reserveStats returns what SyncReserve's store did; false before the
 // first SyncReserve decision.
 func (e *Engine) reserveStats() (counter.ReserveStats, bool) {
-	e.reserveMu.Lock()
-	defer e.reserveMu.Unlock()
-	if e.reserve == nil {
+	rs := e.reserve.Load()
+	if rs == nil {
 		return counter.ReserveStats{}, false
 	}
-	return e.reserve.Stats(), true
+	return rs.Stats(), true
+}
+
+// closeGossip closes e.stop, which ends the engine's loop and gossip's,
+// and waits for gossip's last round to be sent.
+func (e *Engine) closeGossip() {
+	close(e.stop)
+	e.gossipMu.Lock()
+	done := e.gossipDone
+	e.gossipMu.Unlock()
+	if done != nil {
+		<-done
+	}
 }
 
 // handler applies the coordinator's decisions to the engine.
@@ -326,7 +354,8 @@ func (e *Engine) staticLevel(key string) shard.Level {
 }
 
 // Close stops the engine and waits for its goroutines: later decisions
-// return ErrClosed. It does not close the store. Safe to call twice.
+// return ErrClosed. SyncGossip's last round goes to peers before the
+// coordinator is closed. It does not close the store. Safe to call twice.
 func (e *Engine) Close() error {
 	if e.closed.Swap(true) {
 		return nil
@@ -335,11 +364,11 @@ func (e *Engine) Close() error {
 		e.detect.Close()
 	}
 	e.endLife()
-	close(e.stop)
+	e.closeGossip()
 	<-e.done
 	e.reserveMu.Lock()
-	if e.reserve != nil {
-		e.reserve.Close() // its blocks' unused units go back
+	if rs := e.reserve.Load(); rs != nil {
+		rs.Close() // its blocks' unused units go back
 	}
 	e.reserveMu.Unlock()
 	if e.detach != nil {

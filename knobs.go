@@ -107,3 +107,13 @@ func withoutReserveSweep() Option {
 		return nil
 	}
 }
+
+// withGossipRounds keeps SyncGossip's rounds on an engine whose
+// coordinator carries no gossip, for a test to flush and deliver by hand
+// (gossipFlush, gossipApply).
+func withGossipRounds() Option {
+	return func(o *options) error {
+		o.gossipRounds = true
+		return nil
+	}
+}

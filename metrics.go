@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/gossip"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -214,7 +215,8 @@ func (m *metrics) breakerChanged(s BreakerState) {
 
 // engineCollector reads gauges off the engine at scrape time: hot keys by
 // level, the breaker, peers, clock skew, the NATS coordinator's message
-// counts, and the memory stores' refusals.
+// counts, the memory stores' refusals, and what sync: reserve's and sync:
+// gossip's stores did once a policy of theirs has been decided.
 type engineCollector struct{ e *Engine }
 
 var (
@@ -225,11 +227,19 @@ var (
 	descCoord        = prometheus.NewDesc("hotkey_coordinator_messages_total", "Coordinator messages by kind: published, received, invalid, rejected (lease table full), dropped, publish_errors.", []string{"kind"}, nil)
 	descReserve      = prometheus.NewDesc("hotkey_reserve_total", "sync: reserve, by event: local (a decision admitted from a block, with no store call), lease (a store call that leased a block), take (a decision taken on the store: a cold key, a cost its block lacked, a sliding log), return (a store call that gave a block's unused units back).", []string{"event"}, nil)
 	descReserveUnits = prometheus.NewDesc("hotkey_reserve_returned_units_total", "sync: reserve: unused units of blocks given back, by outcome: back (the store took them back), kept (its rule kept them: a token bucket's held past their time, a window that ended).", []string{"outcome"}, nil)
+	descGossipMsgs   = prometheus.NewDesc("hotkey_gossip_sent_messages_total", "sync: gossip: messages of this instance's rounds flushed for peers.", nil, nil)
+	descGossipBytes  = prometheus.NewDesc("hotkey_gossip_sent_bytes_total", "sync: gossip: bytes of the messages flushed for peers.", nil, nil)
+	descGossipErrs   = prometheus.NewDesc("hotkey_gossip_send_errors_total", "sync: gossip: messages the coordinator did not take (not connected, too large, closed), and rounds not encoded whole.", nil, nil)
+	descGossipEnt    = prometheus.NewDesc("hotkey_gossip_entries_total", "sync: gossip: (key, units) entries by event: sent (flushed for peers), applied (a peer's units charged here, from its rounds or its snapshot).", []string{"event"}, nil)
+	descGossipRecv   = prometheus.NewDesc("hotkey_gossip_refused_messages_total", "sync: gossip: peers' messages not applied, by reason: duplicate (already applied, replayed, or of a peer's earlier life), malformed (did not decode).", []string{"reason"}, nil)
+	descGossipDrop   = prometheus.NewDesc("hotkey_gossip_dropped_total", "sync: gossip: keys dropped, by reason: round_full (admitted but not sent: the round's key cap), memory_full (a peer's units not charged: the memory store had no room), invalid_limit (a peer's entry under a limit that does not validate), snapshot_full (left out of join snapshots: their key cap).", []string{"reason"}, nil)
+	descGossipAlone  = prometheus.NewDesc("hotkey_gossip_alone", "1 while sync: gossip policies decide on this instance's counts alone: the coordinator carries no gossip or does not reach NATS.", nil, nil)
 	descMemFull      = prometheus.NewDesc("hotkey_memory_store_full_total", "Counters an in-process memory store refused to create, its stripe being full of live counters: takes of new keys (denied) and hot-key moves (left on the counters that hold the usage). By store: store (the engine's own, as hotkeyd's without Redis), local (the local fallback's).", []string{"store"}, nil)
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descHotKeys, descBreaker, descPeers, descSkew, descCoord, descMemFull, descReserve, descReserveUnits} {
+	for _, d := range []*prometheus.Desc{descHotKeys, descBreaker, descPeers, descSkew, descCoord, descMemFull, descReserve, descReserveUnits,
+		descGossipMsgs, descGossipBytes, descGossipErrs, descGossipEnt, descGossipRecv, descGossipDrop, descGossipAlone} {
 		ch <- d
 	}
 }
@@ -262,6 +272,9 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descReserveUnits, prometheus.CounterValue, float64(rs.Returned), "back")
 		ch <- prometheus.MustNewConstMetric(descReserveUnits, prometheus.CounterValue, float64(rs.Unspent), "kept")
 	}
+	if gs, alone, ok := e.gossipStats(); ok {
+		c.collectGossip(ch, gs, alone)
+	}
 	if cs := st.Coordinator; cs != nil {
 		for kind, v := range map[string]uint64{
 			"published": cs.Published, "received": cs.Received, "invalid": cs.Invalid,
@@ -270,4 +283,28 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(descCoord, prometheus.CounterValue, float64(v), kind)
 		}
 	}
+}
+
+// collectGossip sends SyncGossip's metrics, once the engine has a gossip
+// store.
+func (c engineCollector) collectGossip(ch chan<- prometheus.Metric, gs gossip.StoreStats, alone bool) {
+	add := func(d *prometheus.Desc, v uint64, labels ...string) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+	}
+	add(descGossipMsgs, gs.Messages)
+	add(descGossipBytes, gs.Bytes)
+	add(descGossipErrs, c.e.gossipErrors.Load())
+	add(descGossipEnt, gs.EntriesSent, "sent")
+	add(descGossipEnt, gs.Applied, "applied")
+	add(descGossipRecv, gs.Duplicates, "duplicate")
+	add(descGossipRecv, gs.Malformed, "malformed")
+	add(descGossipDrop, gs.RoundDropped, "round_full")
+	add(descGossipDrop, gs.ChargesDropped, "memory_full")
+	add(descGossipDrop, gs.Invalid, "invalid_limit")
+	add(descGossipDrop, gs.SnapshotDropped, "snapshot_full")
+	v := 0.0
+	if alone {
+		v = 1
+	}
+	ch <- prometheus.MustNewConstMetric(descGossipAlone, prometheus.GaugeValue, v)
 }

@@ -37,6 +37,8 @@ type options struct {
 	registerer                    prometheus.Registerer
 	reserveLease                  time.Duration
 	reserveSweep                  time.Duration // see counter.ReserveConfig.Sweep
+	gossipInterval                time.Duration
+	gossipRounds                  bool // keep SyncGossip's rounds without a Gossiper (see withGossipRounds)
 }
 
 // DefaultMaxKeyLen is the longest key accepted by default (WithMaxKeyLen).
@@ -68,8 +70,13 @@ func defaultOptions() options {
 		breakerProbe:    DefaultBreakerProbe,
 		breakerMaxProbe: DefaultBreakerMaxProbe,
 		logger:          slog.New(slog.DiscardHandler),
+		gossipInterval:  DefaultGossipInterval,
 	}
 }
+
+// DefaultGossipInterval is how often a SyncGossip policy's counts go to
+// peers by default (WithGossipInterval).
+const DefaultGossipInterval = 100 * time.Millisecond
 
 // WithMaxKeyLen sets the longest key accepted, in bytes (default 512).
 func WithMaxKeyLen(n int) Option {
@@ -127,6 +134,21 @@ func WithReserveLease(d time.Duration) Option {
 			return fmt.Errorf("reserve lease %v: want more than 0, at most 1m", d)
 		}
 		o.reserveLease = d
+		return nil
+	}
+}
+
+// WithGossipInterval sets how often the units SyncGossip policies
+// admitted go to the coordinator's peers (default 100 ms), at least 1 ms
+// and at most 1 min. A longer interval sends fewer, larger messages and
+// lets the instances together admit up to (instances − 1) × rate ×
+// (interval + delivery) over a key's limit.
+func WithGossipInterval(d time.Duration) Option {
+	return func(o *options) error {
+		if d < time.Millisecond || d > time.Minute {
+			return fmt.Errorf("gossip interval %v: want at least 1ms, at most 1m", d)
+		}
+		o.gossipInterval = d
 		return nil
 	}
 }

@@ -20,8 +20,9 @@ var ErrNoPeek = errors.New("the store cannot peek")
 // hot-key detector nor the decision metrics, and moves no usage: a split
 // key is read where its usage is held. When the store cannot answer,
 // p.OnStoreFailure decides as for AllowN, and its local counters are read,
-// not charged. Bad input returns AllowN's errors; a store that cannot peek
-// returns ErrNoPeek. It blocks only on the store.
+// not charged. A SyncGossip policy is read on this instance's view. Bad
+// input returns AllowN's errors; a store that cannot peek returns
+// ErrNoPeek. It blocks only on the store.
 func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error) {
 	if p == nil {
 		return Result{}, ErrNilPolicy
@@ -36,11 +37,14 @@ func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error
 		}
 		name = CounterName(p.Name, key)
 	}
+	hash := hashKey(name)
+	if p.Sync == SyncGossip {
+		return e.peekGossip(name, hash, p.Limit), nil
+	}
 	peeker, ok := e.store.(counter.Peeker)
 	if !ok {
 		return Result{}, ErrNoPeek
 	}
-	hash := hashKey(name)
 	r, err := e.peekStore(ctx, peeker, name, hash, p.Limit)
 	if err == nil {
 		return r, nil

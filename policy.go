@@ -63,10 +63,20 @@ const (
 	// while units sit in another instance's block. The store must lease
 	// (counter.LeaseStore: the memory and Redis stores do).
 	SyncReserve
+	// SyncGossip has each instance decide on a memory store of its own and
+	// send its peers, every interval (WithGossipInterval, default 100 ms),
+	// the units each key consumed since the last round, which they charge
+	// to their own counters (gossip.Store). No store call is made. It
+	// admits at most the limit plus (instances − 1) × rate × (interval +
+	// one delivery), more while instances cannot reach each other; a key
+	// is never split (the detector still sees it). Peers are the
+	// coordinator's, if it is a coordinator.Gossiper; with none, as with
+	// coordinator.Local, it is the memory store alone.
+	SyncGossip
 	numSyncs
 )
 
-var syncNames = [numSyncs]string{"store", "reserve"}
+var syncNames = [numSyncs]string{"store", "reserve", "gossip"}
 
 // String returns the mode's name as used in configuration files.
 func (s Sync) String() string {
@@ -83,7 +93,7 @@ func ParseSync(s string) (Sync, error) {
 			return Sync(i), nil
 		}
 	}
-	return 0, fmt.Errorf("%w: %q (want store or reserve)", ErrUnknownSync, s)
+	return 0, fmt.Errorf("%w: %q (want store, reserve or gossip)", ErrUnknownSync, s)
 }
 
 // Policy is a limit with what to do when the store fails. A Policy must not

@@ -182,7 +182,7 @@ func TestReserveStoreCut(t *testing.T) {
 			t.Fatalf("store up: %+v, %v", r, err)
 		}
 	}
-	if e.reserve.Stats().Leases == 0 {
+	if e.reserve.Load().Stats().Leases == 0 {
 		t.Fatal("no block leased")
 	}
 	reg := prometheus.NewRegistry()

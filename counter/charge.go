@@ -10,10 +10,13 @@ import "time"
 // make it admit more:
 //
 //   - TokenBucket: the TAT moves to max(TAT, now) + n intervals, at most
-//     the burst tolerance (Capacity intervals) beyond now: an empty bucket,
-//     the furthest a Take ever moves it. Debt past that would deny longer
-//     than any run of Takes can, and would need to be counted beyond the
-//     tolerance's bound (MaxTolerance).
+//     MaxTolerance beyond now (or the bucket's tolerance, if longer). Past
+//     an empty bucket (the tolerance beyond now) the units are owed: the
+//     bucket admits nothing until the TAT is back within its tolerance, as
+//     if the instances sharing it had taken them from one bucket. Without
+//     the debt, peers' units arriving on a bucket that this instance's own
+//     takes keep empty would be forgotten, and each instance would admit
+//     the whole rate.
 //   - FixedWindow, SlidingWindow: n is added to the current window's count,
 //     at most MaxCount, the highest Rate: a saturated window denies every
 //     Take, and the sliding estimate of two of them stays within an int64.
@@ -69,11 +72,15 @@ func (s *state) chargeGCRA(now int64, lim Limit, n int64) {
 	if written := s.interval(); written != (fixed{}) && written != g.unit && (fixed{}).less(d) {
 		d = d.rescale(written, g.unit) // see takeGCRA
 	}
-	if !d.less(g.tol) {
-		return // at or past an empty bucket (a lowered limit): nothing to add
+	limit := g.tol
+	if maxDebt := (fixed{int64(MaxTolerance), 0}); limit.less(maxDebt) {
+		limit = maxDebt
 	}
-	if room := g.tol.sub(d).per(g.unit); n > room {
-		d = g.tol
+	if !d.less(limit) {
+		return // owing all a counter may: nothing to add
+	}
+	if room := limit.sub(d).per(g.unit); n > room {
+		d = limit
 	} else {
 		d = d.add(g.unit.mul(n))
 	}

@@ -66,7 +66,9 @@ func TestChargeAsTake(t *testing.T) {
 // TestChargeSaturates: a charge beyond what a counter can admit (up to
 // MaxInt64, twice) leaves it empty, never overflowed: from then on it
 // admits no more in any instant than a store that took its whole capacity
-// at once, and for a token bucket or a log exactly as much.
+// at once, and for a log exactly as much. A token bucket owes the units
+// past its capacity (see TestChargeDebt), at most MaxTolerance: it admits
+// again once that has passed.
 func TestChargeSaturates(t *testing.T) {
 	for _, lim := range chargeLimits {
 		for _, give := range []int64{lim.Capacity() + 1, MaxCount, math.MaxInt64} {
@@ -92,14 +94,18 @@ func TestChargeSaturates(t *testing.T) {
 					}
 					gotSum += got
 					wantSum += want
-					exact := lim.Algorithm == TokenBucket || lim.Algorithm == SlidingLog
+					exact := lim.Algorithm == SlidingLog
 					if step == 0 && got != 0 || gotSum > wantSum || exact && got != want {
 						t.Fatalf("charge of %d twice: %v in admitted %d (%d since), after taking the capacity %d (%d since)",
 							give, at.Sub(t0), got, gotSum, want, wantSum)
 					}
 				}
-				if gotSum == 0 {
+				owes := lim.Algorithm == TokenBucket && give >= 3*lim.Capacity()
+				if gotSum == 0 && !owes {
 					t.Errorf("charge of %d twice: nothing admitted in 4 periods", give)
+				}
+				if at := t0.Add(MaxTolerance + 4*lim.Period); lim.Algorithm == TokenBucket && !charged.TakeAt(at, "k", 0, lim, lim.Capacity()).Allowed {
+					t.Errorf("charge of %d twice: a take of the capacity %v later denied, want the debt paid by MaxTolerance", give, at.Sub(t0))
 				}
 			})
 		}
@@ -145,5 +151,30 @@ func TestChargeSlidingWindowOverflow(t *testing.T) {
 	}
 	if admitted != 0 {
 		t.Errorf("admitted %d of 10 after two windows charged MaxInt64, want 0", admitted)
+	}
+}
+
+// TestChargeDebt: units charged past a token bucket's capacity are owed,
+// not forgotten: peers that admitted 30 units of a 10-unit bucket at 10 a
+// second leave it admitting nothing until the debt is paid, 10 units in
+// the next 3 s where a bucket that forgot it admits 30. Gossip needs it:
+// under sustained load, every instance's own takes keep its view of the
+// bucket empty, and the peers' units arrive on top.
+func TestChargeDebt(t *testing.T) {
+	lim := Limit{Rate: 10, Period: time.Second}
+	s := NewMemoryStore(MemoryConfig{})
+	for range 3 {
+		if !s.ChargeAt(t0, "k", 0, lim, 10) {
+			t.Fatal("charge dropped")
+		}
+	}
+	admitted := 0
+	for at := t0; !at.After(t0.Add(3 * time.Second)); at = at.Add(10 * time.Millisecond) {
+		if s.TakeAt(at, "k", 0, lim, 1).Allowed {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Errorf("admitted %d in the 3 s after 30 units were charged to a 10-unit bucket at 10/s, want 10", admitted)
 	}
 }

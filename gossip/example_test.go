@@ -1,9 +1,13 @@
 package gossip_test
 
 import (
+	"context"
 	"fmt"
+	"time"
 
 	"github.com/cespare/xxhash/v2"
+
+	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/gossip"
 )
 
@@ -35,4 +39,21 @@ func Example() {
 	// Output:
 	// charge api/alice 5 units
 	// duplicate: not applied
+}
+
+// Two instances' stores: what one admits reaches the other at its next
+// round, once however often it is delivered.
+func ExampleStore() {
+	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 10, Period: time.Hour}
+	a := gossip.NewStore(gossip.StoreConfig{ID: "a"})
+	b := gossip.NewStore(gossip.StoreConfig{ID: "b"})
+	a.Take(context.Background(), "alice", xxhash.Sum64String("alice"), lim, 4)
+	msgs, _ := a.Flush(time.Now())
+	for _, m := range append(msgs, msgs...) { // delivered twice
+		b.Apply(m)
+	}
+	r, _ := b.Take(context.Background(), "alice", xxhash.Sum64String("alice"), lim, 1)
+	fmt.Println("b admits one more:", r.Allowed, "remaining", r.Remaining)
+	// Output:
+	// b admits one more: true remaining 5
 }

@@ -15,6 +15,14 @@
 // part) is new, and if so charges the units to its own counters
 // (counter.MemoryStore.ChargeAt). Signing and transport are the
 // coordinator's: a message is an opaque []byte to it.
+//
+// Store ties them together as a counter.Store: it decides on a memory store
+// of its own and adds what it admits to its Round, under the limit encoded
+// as the entry's Limit (EncodeLimit), so that a receiver charges the same
+// limit's counter. A joining instance asks its peers for Snapshots, each
+// key's used units in the peer's view, and charges what a snapshot holds
+// above its own view (ApplySnapshot), so that peers' snapshots of one key
+// do not add up.
 package gossip
 
 import (

@@ -1,0 +1,379 @@
+package gossip
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/hotkeyd/hotkey/counter"
+)
+
+// StoreConfig configures a Store. Zero fields take their defaults.
+type StoreConfig struct {
+	// ID is this instance's id in the messages it sends: 1 to
+	// MaxSenderLen bytes, unique among the instances that gossip together.
+	ID string
+	// Gossip configures the round, codec and dedup (DefaultConfig).
+	Gossip Config
+	// Memory configures the store's own memory store; its Clock is the
+	// store's clock (default time.Now).
+	Memory counter.MemoryConfig
+	// SnapshotKeys caps the keys remembered for Snapshot (default
+	// DefaultMaxKeys); a key past it is counted (SnapshotDropped) and left
+	// out of snapshots until a sweep finds room.
+	SnapshotKeys int
+	// Solo keeps no round: the store has no peers to send it to, and
+	// decides as its memory store alone; Flush returns nothing.
+	Solo bool
+}
+
+// StoreStats counts what a Store did since it was made.
+type StoreStats struct {
+	Rounds      uint64 // flushes that sent at least one message
+	Messages    uint64 // messages flushed
+	Bytes       uint64 // bytes of the messages flushed
+	EntriesSent uint64 // (limit, key) deltas flushed
+
+	Applied         uint64 // entries charged from peers' messages and snapshots
+	Duplicates      uint64 // messages refused by the dedup: duplicated, replayed, stale or too old
+	Malformed       uint64 // messages that did not decode
+	Invalid         uint64 // entries refused: their limit did not parse or Validate
+	RoundDropped    uint64 // adds the round did not hold: its key cap (see Round.Add)
+	ChargesDropped  uint64 // charges the memory store had no room for (see MemoryStore.ChargeAt)
+	SnapshotDropped uint64 // keys left out of snapshots: SnapshotKeys was reached
+}
+
+// Store is a counter.Store for the gossip sync mode: it decides on a
+// memory store of its own, and notes what it admits in a Round. Flush
+// hands out the round's deltas as messages for peers, Apply charges a
+// peer's to its own counters, and Snapshot and ApplySnapshot bring a
+// joining instance up to its peers' view. It is safe for concurrent use;
+// Take never blocks on I/O.
+type Store struct {
+	mem    *counter.MemoryStore
+	clock  func() time.Time
+	id     string
+	solo   bool
+	start  int64
+	cfg    Config
+	round  *Round
+	codec  *Codec
+	dedup  *Dedup
+	limits [limitCache]atomic.Pointer[limitID]
+	keys   keySet
+
+	flushMu sync.Mutex // guards seq; serialises Flush
+	seq     uint64     // the last round's number
+
+	rounds, messages, bytes, sent                      atomic.Uint64
+	applied, malformed, invalid, chargesDropped, dupes atomic.Uint64
+}
+
+var (
+	_ counter.Store  = (*Store)(nil)
+	_ counter.Peeker = (*Store)(nil)
+)
+
+// limitCache is the number of limits whose encoding a Store keeps, direct
+// mapped: a decision under one of them encodes nothing.
+const limitCache = 64
+
+type limitID struct {
+	lim counter.Limit
+	id  string
+}
+
+// NewStore returns a store configured by cfg. It panics if cfg.ID is
+// empty or longer than MaxSenderLen, or cfg.Gossip does not Validate: a
+// configuration is the program's own.
+func NewStore(cfg StoreConfig) *Store {
+	if cfg.ID == "" || len(cfg.ID) > MaxSenderLen {
+		panic(fmt.Sprintf("gossip: instance id of %d bytes, want 1 to %d", len(cfg.ID), MaxSenderLen))
+	}
+	if cfg.Memory.Clock == nil {
+		cfg.Memory.Clock = time.Now
+	}
+	if cfg.SnapshotKeys <= 0 {
+		cfg.SnapshotKeys = DefaultMaxKeys
+	}
+	g := cfg.Gossip.withDefaults()
+	s := &Store{
+		mem:   counter.NewMemoryStore(cfg.Memory),
+		clock: cfg.Memory.Clock,
+		id:    cfg.ID,
+		solo:  cfg.Solo,
+		cfg:   g,
+		round: NewRound(g),
+		codec: NewCodec(g),
+		dedup: NewDedup(g),
+		keys:  keySet{keys: make(map[roundKey]counter.Limit), max: cfg.SnapshotKeys},
+	}
+	s.start = s.clock().UnixNano()
+	return s
+}
+
+// Take implements counter.Store: TakeAt at the store's clock.
+func (s *Store) Take(_ context.Context, key string, hash uint64, lim counter.Limit, n int64) (counter.Result, error) {
+	return s.TakeAt(s.clock(), key, hash, lim, n), nil
+}
+
+// TakeAt is the memory store's TakeAt; an admitted take's n units join
+// the round, to go to peers at the next Flush (unless Solo).
+func (s *Store) TakeAt(now time.Time, key string, hash uint64, lim counter.Limit, n int64) counter.Result {
+	r := s.mem.TakeAt(now, key, hash, lim, n)
+	if r.Allowed && !s.solo {
+		s.round.Add(s.limitID(lim), key, hash, n)
+	}
+	return r
+}
+
+// Peek implements counter.Peeker on the store's own view.
+func (s *Store) Peek(ctx context.Context, key string, hash uint64, lim counter.Limit) (counter.Result, error) {
+	return s.mem.Peek(ctx, key, hash, lim)
+}
+
+// Prefetch is the memory store's Prefetch.
+func (s *Store) Prefetch(key string) { s.mem.Prefetch(key) }
+
+// Close implements counter.Store. The store holds no goroutines.
+func (s *Store) Close() error { return s.mem.Close() }
+
+// Memory returns the memory store the store decides on.
+func (s *Store) Memory() *counter.MemoryStore { return s.mem }
+
+// limitID returns EncodeLimit(lim), from the cache when it holds it.
+func (s *Store) limitID(lim counter.Limit) string {
+	h := uint64(lim.Algorithm) ^ uint64(lim.Rate)*0x9e3779b97f4a7c15 ^ uint64(lim.Period)*0xc2b2ae3d27d4eb4f ^ uint64(lim.Burst)*0x165667b19e3779f9
+	slot := &s.limits[(h>>32)%limitCache]
+	if c := slot.Load(); c != nil && c.lim == lim {
+		return c.id
+	}
+	id := EncodeLimit(lim)
+	slot.Store(&limitID{lim, id})
+	return id
+}
+
+// Flush empties the round into messages for peers, each of at most
+// MaxBytes, stamped with the store's id, its start and the next round
+// number: a round too large for MaxParts messages goes out as several
+// rounds, never cut. now times the sweep of the keys kept for snapshots.
+// It returns no message when nothing was admitted since the last Flush.
+// The messages are the caller's. Calls are serialised.
+func (s *Store) Flush(now time.Time) ([][]byte, error) {
+	s.flushMu.Lock()
+	defer s.flushMu.Unlock()
+	entries := s.round.Flush()
+	if len(entries) == 0 {
+		return nil, nil
+	}
+	s.noteKeys(now, entries)
+	msgs, err := encodeSplit(s.codec, Header{Sender: s.id, Start: s.start}, entries, func() uint64 {
+		s.seq++
+		s.rounds.Add(1)
+		return s.seq
+	})
+	for _, m := range msgs {
+		s.bytes.Add(uint64(len(m)))
+	}
+	s.messages.Add(uint64(len(msgs)))
+	s.sent.Add(uint64(len(entries)))
+	return msgs, err
+}
+
+// encodeSplit encodes entries with c under h, each call of round giving a
+// round number: halves of a round too large for MaxParts messages are
+// encoded as rounds of their own.
+func encodeSplit(c *Codec, h Header, entries []Entry, round func() uint64) ([][]byte, error) {
+	h.Round = round()
+	msgs, err := c.Encode(h, entries)
+	if !errors.Is(err, ErrRoundTooBig) || len(entries) < 2 {
+		return msgs, err
+	}
+	half := len(entries) / 2
+	a, err := encodeSplit(c, h, entries[:half], round)
+	if err != nil {
+		return a, err
+	}
+	b, err := encodeSplit(c, h, entries[half:], round)
+	return append(a, b...), err
+}
+
+// noteKeys remembers the keys of entries for snapshots.
+func (s *Store) noteKeys(now time.Time, entries []Entry) {
+	parsed := map[string]counter.Limit{}
+	s.keys.mu.Lock()
+	defer s.keys.mu.Unlock()
+	for _, e := range entries {
+		lim, ok := parsed[e.Limit]
+		if !ok {
+			var err error
+			if lim, err = ParseLimit(e.Limit); err != nil {
+				continue // the store encoded it from a limit a caller did not validate
+			}
+			parsed[e.Limit] = lim
+		}
+		s.keys.noteLocked(s, now, roundKey{e.Limit, e.Key}, lim)
+	}
+}
+
+// Apply charges the units of a peer's message to the store's counters,
+// once: a message Dedup has seen changes nothing. It returns an error for
+// a message that does not decode (counted as malformed); entries whose
+// limit is invalid are skipped and counted.
+func (s *Store) Apply(payload []byte) error {
+	m, err := s.codec.Decode(payload)
+	if err != nil {
+		s.malformed.Add(1)
+		return err
+	}
+	if !s.dedup.Accept(m.Header) {
+		s.dupes.Add(1)
+		return nil
+	}
+	s.charge(m.Entries, false)
+	return nil
+}
+
+// charge charges entries to the store's counters at its clock: each
+// entry's units, or for a snapshot (join) what its units are above the
+// store's own view of the key.
+func (s *Store) charge(entries []Entry, join bool) {
+	now := s.clock()
+	var lim counter.Limit
+	var limID string // the limit parsed into lim and ok; entries come grouped by limit
+	ok := false
+	for i, e := range entries {
+		if i == 0 || e.Limit != limID {
+			var err error
+			lim, err = ParseLimit(e.Limit)
+			limID, ok = e.Limit, err == nil
+		}
+		if !ok {
+			s.invalid.Add(1)
+			continue
+		}
+		hash := xxhash.Sum64String(e.Key)
+		n := e.Units
+		if join {
+			n -= used(s.mem, e.Key, hash, lim)
+			if n <= 0 {
+				continue
+			}
+		}
+		if !s.mem.ChargeAt(now, e.Key, hash, lim, n) {
+			s.chargesDropped.Add(1)
+			continue
+		}
+		s.applied.Add(1)
+		s.keys.note(s, now, roundKey{e.Limit, e.Key}, lim)
+	}
+}
+
+// used is how many units of key's counter under lim are used in m's view:
+// its capacity less what a Take would leave.
+func used(m *counter.MemoryStore, key string, hash uint64, lim counter.Limit) int64 {
+	r, _ := m.Peek(context.Background(), key, hash, lim)
+	u := lim.Capacity() - r.Remaining
+	if r.Allowed {
+		u-- // the peek's own unit
+	}
+	return max(0, u)
+}
+
+// Snapshot returns messages of at most maxBytes each that carry the units
+// each key remembered (SnapshotKeys) has used in this store's view, for a
+// joining peer (ApplySnapshot). Keys with nothing used are left out and
+// forgotten. It returns nothing if maxBytes cannot hold an entry of the
+// longest key (MinBytes). The messages are the caller's.
+func (s *Store) Snapshot(maxBytes int) [][]byte {
+	cfg := s.cfg
+	cfg.MaxBytes = min(cfg.MaxBytes, maxBytes)
+	if cfg.Validate() != nil {
+		return nil
+	}
+	var entries []Entry
+	s.keys.mu.Lock()
+	for k, lim := range s.keys.keys {
+		u := used(s.mem, k.key, xxhash.Sum64String(k.key), lim)
+		if u <= 0 {
+			delete(s.keys.keys, k)
+			continue
+		}
+		entries = append(entries, Entry{Limit: k.limit, Key: k.key, Units: u})
+	}
+	s.keys.mu.Unlock()
+	msgs, _ := encodeSplit(NewCodec(cfg), Header{Sender: s.id, Start: s.start}, entries, func() uint64 { return 0 })
+	return msgs
+}
+
+// ApplySnapshot brings the store's view up to a peer's snapshot message:
+// each key is charged what the peer's used units are above its own, so
+// that several peers' snapshots of one key are not added up. It returns
+// an error for a message that does not decode (counted as malformed).
+func (s *Store) ApplySnapshot(payload []byte) error {
+	m, err := s.codec.Decode(payload)
+	if err != nil {
+		s.malformed.Add(1)
+		return err
+	}
+	s.charge(m.Entries, true)
+	return nil
+}
+
+// Stats returns what the store did since it was made.
+func (s *Store) Stats() StoreStats {
+	s.keys.mu.Lock()
+	snapDropped := s.keys.dropped
+	s.keys.mu.Unlock()
+	return StoreStats{
+		Rounds: s.rounds.Load(), Messages: s.messages.Load(), Bytes: s.bytes.Load(), EntriesSent: s.sent.Load(),
+		Applied: s.applied.Load(), Duplicates: s.dupes.Load(), Malformed: s.malformed.Load(), Invalid: s.invalid.Load(),
+		RoundDropped: s.round.Dropped(), ChargesDropped: s.chargesDropped.Load(), SnapshotDropped: snapDropped,
+	}
+}
+
+// keySet is the keys a Store's snapshots carry: those it admitted on or
+// was charged, at most max of them. When it is full, a sweep (at most one
+// a second) forgets the keys with nothing used; a new key that still finds
+// no room is counted and left out.
+type keySet struct {
+	mu        sync.Mutex // guards keys, nextSweep, dropped
+	keys      map[roundKey]counter.Limit
+	max       int
+	nextSweep time.Time
+	dropped   uint64
+}
+
+// keySweep is the least time between two sweeps of a full keySet.
+const keySweep = time.Second
+
+func (k *keySet) note(s *Store, now time.Time, rk roundKey, lim counter.Limit) {
+	k.mu.Lock()
+	k.noteLocked(s, now, rk, lim)
+	k.mu.Unlock()
+}
+
+func (k *keySet) noteLocked(s *Store, now time.Time, rk roundKey, lim counter.Limit) {
+	if _, ok := k.keys[rk]; ok {
+		k.keys[rk] = lim
+		return
+	}
+	if len(k.keys) >= k.max && !now.Before(k.nextSweep) {
+		k.nextSweep = now.Add(keySweep)
+		for key, l := range k.keys {
+			if used(s.mem, key.key, xxhash.Sum64String(key.key), l) <= 0 {
+				delete(k.keys, key)
+			}
+		}
+	}
+	if len(k.keys) >= k.max {
+		k.dropped++
+		return
+	}
+	k.keys[rk] = lim
+}

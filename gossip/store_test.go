@@ -1,0 +1,321 @@
+package gossip
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/cespare/xxhash/v2"
+
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/testkit"
+)
+
+func newTestStore(t *testing.T, id string, clock *testkit.Clock, cfg StoreConfig) *Store {
+	t.Helper()
+	cfg.ID = id
+	cfg.Memory.Clock = clock.Now
+	s := NewStore(cfg)
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func take(s *Store, key string, lim counter.Limit, n int64) bool {
+	r, _ := s.Take(context.Background(), key, xxhash.Sum64String(key), lim, n)
+	return r.Allowed
+}
+
+// remaining is what a take of one unit of key would leave in s's view.
+func remaining(s *Store, key string, lim counter.Limit) int64 {
+	return lim.Capacity() - used(s.Memory(), key, xxhash.Sum64String(key), lim)
+}
+
+// deliver flushes from and applies its messages to each of to.
+func deliver(t *testing.T, now time.Time, from *Store, to ...*Store) [][]byte {
+	t.Helper()
+	msgs, err := from.Flush(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range msgs {
+		for _, s := range to {
+			if err := s.Apply(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	return msgs
+}
+
+// TestStoreExchange: two stores on one key, each trying 10 units a round,
+// exchanging their rounds' messages by hand, admit at most the limit plus
+// one round of the other's units; not exchanging, they admit twice the
+// limit.
+func TestStoreExchange(t *testing.T) {
+	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 100, Period: time.Hour}
+	const perRound, rounds = 10, 30
+	for _, c := range []struct {
+		name     string
+		exchange bool
+		min, max int
+	}{
+		{"exchanged", true, 100, 100 + perRound},
+		{"alone", false, 200, 200},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			clock := testkit.NewClock()
+			a := newTestStore(t, "a", clock, StoreConfig{})
+			b := newTestStore(t, "b", clock, StoreConfig{})
+			admitted := 0
+			for range rounds {
+				for range perRound {
+					for _, s := range []*Store{a, b} {
+						if take(s, "k", lim, 1) {
+							admitted++
+						}
+					}
+				}
+				clock.Advance(100 * time.Millisecond)
+				ma, _ := a.Flush(clock.Now())
+				mb, _ := b.Flush(clock.Now())
+				if c.exchange {
+					for _, m := range ma {
+						b.Apply(m)
+					}
+					for _, m := range mb {
+						a.Apply(m)
+					}
+				}
+			}
+			t.Logf("admitted %d of %d tried, limit %d", admitted, 2*perRound*rounds, lim.Rate)
+			if admitted < c.min || admitted > c.max {
+				t.Errorf("admitted %d, want %d to %d", admitted, c.min, c.max)
+			}
+			if st := a.Stats(); c.exchange && (st.Applied == 0 || st.Rounds == 0 || st.Messages == 0 || st.Bytes == 0 || st.EntriesSent == 0) {
+				t.Errorf("stats %+v: want rounds, messages, bytes and entries sent and applied", st)
+			}
+		})
+	}
+}
+
+// TestStoreDuplicate: a message delivered twice, or replayed after later
+// rounds, is charged once; a message of another life of the sender is
+// refused once the receiver has heard a later one.
+func TestStoreDuplicate(t *testing.T) {
+	clock := testkit.NewClock()
+	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 1000, Period: time.Hour}
+	a := newTestStore(t, "a", clock, StoreConfig{})
+	b := newTestStore(t, "b", clock, StoreConfig{})
+	take(a, "k", lim, 7)
+	first := deliver(t, clock.Now(), a, b)
+	if got := remaining(b, "k", lim); got != 993 {
+		t.Fatalf("after one delivery b has %d left, want 993", got)
+	}
+	for range 3 {
+		take(a, "k", lim, 1)
+		deliver(t, clock.Now(), a, b)
+	}
+	for _, m := range append(first, first...) { // replayed, twice
+		if err := b.Apply(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got := remaining(b, "k", lim); got != 990 {
+		t.Errorf("after replays b has %d left, want 990", got)
+	}
+	if st := b.Stats(); st.Duplicates != 2 || st.Applied != 4 {
+		t.Errorf("stats %+v: want 2 duplicates, 4 applied", st)
+	}
+}
+
+// TestStoreSnapshotJoin: a store joining two peers that both saw a key's
+// 30 units takes 30 from their snapshots, not 60, and its own usage above
+// a peer's is not charged again.
+func TestStoreSnapshotJoin(t *testing.T) {
+	clock := testkit.NewClock()
+	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 100, Period: time.Hour}
+	tb := counter.Limit{Rate: 10, Period: time.Hour, Burst: 50}
+	a := newTestStore(t, "a", clock, StoreConfig{})
+	b := newTestStore(t, "b", clock, StoreConfig{})
+	take(a, "k", lim, 30)
+	take(a, "t", tb, 20)
+	deliver(t, clock.Now(), a, b)
+	j := newTestStore(t, "j", clock, StoreConfig{})
+	take(j, "t", tb, 25) // more than its peers saw
+	for _, peer := range []*Store{a, b} {
+		msgs := peer.Snapshot(DefaultMaxBytes)
+		if len(msgs) == 0 {
+			t.Fatalf("%s: empty snapshot", peer.id)
+		}
+		for _, m := range msgs {
+			if err := j.ApplySnapshot(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if got := remaining(j, "k", lim); got != 70 {
+		t.Errorf("joined: %d of k left, want 70", got)
+	}
+	if got := remaining(j, "t", tb); got != 25 {
+		t.Errorf("joined: %d of t left, want 25 (its own 25 used, above the peers' 20)", got)
+	}
+	admitted := 0
+	for take(j, "k", lim, 1) {
+		admitted++
+	}
+	if admitted != 70 {
+		t.Errorf("joined store admitted %d, want 70", admitted)
+	}
+	if msgs := a.Snapshot(MinBytes(DefaultMaxKeyLen) - 1); msgs != nil {
+		t.Errorf("snapshot into %d bytes: %d messages, want none", MinBytes(DefaultMaxKeyLen)-1, len(msgs))
+	}
+}
+
+// TestStoreRoundCap: the round holds at most MaxKeys keys between flushes;
+// the rest are decided, not sent, and counted.
+func TestStoreRoundCap(t *testing.T) {
+	clock := testkit.NewClock()
+	lim := counter.PerSecond(10)
+	const maxKeys, snapKeys, keys = 64, 16, 500
+	s := newTestStore(t, "a", clock, StoreConfig{Gossip: Config{MaxKeys: maxKeys}, SnapshotKeys: snapKeys})
+	for i := range keys {
+		if !take(s, fmt.Sprintf("k%d", i), lim, 1) {
+			t.Fatalf("take %d denied", i)
+		}
+	}
+	msgs, err := s.Flush(clock.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := s.Stats()
+	if st.EntriesSent > maxKeys || st.EntriesSent+st.RoundDropped != keys {
+		t.Errorf("sent %d, dropped %d of %d keys: want at most %d sent, the rest dropped", st.EntriesSent, st.RoundDropped, keys, maxKeys)
+	}
+	if len(msgs) != 1 {
+		t.Errorf("%d messages, want 1", len(msgs))
+	}
+	// The keys kept for snapshots are capped too: all are in use.
+	if n := len(s.keys.keys); n != snapKeys || st.SnapshotDropped != st.EntriesSent-snapKeys {
+		t.Errorf("%d snapshot keys, %d dropped of %d: want %d kept, the rest dropped", n, st.SnapshotDropped, st.EntriesSent, snapKeys)
+	}
+}
+
+// TestStoreSplit: a round too large for one message goes out in several,
+// and too large for MaxParts messages, in several rounds: every key
+// arrives.
+func TestStoreSplit(t *testing.T) {
+	clock := testkit.NewClock()
+	lim := counter.PerSecond(10)
+	cfg := Config{MaxKeyLen: 16, MaxBytes: MinBytes(16)}
+	const keys = 40_000 // past MaxParts messages of the ~25 entries each holds
+	a := newTestStore(t, "a", clock, StoreConfig{Gossip: cfg})
+	b := newTestStore(t, "b", clock, StoreConfig{Gossip: cfg})
+	for i := range keys {
+		take(a, fmt.Sprintf("key-%08d", i), lim, 2)
+	}
+	msgs := deliver(t, clock.Now(), a, b)
+	st := a.Stats()
+	if st.Rounds < 2 || len(msgs) <= MaxParts {
+		t.Errorf("%d messages in %d rounds: want more than %d, in more than one round", len(msgs), st.Rounds, MaxParts)
+	}
+	if got := b.Stats().Applied; got != keys {
+		t.Errorf("applied %d entries, want %d", got, keys)
+	}
+	for _, m := range msgs {
+		if len(m) > cfg.MaxBytes {
+			t.Fatalf("message of %d bytes, over %d", len(m), cfg.MaxBytes)
+		}
+	}
+}
+
+// TestStoreRefuses: a malformed message and an entry under an invalid
+// limit change nothing, and are counted.
+func TestStoreRefuses(t *testing.T) {
+	clock := testkit.NewClock()
+	s := newTestStore(t, "a", clock, StoreConfig{})
+	codec := NewCodec(Config{})
+	bad := EncodeLimit(counter.Limit{Rate: 0, Period: time.Second})
+	good := EncodeLimit(counter.PerSecond(10))
+	msgs, err := codec.Encode(Header{Sender: "p", Start: 1, Round: 1}, []Entry{{Limit: bad, Key: "k", Units: 5}, {Limit: good, Key: "k", Units: 5}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Apply(msgs[0]); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Apply([]byte{1, 2, 3}); !errors.Is(err, ErrMalformed) {
+		t.Errorf("Apply of 3 bytes: %v, want ErrMalformed", err)
+	}
+	if err := s.ApplySnapshot(nil); !errors.Is(err, ErrMalformed) {
+		t.Errorf("ApplySnapshot of nothing: %v, want ErrMalformed", err)
+	}
+	if st := s.Stats(); st.Invalid != 1 || st.Applied != 1 || st.Malformed != 2 {
+		t.Errorf("stats %+v: want 1 invalid, 1 applied, 2 malformed", st)
+	}
+	if got := remaining(s, "k", counter.PerSecond(10)); got != 5 {
+		t.Errorf("%d left, want 5", got)
+	}
+}
+
+// TestStoreChargesDropped: a charge the memory store has no room for is
+// counted.
+func TestStoreChargesDropped(t *testing.T) {
+	clock := testkit.NewClock()
+	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 100, Period: time.Hour}
+	a := newTestStore(t, "a", clock, StoreConfig{})
+	b := newTestStore(t, "b", clock, StoreConfig{Memory: counter.MemoryConfig{MaxKeys: 1, Stripes: 1}})
+	take(b, "mine", lim, 1)
+	take(a, "other", lim, 1)
+	deliver(t, clock.Now(), a, b)
+	if st := b.Stats(); st.ChargesDropped != 1 || st.Applied != 0 {
+		t.Errorf("stats %+v: want 1 charge dropped", st)
+	}
+}
+
+func TestParseLimit(t *testing.T) {
+	for _, give := range []counter.Limit{
+		counter.PerSecond(1),
+		{Algorithm: counter.SlidingWindow, Rate: 1000, Period: time.Minute},
+		{Algorithm: counter.FixedWindow, Rate: counter.MaxCount, Period: time.Hour},
+		{Algorithm: counter.SlidingLog, Rate: 5, Period: 15 * time.Minute},
+		{Rate: 10, Period: time.Second, Burst: 500},
+	} {
+		s := EncodeLimit(give)
+		got, err := ParseLimit(s)
+		if err != nil || got != give || len(s) > MaxLimitLen {
+			t.Errorf("ParseLimit(EncodeLimit(%+v)) = %+v, %v (%d bytes)", give, got, err, len(s))
+		}
+	}
+	for _, give := range []string{
+		"",
+		EncodeLimit(counter.Limit{Rate: 0, Period: time.Second}),
+		EncodeLimit(counter.Limit{Rate: 1, Period: 0}),
+		EncodeLimit(counter.Limit{Algorithm: 9, Rate: 1, Period: time.Second}),
+		EncodeLimit(counter.Limit{Rate: -1, Period: time.Second}),
+		EncodeLimit(counter.PerSecond(1)) + "x",
+		EncodeLimit(counter.PerSecond(1))[:3],
+	} {
+		if got, err := ParseLimit(give); !errors.Is(err, ErrInvalid) {
+			t.Errorf("ParseLimit(%q) = %+v, %v: want ErrInvalid", give, got, err)
+		}
+	}
+}
+
+func FuzzParseLimit(f *testing.F) {
+	f.Add(EncodeLimit(counter.PerSecond(10)))
+	f.Add("")
+	f.Fuzz(func(t *testing.T, s string) {
+		lim, err := ParseLimit(s)
+		if err != nil {
+			return
+		}
+		if lim.Validate() != nil {
+			t.Fatalf("ParseLimit(%q) = %+v, which does not Validate", s, lim)
+		}
+		if got, err := ParseLimit(EncodeLimit(lim)); err != nil || got != lim {
+			t.Fatalf("round trip of %+v: %+v, %v", lim, got, err)
+		}
+	})
+}

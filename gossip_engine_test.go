@@ -1,0 +1,365 @@
+package hotkey
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"go.uber.org/goleak"
+
+	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/testkit"
+	"github.com/hotkeyd/hotkey/shard"
+)
+
+// gossipRun drives instances engines on one clock, each deciding one
+// request of key a step (1 ms) for d, under p: with deliver, every interval
+// each engine's round goes to the others at once. It returns the units
+// admitted.
+func gossipRun(t *testing.T, instances int, p *Policy, d, interval time.Duration, deliver bool) int64 {
+	t.Helper()
+	clock := testkit.NewClock()
+	engines := make([]*Engine, instances)
+	for i := range engines {
+		e, _ := newMemoryEngine(t, clock, withGossipRounds())
+		engines[i] = e
+	}
+	const step = time.Millisecond
+	var admitted int64
+	for at := step; at <= d; at += step {
+		clock.Advance(step)
+		for _, e := range engines {
+			r, err := e.Allow(context.Background(), "k", p)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Allowed {
+				admitted++
+			}
+		}
+		if at%interval == 0 && deliver {
+			for i, from := range engines {
+				for _, m := range from.gossipFlush(clock.Now()) {
+					for j, to := range engines {
+						if j != i {
+							if err := to.gossipApply(m); err != nil {
+								t.Fatal(err)
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	return admitted
+}
+
+// TestGossipEngines: three engines on one key at three times its limit,
+// their rounds delivered by the test every simulated 100 ms, admit at most
+// the limit plus (instances − 1) × rate × (interval + one step of
+// delivery), and at least 98% of the limit; not delivered, about three
+// times the limit.
+func TestGossipEngines(t *testing.T) {
+	const instances, interval, d = 3, 100 * time.Millisecond, 10 * time.Second
+	const step = time.Millisecond
+	for _, c := range []struct {
+		name string
+		lim  Limit
+		// ideal is what one counter admits of the load in d.
+		ideal int64
+	}{
+		{"token-bucket", Limit{Rate: 1000, Period: time.Second, Burst: 100}, 100 + 1000*10},
+		{"fixed-window", Limit{Algorithm: FixedWindow, Rate: 1000, Period: time.Second}, 1000 * 10},
+		{"sliding-window", Limit{Algorithm: SlidingWindow, Rate: 1000, Period: time.Second}, 1000 * 10},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			p := &Policy{Name: "g", Limit: c.lim, Sync: SyncGossip}
+			over := int64(instances-1) * c.lim.Rate * int64(interval+step) / int64(c.lim.Period)
+			periods := int64(d / c.lim.Period)
+			bound := c.ideal + over*periods
+			if c.lim.Algorithm == TokenBucket {
+				bound = c.ideal + over
+			}
+			got := gossipRun(t, instances, p, d, interval, true)
+			alone := gossipRun(t, instances, p, d, interval, false)
+			t.Logf("admitted %d delivered, %d not delivered; ideal %d, bound %d", got, alone, c.ideal, bound)
+			if got > bound || got < c.ideal*98/100 {
+				t.Errorf("delivered: admitted %d, want %d to %d", got, c.ideal*98/100, bound)
+			}
+			if alone < int64(instances)*c.ideal*95/100 {
+				t.Errorf("not delivered: admitted %d, want about %d", alone, int64(instances)*c.ideal)
+			}
+		})
+	}
+}
+
+// TestGossipNeverSplits: a SyncGossip key the detector finds hot, or one
+// split statically, is decided whole: level 1 results, its limit exact on
+// this instance. The detector still sees it, and HotKeys lists it.
+func TestGossipNeverSplits(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	e := hotEngine(t, time.Minute, WithSplitKeys(4, "g|static"))
+	defer e.Close()
+	p := &Policy{Name: "g", Limit: PerSecond(1_000_000), Sync: SyncGossip}
+	deadline := time.Now().Add(20 * time.Second)
+	for e.Level(CounterName("g", "hot")) == shard.Level1 {
+		if time.Now().After(deadline) {
+			t.Fatal("the detector did not find the key hot before the deadline")
+		}
+		r, err := e.Allow(context.Background(), "hot", p)
+		if err != nil || !r.Allowed || r.Shards != 1 {
+			t.Fatalf("hot key: %+v, %v: want admitted on 1 counter", r, err)
+		}
+	}
+	if r, err := e.Allow(context.Background(), "hot", p); err != nil || r.Shards != 1 {
+		t.Errorf("hot key at level %d: %+v, %v: want decided on 1 counter", e.Level(CounterName("g", "hot")), r, err)
+	}
+	listed := map[string]bool{}
+	for _, h := range e.HotKeys() {
+		listed[h.Key] = true
+	}
+	if !listed["hot"] || !listed["static"] {
+		t.Errorf("HotKeys = %+v, want hot and static listed", e.HotKeys())
+	}
+	window := &Policy{Name: "g", Limit: Limit{Algorithm: FixedWindow, Rate: 10, Period: time.Hour}, Sync: SyncGossip}
+	admitted := 0
+	for range 40 {
+		r, err := e.Allow(context.Background(), "static", window)
+		if err != nil || r.Shards != 1 {
+			t.Fatalf("static key: %+v, %v: want decided on 1 counter", r, err)
+		}
+		if r.Allowed {
+			admitted++
+		}
+	}
+	if admitted != 10 {
+		t.Errorf("static key split 4 ways admitted %d of 40, want its limit, 10", admitted)
+	}
+}
+
+// TestGossipAlone: with no coordinator carrying gossip, a SyncGossip
+// policy decides exactly as SyncStore on a memory store: the same results
+// for a seeded run of takes, batches and peeks, no round kept, no
+// goroutine, and hotkey_gossip_alone says so.
+func TestGossipAlone(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	clock := testkit.NewClock()
+	reg := prometheus.NewRegistry()
+	var gossiped, plain *Engine
+	for _, e := range []**Engine{&gossiped, &plain} {
+		opts := []Option{withClock(clock.Now), WithoutDetector()}
+		if e == &gossiped {
+			opts = append(opts, WithMetrics(reg))
+		}
+		var err error
+		if *e, err = New(counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now}), opts...); err != nil {
+			t.Fatal(err)
+		}
+		defer (*e).Close()
+	}
+	rng := rand.New(rand.NewPCG(27, 1))
+	lims := []Limit{
+		{Rate: 50, Period: time.Second, Burst: 20},
+		{Algorithm: FixedWindow, Rate: 30, Period: time.Second},
+		{Algorithm: SlidingWindow, Rate: 30, Period: time.Second},
+		{Algorithm: SlidingLog, Rate: 10, Period: time.Second},
+	}
+	ctx := context.Background()
+	for i := range 5000 {
+		clock.Advance(time.Duration(rng.Int64N(int64(20 * time.Millisecond))))
+		lim := lims[rng.IntN(len(lims))]
+		key, n := fmt.Sprintf("k%d", rng.IntN(5)), 1+rng.Int64N(3)
+		g := &Policy{Name: "p" + lim.Algorithm.String(), Limit: lim, Sync: SyncGossip}
+		s := &Policy{Name: g.Name, Limit: lim}
+		var a, b Result
+		var errA, errB error
+		switch rng.IntN(3) {
+		case 0:
+			a, errA = gossiped.AllowN(ctx, key, g, n)
+			b, errB = plain.AllowN(ctx, key, s, n)
+		case 1:
+			var da, db [2]Decision
+			gossiped.AllowBatch(ctx, []Request{{key, g, n}, {key, g, 1}}, da[:])
+			plain.AllowBatch(ctx, []Request{{key, s, n}, {key, s, 1}}, db[:])
+			a, errA, b, errB = da[1].Result, da[1].Err, db[1].Result, db[1].Err
+			if da[0] != db[0] {
+				t.Fatalf("step %d: batch %+v, want %+v", i, da[0], db[0])
+			}
+		default:
+			a, errA = gossiped.Peek(ctx, key, g)
+			b, errB = plain.Peek(ctx, key, s)
+		}
+		if a != b || errA != nil || errB != nil {
+			t.Fatalf("step %d: SyncGossip alone %+v, %v; SyncStore on memory %+v, %v", i, a, errA, b, errB)
+		}
+	}
+	if msgs := gossiped.gossipFlush(clock.Now()); len(msgs) != 0 {
+		t.Errorf("alone: a round of %d messages kept", len(msgs))
+	}
+	got := gather(t, reg)
+	if got["hotkey_gossip_alone"] != 1 || got["hotkey_gossip_sent_messages_total"] != 0 {
+		t.Errorf("metrics %v: want hotkey_gossip_alone 1, nothing sent", got)
+	}
+}
+
+// gossiper is a coordinator.Gossiper that keeps what it is asked to
+// publish, for a test to deliver.
+type gossiper struct {
+	coordinator.Local
+	mu        sync.Mutex // guards published
+	published [][]byte
+	sent      chan struct{} // a value per publish, if not full
+	connected bool
+	refuse    atomic.Bool // PublishGossip fails
+}
+
+func newGossiper(connected bool) *gossiper {
+	return &gossiper{sent: make(chan struct{}, 1), connected: connected}
+}
+
+func (g *gossiper) PublishGossip(p []byte) error {
+	if g.refuse.Load() {
+		return errors.New("not connected")
+	}
+	g.mu.Lock()
+	g.published = append(g.published, p)
+	g.mu.Unlock()
+	select {
+	case g.sent <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+func (g *gossiper) MaxGossip() int  { return 32 << 10 }
+func (g *gossiper) Connected() bool { return g.connected }
+
+func (g *gossiper) take() [][]byte {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	p := g.published
+	g.published = nil
+	return p
+}
+
+var _ coordinator.Gossiper = (*gossiper)(nil)
+
+// TestGossipCoordinator: on a coordinator that carries gossip, the engine
+// publishes its rounds every interval and a last one at Close, charges its
+// peers' (the handler's Gossip), answers a join with its view
+// (GossipSnapshot) and takes a peer's (GossipSync); its metrics count it.
+func TestGossipCoordinator(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	lim := Limit{Algorithm: FixedWindow, Rate: 100, Period: time.Hour}
+	p := &Policy{Name: "g", Limit: lim, Sync: SyncGossip}
+	ctx := context.Background()
+	clock := testkit.NewClock()
+
+	// Every interval: a round goes out while the engine runs.
+	ga := newGossiper(true)
+	regA := prometheus.NewRegistry()
+	a, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector(), withClock(clock.Now), WithCoordinator(ga), WithGossipInterval(time.Millisecond), WithMetrics(regA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	if snap := (handler{a}).GossipSnapshot(ga.MaxGossip()); snap != nil {
+		t.Errorf("snapshot before any gossip decision: %d messages, want none", len(snap))
+	}
+	a.AllowN(ctx, "k", p, 30)
+	select {
+	case <-ga.sent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no round published within 10 s at an interval of 1 ms")
+	}
+	round := ga.take()
+
+	// A peer: charged a's round, joined from a's snapshot.
+	gb := newGossiper(false)
+	regB := prometheus.NewRegistry()
+	b, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector(), withClock(clock.Now), WithCoordinator(gb), WithGossipInterval(time.Minute), WithMetrics(regB))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range round {
+		handler{b}.Gossip(m)
+	}
+	for _, m := range (handler{a}).GossipSnapshot(gb.MaxGossip()) {
+		handler{b}.GossipSync(m) // a's 30 again: b has seen them
+	}
+	if r, _ := b.Peek(ctx, "k", p); r.Remaining != 69 {
+		t.Errorf("peer after a's round and snapshot: %d left after one more, want 69", r.Remaining)
+	}
+	b.AllowN(ctx, "k", p, 5)
+	if err := b.Close(); err != nil { // its last round goes out
+		t.Fatal(err)
+	}
+	last := gb.take()
+	for _, m := range last {
+		handler{a}.Gossip(m)
+	}
+	if r, _ := a.Peek(ctx, "k", p); len(last) != 1 || r.Remaining != 64 {
+		t.Errorf("b's last round: %d messages, a has %d left after one more: want 1, 64", len(last), r.Remaining)
+	}
+	gotA, gotB := gather(t, regA), gather(t, regB)
+	if gotA["hotkey_gossip_sent_messages_total"] < 1 || gotA["hotkey_gossip_sent_bytes_total"] < 1 ||
+		gotA[`hotkey_gossip_entries_total{event="applied"}`] != 1 || gotA["hotkey_gossip_alone"] != 0 {
+		t.Errorf("a's metrics %v: want a message sent, an entry applied, not alone", gotA)
+	}
+	if gotB["hotkey_gossip_alone"] != 1 || gotB[`hotkey_gossip_entries_total{event="applied"}`] != 1 {
+		t.Errorf("b's metrics %v: want alone (not connected), one entry applied", gotB)
+	}
+	ga.refuse.Store(true)
+	a.AllowN(ctx, "k", p, 1)
+	a.Close()
+	if got := a.gossipErrors.Load(); got != 1 {
+		t.Errorf("%d send errors, want 1: the last round refused", got)
+	}
+}
+
+func TestParseSyncGossip(t *testing.T) {
+	for _, c := range []struct {
+		give string
+		want Sync
+		err  string
+	}{
+		{"store", SyncStore, ""},
+		{"reserve", SyncReserve, ""},
+		{"gossip", SyncGossip, ""},
+		{"bogus", 0, `unknown sync mode: "bogus" (want store, reserve or gossip)`},
+	} {
+		got, err := ParseSync(c.give)
+		if c.err != "" {
+			if err == nil || err.Error() != c.err {
+				t.Errorf("ParseSync(%q) = %v, %v: want error %q", c.give, got, err, c.err)
+			}
+			continue
+		}
+		if err != nil || got != c.want || got.String() != c.give {
+			t.Errorf("ParseSync(%q) = %v, %v: want %v", c.give, got, err, c.want)
+		}
+	}
+}
+
+func TestWithGossipInterval(t *testing.T) {
+	for _, c := range []struct {
+		give time.Duration
+		ok   bool
+	}{
+		{0, false}, {-time.Second, false}, {time.Microsecond, false},
+		{time.Millisecond, true}, {DefaultGossipInterval, true}, {time.Minute, true},
+		{time.Minute + 1, false},
+	} {
+		var o options
+		if err := WithGossipInterval(c.give)(&o); (err == nil) != c.ok {
+			t.Errorf("WithGossipInterval(%v): %v, want ok %v", c.give, err, c.ok)
+		}
+	}
+}

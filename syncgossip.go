@@ -1,0 +1,153 @@
+package hotkey
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"time"
+
+	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/gossip"
+	"github.com/hotkeyd/hotkey/shard"
+)
+
+// gossipStore returns the store SyncGossip decisions are taken on, made on
+// the first such decision (or the first peer's message): an engine that
+// has none sends nothing. When the coordinator is a Gossiper, making it
+// starts the goroutine that flushes its rounds to peers every interval.
+func (e *Engine) gossipStore() *gossip.Store {
+	if gs := e.gossip.Load(); gs != nil {
+		return gs
+	}
+	e.gossipMu.Lock()
+	defer e.gossipMu.Unlock()
+	if gs := e.gossip.Load(); gs != nil {
+		return gs
+	}
+	g, peers := e.coord.(coordinator.Gossiper)
+	cfg := gossip.StoreConfig{
+		ID:     e.gossipID,
+		Gossip: gossip.Config{MaxKeyLen: max(gossip.DefaultMaxKeyLen, e.opt.maxKeyLen)},
+		Memory: counter.MemoryConfig{Clock: e.opt.clock},
+		Solo:   !peers && !e.opt.gossipRounds,
+	}
+	if peers {
+		// A message too large for the coordinator is refused by it: at
+		// least one entry of the longest key must fit.
+		cfg.Gossip.MaxBytes = max(min(gossip.DefaultMaxBytes, g.MaxGossip()), gossip.MinBytes(cfg.Gossip.MaxKeyLen))
+	}
+	gs := gossip.NewStore(cfg)
+	e.gossip.Store(gs)
+	if peers && !e.closed.Load() {
+		e.gossipDone = make(chan struct{})
+		go e.gossipLoop(gs, g)
+	}
+	return gs
+}
+
+// gossipInstanceID returns an id for this engine's gossip messages.
+func gossipInstanceID() string { return fmt.Sprintf("e-%016x", rand.Uint64()) }
+
+// gossipLoop flushes gs's rounds to g's peers every interval until Close,
+// then flushes a last round, so that the units admitted in it reach peers
+// still deciding.
+func (e *Engine) gossipLoop(gs *gossip.Store, g coordinator.Gossiper) {
+	defer close(e.gossipDone)
+	t := time.NewTicker(e.opt.gossipInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-t.C:
+			e.gossipSend(gs, g)
+		case <-e.stop:
+			e.gossipSend(gs, g)
+			return
+		}
+	}
+}
+
+// gossipSend flushes gs's round and publishes its messages, counting
+// those g does not take.
+func (e *Engine) gossipSend(gs *gossip.Store, g coordinator.Gossiper) {
+	msgs, err := gs.Flush(e.opt.clock())
+	if err != nil {
+		e.gossipErrors.Add(1)
+		e.log.Warn("gossip round not sent whole", "error", err)
+	}
+	for _, m := range msgs {
+		if err := g.PublishGossip(m); err != nil {
+			e.gossipErrors.Add(1)
+		}
+	}
+}
+
+// gossipFlush is a round's messages at now, for a test delivering them by
+// hand (see withGossipRounds).
+func (e *Engine) gossipFlush(now time.Time) [][]byte {
+	msgs, err := e.gossipStore().Flush(now)
+	if err != nil {
+		panic(err) // a test's: the round holds only what the codec carries
+	}
+	return msgs
+}
+
+// gossipApply charges a peer's message, for a test delivering it by hand.
+func (e *Engine) gossipApply(payload []byte) error { return e.gossipStore().Apply(payload) }
+
+// gossipStats returns what SyncGossip's store did, and whether it decides
+// without peers (the coordinator carries no gossip, or cannot reach NATS);
+// false before the first SyncGossip decision.
+func (e *Engine) gossipStats() (st gossip.StoreStats, alone bool, ok bool) {
+	gs := e.gossip.Load()
+	if gs == nil {
+		return gossip.StoreStats{}, false, false
+	}
+	g, peers := e.coord.(coordinator.Gossiper)
+	return gs.Stats(), !peers || !g.Connected(), true
+}
+
+// decideGossip decides n units of the counter name (hashed hash) under lim
+// on the gossip store: never split, and never degraded (the memory store
+// does not fail). A key the coordinator split stays whole; once merged it
+// leaves the table here, as decideStore has it leave.
+func (e *Engine) decideGossip(name string, hash uint64, lim Limit, n int64) Result {
+	if ent := e.table.Lookup(name, hash); ent != nil && ent.Level() == shard.Level1 && e.table.Remove(ent, shard.Level1) {
+		e.wakeSettle()
+	}
+	if r, ok := e.knownDenied(hash, lim, n); ok {
+		return unsplit(r)
+	}
+	r := e.gossipStore().TakeAt(e.opt.clock(), shard.Name(name), hash, lim, n)
+	e.remember(hash, lim, n, r)
+	return unsplit(r)
+}
+
+// peekGossip is Peek for a SyncGossip policy: this instance's view.
+func (e *Engine) peekGossip(name string, hash uint64, lim Limit) Result {
+	if r, ok := e.knownDenied(hash, lim, 1); ok {
+		return unsplit(r)
+	}
+	r, _ := e.gossipStore().Peek(context.Background(), shard.Name(name), hash, lim)
+	return unsplit(r)
+}
+
+// Gossip implements coordinator.GossipHandler: a peer's round is charged
+// to this instance's counters.
+func (h handler) Gossip(payload []byte) { h.e.gossipStore().Apply(payload) }
+
+// GossipSnapshot implements coordinator.GossipHandler: this instance's view
+// of its gossiped counters, none before its first SyncGossip decision.
+func (h handler) GossipSnapshot(maxBytes int) [][]byte {
+	gs := h.e.gossip.Load()
+	if gs == nil {
+		return nil
+	}
+	return gs.Snapshot(maxBytes)
+}
+
+// GossipSync implements coordinator.GossipHandler: a peer's snapshot
+// brings this instance's view up to the peer's.
+func (h handler) GossipSync(payload []byte) { h.e.gossipStore().ApplySnapshot(payload) }
+
+var _ coordinator.GossipHandler = handler{}
