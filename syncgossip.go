@@ -118,8 +118,9 @@ func (e *Engine) decideGossip(name string, hash uint64, lim Limit, n int64) Resu
 	if r, ok := e.knownDenied(hash, lim, n); ok {
 		return unsplit(r)
 	}
-	r := e.gossipStore().TakeAt(e.opt.clock(), shard.Name(name), hash, lim, n)
-	e.remember(hash, lim, n, r)
+	now := e.opt.clock()
+	r := e.gossipStore().TakeAt(now, shard.Name(name), hash, lim, n)
+	e.remember(hash, lim, n, r, now)
 	return unsplit(r)
 }
 

@@ -286,7 +286,7 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 			}
 			m, err := hotkey.ParseSync(s)
 			if err != nil {
-				return perr(v, field, "unknown value %s: want store or reserve", yamlerr.Quote(s))
+				return perr(v, field, "unknown value %s: want store, reserve or gossip", yamlerr.Quote(s))
 			}
 			p.Sync = m
 		default:

@@ -585,7 +585,7 @@ func (p *parser) rateLimit(v *yaml.Node, field *field, r *Rule) error {
 				return err
 			}
 			if mode, err = hotkey.ParseSync(s); err != nil {
-				return p.errf(val, f, "unknown value %s: want store or reserve", yamlerr.Quote(s))
+				return p.errf(val, f, "unknown value %s: want store, reserve or gossip", yamlerr.Quote(s))
 			}
 		default:
 			return p.errf(k, f, "unknown field: want unit, requests_per_unit, unlimited, name, replaces, algorithm, on_store_failure or sync")
