@@ -134,7 +134,7 @@ func NewNATS(cfg Config) (*NATS, error) {
 		done:       make(chan struct{}),
 	}
 	if cfg.Secret != nil {
-		c.sign = &signer{secret: cfg.Secret, scope: cfg.Prefix + "." + cfg.Namespace}
+		c.sign = &signer{secret: cfg.Secret, scope: cfg.Prefix + "." + cfg.Namespace, window: cfg.MaxClockSkew}
 		c.seenMsg = newReplayGuard(cfg.MaxClockSkew, cfg.MaxPeers)
 		c.seenSync = newReplayGuard(cfg.MaxClockSkew, cfg.MaxPeers)
 		c.seenGossip = newReplayGuard(cfg.MaxClockSkew, cfg.MaxPeers)

@@ -18,7 +18,10 @@ import (
 //
 // ts is the sender's clock (Config.Now) in microseconds since the Unix
 // epoch, made strictly increasing per sender (a stamp is one more than the
-// previous one when the clock has not moved on). mac is the unpadded
+// previous one when the clock has not moved on), but for a clock stepped
+// back by more than MaxClockSkew: its stamps follow the clock at once,
+// since those of the step were stale to peers whose clocks agree with it
+// now. mac is the unpadded
 // base64url HMAC-SHA256, keyed with the secret, of
 //
 //	"hotkey-mac-v1\n" + <prefix>.<namespace> + "\n" + subject + "\n" + body
@@ -59,7 +62,8 @@ const (
 // safe for concurrent use.
 type signer struct {
 	secret []byte
-	scope  string // <prefix>.<namespace>
+	scope  string        // <prefix>.<namespace>
+	window time.Duration // MaxClockSkew; zero keeps stamps increasing whatever the clock does
 	last   atomic.Int64
 }
 
@@ -82,12 +86,16 @@ func (s *signer) sum(domain, subject string, body []byte) []byte {
 }
 
 // stamp returns a stamp for a message sent at now: now in microseconds, or
-// one more than the last stamp when the clock has not passed it.
+// one more than the last stamp when the clock has not passed it, unless
+// that is more than the window ahead of now.
 func (s *signer) stamp(now time.Time) int64 {
 	t := now.UnixMicro()
 	for {
 		last := s.last.Load()
 		n := max(t, last+1)
+		if s.window > 0 && n-t > s.window.Microseconds() {
+			n = t
+		}
 		if s.last.CompareAndSwap(last, n) {
 			return n
 		}

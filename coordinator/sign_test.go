@@ -76,6 +76,36 @@ func TestSeal(t *testing.T) {
 	}
 }
 
+// TestStampClockStep: a sender's stamps stay increasing across a step
+// back of its clock within the window, so that its peers' replay guards
+// take them, and follow the clock once it steps back by more, so that
+// peers whose clocks agree with it now take them as fresh.
+func TestStampClockStep(t *testing.T) {
+	const w = 10 * time.Second
+	s := &signer{secret: testSecret, scope: "hotkey.default", window: w}
+	ts := func(d time.Duration) int64 { return t0Sign.Add(d).UnixMicro() }
+	for i, c := range []struct {
+		give time.Duration // the sender's clock, from t0Sign
+		want int64
+	}{
+		{0, ts(0)},
+		{0, ts(0) + 1},
+		{w / 2, ts(w / 2)},
+		{0, ts(w/2) + 1}, // stepped back within the window: still increasing
+		{6 * w, ts(6 * w)},
+		{time.Second, ts(time.Second)}, // stepped back beyond it: the clock's
+		{time.Second, ts(time.Second) + 1},
+	} {
+		got := s.stamp(t0Sign.Add(c.give))
+		if got != c.want {
+			t.Errorf("step %d, clock at +%v: stamp +%v, want +%v", i, c.give, time.Duration(got-ts(0))*time.Microsecond, time.Duration(c.want-ts(0))*time.Microsecond)
+		}
+		if !fresh(got, t0Sign.Add(c.give), w) {
+			t.Errorf("step %d, clock at +%v: stamp +%v is stale to a peer whose clock agrees", i, c.give, time.Duration(got-ts(0))*time.Microsecond)
+		}
+	}
+}
+
 func TestFresh(t *testing.T) {
 	const w = 30 * time.Second
 	ts := t0Sign.UnixMicro()
