@@ -130,6 +130,33 @@ func TestStoreDuplicate(t *testing.T) {
 	}
 }
 
+// TestStoreClockStep: a store's messages carry its start and round
+// numbers, not its clock: after its clock steps a day back, then two
+// forward, a peer applies each round once, as before the steps.
+func TestStoreClockStep(t *testing.T) {
+	clockA, clockB := testkit.NewClock(), testkit.NewClock()
+	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 1000, Period: time.Hour}
+	a := newTestStore(t, "a", clockA, StoreConfig{})
+	b := newTestStore(t, "b", clockB, StoreConfig{})
+	var sent [][]byte
+	for i, step := range []time.Duration{0, -24 * time.Hour, 48 * time.Hour} {
+		clockA.Advance(step)
+		take(a, "k", lim, 5)
+		sent = append(sent, deliver(t, clockA.Now(), a, b)...)
+		if got, want := remaining(b, "k", lim), int64(1000-5*(i+1)); got != want {
+			t.Errorf("a's clock stepped %v: b has %d left, want %d", step, got, want)
+		}
+	}
+	for _, m := range sent { // replayed
+		if err := b.Apply(m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if st := b.Stats(); st.Applied != 3 || st.Duplicates != 3 {
+		t.Errorf("stats %+v: want 3 applied, 3 duplicates", st)
+	}
+}
+
 // TestStoreSnapshotJoin: a store joining two peers that both saw a key's
 // 30 units takes 30 from their snapshots, not 60, and its own usage above
 // a peer's is not charged again.
