@@ -170,8 +170,8 @@ func TestGossipNATSJoin(t *testing.T) {
 		return gossipUsed(t, f.engines[0], "k", p) == used && gossipUsed(t, f.engines[1], "k", p) == used
 	})
 	late := f.add(t, 2, memoryStores(), withClock(clock.Now), WithGossipInterval(10*time.Millisecond))
-	testkit.For(t, patience, "the late engine's join sync answered by both", func() bool {
-		return f.coords[2].Stats().GossipSyncApplied >= 2
+	testkit.For(t, patience, "the late engine's join sync answered", func() bool {
+		return f.coords[2].Stats().GossipSyncApplied >= 1
 	})
 	var admitted int64
 	for range limit {
