@@ -215,7 +215,7 @@ func (d *Daemon) Reload(cause string) error {
 // no usage, so that until every daemon (and every decision in flight) has
 // the new rules, daemons on old and new would each wipe the other's counts
 // and admit without limit; and a change of sync mode would have daemons
-// decide one key in both modes, leased blocks beside single takes.
+// decide one key in two modes at once, each blind to the other's usage.
 func keepsState(old, r *rules) error {
 	for _, name := range r.policies.Names() {
 		p, q := old.policies[name], r.policies[name]
@@ -262,7 +262,7 @@ func stateChange(p, q *hotkey.Policy, what, rename string) string {
 		if p.Sync == q.Sync {
 			return ""
 		}
-		return fmt.Sprintf("sync %v, was %v: a reload keeps the sync mode of a %s (daemons on old and new would decide its keys both from leased blocks and take by take); to change it, %s, or restart the daemons",
+		return fmt.Sprintf("sync %v, was %v: a reload keeps the sync mode of a %s (daemons on old and new would decide its keys in two modes at once, each counting apart from the other: from leased blocks, take by take on the store, or on gossiped memory counters); to change it, %s, or restart the daemons",
 			q.Sync, p.Sync, what, rename)
 	}
 	return fmt.Sprintf("%s per %v, was %s per %v: a reload keeps the algorithm and period of a %s, which its counters' state is written in (daemons that read it under others would count it as nothing); to change them, %s, or restart the daemons (either way its counters start afresh)",
