@@ -27,6 +27,10 @@ type rules struct {
 	origins  map[string]origin // where each policy of the file is defined
 	known    string            // the policies' names, quoted, for the 404 of an unknown one
 	envoy    *envoyconf.Config // nil without --envoy-config
+	// gossip names the policies and Envoy rules of sync: gossip, sorted;
+	// apart those of another mode, whose counters daemons on the memory
+	// store keep apart.
+	gossip, apart []string
 	// generation counts the loads up to this one: 1 at start.
 	generation uint64
 	loadedAt   time.Time // when the files were read
@@ -54,7 +58,47 @@ func loadRules(cfg Config) (*rules, error) {
 			return nil, fmt.Errorf("envoy configuration, set by %s, refused: %w", flagName("envoy-config"), err)
 		}
 	}
-	return &rules{policies: ps, origins: origins, known: strings.Join(quoteAll(ps.Names()), ", "), envoy: envoy, loadedAt: time.Now()}, nil
+	r := &rules{policies: ps, origins: origins, known: strings.Join(quoteAll(ps.Names()), ", "), envoy: envoy, loadedAt: time.Now()}
+	r.gossip, r.apart = bySync(ps, envoy)
+	return r, nil
+}
+
+// bySync names the policies of ps and the rules of envoy (nil: none) that
+// have sync: gossip, and those that have another mode, each sorted. Rules
+// without a counter (unlimited, 0 per unit) are in neither.
+func bySync(ps Policies, envoy *envoyconf.Config) (gossip, apart []string) {
+	add := func(p *hotkey.Policy) {
+		if p.Sync == hotkey.SyncGossip {
+			gossip = append(gossip, p.Name)
+		} else {
+			apart = append(apart, p.Name)
+		}
+	}
+	for _, name := range ps.Names() {
+		add(ps[name])
+	}
+	if envoy != nil {
+		for _, rule := range envoy.Rules() {
+			if rule.Policy != nil {
+				add(rule.Policy)
+			}
+		}
+	}
+	slices.Sort(gossip)
+	slices.Sort(apart)
+	return gossip, apart
+}
+
+// nameList names at most 5 of names, for a warning: "a, b and 4 more".
+func nameList(names []string) string {
+	const most = 5
+	if len(names) <= most {
+		if len(names) < 2 {
+			return strings.Join(names, "")
+		}
+		return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+	}
+	return strings.Join(names[:most], ", ") + fmt.Sprintf(" and %d more", len(names)-most)
 }
 
 // LoadPolicies reads the policies at path: one YAML file (see
