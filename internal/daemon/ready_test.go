@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -17,6 +18,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
+	"github.com/hotkeyd/hotkey/internal/envoyconf"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 )
@@ -189,5 +191,46 @@ func TestReadyWarnsMemoryApart(t *testing.T) {
 	const want = "2 daemons share NATS but each keeps the counters of policies r and s in memory, apart from the others': requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted up to 2 times its limit; give them one store with --redis, --redis-cluster or --redis-sentinel, or give those policies sync: gossip to share their counts over NATS"
 	if r := readiness(t, d1); len(r.Warnings) != 1 || r.Warnings[0] != want {
 		t.Errorf("policies r (reserve) and s (store) beside gossip ones: warnings %q, want %q", r.Warnings, want)
+	}
+}
+
+// TestBySync: the policies and Envoy rules of sync: gossip, and the
+// others, each sorted; a rule without a counter is in neither, and
+// /v1/config's dump shows each mode.
+func TestBySync(t *testing.T) {
+	ps, err := ParsePolicies([]byte("policies:\n  b:\n    limit: 5\n    period: 1s\n    sync: gossip\n  a:\n    limit: 5\n    period: 1s\n    sync: gossip\n  r:\n    limit: 5\n    period: 1s\n    sync: reserve\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	envoy, err := envoyconf.Parse(map[string][]byte{"e.yaml": []byte("domain: edge\ndescriptors:\n  - key: g\n    rate_limit: {unit: minute, requests_per_unit: 5, sync: gossip}\n  - key: s\n    rate_limit: {unit: minute, requests_per_unit: 5}\n  - key: u\n    rate_limit: {unlimited: true}\n  - key: z\n    rate_limit: {unit: minute, requests_per_unit: 0}\n")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	gossip, apart := bySync(ps, envoy)
+	if want := []string{"a", "b", "envoy/edge.g"}; !slices.Equal(gossip, want) {
+		t.Errorf("gossip %q, want %q", gossip, want)
+	}
+	if want := []string{"default", "envoy/edge.s", "r"}; !slices.Equal(apart, want) {
+		t.Errorf("apart %q, want %q", apart, want)
+	}
+	dump := (&rules{policies: ps, envoy: envoy}).dump(Config{})
+	if p := dump.Policies[0]; p.Name != "a" || p.Sync != "gossip" {
+		t.Errorf("/v1/config's policy a: %+v, want sync gossip", p)
+	}
+	if r := dump.EnvoyRules[0]; r.Path != "edge.g" || r.Sync != "gossip" {
+		t.Errorf("/v1/config's rule edge.g: %+v, want sync gossip", r)
+	}
+	for _, c := range []struct {
+		give []string
+		want string
+	}{
+		{[]string{"a"}, "policy a"},
+		{[]string{"a", "b"}, "policies a and b"},
+		{[]string{"a", "b", "c"}, "policies a, b and c"},
+		{[]string{"a", "b", "c", "d", "e", "f", "g"}, "policies a, b, c, d, e and 2 more"},
+	} {
+		if got := plural(c.give, "policy ", "policies "); got != c.want {
+			t.Errorf("plural(%q) = %q, want %q", c.give, got, c.want)
+		}
 	}
 }
