@@ -208,7 +208,7 @@ func TestMemoryStoreSharedNATSWarns(t *testing.T) {
 	for _, p := range []*proc{a, b} {
 		testkit.For(t, time.Minute, "/readyz to warn of 2 daemons on memory counters", func() bool {
 			r := do(t, "GET", p.base+"/readyz", "")
-			return r.status == 200 && strings.Contains(string(r.body), `"warnings":["2 daemons share NATS but each keeps its counters in memory`)
+			return r.status == 200 && strings.Contains(string(r.body), `"warnings":["2 daemons share NATS but each keeps the counters of policy default in memory`)
 		})
 	}
 }

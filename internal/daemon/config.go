@@ -38,6 +38,12 @@ const (
 	DefaultReserveLease = counter.DefaultLease
 	// maxReserveLease bounds --reserve-lease (hotkey.WithReserveLease).
 	maxReserveLease = time.Minute
+	// DefaultGossipInterval is how often a sync: gossip policy's units go
+	// to the other daemons.
+	DefaultGossipInterval = hotkey.DefaultGossipInterval
+	// minGossipInterval and maxGossipInterval bound --gossip-interval
+	// (hotkey.WithGossipInterval).
+	minGossipInterval, maxGossipInterval = time.Millisecond, time.Minute
 	// DefaultReloadInterval is how often the rules' files are checked for
 	// changes.
 	DefaultReloadInterval = 2 * time.Second
@@ -149,7 +155,10 @@ type Config struct {
 	// ReserveLease is how long a block leased for a sync: reserve policy
 	// is admitted from before its unused units go back to the store.
 	ReserveLease time.Duration
-	LogLevel     slog.Level
+	// GossipInterval is how often the units sync: gossip policies admitted
+	// go to the other daemons over NATS.
+	GossipInterval time.Duration
+	LogLevel       slog.Level
 
 	// set records which flags were given, on the command line or in the
 	// environment.
@@ -221,6 +230,8 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.Var((*durationFlag)(&cfg.BreakerProbe), "breaker-probe", "")
 	cfg.ReserveLease = DefaultReserveLease
 	fs.Var((*durationFlag)(&cfg.ReserveLease), "reserve-lease", "")
+	cfg.GossipInterval = DefaultGossipInterval
+	fs.Var((*durationFlag)(&cfg.GossipInterval), "gossip-interval", "")
 	cfg.ReloadInterval = DefaultReloadInterval
 	fs.Var((*durationFlag)(&cfg.ReloadInterval), "reload-interval", "")
 	fs.StringVar(&level, "log-level", "info", "")

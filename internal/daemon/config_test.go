@@ -40,7 +40,7 @@ func TestParseArgsDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if cfg.Listen != "127.0.0.1:8080" || cfg.NATSListen != "127.0.0.1:4222" || cfg.NATS != "" || cfg.Redis != "" ||
-		cfg.HotThreshold != 1000 || cfg.CoolDown != time.Minute || cfg.BreakerProbe != 10*time.Second || cfg.ReserveLease != 100*time.Millisecond || cfg.LogLevel != slog.LevelInfo || cfg.MaxKeys != 1<<20 {
+		cfg.HotThreshold != 1000 || cfg.CoolDown != time.Minute || cfg.BreakerProbe != 10*time.Second || cfg.ReserveLease != 100*time.Millisecond || cfg.GossipInterval != 100*time.Millisecond || cfg.LogLevel != slog.LevelInfo || cfg.MaxKeys != 1<<20 {
 		t.Errorf("defaults: %+v", cfg)
 	}
 }
@@ -55,6 +55,7 @@ func TestParseArgsEnv(t *testing.T) {
 		"HOTKEYD_NATS_SECRET_FILE": "/run/secrets/hotkey",
 		"HOTKEYD_MAX_KEYS":         "4096",
 		"HOTKEYD_RESERVE_LEASE":    "250ms",
+		"HOTKEYD_GOSSIP_INTERVAL":  "40ms",
 	})
 	cfg, err := ParseArgs([]string{"--listen", "127.0.0.1:9001", "--cool-down=7s"}, e, nil)
 	if err != nil {
@@ -63,7 +64,7 @@ func TestParseArgsEnv(t *testing.T) {
 	if cfg.Listen != "127.0.0.1:9001" || cfg.CoolDown != 7*time.Second {
 		t.Errorf("the flag must win over the environment: %+v", cfg)
 	}
-	if cfg.HotThreshold != 50 || strings.Join(cfg.RedisCluster, ";") != "a:1;b:2" || cfg.LogLevel != slog.LevelDebug || cfg.NATSSecretFile != "/run/secrets/hotkey" || cfg.MaxKeys != 4096 || cfg.ReserveLease != 250*time.Millisecond {
+	if cfg.HotThreshold != 50 || strings.Join(cfg.RedisCluster, ";") != "a:1;b:2" || cfg.LogLevel != slog.LevelDebug || cfg.NATSSecretFile != "/run/secrets/hotkey" || cfg.MaxKeys != 4096 || cfg.ReserveLease != 250*time.Millisecond || cfg.GossipInterval != 40*time.Millisecond {
 		t.Errorf("environment not applied: %+v", cfg)
 	}
 }
@@ -97,6 +98,9 @@ func TestParseArgsErrors(t *testing.T) {
 		{[]string{"--reserve-lease", "0s"}, nil, "--reserve-lease (HOTKEYD_RESERVE_LEASE) 0s: want a positive duration, at most 1m0s"},
 		{[]string{"--reserve-lease", "61s"}, nil, "--reserve-lease (HOTKEYD_RESERVE_LEASE) 1m1s: want a positive duration, at most 1m0s"},
 		{nil, map[string]string{"HOTKEYD_RESERVE_LEASE": "100"}, "HOTKEYD_RESERVE_LEASE=\"100\": want a duration with its unit"},
+		{[]string{"--gossip-interval", "500us"}, nil, "--gossip-interval (HOTKEYD_GOSSIP_INTERVAL) 500µs: want a duration from 1ms to 1m0s"},
+		{[]string{"--gossip-interval", "2m"}, nil, "--gossip-interval (HOTKEYD_GOSSIP_INTERVAL) 2m0s: want a duration from 1ms to 1m0s"},
+		{nil, map[string]string{"HOTKEYD_GOSSIP_INTERVAL": "100"}, "HOTKEYD_GOSSIP_INTERVAL=\"100\": want a duration with its unit"},
 		{[]string{"--max-keys", "0"}, nil, "--max-keys (HOTKEYD_MAX_KEYS) 0: want 1 to"},
 		{[]string{"--max-keys", "2000000000"}, nil, "--max-keys"},
 		{[]string{"--log-level", "loud"}, nil, "--log-level"},

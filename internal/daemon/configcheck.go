@@ -159,6 +159,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 10s", flagName("breaker-probe"), c.BreakerProbe)
 	case c.ReserveLease <= 0 || c.ReserveLease > maxReserveLease:
 		return fmt.Errorf("%s %v: want a positive duration, at most %v, e.g. 100ms", flagName("reserve-lease"), c.ReserveLease, maxReserveLease)
+	case c.GossipInterval < minGossipInterval || c.GossipInterval > maxGossipInterval:
+		return fmt.Errorf("%s %v: want a duration from %v to %v, e.g. 100ms", flagName("gossip-interval"), c.GossipInterval, minGossipInterval, maxGossipInterval)
 	case c.ReloadInterval < 0:
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 2s, or 0 to check never", flagName("reload-interval"), c.ReloadInterval)
 	}

@@ -63,6 +63,7 @@ var flagDocs = []flagDoc{
 	{"max-keys", "N", "keep at most N counters in memory: the store's without --redis, and the local fallback's; a table full of live counters denies new keys until one expires (hotkey_memory_store_full_total counts them), it never drops a key's usage"},
 	{"breaker-probe", "DURATION", "after the store fails (3 calls in a row), decisions follow each policy's on_store_failure; the store is probed again after DURATION, doubling up to 2m (or DURATION if longer)"},
 	{"reserve-lease", "DURATION", "a policy with sync: reserve admits from a block of a key's units leased from the store for up to DURATION (at most 1m), then gives its unused units back: longer leases cost fewer store calls, hold units from other daemons longer, and let a token bucket admit up to rate × DURATION more"},
+	{"gossip-interval", "DURATION", "a policy with sync: gossip decides on this daemon's memory counters and sends the other daemons, over NATS every DURATION (1ms to 1m), the units it admitted since the last round, which they charge to theirs: a shorter interval tightens the bound (the daemons together admit at most the limit plus (daemons - 1) x rate x (DURATION + a delivery)) at the cost of more, smaller NATS messages; a longer one sends fewer and lets more through"},
 	{"log-level", "LEVEL", "debug, info, warn or error (logs go to stderr)"},
 }
 

@@ -165,12 +165,14 @@ func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, Readiness{Status: "ready", Warnings: warnings})
 }
 
-// warnings are /readyz's: daemons on memory counters that share NATS; an
-// embedded NATS server with routes configured and none up.
+// warnings are /readyz's: daemons on memory counters that share NATS
+// with policies other than sync: gossip; an embedded NATS server with
+// routes configured and none up.
 func (d *Daemon) warnings() []string {
 	var w []string
-	if n := d.engine.Instances(); d.redis == nil && n > 1 {
-		w = append(w, fmt.Sprintf("%d daemons share NATS but each keeps its counters in memory: requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted up to %d times its limit; give them one store with --redis, --redis-cluster or --redis-sentinel", n, n))
+	if n, apart := d.engine.Instances(), d.rules.Load().apart; d.redis == nil && n > 1 && len(apart) > 0 {
+		w = append(w, fmt.Sprintf("%d daemons share NATS but each keeps the counters of %s in memory, apart from the others': requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted up to %d times its limit; give them one store with --redis, --redis-cluster or --redis-sentinel, or give those policies sync: gossip to share their counts over NATS",
+			n, plural(apart, "policy ", "policies "), n))
 	}
 	if d.ns != nil && len(d.cfg.NATSRoutes) > 0 && d.ns.Server().NumRoutes() == 0 {
 		w = append(w, "no route of the embedded NATS server to the other daemons' (--nats-routes) is up: this daemon agrees hot keys with none of them; check their addresses, that they run, and that they share --nats-user/--nats-password")
@@ -179,10 +181,23 @@ func (d *Daemon) warnings() []string {
 }
 
 // degraded says why the store or the coordinator is not usable now, if it
-// is not: decisions are then made by each policy's on_store_failure, or
-// without agreeing hot keys with other daemons.
+// is not: decisions are then made by each policy's on_store_failure,
+// without agreeing hot keys with other daemons, or, for sync: gossip
+// policies, on this daemon's counts alone.
 func (d *Daemon) degraded(ctx context.Context) []string {
 	var reasons []string
+	if gossip := d.rules.Load().gossip; len(gossip) > 0 {
+		why := "with " + flagName("nats") + " none"
+		st := nats.DISCONNECTED
+		if d.nc != nil {
+			st = d.nc.Status()
+			why = "NATS connection " + strings.ToLower(st.String())
+		}
+		if st != nats.CONNECTED {
+			reasons = append(reasons, fmt.Sprintf("%s: this daemon decides the sync: gossip %s on its own counts alone, so each daemon admits a key's limit by itself and a key may be admitted up to N times its limit across N daemons",
+				why, plural(gossip, "policy ", "policies ")))
+		}
+	}
 	if d.nc != nil { // with --nats none, hot keys are this daemon's alone to agree
 		if st := d.nc.Status(); st != nats.CONNECTED {
 			reasons = append(reasons, fmt.Sprintf("NATS connection %s: hot keys are not agreed with other daemons", strings.ToLower(st.String())))
@@ -225,6 +240,14 @@ func (d *Daemon) degraded(ctx context.Context) []string {
 		}
 	}
 	return reasons
+}
+
+// plural is nameList(names) after one or many: "policy a", "policies a and b".
+func plural(names []string, one, many string) string {
+	if len(names) == 1 {
+		return one + names[0]
+	}
+	return many + nameList(names)
 }
 
 // slogPrinter is promhttp's error log.

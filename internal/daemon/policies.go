@@ -71,7 +71,7 @@ func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
 //	    burst: 100                 # token_bucket only; default = limit; period/limit × burst at most 2^37 ms
 //	    on_store_failure: local    # local (default), open, closed
 //	    allowlist: [health_check]  # keys a closed policy still admits
-//	    sync: store                # store (default), reserve
+//	    sync: store                # store (default), reserve, gossip
 //
 // Unknown fields, duplicate names or fields, YAML aliases and merge keys,
 // and values the engine cannot enforce are errors (a *PolicyError naming

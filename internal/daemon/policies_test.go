@@ -68,12 +68,12 @@ func TestParsePoliciesDefaults(t *testing.T) {
 }
 
 func TestParsePoliciesSync(t *testing.T) {
-	ps, err := ParsePolicies([]byte("policies:\n  a:\n    limit: 5\n    period: 1s\n    sync: reserve\n  b:\n    limit: 5\n    period: 1s\n    sync: store\n"))
+	ps, err := ParsePolicies([]byte("policies:\n  a:\n    limit: 5\n    period: 1s\n    sync: reserve\n  b:\n    limit: 5\n    period: 1s\n    sync: store\n  c:\n    limit: 5\n    period: 1s\n    sync: gossip\n"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	if a, b := ps["a"].Sync, ps["b"].Sync; a != hotkey.SyncReserve || b != hotkey.SyncStore {
-		t.Errorf("sync: a %v, b %v; want reserve, store", a, b)
+	if a, b, c := ps["a"].Sync, ps["b"].Sync, ps["c"].Sync; a != hotkey.SyncReserve || b != hotkey.SyncStore || c != hotkey.SyncGossip {
+		t.Errorf("sync: a %v, b %v, c %v; want reserve, store, gossip", a, b, c)
 	}
 }
 

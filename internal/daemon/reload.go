@@ -27,6 +27,10 @@ type rules struct {
 	origins  map[string]origin // where each policy of the file is defined
 	known    string            // the policies' names, quoted, for the 404 of an unknown one
 	envoy    *envoyconf.Config // nil without --envoy-config
+	// gossip names the policies and Envoy rules of sync: gossip, sorted;
+	// apart those of another mode, whose counters daemons on the memory
+	// store keep apart.
+	gossip, apart []string
 	// generation counts the loads up to this one: 1 at start.
 	generation uint64
 	loadedAt   time.Time // when the files were read
@@ -54,7 +58,47 @@ func loadRules(cfg Config) (*rules, error) {
 			return nil, fmt.Errorf("envoy configuration, set by %s, refused: %w", flagName("envoy-config"), err)
 		}
 	}
-	return &rules{policies: ps, origins: origins, known: strings.Join(quoteAll(ps.Names()), ", "), envoy: envoy, loadedAt: time.Now()}, nil
+	r := &rules{policies: ps, origins: origins, known: strings.Join(quoteAll(ps.Names()), ", "), envoy: envoy, loadedAt: time.Now()}
+	r.gossip, r.apart = bySync(ps, envoy)
+	return r, nil
+}
+
+// bySync names the policies of ps and the rules of envoy (nil: none) that
+// have sync: gossip, and those that have another mode, each sorted. Rules
+// without a counter (unlimited, 0 per unit) are in neither.
+func bySync(ps Policies, envoy *envoyconf.Config) (gossip, apart []string) {
+	add := func(p *hotkey.Policy) {
+		if p.Sync == hotkey.SyncGossip {
+			gossip = append(gossip, p.Name)
+		} else {
+			apart = append(apart, p.Name)
+		}
+	}
+	for _, name := range ps.Names() {
+		add(ps[name])
+	}
+	if envoy != nil {
+		for _, rule := range envoy.Rules() {
+			if rule.Policy != nil {
+				add(rule.Policy)
+			}
+		}
+	}
+	slices.Sort(gossip)
+	slices.Sort(apart)
+	return gossip, apart
+}
+
+// nameList names at most 5 of names, for a warning: "a, b and 4 more".
+func nameList(names []string) string {
+	const most = 5
+	if len(names) <= most {
+		if len(names) < 2 {
+			return strings.Join(names, "")
+		}
+		return strings.Join(names[:len(names)-1], ", ") + " and " + names[len(names)-1]
+	}
+	return strings.Join(names[:most], ", ") + fmt.Sprintf(" and %d more", len(names)-most)
 }
 
 // LoadPolicies reads the policies at path: one YAML file (see
@@ -215,7 +259,7 @@ func (d *Daemon) Reload(cause string) error {
 // no usage, so that until every daemon (and every decision in flight) has
 // the new rules, daemons on old and new would each wipe the other's counts
 // and admit without limit; and a change of sync mode would have daemons
-// decide one key in both modes, leased blocks beside single takes.
+// decide one key in two modes at once, each blind to the other's usage.
 func keepsState(old, r *rules) error {
 	for _, name := range r.policies.Names() {
 		p, q := old.policies[name], r.policies[name]
@@ -262,7 +306,7 @@ func stateChange(p, q *hotkey.Policy, what, rename string) string {
 		if p.Sync == q.Sync {
 			return ""
 		}
-		return fmt.Sprintf("sync %v, was %v: a reload keeps the sync mode of a %s (daemons on old and new would decide its keys both from leased blocks and take by take); to change it, %s, or restart the daemons",
+		return fmt.Sprintf("sync %v, was %v: a reload keeps the sync mode of a %s (daemons on old and new would decide its keys in two modes at once, each counting apart from the other: from leased blocks, take by take on the store, or on gossiped memory counters); to change it, %s, or restart the daemons",
 			q.Sync, p.Sync, what, rename)
 	}
 	return fmt.Sprintf("%s per %v, was %s per %v: a reload keeps the algorithm and period of a %s, which its counters' state is written in (daemons that read it under others would count it as nothing); to change them, %s, or restart the daemons (either way its counters start afresh)",

@@ -358,18 +358,25 @@ func TestReloadRefusesSyncChange(t *testing.T) {
 	if got := e.d.rules.Load().policies["api"].Sync; got != hotkey.SyncStore {
 		t.Errorf("the policy in force has sync %v, want the old store", got)
 	}
+	writeTestFile(t, path, policies("gossip", ""))
+	err = e.d.Reload("test")
+	if pe, ok := errors.AsType[*PolicyError](err); !ok || pe.Field != "policies.api" || !strings.Contains(pe.Msg, "sync gossip, was store: a reload keeps the sync mode") {
+		t.Errorf("sync store to gossip: %v, want a refusal naming policies.api", err)
+	}
 	writeTestFile(t, path, policies("store", "  fresh:\n    limit: 3\n    period: 1s\n    sync: reserve\n"))
 	if err := e.d.Reload("test"); err != nil || e.d.rules.Load().policies["fresh"].Sync != hotkey.SyncReserve {
 		t.Errorf("a new policy with sync reserve: %v", err)
 	}
 
-	writeTestFile(t, envoyFile, rules("reserve"))
-	err = e.d.Reload("test")
-	ee, ok := errors.AsType[*envoyconf.Error](err)
-	if !ok || ee.File != envoyFile || ee.Line != 3 || ee.Field != "edge.tenant" || !strings.Contains(ee.Msg, "a reload keeps the sync mode of a rule") {
-		t.Errorf("an Envoy rule's sync changed: %v, want a refusal naming the file, line 3 and the rule", err)
+	for _, mode := range []string{"reserve", "gossip"} {
+		writeTestFile(t, envoyFile, rules(mode))
+		err = e.d.Reload("test")
+		ee, ok := errors.AsType[*envoyconf.Error](err)
+		if !ok || ee.File != envoyFile || ee.Line != 3 || ee.Field != "edge.tenant" || !strings.Contains(ee.Msg, "sync "+mode+", was store: a reload keeps the sync mode of a rule") {
+			t.Errorf("an Envoy rule's sync changed to %s: %v, want a refusal naming the file, line 3 and the rule", mode, err)
+		}
 	}
-	if ok, failed := e.reloads("ok"), e.reloads("error"); ok != 1 || failed != 2 {
-		t.Errorf("reloads counted: %v ok, %v refused; want 1 and 2", ok, failed)
+	if ok, failed := e.reloads("ok"), e.reloads("error"); ok != 1 || failed != 4 {
+		t.Errorf("reloads counted: %v ok, %v refused; want 1 and 4", ok, failed)
 	}
 }

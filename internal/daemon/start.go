@@ -102,6 +102,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		hotkey.WithBreaker(hotkey.DefaultBreakerFailures, probe, max(hotkey.DefaultBreakerMaxProbe, probe)),
 		hotkey.WithLocalKeys(cfg.MaxKeys),
 		hotkey.WithReserveLease(cfg.ReserveLease),
+		hotkey.WithGossipInterval(cfg.GossipInterval),
 	}
 	// Without NATS the engine's own coordinator.Local agrees hot keys with
 	// this daemon alone.

@@ -46,9 +46,10 @@ func (d *Daemon) openStore(ctx context.Context) error {
 		what = fmt.Sprintf("Redis master %q of the Sentinels at %s, set by %s", cfg.RedisMaster, strings.Join(cfg.RedisSentinel, ","), flagName("redis-sentinel"))
 	default:
 		d.store = counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: cfg.MaxKeys})
-		if cfg.NATS != NATSNone && (cfg.NATS != "" || cfg.NATSClusterListen != "" || !loopback(cfg.NATSListen)) {
-			d.log.Warn("counters are in memory, yet other daemons may share this NATS: each keeps its own counters, and requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted once per daemon; give them one store with " +
-				flagName("redis") + ", " + flagName("redis-cluster") + " or " + flagName("redis-sentinel") + " (/readyz warns while peers are seen)")
+		apart := d.rules.Load().apart
+		if len(apart) > 0 && cfg.NATS != NATSNone && (cfg.NATS != "" || cfg.NATSClusterListen != "" || !loopback(cfg.NATSListen)) {
+			d.log.Warn("counters are in memory, yet other daemons may share this NATS: each keeps its own counters of " + plural(apart, "policy ", "policies ") + ", and requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted once per daemon; give them one store with " +
+				flagName("redis") + ", " + flagName("redis-cluster") + " or " + flagName("redis-sentinel") + ", or give those policies sync: gossip (/readyz warns while peers are seen)")
 		}
 		return nil
 	}

@@ -18,7 +18,7 @@
 //	      replaces: [{name: other}]  # drop the named rules of the same request
 //	      algorithm: sliding_window  # hotkeyd only; token_bucket, sliding_window (default), fixed_window, sliding_log
 //	      on_store_failure: local    # hotkeyd only; local (default), open, closed
-//	      sync: store                # hotkeyd only; store (default), reserve
+//	      sync: store                # hotkeyd only; store (default), reserve, gossip
 //	    shadow_mode: false
 //	    quota_mode: false
 //	    detailed_metric: false

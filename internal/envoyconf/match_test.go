@@ -387,7 +387,7 @@ descriptors:
   - key: default
     rate_limit: {unit: second, requests_per_unit: 5}
   - key: tb
-    rate_limit: {unit: minute, requests_per_unit: 7, algorithm: token_bucket, on_store_failure: closed}
+    rate_limit: {unit: minute, requests_per_unit: 7, algorithm: token_bucket, on_store_failure: closed, sync: gossip}
   - key: fw
     rate_limit: {unit: hour, requests_per_unit: 8, algorithm: fixed_window, on_store_failure: open, sync: reserve}
   - key: sl
@@ -413,7 +413,7 @@ descriptors:
 		sync hotkey.Sync
 	}{
 		{"default", counter.Limit{Algorithm: counter.SlidingWindow, Rate: 5, Period: Second.Duration()}, hotkey.FallbackLocal, hotkey.SyncStore},
-		{"tb", counter.Limit{Algorithm: counter.TokenBucket, Rate: 7, Period: Minute.Duration(), Burst: 7}, hotkey.FallbackClosed, hotkey.SyncStore},
+		{"tb", counter.Limit{Algorithm: counter.TokenBucket, Rate: 7, Period: Minute.Duration(), Burst: 7}, hotkey.FallbackClosed, hotkey.SyncGossip},
 		{"fw", counter.Limit{Algorithm: counter.FixedWindow, Rate: 8, Period: Hour.Duration()}, hotkey.FallbackOpen, hotkey.SyncReserve},
 		{"sl", counter.Limit{Algorithm: counter.SlidingLog, Rate: 9, Period: Day.Duration()}, hotkey.FallbackLocal, hotkey.SyncStore},
 	} {
