@@ -166,18 +166,29 @@ func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
 }
 
 // warnings are /readyz's: daemons on memory counters that share NATS
-// with policies other than sync: gossip; an embedded NATS server with
-// routes configured and none up.
+// with policies other than sync: gossip; sync: gossip policies with
+// --nats none; an embedded NATS server with routes configured and none up.
 func (d *Daemon) warnings() []string {
 	var w []string
 	if n, apart := d.engine.Instances(), d.rules.Load().apart; d.redis == nil && n > 1 && len(apart) > 0 {
 		w = append(w, fmt.Sprintf("%d daemons share NATS but each keeps the counters of %s in memory, apart from the others': requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted up to %d times its limit; give them one store with --redis, --redis-cluster or --redis-sentinel, or give those policies sync: gossip to share their counts over NATS",
 			n, plural(apart, "policy ", "policies "), n))
 	}
+	if gossip := d.rules.Load().gossip; len(gossip) > 0 && d.nc == nil {
+		// A daemon run alone on purpose: nothing to reach, so not degraded.
+		w = append(w, "with "+flagName("nats")+" none, "+gossipAlone(gossip))
+	}
 	if d.ns != nil && len(d.cfg.NATSRoutes) > 0 && d.ns.Server().NumRoutes() == 0 {
 		w = append(w, "no route of the embedded NATS server to the other daemons' (--nats-routes) is up: this daemon agrees hot keys with none of them; check their addresses, that they run, and that they share --nats-user/--nats-password")
 	}
 	return w
+}
+
+// gossipAlone says what deciding the sync: gossip policies (or rules)
+// named by gossip without peers means.
+func gossipAlone(gossip []string) string {
+	return fmt.Sprintf("this daemon decides the sync: gossip %s on its own counts alone, so each daemon admits a key's limit by itself and a key may be admitted up to N times its limit across N daemons",
+		plural(gossip, "policy ", "policies "))
 }
 
 // degraded says why the store or the coordinator is not usable now, if it
@@ -186,16 +197,9 @@ func (d *Daemon) warnings() []string {
 // policies, on this daemon's counts alone.
 func (d *Daemon) degraded(ctx context.Context) []string {
 	var reasons []string
-	if gossip := d.rules.Load().gossip; len(gossip) > 0 {
-		why := "with " + flagName("nats") + " none"
-		st := nats.DISCONNECTED
-		if d.nc != nil {
-			st = d.nc.Status()
-			why = "NATS connection " + strings.ToLower(st.String())
-		}
-		if st != nats.CONNECTED {
-			reasons = append(reasons, fmt.Sprintf("%s: this daemon decides the sync: gossip %s on its own counts alone, so each daemon admits a key's limit by itself and a key may be admitted up to N times its limit across N daemons",
-				why, plural(gossip, "policy ", "policies ")))
+	if gossip := d.rules.Load().gossip; len(gossip) > 0 && d.nc != nil {
+		if st := d.nc.Status(); st != nats.CONNECTED {
+			reasons = append(reasons, fmt.Sprintf("NATS connection %s: %s", strings.ToLower(st.String()), gossipAlone(gossip)))
 		}
 	}
 	if d.nc != nil { // with --nats none, hot keys are this daemon's alone to agree
