@@ -29,6 +29,9 @@ import (
 // while the split table is full, limits and costs at the edges of what a
 // Limit accepts, keys that are not UTF-8 or that hold a subcounter's
 // suffix, and a memory table that a flood of one-off keys keeps full.
+// Under sync: gossip the engines keep counts of their own, and the bounds
+// allow, besides, the units of the others' not yet charged to the engine
+// that decided (model_gossip_test.go).
 
 // modelPolicies are the policies of a run, over period: each key is
 // decided under all of them. "varying" switches between two limits during a
@@ -89,6 +92,7 @@ type modelConfig struct {
 	memKeys  int         // the memory store's MaxKeys, 0 for the default; floods fill it
 	store    modelStore
 	sync     Sync // every policy's
+	noDeny   bool // withDenyCache(0): a gossip engine alone answers as the memory store, field for field
 }
 
 // modelStore is the store the engines of a run share.
@@ -124,6 +128,13 @@ var modelConfigs = []modelConfig{
 	{name: "reserve/two/static4+adaptive/full-table", engines: 2, static: shard.Level4, adaptive: true, maxHot: 2, sync: SyncReserve},
 	{name: "reserve/two/adaptive/full-memory", engines: 2, adaptive: true, memKeys: 256, sync: SyncReserve},
 	{name: "reserve/redis/three/adaptive", engines: 3, adaptive: true, store: modelRedis, sync: SyncReserve},
+	// sync: gossip, each engine on counts of its own, the others' units
+	// charged as the test delivers their rounds (model_gossip_test.go);
+	// alone, the memory store decision for decision.
+	{name: "gossip/one/adaptive", engines: 1, adaptive: true, sync: SyncGossip},
+	{name: "gossip/one/no-deny-cache", engines: 1, sync: SyncGossip, noDeny: true},
+	{name: "gossip/three/adaptive", engines: 3, adaptive: true, sync: SyncGossip},
+	{name: "gossip/three/static4", engines: 3, static: shard.Level4, sync: SyncGossip},
 }
 
 // modelEvent is one admission: when, what it cost, and the limit it was
@@ -133,6 +144,13 @@ type modelEvent struct {
 	from, at time.Time
 	units    int64
 	lim      Limit
+	// Gossip runs only: the engine that admitted it, when (the run's
+	// sequence of admissions and deliveries), when each engine was charged
+	// it (math.MaxInt: never), and the units of the others' that its
+	// engine had not been charged when it decided.
+	engine, seq int
+	seen        []int
+	undelivered int64
 }
 
 // modelRun is what one run saw.
@@ -146,6 +164,8 @@ type modelRun struct {
 	nodeMaps           int
 	onBoundary         int // admissions a window check left out: decided on a period's boundary
 	violations         []string
+	seq                int                   // gossip: admissions and deliveries so far
+	over               map[string]gossipOver // gossip: the worst overshoot under each policy
 }
 
 func (m *modelRun) violate(format string, args ...any) {
@@ -215,6 +235,12 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 		period = time.Second
 	}
 	opts := []Option{withClock(now), WithoutDetector()}
+	if cfg.sync == SyncGossip && cfg.engines > 1 {
+		opts = append(opts, withGossipRounds()) // delivered by the test
+	}
+	if cfg.noDeny {
+		opts = append(opts, withDenyCache(0))
+	}
 	if cfg.store == modelMemory {
 		opts = append(opts, withoutReserveSweep()) // blocks go back at points the run decides
 	}
@@ -252,7 +278,14 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 	ctx := context.Background()
 	version := uint64(1)
 	flooded := 0
+	var gs *gossipSim
+	if cfg.sync == SyncGossip && cfg.engines > 1 {
+		gs = newGossipSim(m, rng, engines, now, advance)
+	}
 	for op := range ops {
+		if gs != nil && rng.IntN(8) == 0 {
+			gs.step(op) // a round flushed or delivered among the decisions
+		}
 		// Enough decisions between time steps to keep every counter over
 		// its limit: that is where a leak shows.
 		switch x := rng.IntN(100); {
@@ -262,7 +295,8 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			key := keys[rng.IntN(len(keys))]
 			n := modelCost(rng, p, pi)
 			name := CounterName(p.Name, key)
-			e := engines[rng.IntN(len(engines))]
+			ei := rng.IntN(len(engines))
+			e := engines[ei]
 			from := now()
 			r, err := e.AllowN(ctx, key, p, n)
 			at := now()
@@ -277,19 +311,33 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			e.settle() // what a merge's decision left for the loop, done now
 			m.checkResult(op, name, r)
 			if r.Allowed {
-				m.admitted[name] = append(m.admitted[name], modelEvent{from, at, n, p.Limit})
+				ev := modelEvent{from: from, at: at, units: n, lim: p.Limit}
+				if gs != nil {
+					ev = gs.admitted(name, ei, ev)
+				}
+				m.admitted[name] = append(m.admitted[name], ev)
 			}
 			m.maxLevel[name] = max(m.maxLevel[name], r.Shards)
 			if pi >= modelPlainPolicies {
 				m.largeCosts[name] = true
 			}
 			from = now()
-			rr, err := ref.AllowN(ctx, key, p, n)
+			rp := p
+			if cfg.sync == SyncGossip {
+				rp = &Policy{Name: p.Name, Limit: p.Limit} // the memory store itself
+			}
+			rr, err := ref.AllowN(ctx, key, rp, n)
 			if err != nil {
 				t.Fatalf("op %d: reference %s cost %d: %v", op, name, n, err)
 			}
 			if rr.Allowed {
-				m.refAdmit[name] = append(m.refAdmit[name], modelEvent{from, now(), n, p.Limit})
+				m.refAdmit[name] = append(m.refAdmit[name], modelEvent{from: from, at: now(), units: n, lim: p.Limit})
+			}
+			// Alone, gossip is the memory store: the same decisions, and
+			// the same results but where the engine's deny cache answered
+			// (the reference, on a memory store, keeps none).
+			if cfg.sync == SyncGossip && cfg.engines == 1 && (r.Allowed != rr.Allowed || cfg.noDeny && r != rr) {
+				m.violate("op %d: %s cost %d: gossip alone %+v, the memory store %+v", op, name, n, r, rr)
 			}
 		case x < 93: // a flood of one-off keys, which a small memory table cannot hold
 			if cfg.memKeys == 0 {
@@ -303,7 +351,11 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 				}
 			}
 		case x < 94: // time passes: up to a tenth of a period
-			advance(time.Duration(rng.Int64N(int64(step))))
+			if d := time.Duration(rng.Int64N(int64(step))); gs != nil {
+				gs.pass(op, d)
+			} else {
+				advance(d)
+			}
 		case x < 98: // a coordinator changes the levels of 1-3 keys on every engine
 			if !cfg.adaptive {
 				continue
@@ -428,15 +480,31 @@ func checkModel(t testing.TB, m *modelRun) (worst float64) {
 		start := evs[0].from.Truncate(period)
 		end := evs[len(evs)-1].at.Add(period)
 		level := max(m.maxLevel[name], 1)
-		if evs[0].lim.Algorithm == TokenBucket {
+		// Gossip: the engines together may admit, besides, the units of
+		// the others' that the deciding engine had not been charged
+		// (exact), which are at most those the others admitted within
+		// modelGossipLag (by the rate).
+		gossiped := evs[0].seen != nil
+		alg := evs[0].lim.Algorithm
+		if alg == TokenBucket {
 			// From the start to every admission: burst plus refill, so
 			// that a bucket that takes years to refill is held to its
 			// burst.
 			var sum int64
 			for i, ev := range evs {
 				sum = addSat(sum, ev.units)
-				if b := bound(evs[:i+1], evs[0].from, ev.at.Add(1), level); sum > b {
-					m.violate("%s admitted %d units from the start to %v, over %d", name, sum, ev.at.Sub(start), b)
+				b := bound(evs[:i+1], evs[0].from, ev.at.Add(1), level)
+				var exact, byRate int64
+				if gossiped {
+					exact, byRate = ev.undelivered, gossipRecent(evs, i)
+					m.noteOver(name, sum-b, exact, byRate)
+				}
+				if sum > addSat(b, exact) {
+					m.violate("%s admitted %d units from the start to %v, over %d (%d of them the others' not yet charged)", name, sum, ev.at.Sub(start), addSat(b, exact), exact)
+					break
+				}
+				if gossiped && sum > addSat(b, byRate) {
+					m.violate("%s admitted %d units from the start to %v, over %d (%d of them the others' within %v)", name, sum, ev.at.Sub(start), addSat(b, byRate), byRate, modelGossipLag)
 					break
 				}
 			}
@@ -444,16 +512,27 @@ func checkModel(t testing.TB, m *modelRun) (worst float64) {
 			for from := start; from.Before(end); from = from.Add(period) {
 				to := from.Add(period)
 				var sum int64
+				var in []modelEvent
 				for _, ev := range evs {
 					if ev.from.Truncate(period) != ev.at.Truncate(period) {
 						continue // decided on a boundary: in one period or the next
 					}
 					if !ev.at.Before(from) && ev.at.Before(to) {
 						sum = addSat(sum, ev.units)
+						in = append(in, ev)
 					}
 				}
-				if b := bound(evs, from, to, level); sum > b {
-					m.violate("%s admitted %d units in the period from %v, over %d", name, sum, from.Sub(start), b)
+				b := bound(evs, from, to, level)
+				var exact, byRate int64
+				if gossiped {
+					exact, byRate = gossipAllowance(in)
+					m.noteOver(name, sum-b, exact, byRate)
+				}
+				if sum > addSat(b, exact) {
+					m.violate("%s admitted %d units in the period from %v, over %d (%d of them the others' not yet charged)", name, sum, from.Sub(start), addSat(b, exact), exact)
+				}
+				if gossiped && sum > addSat(b, byRate) {
+					m.violate("%s admitted %d units in the period from %v, over %d (%d of them the others' within %v)", name, sum, from.Sub(start), addSat(b, byRate), byRate, modelGossipLag)
 				}
 			}
 		}
@@ -479,8 +558,8 @@ func checkModel(t testing.TB, m *modelRun) (worst float64) {
 		// Nor in costs of large parts of the capacity: which of them fit
 		// is a knapsack that a split key (whose subcounters refuse a cost
 		// over their share) and the reference fill differently.
-		if varied || m.largeCosts[name] {
-			continue
+		if varied || m.largeCosts[name] || gossiped {
+			continue // a gossip run's engines are held to the bounds above
 		}
 		periods := int64(end.Sub(start) / period)
 		moves := int64(m.moves[name] + m.nodeMaps)
@@ -511,6 +590,11 @@ func TestModel(t *testing.T) {
 					decided += len(evs)
 				}
 				t.Logf("seed %d: %d operations, %d admissions over %d counters (%d on a period boundary, left out of the window checks); worst admitted ÷ reference %.4f", seed, ops, decided, len(m.admitted), m.onBoundary, worst)
+				for _, p := range modelPolicies(m.period) {
+					if o, ok := m.over[p.Name]; ok {
+						t.Logf("seed %d: %s: worst %d units over a counter's own bound, where the others' uncharged units were %d and their units within %v %d; least room left by the uncharged units %d", seed, p.Name, o.over, o.exact, modelGossipLag, o.byRate, o.room)
+					}
+				}
 				for _, v := range m.violations {
 					t.Errorf("seed %d: %s", seed, v)
 				}

@@ -10,18 +10,23 @@ import "time"
 // make it admit more:
 //
 //   - TokenBucket: the TAT moves to max(TAT, now) + n intervals, at most
-//     MaxTolerance beyond now (or the bucket's tolerance, if longer). Past
-//     an empty bucket (the tolerance beyond now) the units are owed: the
-//     bucket admits nothing until the TAT is back within its tolerance, as
-//     if the instances sharing it had taken them from one bucket. Without
-//     the debt, peers' units arriving on a bucket that this instance's own
-//     takes keep empty would be forgotten, and each instance would admit
-//     the whole rate.
+//     maxDebt beyond now. Past an empty bucket (the tolerance beyond now)
+//     the units are owed: the bucket admits nothing until the TAT is back
+//     within its tolerance, as if the instances sharing it had taken them
+//     from one bucket. Without the debt, peers' units arriving on a bucket
+//     that this instance's own takes keep empty would be forgotten, and
+//     each instance would admit the whole rate.
 //   - FixedWindow, SlidingWindow: n is added to the current window's count,
 //     at most MaxCount, the highest Rate: a saturated window denies every
 //     Take, and the sliding estimate of two of them stays within an int64.
 //   - SlidingLog: an entry of n units at now, bounded as a Take's entries
 //     are (see slidinglog.go), at most maxLogUnits units each.
+
+// maxDebt caps how far a charge moves a token bucket's TAT beyond now:
+// the bursts of 16 instances at the longest tolerance a Limit accepts, so
+// that peers' bursts undelivered at once are owed, not forgiven, while a
+// TAT stays within an int64 of ns for another 160 years.
+const maxDebt = 16 * MaxTolerance
 
 // maxLogUnits caps the units of one sliding log entry written by a charge:
 // a log of maxLogEntries+1 such entries still sums within MaxCount, and one
@@ -72,10 +77,7 @@ func (s *state) chargeGCRA(now int64, lim Limit, n int64) {
 	if written := s.interval(); written != (fixed{}) && written != g.unit && (fixed{}).less(d) {
 		d = d.rescale(written, g.unit) // see takeGCRA
 	}
-	limit := g.tol
-	if maxDebt := (fixed{int64(MaxTolerance), 0}); limit.less(maxDebt) {
-		limit = maxDebt
-	}
+	limit := fixed{int64(maxDebt), 0} // beyond any tolerance (Validate)
 	if !d.less(limit) {
 		return // owing all a counter may: nothing to add
 	}

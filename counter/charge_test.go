@@ -67,7 +67,7 @@ func TestChargeAsTake(t *testing.T) {
 // MaxInt64, twice) leaves it empty, never overflowed: from then on it
 // admits no more in any instant than a store that took its whole capacity
 // at once, and for a log exactly as much. A token bucket owes the units
-// past its capacity (see TestChargeDebt), at most MaxTolerance: it admits
+// past its capacity (see TestChargeDebt), at most maxDebt: it admits
 // again once that has passed.
 func TestChargeSaturates(t *testing.T) {
 	for _, lim := range chargeLimits {
@@ -104,8 +104,8 @@ func TestChargeSaturates(t *testing.T) {
 				if gotSum == 0 && !owes {
 					t.Errorf("charge of %d twice: nothing admitted in 4 periods", give)
 				}
-				if at := t0.Add(MaxTolerance + 4*lim.Period); lim.Algorithm == TokenBucket && !charged.TakeAt(at, "k", 0, lim, lim.Capacity()).Allowed {
-					t.Errorf("charge of %d twice: a take of the capacity %v later denied, want the debt paid by MaxTolerance", give, at.Sub(t0))
+				if at := t0.Add(maxDebt + 4*lim.Period); lim.Algorithm == TokenBucket && !charged.TakeAt(at, "k", 0, lim, lim.Capacity()).Allowed {
+					t.Errorf("charge of %d twice: a take of the capacity %v later denied, want the debt paid by maxDebt", give, at.Sub(t0))
 				}
 			})
 		}
@@ -176,5 +176,36 @@ func TestChargeDebt(t *testing.T) {
 	}
 	if admitted != 10 {
 		t.Errorf("admitted %d in the 3 s after 30 units were charged to a 10-unit bucket at 10/s, want 10", admitted)
+	}
+}
+
+// TestChargeDebtLongBucket: a bucket whose burst takes most of
+// MaxTolerance to refill owes its peers' bursts too. Three instances each
+// took the burst of 320; one, charged the other two's 640, admits nothing
+// until 640 intervals have passed, as one bucket would, and then what
+// refilled since: 60 units at 700 intervals. Owing at most MaxTolerance,
+// it forgave 285 units and admitted 264 at 300 intervals.
+func TestChargeDebtLongBucket(t *testing.T) {
+	lim := Limit{Rate: 320, Period: MaxTolerance / 10 * 9, Burst: 320}
+	unit := lim.Period / 320
+	s := NewMemoryStore(MemoryConfig{})
+	if !s.TakeAt(t0, "k", 0, lim, 320).Allowed || !s.ChargeAt(t0, "k", 0, lim, 640) {
+		t.Fatal("a fresh bucket refused its burst, or the peers' units")
+	}
+	for _, c := range []struct {
+		give time.Duration // after t0, in intervals
+		want int
+	}{
+		{300 * unit, 0},
+		{640*unit - time.Second, 0},
+		{700 * unit, 60},
+	} {
+		got := 0
+		for s.TakeAt(t0.Add(c.give), "k", 0, lim, 1).Allowed {
+			got++
+		}
+		if got != c.want {
+			t.Errorf("%d intervals after taking 320 and being charged 640: admitted %d, want %d", c.give/unit, got, c.want)
+		}
 	}
 }
