@@ -64,14 +64,14 @@ func runGossip(ctx context.Context, s *setup) (*scenario.Section, error) {
 		return nil, err
 	}
 
-	sec.Printf("**The design's case.** %d keys, each with a limit of %d per fixed window of %v (100 per minute%s), offered twice that in all (%.1f/s over the keys, each request to a random key and engine) for %v. A key-window is one key's fixed window; those that reached the limit are the ones that can overshoot. The design expects 1–2 extra per minute; its bound is (instances − 1) × rate × (interval + delivery) = 9 × %.2f/s × (100 ms + delivery) ≈ 1.5.\n\n",
-		designKeys, designLimit, design, quickNote(s.quick, "; in quick mode the window is the run's length and the limit scaled to it"), 2*float64(designKeys*designLimit)/design.Seconds(), design, 100.0/60)
+	sec.Printf("**The design's case.** %d keys, each with a limit of %d per fixed window of %s (100 per minute%s), offered twice that in all (%.1f/s over the keys, each request to a random key and engine) for %s. A key-window is one key's fixed window; those that reached the limit are the ones that can overshoot. The design expects 1–2 extra per minute; its bound is (instances − 1) × rate × (interval + delivery) = 9 × %.2f/s × (100 ms + delivery) ≈ 1.5.\n\n",
+		designKeys, designLimit, seconds(design), quickNote(s.quick, "; in quick mode the window is the run's length and the limit scaled to it"), 2*float64(designKeys*designLimit)/design.Seconds(), seconds(design), 100.0/60)
 	sec.Printf("| key-windows that reached the limit | extra admitted per key-window: mean | max | key-windows with 0 / 1 / 2 / ≥3 extra | key-windows denied under the limit | offered | admitted | denied | decisions across a window's edge |\n|---|---|---|---|---|---|---|---|---|\n")
 	extra, hist := dres.extras(designLimit)
 	sec.Printf("| %d | %.2f | %d | %d / %d / %d / %d | %d | %d | %d | %d | %d |\n\n", len(extra), mean(extra), slices.Max(append(extra, 0)),
 		hist[0], hist[1], hist[2], hist[3], dres.shortWindows(designLimit), dres.offered(), dres.admitted(), dres.denied(), dres.edges())
 
-	sec.Printf("**1,000/s at 3× load.** One key, a limit of 1,000 per fixed 1 s window, offered 3,000/s spread over the %d engines for %v; only the 1 s windows wholly inside the run are counted.\n\n", gossipEngines, load)
+	sec.Printf("**1,000/s at 3× load.** One key, a limit of 1,000 per fixed 1 s window, offered 3,000/s spread over the %d engines for %s; only the 1 s windows wholly inside the run are counted.\n\n", gossipEngines, seconds(load))
 	sec.Printf("| 1 s windows | admitted ÷ limit overall | worst 1 s window | lowest 1 s window | offered | denied |\n|---|---|---|---|---|---|\n")
 	overall, worst, lowest, n := lres.ratios(1000)
 	sec.Printf("| %d | %.3f | %.3f | %.3f | %d | %d |\n\n", n, overall, worst, lowest, lres.offered(), lres.denied())
@@ -85,6 +85,9 @@ func runGossip(ctx context.Context, s *setup) (*scenario.Section, error) {
 	}
 	return sec, nil
 }
+
+// seconds formats d as "60 s".
+func seconds(d time.Duration) string { return fmt.Sprintf("%.0f s", d.Seconds()) }
 
 func quickNote(quick bool, note string) string {
 	if quick {
