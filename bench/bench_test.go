@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"golang.org/x/time/rate"
 
@@ -105,6 +106,54 @@ func benchAllowMemory(b *testing.B, opts ...hotkey.Option) {
 			}
 		}
 	})
+}
+
+// BenchmarkGossipDecision is the decision under sync: gossip beside sync:
+// store on the memory store, on one engine with a NATS coordinator on an
+// in-process server (so that its rounds are kept, flushed and published
+// every interval, with no peer to charge them), the same 10,000 keys,
+// never denied.
+func BenchmarkGossipDecision(b *testing.B) {
+	const keys = 10_000
+	ks := benchKeys()[:keys]
+	s, err := natsserver.Start(natsserver.Options{DontListen: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer s.Shutdown()
+	for _, mode := range []hotkey.Sync{hotkey.SyncStore, hotkey.SyncGossip} {
+		b.Run("sync="+mode.String(), func(b *testing.B) {
+			nc, err := s.Connect()
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer nc.Close()
+			co, err := coordinator.NewNATS(coordinator.Config{Conn: nc})
+			if err != nil {
+				b.Fatal(err)
+			}
+			e, err := hotkey.New(counter.NewMemoryStore(counter.MemoryConfig{}), hotkey.WithCoordinator(co))
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer e.Close()
+			p := &hotkey.Policy{Name: "api", Limit: hotkey.Limit{Rate: 1_000_000_000, Period: time.Second}, Sync: mode}
+			ctx := context.Background()
+			for _, k := range ks {
+				e.Allow(ctx, k, p)
+			}
+			b.ReportAllocs()
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				next := keyPicker(len(ks))
+				for pb.Next() {
+					if r, err := e.Allow(ctx, ks[next()], p); err != nil || !r.Allowed {
+						b.Fatalf("denied: %+v %v", r, err)
+					}
+				}
+			})
+		})
+	}
 }
 
 // BenchmarkAllowXTimeRate is the common hand-rolled limiter: a map of

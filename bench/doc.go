@@ -4,6 +4,9 @@
 //   - BenchmarkAllowMemory vs BenchmarkAllowXTimeRate: engine on the memory
 //     store against a map of golang.org/x/time/rate limiters under a mutex,
 //     1M distinct keys.
+//   - BenchmarkGossipDecision: the decision under sync: gossip against sync:
+//     store, both on the memory store of one engine with a NATS coordinator,
+//     10,000 keys.
 //   - BenchmarkAllowRedis vs BenchmarkAllowRedisRate: engine on one local
 //     redis-server against github.com/go-redis/redis_rate/v10 on the same
 //     server, 64 goroutines, in decisions/s.

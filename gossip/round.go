@@ -1,6 +1,7 @@
 package gossip
 
 import (
+	"hash/maphash"
 	"sync"
 	"sync/atomic"
 )
@@ -15,6 +16,7 @@ const roundStripes = 16
 // a full stripe is dropped and counted (Dropped). It is safe for
 // concurrent use and never blocks but on its stripes' locks.
 type Round struct {
+	seeds     [2]maphash.Seed
 	stripes   []roundStripe
 	mask      uint64
 	maxKeyLen int
@@ -22,10 +24,26 @@ type Round struct {
 }
 
 type roundStripe struct {
-	mu    sync.Mutex // guards units
-	units map[roundKey]int64
+	mu    sync.Mutex          // guards units, keys
+	units map[[2]uint64]int64 // by roundID
+	keys  []roundEntry        // the keys of units, in order of their first add
 	max   int
-	_     [40]byte // a stripe's lock and map apart from its neighbours'
+	_     [16]byte // a stripe's lock and map apart from its neighbours'
+}
+
+// roundEntry is a (limit, key) a round holds, and its roundID.
+type roundEntry struct {
+	id         [2]uint64
+	limit, key string
+}
+
+// roundID names a (limit, key) in a round without its bytes, as
+// MemoryStore names its counters: the key's hash, and fingerprints of the
+// key and the limit under the round's own seeds, so that an add to a held
+// key reads no byte of the key held, and no one without the seeds can
+// choose two keys that collide.
+func (r *Round) roundID(limit, key string, hash uint64) [2]uint64 {
+	return [2]uint64{hash, maphash.String(r.seeds[0], key) ^ maphash.String(r.seeds[1], limit)}
 }
 
 type roundKey struct{ limit, key string }
@@ -37,33 +55,37 @@ func NewRound(cfg Config) *Round {
 	for n > 1 && n > cfg.MaxKeys {
 		n >>= 1
 	}
-	r := &Round{stripes: make([]roundStripe, n), mask: uint64(n - 1), maxKeyLen: cfg.MaxKeyLen}
+	r := &Round{seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}, stripes: make([]roundStripe, n), mask: uint64(n - 1), maxKeyLen: cfg.MaxKeyLen}
 	for i := range r.stripes {
-		r.stripes[i] = roundStripe{units: make(map[roundKey]int64), max: cfg.MaxKeys / n}
+		r.stripes[i] = roundStripe{units: make(map[[2]uint64]int64), max: cfg.MaxKeys / n}
 	}
 	return r
 }
 
 // Add adds n units consumed by key under limit, hash being the key's hash
-// (the engine's xxhash; it picks the stripe). It reports whether the round
-// holds them: an add of a new key past the cap is dropped, as is one the
-// codec cannot carry (a limit or key empty or too long, n ≤ 0), and counted
-// by Dropped. A key's units saturate at MaxInt64.
+// (the engine's xxhash, the same for every add of the key; it picks the
+// stripe and finds the key's entry). It reports whether the round holds
+// them: an add of a new key past the cap is dropped, as is one the codec
+// cannot carry (a limit or key empty or too long, n ≤ 0), and counted by
+// Dropped. A key's units saturate at MaxInt64.
 func (r *Round) Add(limit, key string, hash uint64, n int64) bool {
 	if n <= 0 || key == "" || len(key) > r.maxKeyLen || limit == "" || len(limit) > MaxLimitLen {
 		r.dropped.Add(1)
 		return false
 	}
+	id := r.roundID(limit, key, hash)
 	st := &r.stripes[hash&r.mask]
-	k := roundKey{limit, key}
 	st.mu.Lock()
-	u, ok := st.units[k]
-	if !ok && len(st.units) >= st.max {
+	u, ok := st.units[id]
+	if !ok && len(st.keys) >= st.max {
 		st.mu.Unlock()
 		r.dropped.Add(1)
 		return false
 	}
-	st.units[k] = u + min(n, maxUnits-u)
+	st.units[id] = u + min(n, maxUnits-u)
+	if !ok {
+		st.keys = append(st.keys, roundEntry{id, limit, key})
+	}
 	st.mu.Unlock()
 	return true
 }
@@ -76,11 +98,13 @@ func (r *Round) Flush() []Entry {
 		st := &r.stripes[i]
 		st.mu.Lock()
 		if out == nil {
-			out = make([]Entry, 0, len(st.units)*len(r.stripes))
+			out = make([]Entry, 0, len(st.keys)*len(r.stripes))
 		}
-		for k, u := range st.units {
-			out = append(out, Entry{Limit: k.limit, Key: k.key, Units: u})
+		for _, k := range st.keys {
+			out = append(out, Entry{Limit: k.limit, Key: k.key, Units: st.units[k.id]})
 		}
+		clear(st.keys) // let go of the strings
+		st.keys = st.keys[:0]
 		clear(st.units)
 		st.mu.Unlock()
 	}
@@ -93,7 +117,7 @@ func (r *Round) Len() int {
 	for i := range r.stripes {
 		st := &r.stripes[i]
 		st.mu.Lock()
-		n += len(st.units)
+		n += len(st.keys)
 		st.mu.Unlock()
 	}
 	return n

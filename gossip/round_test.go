@@ -35,6 +35,34 @@ func TestRoundFlush(t *testing.T) {
 	}
 }
 
+// TestRoundSharedHash: keys given one hash (the same key under two
+// limits, or two keys whose hashes collide) are kept apart, and Flush
+// empties them all.
+func TestRoundSharedHash(t *testing.T) {
+	r := NewRound(Config{})
+	for range 2 {
+		for _, g := range []struct {
+			limit, key string
+			n          int64
+		}{{"api", "a", 1}, {"api", "b", 2}, {"login", "a", 3}, {"api", "a", 4}, {"login", "a", 5}, {"api", "b", 6}} {
+			if !r.Add(g.limit, g.key, 7, g.n) {
+				t.Fatalf("add of %+v dropped", g)
+			}
+		}
+		if r.Len() != 3 {
+			t.Errorf("Len() = %d, want 3", r.Len())
+		}
+		got := map[string]int64{}
+		for _, e := range r.Flush() {
+			got[e.Limit+"/"+e.Key] += e.Units
+		}
+		want := map[string]int64{"api/a": 5, "api/b": 8, "login/a": 8}
+		if fmt.Sprint(got) != fmt.Sprint(want) {
+			t.Errorf("Flush = %v, want %v", got, want)
+		}
+	}
+}
+
 // TestRoundCap: a round holds at most MaxKeys keys; adds of new keys past
 // it are dropped and counted, adds to held keys are not, and Flush makes
 // room again. Adds the codec cannot carry are dropped and counted too.

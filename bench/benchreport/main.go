@@ -108,6 +108,8 @@ var targets = []target{
 		"make bench BENCH=AllowMemory"},
 	{"engine+memory with a NATS coordinator ÷ the Local one", "BenchmarkAllowMemory/coordinator=nats", "BenchmarkAllowMemory/detector=true", "ns/op", true, 1.1,
 		"make bench BENCH=AllowMemory"},
+	{"engine+memory sync: gossip ÷ sync: store, ns/op (10,000 keys, rounds published to NATS)", "BenchmarkGossipDecision/sync=gossip", "BenchmarkGossipDecision/sync=store", "ns/op", true, 1.15,
+		"make bench BENCH=GossipDecision"},
 	{"hot key announced → applied on the other instances, p99 (ms, 3-node NATS on loopback)", "BenchmarkConvergence", "", "p99-ms", true, 10,
 		"make bench BENCH=Convergence"},
 	{"detector Observe ÷ xxhash alone", "BenchmarkObserve", "BenchmarkObserveHashOnly", "ns/op", true, 6,

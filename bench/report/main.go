@@ -43,6 +43,7 @@ var scenarios = []named{
 	{"detector", "Detector precision and recall: Zipf traffic with a random-key flood", runDetector},
 	{"envoy", "Envoy's gRPC protocol and batches", runEnvoy},
 	{"reserve", "sync: reserve against sync: store: 3 engines on one redis-server", runReserve},
+	{"gossip", "sync: gossip: 10 engines on a 3-node NATS cluster", runGossip},
 }
 
 // setup is what every scenario runs on.
