@@ -16,10 +16,10 @@ import (
 // The decision path, top to bottom. Allow and AllowN go through allow: it
 // checks the input, names the counter (policy|key), hashes it once and
 // feeds the detector. A SyncGossip policy is decided on the gossip store's
-// unsplit counter (decideGossip); for the others decideStore picks the counters: the unsplit one
-// (decide), or for a split key one of its subcounters (decideSplit), after
-// moving the key's usage if its level or the store's node map changed
-// (transfer). take asks the deny cache, then the store through the breaker
+// unsplit counter (decideGossip); for the others decideStore picks the
+// counters: the unsplit one (decide), or for a split key one of its
+// subcounters (decideSplit), after moving the key's usage if its level or
+// the store's node map changed (transfer). take asks the deny cache, then the store through the breaker
 // (storeTake). When the store cannot answer, fallback decides as the
 // policy says.
 
