@@ -29,7 +29,7 @@ var resultNames = [numResults]string{"allowed", "denied", "fallback_allowed", "f
 type metrics struct {
 	decisions       *prometheus.CounterVec
 	nearLimit       *prometheus.CounterVec
-	byPolicy        sync.Map // policy name → *policyCounters
+	byPolicy        sync.Map // policyLabels → *policyCounters
 	decisionSeconds prometheus.Histogram
 	denyHits        prometheus.Counter
 	storeSeconds    prometheus.Histogram
@@ -54,8 +54,8 @@ func newMetrics(r prometheus.Registerer, e *Engine) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hotkey_decisions_total",
-			Help: "Decisions by policy and result: allowed, denied, fallback_allowed and fallback_denied (decided by the policy's fallback while the store could not answer), error, invalid (bad input).",
-		}, []string{"policy", "result"}),
+			Help: "Decisions by policy, result and the policy's sync mode: result is allowed, denied, fallback_allowed and fallback_denied (decided by the policy's fallback while the store could not answer), error, invalid (bad input); sync is store, reserve or gossip.",
+		}, []string{"policy", "result", "sync"}),
 		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hotkey_near_limit_total",
 			Help: "Admitted decisions, by policy, that left less than 20% of the key's limit (remaining < limit/5: more than 80% used), as envoyproxy/ratelimit's near_limit; decisions of the fallback are not counted, since they do not read the key's counter.",
@@ -96,18 +96,28 @@ func newMetrics(r prometheus.Registerer, e *Engine) (*metrics, error) {
 	return m, nil
 }
 
-// policy returns the counters of p: made once per policy name, so that a
-// decision costs one map lookup, not a label lookup per counter.
+// policyLabels are a policy's labels on hotkey_decisions_total.
+type policyLabels struct {
+	name string
+	sync Sync
+}
+
+// policy returns the counters of p: made once per policy name and sync
+// mode, so that a decision costs one map lookup, not a label lookup per
+// counter.
 func (m *metrics) policy(p *Policy) *policyCounters {
-	name := p.name()
-	if c, ok := m.byPolicy.Load(name); ok {
+	l := policyLabels{name: p.name()}
+	if p != nil {
+		l.sync = p.Sync
+	}
+	if c, ok := m.byPolicy.Load(l); ok {
 		return c.(*policyCounters)
 	}
-	c := &policyCounters{near: m.nearLimit.WithLabelValues(name)}
+	c := &policyCounters{near: m.nearLimit.WithLabelValues(l.name)}
 	for i := range c.results {
-		c.results[i] = m.decisions.WithLabelValues(name, resultNames[i])
+		c.results[i] = m.decisions.WithLabelValues(l.name, resultNames[i], l.sync.String())
 	}
-	got, _ := m.byPolicy.LoadOrStore(name, c)
+	got, _ := m.byPolicy.LoadOrStore(l, c)
 	return got.(*policyCounters)
 }
 

@@ -39,17 +39,17 @@ func TestMetrics(t *testing.T) {
 		e.AllowN(ctx, "k2", p, 1) // not "k": the deny cache answers for it
 	}
 	want := map[string]float64{
-		`hotkey_decisions_total{policy="api",result="allowed"}`:          5,
-		`hotkey_decisions_total{policy="api",result="denied"}`:           3,
-		`hotkey_decisions_total{policy="api",result="fallback_allowed"}`: 4,
-		`hotkey_decisions_total{policy="default",result="invalid"}`:      1,
-		`hotkey_hot_keys{level="16"}`:                                    1,
-		`hotkey_hot_keys{level="4"}`:                                     1,
-		`hotkey_level_changes_total{level="16"}`:                         1,
-		`hotkey_breaker_open`:                                            1,
-		`hotkey_breaker_changes_total{state="open"}`:                     1,
-		`hotkey_store_errors_total`:                                      3,
-		`hotkey_peers`:                                                   0,
+		`hotkey_decisions_total{policy="api",result="allowed",sync="store"}`:          5,
+		`hotkey_decisions_total{policy="api",result="denied",sync="store"}`:           3,
+		`hotkey_decisions_total{policy="api",result="fallback_allowed",sync="store"}`: 4,
+		`hotkey_decisions_total{policy="default",result="invalid",sync="store"}`:      1,
+		`hotkey_hot_keys{level="16"}`:                                                 1,
+		`hotkey_hot_keys{level="4"}`:                                                  1,
+		`hotkey_level_changes_total{level="16"}`:                                      1,
+		`hotkey_breaker_open`:                                                         1,
+		`hotkey_breaker_changes_total{state="open"}`:                                  1,
+		`hotkey_store_errors_total`:                                                   3,
+		`hotkey_peers`:                                                                0,
 	}
 	got := gather(t, reg)
 	for k, v := range want {
@@ -68,6 +68,34 @@ func TestMetrics(t *testing.T) {
 // gather returns the metrics of reg by name and labels, as
 // name{label="value",...}: a counter's or gauge's value, a histogram's
 // count of observations.
+// TestMetricsSyncLabel: a decision is counted under its policy's sync
+// mode, so that store, reserve and gossip policies are told apart.
+func TestMetricsSyncLabel(t *testing.T) {
+	checkLeaks(t)
+	reg := prometheus.NewRegistry()
+	e, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector(), WithMetrics(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	for _, s := range []Sync{SyncStore, SyncReserve, SyncGossip} {
+		p := &Policy{Name: "p-" + s.String(), Limit: PerSecond(100), Sync: s}
+		for range int(s) + 1 {
+			if _, err := e.Allow(ctx, "k", p); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	got := gather(t, reg)
+	for _, s := range []Sync{SyncStore, SyncReserve, SyncGossip} {
+		k := `hotkey_decisions_total{policy="p-` + s.String() + `",result="allowed",sync="` + s.String() + `"}`
+		if got[k] != float64(s)+1 {
+			t.Errorf("%s = %v, want %v", k, got[k], float64(s)+1)
+		}
+	}
+}
+
 func gather(t testing.TB, reg *prometheus.Registry) map[string]float64 {
 	t.Helper()
 	mfs, err := reg.Gather()
@@ -177,7 +205,7 @@ func TestDecisionDuration(t *testing.T) {
 				t.Errorf("decisions counted: %v, want %d", n, want)
 			}
 			for _, r := range []string{"allowed", "denied", "fallback_allowed", "error", "invalid"} {
-				if got[`hotkey_decisions_total{policy="o",result="`+r+`"}`]+got[`hotkey_decisions_total{policy="e",result="`+r+`"}`] == 0 {
+				if got[`hotkey_decisions_total{policy="o",result="`+r+`",sync="store"}`]+got[`hotkey_decisions_total{policy="e",result="`+r+`",sync="store"}`] == 0 {
 					t.Errorf("no decision with result %s: the test misses a case", r)
 				}
 			}
@@ -288,7 +316,7 @@ func TestNearLimit(t *testing.T) {
 			t.Errorf("policy %s: %v near-limit decisions, want %v", p, n, want)
 		}
 	}
-	if n := got[`hotkey_decisions_total{policy="a",result="fallback_allowed"}`]; n != 1 {
+	if n := got[`hotkey_decisions_total{policy="a",result="fallback_allowed",sync="store"}`]; n != 1 {
 		t.Errorf("fallback decisions %v, want 1", n)
 	}
 }

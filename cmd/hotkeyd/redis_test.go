@@ -453,7 +453,7 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("/metrics lacks %s", name)
 		}
 	}
-	allowed := `hotkey_decisions_total{policy="default",result="allowed"}`
+	allowed := `hotkey_decisions_total{policy="default",result="allowed",sync="store"}`
 	before := max(0, metric(first, allowed))
 	hot := func(s string) float64 {
 		n := 0.0
@@ -476,7 +476,7 @@ func TestMetrics(t *testing.T) {
 	// The hot key was denied, unless the machine was so slow that its
 	// bucket refilled as fast as it was used: then a key that asks for its
 	// whole burst (the default policy's 100) twice within a second is.
-	denied := `hotkey_decisions_total{policy="default",result="denied"}`
+	denied := `hotkey_decisions_total{policy="default",result="denied",sync="store"}`
 	for try := 0; metric(last, denied) < 1 && try < 10; try++ {
 		key := fmt.Sprintf("metrics-deny-%d", try)
 		d.allow(t, `{"key":"`+key+`","cost":100}`)
