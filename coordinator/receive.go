@@ -160,22 +160,30 @@ func (c *NATS) receive(m *nats.Msg, guard *replayGuard, check func(message) reas
 		c.invalid(r, m.Subject)
 		return msg, now, false
 	}
-	if msg.Origin == c.cfg.ID {
+	return msg, now, c.fromPeer(msg.Origin, msg.TS, m.Subject, guard, now)
+}
+
+// fromPeer reports whether a valid message from origin, stamped stamp and
+// received on subject at now, is to be applied: not this instance's own
+// (counted), and with a Secret, accepted by guard as no replay (refusals
+// counted).
+func (c *NATS) fromPeer(origin string, stamp int64, subject string, guard *replayGuard, now time.Time) bool {
+	if origin == c.cfg.ID {
 		c.st.own.Add(1)
-		return msg, now, false
+		return false
 	}
 	if c.sign != nil {
-		r, full := guard.accept(msg.Origin, msg.TS, now)
+		r, full := guard.accept(origin, stamp, now)
 		if full {
 			c.st.dropped.Add(1)
-			return msg, now, false
+			return false
 		}
 		if r != reasonNone {
-			c.invalid(r, m.Subject)
-			return msg, now, false
+			c.invalid(r, subject)
+			return false
 		}
 	}
-	return msg, now, true
+	return true
 }
 
 func (c *NATS) invalid(r reason, subject string) {
@@ -257,20 +265,5 @@ func (c *NATS) receiveEnvelope(m *nats.Msg, guard *replayGuard) (envelope, time.
 		c.invalid(r, m.Subject)
 		return e, now, false
 	}
-	if e.origin == c.cfg.ID {
-		c.st.own.Add(1)
-		return e, now, false
-	}
-	if c.sign != nil {
-		r, full := guard.accept(e.origin, e.stamp, now)
-		if full {
-			c.st.dropped.Add(1)
-			return e, now, false
-		}
-		if r != reasonNone {
-			c.invalid(r, m.Subject)
-			return e, now, false
-		}
-	}
-	return e, now, true
+	return e, now, c.fromPeer(e.origin, e.stamp, m.Subject, guard, now)
 }
