@@ -85,7 +85,8 @@ const limitCache = 64
 
 type limitID struct {
 	lim counter.Limit
-	id  string
+	id  string // EncodeLimit(lim)
+	fp  uint64 // the round's limitFP(id)
 }
 
 // NewStore returns a store configured by cfg. It panics if cfg.ID is
@@ -127,7 +128,8 @@ func (s *Store) Take(_ context.Context, key string, hash uint64, lim counter.Lim
 func (s *Store) TakeAt(now time.Time, key string, hash uint64, lim counter.Limit, n int64) counter.Result {
 	r := s.mem.TakeAt(now, key, hash, lim, n)
 	if r.Allowed && !s.solo {
-		s.round.Add(s.limitID(lim), key, hash, n)
+		l := s.limitID(lim)
+		s.round.add(l.id, l.fp, key, hash, n)
 	}
 	return r
 }
@@ -146,16 +148,18 @@ func (s *Store) Close() error { return s.mem.Close() }
 // Memory returns the memory store the store decides on.
 func (s *Store) Memory() *counter.MemoryStore { return s.mem }
 
-// limitID returns EncodeLimit(lim), from the cache when it holds it.
-func (s *Store) limitID(lim counter.Limit) string {
+// limitID returns lim's encoding and its fingerprint in the round, from
+// the cache when it holds them.
+func (s *Store) limitID(lim counter.Limit) *limitID {
 	h := uint64(lim.Algorithm) ^ uint64(lim.Rate)*0x9e3779b97f4a7c15 ^ uint64(lim.Period)*0xc2b2ae3d27d4eb4f ^ uint64(lim.Burst)*0x165667b19e3779f9
 	slot := &s.limits[(h>>32)%limitCache]
 	if c := slot.Load(); c != nil && c.lim == lim {
-		return c.id
+		return c
 	}
 	id := EncodeLimit(lim)
-	slot.Store(&limitID{lim, id})
-	return id
+	c := &limitID{lim, id, s.round.limitFP(id)}
+	slot.Store(c)
+	return c
 }
 
 // Flush empties the round into messages for peers, each of at most
