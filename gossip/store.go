@@ -209,19 +209,26 @@ func encodeSplit(c *Codec, h Header, entries []Entry, round func() uint64) ([][]
 
 // noteKeys remembers the keys of entries for snapshots.
 func (s *Store) noteKeys(now time.Time, entries []Entry) {
-	parsed := map[string]counter.Limit{}
+	type parse struct {
+		lim counter.Limit
+		ok  bool
+	}
+	parsed := map[string]parse{}
+	var last parse // of the entry before, whose limit the next shares
 	s.keys.mu.Lock()
 	defer s.keys.mu.Unlock()
-	for _, e := range entries {
-		lim, ok := parsed[e.Limit]
-		if !ok {
-			var err error
-			if lim, err = ParseLimit(e.Limit); err != nil {
-				continue // the store encoded it from a limit a caller did not validate
+	for i, e := range entries {
+		if i == 0 || e.Limit != entries[i-1].Limit {
+			var seen bool
+			if last, seen = parsed[e.Limit]; !seen {
+				lim, err := ParseLimit(e.Limit) // an error: the store encoded a limit a caller did not validate
+				last = parse{lim, err == nil}
+				parsed[e.Limit] = last
 			}
-			parsed[e.Limit] = lim
 		}
-		s.keys.noteLocked(s, now, roundKey{e.Limit, e.Key}, lim)
+		if last.ok {
+			s.keys.noteLocked(s, now, roundKey{e.Limit, e.Key}, last.lim)
+		}
 	}
 }
 
@@ -364,8 +371,7 @@ func (k *keySet) note(s *Store, now time.Time, rk roundKey, lim counter.Limit) {
 
 func (k *keySet) noteLocked(s *Store, now time.Time, rk roundKey, lim counter.Limit) {
 	if _, ok := k.keys[rk]; ok {
-		k.keys[rk] = lim
-		return
+		return // lim is rk.limit's: held already
 	}
 	if len(k.keys) >= k.max && !now.Before(k.nextSweep) {
 		k.nextSweep = now.Add(keySweep)
