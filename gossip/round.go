@@ -2,8 +2,10 @@ package gossip
 
 import (
 	"hash/maphash"
+	"math"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 )
 
 // roundStripes is the most stripes a Round has: decisions on different
@@ -15,6 +17,12 @@ const roundStripes = 16
 // the key's hash holds MaxKeys/stripes of them, and an add of a new key to
 // a full stripe is dropped and counted (Dropped). It is safe for
 // concurrent use and never blocks but on its stripes' locks.
+//
+// A stripe keeps its (limit, key)s in a table of open addressing with
+// linear probing, whose slot holds a key's identity (roundID) and units:
+// an add to a held key touches one slot and reads no key byte. Flush
+// empties the table but keeps its room, so that the keys of the next round
+// do not grow it again.
 type Round struct {
 	seeds     [2]maphash.Seed
 	stripes   []roundStripe
@@ -24,27 +32,41 @@ type Round struct {
 }
 
 type roundStripe struct {
-	mu    sync.Mutex          // guards units, keys
-	units map[[2]uint64]int64 // by roundID
-	keys  []roundEntry        // the keys of units, in order of their first add
-	max   int
-	_     [16]byte // a stripe's lock and map apart from its neighbours'
+	mu    sync.Mutex  // guards slots, keys
+	slots []roundSlot // len a power of two, or 0
+	keys  []roundKey  // of the slots in use, by roundSlot.key - 1
+	max   int         // the most keys the stripe holds
+	_     [stripePad]byte
 }
 
-// roundEntry is a (limit, key) a round holds, and its roundID.
-type roundEntry struct {
-	id         [2]uint64
-	limit, key string
+// stripePad makes a stripe one cache line: its lock and its table's
+// header are read together, and apart from its neighbours'.
+const stripePad = (64 - (unsafe.Sizeof(sync.Mutex{})+2*unsafe.Sizeof([]int{})+unsafe.Sizeof(0))%64) % 64
+
+// roundSlot is a table slot: a (limit, key)'s roundID, its units, and the
+// index + 1 of its strings in roundStripe.keys (0: the slot is empty).
+type roundSlot struct {
+	id    [2]uint64
+	units int64
+	key   int32
+	_     [4]byte
 }
+
+// maxRoundLoad is a stripe table's highest load, in eighths: beyond it,
+// the table doubles.
+const maxRoundLoad = 6
 
 // roundID names a (limit, key) in a round without its bytes, as
 // MemoryStore names its counters: the key's hash, and fingerprints of the
-// key and the limit under the round's own seeds, so that an add to a held
-// key reads no byte of the key held, and no one without the seeds can
-// choose two keys that collide.
-func (r *Round) roundID(limit, key string, hash uint64) [2]uint64 {
-	return [2]uint64{hash, maphash.String(r.seeds[0], key) ^ maphash.String(r.seeds[1], limit)}
+// key and the limit under the round's own seeds (limitFP), so that an add
+// to a held key reads no byte of the key held, and no one without the
+// seeds can choose two keys that collide or share a slot's probe.
+func (r *Round) roundID(limitFP uint64, key string, hash uint64) [2]uint64 {
+	return [2]uint64{hash, maphash.String(r.seeds[0], key) ^ limitFP}
 }
+
+// limitFP is limit's part of the roundIDs of its keys.
+func (r *Round) limitFP(limit string) uint64 { return maphash.String(r.seeds[1], limit) }
 
 type roundKey struct{ limit, key string }
 
@@ -57,7 +79,7 @@ func NewRound(cfg Config) *Round {
 	}
 	r := &Round{seeds: [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}, stripes: make([]roundStripe, n), mask: uint64(n - 1), maxKeyLen: cfg.MaxKeyLen}
 	for i := range r.stripes {
-		r.stripes[i] = roundStripe{units: make(map[[2]uint64]int64), max: cfg.MaxKeys / n}
+		r.stripes[i].max = min(cfg.MaxKeys/n, math.MaxInt32) // a slot's key index is an int32
 	}
 	return r
 }
@@ -69,25 +91,73 @@ func NewRound(cfg Config) *Round {
 // cannot carry (a limit or key empty or too long, n ≤ 0), and counted by
 // Dropped. A key's units saturate at MaxInt64.
 func (r *Round) Add(limit, key string, hash uint64, n int64) bool {
+	return r.add(limit, r.limitFP(limit), key, hash, n)
+}
+
+// add is Add with limit's limitFP given.
+func (r *Round) add(limit string, limitFP uint64, key string, hash uint64, n int64) bool {
 	if n <= 0 || key == "" || len(key) > r.maxKeyLen || limit == "" || len(limit) > MaxLimitLen {
 		r.dropped.Add(1)
 		return false
 	}
-	id := r.roundID(limit, key, hash)
+	id := r.roundID(limitFP, key, hash)
 	st := &r.stripes[hash&r.mask]
 	st.mu.Lock()
-	u, ok := st.units[id]
-	if !ok && len(st.keys) >= st.max {
+	if !st.addLocked(id, limit, key, n) {
 		st.mu.Unlock()
 		r.dropped.Add(1)
 		return false
 	}
-	st.units[id] = u + min(n, maxUnits-u)
-	if !ok {
-		st.keys = append(st.keys, roundEntry{id, limit, key})
-	}
 	st.mu.Unlock()
 	return true
+}
+
+// addLocked adds n units to id's slot, making one for (limit, key) if
+// there is none and the stripe has room; it reports whether it had room.
+func (st *roundStripe) addLocked(id [2]uint64, limit, key string, n int64) bool {
+	mask := len(st.slots) - 1
+	if mask >= 0 {
+		for i := int(id[1]) & mask; ; i = (i + 1) & mask {
+			s := &st.slots[i]
+			if s.key == 0 {
+				break
+			}
+			if s.id == id {
+				s.units += min(n, maxUnits-s.units)
+				return true
+			}
+		}
+	}
+	if len(st.keys) >= st.max {
+		return false
+	}
+	if (len(st.keys)+1)*8 > len(st.slots)*maxRoundLoad {
+		st.grow()
+	}
+	st.keys = append(st.keys, roundKey{limit, key})
+	st.place(roundSlot{id: id, units: n, key: int32(len(st.keys))})
+	return true
+}
+
+// place puts s in the first empty slot of its probe.
+func (st *roundStripe) place(s roundSlot) {
+	mask := len(st.slots) - 1
+	i := int(s.id[1]) & mask
+	for st.slots[i].key != 0 {
+		i = (i + 1) & mask
+	}
+	st.slots[i] = s
+}
+
+// grow doubles the stripe's table and moves its slots over.
+func (st *roundStripe) grow() {
+	old := st.slots
+	st.slots = make([]roundSlot, max(16, 2*len(old)))
+	for _, s := range old {
+		if s.key != 0 {
+			st.place(s)
+		}
+	}
 }
 
 // Flush returns the round's entries, in no particular order, and empties
@@ -100,12 +170,17 @@ func (r *Round) Flush() []Entry {
 		if out == nil {
 			out = make([]Entry, 0, len(st.keys)*len(r.stripes))
 		}
-		for _, k := range st.keys {
-			out = append(out, Entry{Limit: k.limit, Key: k.key, Units: st.units[k.id]})
+		if len(st.keys) > 0 {
+			for _, s := range st.slots {
+				if s.key != 0 {
+					k := st.keys[s.key-1]
+					out = append(out, Entry{Limit: k.limit, Key: k.key, Units: s.units})
+				}
+			}
+			clear(st.slots)
 		}
 		clear(st.keys) // let go of the strings
 		st.keys = st.keys[:0]
-		clear(st.units)
 		st.mu.Unlock()
 	}
 	return out

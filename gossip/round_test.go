@@ -129,3 +129,33 @@ func TestRoundConcurrent(t *testing.T) {
 		t.Errorf("flushed %d units, want %d", total, workers*adds)
 	}
 }
+
+// TestRoundRounds: a round's table, grown by many keys and emptied by
+// Flush, hands out each round's units whole, whatever keys the rounds
+// share.
+func TestRoundRounds(t *testing.T) {
+	r := NewRound(Config{})
+	for round := range 3 {
+		keys := 3000 >> round // fewer keys each round: held rooms are reused
+		for i := range keys {
+			for range i%3 + 1 {
+				add(r, "api", fmt.Sprintf("k%d", i+round*1000), 1)
+			}
+		}
+		if r.Len() != keys {
+			t.Fatalf("round %d: Len() = %d, want %d", round, r.Len(), keys)
+		}
+		got := map[string]int64{}
+		for _, e := range r.Flush() {
+			got[e.Key] += e.Units
+		}
+		for i := range keys {
+			if k := fmt.Sprintf("k%d", i+round*1000); got[k] != int64(i%3+1) {
+				t.Fatalf("round %d: %s has %d units, want %d", round, k, got[k], i%3+1)
+			}
+		}
+		if len(got) != keys {
+			t.Errorf("round %d: Flush has %d keys, want %d", round, len(got), keys)
+		}
+	}
+}

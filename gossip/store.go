@@ -85,7 +85,8 @@ const limitCache = 64
 
 type limitID struct {
 	lim counter.Limit
-	id  string
+	id  string // EncodeLimit(lim)
+	fp  uint64 // the round's limitFP(id)
 }
 
 // NewStore returns a store configured by cfg. It panics if cfg.ID is
@@ -127,7 +128,8 @@ func (s *Store) Take(_ context.Context, key string, hash uint64, lim counter.Lim
 func (s *Store) TakeAt(now time.Time, key string, hash uint64, lim counter.Limit, n int64) counter.Result {
 	r := s.mem.TakeAt(now, key, hash, lim, n)
 	if r.Allowed && !s.solo {
-		s.round.Add(s.limitID(lim), key, hash, n)
+		l := s.limitID(lim)
+		s.round.add(l.id, l.fp, key, hash, n)
 	}
 	return r
 }
@@ -146,16 +148,18 @@ func (s *Store) Close() error { return s.mem.Close() }
 // Memory returns the memory store the store decides on.
 func (s *Store) Memory() *counter.MemoryStore { return s.mem }
 
-// limitID returns EncodeLimit(lim), from the cache when it holds it.
-func (s *Store) limitID(lim counter.Limit) string {
+// limitID returns lim's encoding and its fingerprint in the round, from
+// the cache when it holds them.
+func (s *Store) limitID(lim counter.Limit) *limitID {
 	h := uint64(lim.Algorithm) ^ uint64(lim.Rate)*0x9e3779b97f4a7c15 ^ uint64(lim.Period)*0xc2b2ae3d27d4eb4f ^ uint64(lim.Burst)*0x165667b19e3779f9
 	slot := &s.limits[(h>>32)%limitCache]
 	if c := slot.Load(); c != nil && c.lim == lim {
-		return c.id
+		return c
 	}
 	id := EncodeLimit(lim)
-	slot.Store(&limitID{lim, id})
-	return id
+	c := &limitID{lim, id, s.round.limitFP(id)}
+	slot.Store(c)
+	return c
 }
 
 // Flush empties the round into messages for peers, each of at most
@@ -205,19 +209,26 @@ func encodeSplit(c *Codec, h Header, entries []Entry, round func() uint64) ([][]
 
 // noteKeys remembers the keys of entries for snapshots.
 func (s *Store) noteKeys(now time.Time, entries []Entry) {
-	parsed := map[string]counter.Limit{}
+	type parse struct {
+		lim counter.Limit
+		ok  bool
+	}
+	parsed := map[string]parse{}
+	var last parse // of the entry before, whose limit the next shares
 	s.keys.mu.Lock()
 	defer s.keys.mu.Unlock()
-	for _, e := range entries {
-		lim, ok := parsed[e.Limit]
-		if !ok {
-			var err error
-			if lim, err = ParseLimit(e.Limit); err != nil {
-				continue // the store encoded it from a limit a caller did not validate
+	for i, e := range entries {
+		if i == 0 || e.Limit != entries[i-1].Limit {
+			var seen bool
+			if last, seen = parsed[e.Limit]; !seen {
+				lim, err := ParseLimit(e.Limit) // an error: the store encoded a limit a caller did not validate
+				last = parse{lim, err == nil}
+				parsed[e.Limit] = last
 			}
-			parsed[e.Limit] = lim
 		}
-		s.keys.noteLocked(s, now, roundKey{e.Limit, e.Key}, lim)
+		if last.ok {
+			s.keys.noteLocked(s, now, roundKey{e.Limit, e.Key}, last.lim)
+		}
 	}
 }
 
@@ -360,8 +371,7 @@ func (k *keySet) note(s *Store, now time.Time, rk roundKey, lim counter.Limit) {
 
 func (k *keySet) noteLocked(s *Store, now time.Time, rk roundKey, lim counter.Limit) {
 	if _, ok := k.keys[rk]; ok {
-		k.keys[rk] = lim
-		return
+		return // lim is rk.limit's: held already
 	}
 	if len(k.keys) >= k.max && !now.Before(k.nextSweep) {
 		k.nextSweep = now.Add(keySweep)
