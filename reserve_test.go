@@ -16,6 +16,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/internal/faultproxy"
+	"github.com/hotkeyd/hotkey/internal/redistest"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
@@ -160,15 +161,46 @@ func TestReserveNeedsLeases(t *testing.T) {
 }
 
 // TestReserveStoreCut: when Redis stops answering while a block is out,
-// the block is spent first, undegraded, then the policy's fallback decides.
+// cut off by a proxy or its redis-server killed, the block is spent first,
+// undegraded, then the policy's fallback decides.
 func TestReserveStoreCut(t *testing.T) {
-	checkLeaks(t)
-	proxy, err := faultproxy.New(env.Server.Addr)
-	if err != nil {
-		t.Fatal(err)
+	for _, tt := range []struct {
+		name string
+		// start returns the address engines reach Redis at, and a func
+		// that takes it away.
+		start func(t *testing.T) (string, func())
+	}{
+		{"cut", func(t *testing.T) (string, func()) {
+			proxy, err := faultproxy.New(env.Server.Addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { proxy.Close() })
+			return proxy.Addr(), proxy.Cut
+		}},
+		{"killed", func(t *testing.T) (string, func()) {
+			srv, err := redistest.Start(env.Dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { srv.Close() })
+			return srv.Addr, func() {
+				if err := srv.Kill(); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			checkLeaks(t)
+			addr, fail := tt.start(t)
+			testReserveStoreGone(t, addr, fail)
+		})
 	}
-	t.Cleanup(func() { proxy.Close() })
-	store := chaosStore(t, chaosClient(t, proxy.Addr()))
+}
+
+func testReserveStoreGone(t *testing.T, addr string, fail func()) {
+	store := chaosStore(t, chaosClient(t, addr))
 	e, err := New(store, WithoutDetector(), WithBreaker(3, chaosProbe, chaosMaxProbe), WithReserveLease(time.Minute))
 	if err != nil {
 		t.Fatal(err)
@@ -192,7 +224,7 @@ func TestReserveStoreCut(t *testing.T) {
 	if n, err := testutil.GatherAndCount(reg, "hotkey_reserve_total", "hotkey_reserve_returned_units_total"); err != nil || n != 6 {
 		t.Errorf("reserve metrics: %d series, %v; want 6", n, err)
 	}
-	proxy.Cut()
+	fail()
 	var fromBlock, degraded int
 	for range 100_000 {
 		r, err := e.Allow(ctx, key, p)
@@ -211,7 +243,7 @@ func TestReserveStoreCut(t *testing.T) {
 		}
 		fromBlock++
 	}
-	t.Logf("after the cut: %d decisions from the block, then the fallback (%d degraded)", fromBlock, degraded)
+	t.Logf("after the store went: %d decisions from the block, then the fallback (%d degraded)", fromBlock, degraded)
 	if fromBlock == 0 || degraded < 100 {
 		t.Errorf("%d decisions from the block, %d degraded: want the block spent, then the fallback", fromBlock, degraded)
 	}
