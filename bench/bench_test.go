@@ -67,16 +67,7 @@ func BenchmarkAllowMemory(b *testing.B) {
 			b.Fatal(err)
 		}
 		defer s.Shutdown()
-		nc, err := s.Connect()
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer nc.Close()
-		co, err := coordinator.NewNATS(coordinator.Config{Conn: nc})
-		if err != nil {
-			b.Fatal(err)
-		}
-		benchAllowMemory(b, hotkey.WithCoordinator(co))
+		benchAllowMemory(b, hotkey.WithCoordinator(natsCoordinator(b, s)))
 	})
 }
 
@@ -108,6 +99,22 @@ func benchAllowMemory(b *testing.B, opts ...hotkey.Option) {
 	})
 }
 
+// natsCoordinator returns a NATS coordinator on a connection of its own to
+// s, the connection closed when b ends.
+func natsCoordinator(b *testing.B, s *natsserver.Server) *coordinator.NATS {
+	b.Helper()
+	nc, err := s.Connect()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(nc.Close)
+	co, err := coordinator.NewNATS(coordinator.Config{Conn: nc})
+	if err != nil {
+		b.Fatal(err)
+	}
+	return co
+}
+
 // BenchmarkGossipDecision is the decision under sync: gossip beside sync:
 // store on the memory store, on one engine with a NATS coordinator on an
 // in-process server (so that its rounds are kept, flushed and published
@@ -123,16 +130,7 @@ func BenchmarkGossipDecision(b *testing.B) {
 	defer s.Shutdown()
 	for _, mode := range []hotkey.Sync{hotkey.SyncStore, hotkey.SyncGossip} {
 		b.Run("sync="+mode.String(), func(b *testing.B) {
-			nc, err := s.Connect()
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer nc.Close()
-			co, err := coordinator.NewNATS(coordinator.Config{Conn: nc})
-			if err != nil {
-				b.Fatal(err)
-			}
-			e, err := hotkey.New(counter.NewMemoryStore(counter.MemoryConfig{}), hotkey.WithCoordinator(co))
+			e, err := hotkey.New(counter.NewMemoryStore(counter.MemoryConfig{}), hotkey.WithCoordinator(natsCoordinator(b, s)))
 			if err != nil {
 				b.Fatal(err)
 			}
