@@ -209,27 +209,47 @@ func encodeSplit(c *Codec, h Header, entries []Entry, round func() uint64) ([][]
 
 // noteKeys remembers the keys of entries for snapshots.
 func (s *Store) noteKeys(now time.Time, entries []Entry) {
-	type parse struct {
-		lim counter.Limit
-		ok  bool
-	}
-	parsed := map[string]parse{}
-	var last parse // of the entry before, whose limit the next shares
+	var limits limitParser
 	s.keys.mu.Lock()
 	defer s.keys.mu.Unlock()
-	for i, e := range entries {
-		if i == 0 || e.Limit != entries[i-1].Limit {
-			var seen bool
-			if last, seen = parsed[e.Limit]; !seen {
-				lim, err := ParseLimit(e.Limit) // an error: the store encoded a limit a caller did not validate
-				last = parse{lim, err == nil}
-				parsed[e.Limit] = last
-			}
-		}
-		if last.ok {
-			s.keys.noteLocked(s, now, roundKey{e.Limit, e.Key}, last.lim)
+	for _, e := range entries {
+		if lim, ok := limits.parse(e.Limit); ok { // not ok: the store encoded a limit a caller did not validate
+			s.keys.noteLocked(s, now, roundKey{e.Limit, e.Key}, lim)
 		}
 	}
+}
+
+// limitParser parses the limits of a run of entries, each encoding once:
+// entries come grouped by limit, and the groups of a round's stripes may
+// repeat one.
+type limitParser struct {
+	last   string
+	lim    counter.Limit
+	ok     bool
+	parsed map[string]limitParse
+}
+
+type limitParse struct {
+	lim counter.Limit
+	ok  bool
+}
+
+// parse returns the limit id encodes, and whether it is valid.
+func (p *limitParser) parse(id string) (counter.Limit, bool) {
+	if p.parsed != nil && id == p.last {
+		return p.lim, p.ok
+	}
+	if p.parsed == nil {
+		p.parsed = make(map[string]limitParse)
+	}
+	r, seen := p.parsed[id]
+	if !seen {
+		lim, err := ParseLimit(id)
+		r = limitParse{lim, err == nil}
+		p.parsed[id] = r
+	}
+	p.last, p.lim, p.ok = id, r.lim, r.ok
+	return r.lim, r.ok
 }
 
 // Apply charges the units of a peer's message to the store's counters,
@@ -255,15 +275,9 @@ func (s *Store) Apply(payload []byte) error {
 // store's own view of the key.
 func (s *Store) charge(entries []Entry, join bool) {
 	now := s.clock()
-	var lim counter.Limit
-	var limID string // the limit parsed into lim and ok; entries come grouped by limit
-	ok := false
-	for i, e := range entries {
-		if i == 0 || e.Limit != limID {
-			var err error
-			lim, err = ParseLimit(e.Limit)
-			limID, ok = e.Limit, err == nil
-		}
+	var limits limitParser
+	for _, e := range entries {
+		lim, ok := limits.parse(e.Limit)
 		if !ok {
 			s.invalid.Add(1)
 			continue
