@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -361,5 +363,59 @@ func TestWithGossipInterval(t *testing.T) {
 		if err := WithGossipInterval(c.give)(&o); (err == nil) != c.ok {
 			t.Errorf("WithGossipInterval(%v): %v, want ok %v", c.give, err, c.ok)
 		}
+	}
+}
+
+// TestGossipOutageLogged: rounds the coordinator refuses are logged once
+// per outage, a warning at the first with its error, and the next round
+// sent whole once, with how many failed; every refused message is still
+// counted. Empty rounds between change nothing.
+func TestGossipOutageLogged(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	p := &Policy{Name: "g", Limit: Limit{Algorithm: FixedWindow, Rate: 1000, Period: time.Hour}, Sync: SyncGossip}
+	ctx := context.Background()
+	var logs testkit.Buffer
+	g := newGossiper(true)
+	g.refuse.Store(true)
+	e, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector(), WithCoordinator(g), WithGossipInterval(time.Millisecond),
+		WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	// refused sends a round of one key and waits until it is refused.
+	refused := func() {
+		n := e.gossipErrors.Load()
+		e.Allow(ctx, "k", p)
+		testkit.For(t, 10*time.Second, fmt.Sprintf("a round refused after %d", n), func() bool { return e.gossipErrors.Load() > n })
+	}
+	const failed = 5
+	for range failed {
+		refused()
+	}
+	g.refuse.Store(false)
+	e.Allow(ctx, "k", p)
+	select {
+	case <-g.sent:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no round published within 10 s at an interval of 1 ms")
+	}
+	g.refuse.Store(true)
+	refused() // a second outage, warned again
+	if err := e.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var warns, infos int
+	for _, l := range strings.Split(logs.String(), "\n") {
+		switch {
+		case strings.Contains(l, "level=WARN") && strings.Contains(l, "gossip round") && strings.Contains(l, "not connected"):
+			warns++
+		case strings.Contains(l, "level=INFO") && strings.Contains(l, "gossip round sent whole again") && strings.Contains(l, fmt.Sprintf("failed_rounds=%d", failed)):
+			infos++
+		}
+	}
+	if warns != 2 || infos != 1 || e.gossipErrors.Load() != failed+1 {
+		t.Errorf("%d rounds refused, one sent, one refused: %d warnings, %d infos, %d send errors; want 2, 1 (failed_rounds=%d), %d\n%s",
+			failed, warns, infos, e.gossipErrors.Load(), failed, failed+1, logs.String())
 	}
 }

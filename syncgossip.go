@@ -3,6 +3,7 @@ package hotkey
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"time"
 
@@ -56,29 +57,57 @@ func (e *Engine) gossipLoop(gs *gossip.Store, g coordinator.Gossiper) {
 	defer close(e.gossipDone)
 	t := time.NewTicker(e.opt.gossipInterval)
 	defer t.Stop()
+	out := gossipOutage{log: e.log}
 	for {
 		select {
 		case <-t.C:
-			e.gossipSend(gs, g)
+			out.note(e.gossipSend(gs, g))
 		case <-e.stop:
-			e.gossipSend(gs, g)
+			out.note(e.gossipSend(gs, g))
 			return
 		}
 	}
 }
 
 // gossipSend flushes gs's round and publishes its messages, counting
-// those g does not take.
-func (e *Engine) gossipSend(gs *gossip.Store, g coordinator.Gossiper) {
+// those g does not take. It returns whether the round had messages to
+// send, and the first error that kept it from being sent whole.
+func (e *Engine) gossipSend(gs *gossip.Store, g coordinator.Gossiper) (sent bool, err error) {
 	msgs, err := gs.Flush(e.opt.clock())
 	if err != nil {
 		e.gossipErrors.Add(1)
-		e.log.Warn("gossip round not sent whole", "error", err)
 	}
 	for _, m := range msgs {
-		if err := g.PublishGossip(m); err != nil {
+		if perr := g.PublishGossip(m); perr != nil {
 			e.gossipErrors.Add(1)
+			if err == nil {
+				err = perr
+			}
 		}
+	}
+	return len(msgs) > 0, err
+}
+
+// gossipOutage logs the rounds not sent whole once per outage: a warning
+// at the first, with its error, and an Info at the next round sent whole,
+// with how many failed meanwhile. A round with nothing to send changes
+// nothing. Owned by the gossip loop: not safe for concurrent use.
+type gossipOutage struct {
+	log    *slog.Logger
+	failed int // rounds not sent whole since the last one sent whole
+}
+
+// note records a round as gossipSend returned it.
+func (o *gossipOutage) note(sent bool, err error) {
+	switch {
+	case err != nil:
+		if o.failed == 0 {
+			o.log.Warn("gossip round not sent whole: peers miss its units (logged once until a round is sent whole)", "error", err)
+		}
+		o.failed++
+	case sent && o.failed > 0:
+		o.log.Info("gossip round sent whole again", "failed_rounds", o.failed)
+		o.failed = 0
 	}
 }
 
