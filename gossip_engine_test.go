@@ -419,3 +419,46 @@ func TestGossipOutageLogged(t *testing.T) {
 			failed, warns, infos, e.gossipErrors.Load(), failed, failed+1, logs.String())
 	}
 }
+
+// TestGossipAloneFromStart: hotkey_gossip_alone is scraped before any
+// SyncGossip decision on an engine whose coordinator carries gossip, at
+// whether it reaches its peers; with one that carries none (the default
+// coordinator.Local) it appears, at 1, with the first such decision.
+func TestGossipAloneFromStart(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	for _, c := range []struct {
+		name        string
+		give        coordinator.Coordinator
+		want, after float64 // before any decision (-1: absent), after one
+	}{
+		{"connected", newGossiper(true), 0, 0},
+		{"not connected", newGossiper(false), 1, 1},
+		{"local", nil, -1, 1},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			reg := prometheus.NewRegistry()
+			opts := []Option{WithoutDetector(), WithMetrics(reg)}
+			if c.give != nil {
+				opts = append(opts, WithCoordinator(c.give))
+			}
+			e, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), opts...)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer e.Close()
+			scrape := func() float64 {
+				if v, ok := gather(t, reg)["hotkey_gossip_alone"]; ok {
+					return v
+				}
+				return -1
+			}
+			if got := scrape(); got != c.want {
+				t.Errorf("before any decision: hotkey_gossip_alone %v, want %v (-1: absent)", got, c.want)
+			}
+			e.Allow(context.Background(), "k", &Policy{Name: "g", Limit: Limit{Rate: 10, Period: time.Second}, Sync: SyncGossip})
+			if got := scrape(); got != c.after {
+				t.Errorf("after a decision: hotkey_gossip_alone %v, want %v", got, c.after)
+			}
+		})
+	}
+}

@@ -225,8 +225,9 @@ func (m *metrics) breakerChanged(s BreakerState) {
 
 // engineCollector reads gauges off the engine at scrape time: hot keys by
 // level, the breaker, peers, clock skew, the NATS coordinator's message
-// counts, the memory stores' refusals, and what sync: reserve's and sync:
-// gossip's stores did once a policy of theirs has been decided.
+// counts, the memory stores' refusals, what sync: reserve's and sync:
+// gossip's stores did once a policy of theirs has been decided, and
+// whether gossip is alone (see gossipAlone).
 type engineCollector struct{ e *Engine }
 
 var (
@@ -243,7 +244,7 @@ var (
 	descGossipEnt    = prometheus.NewDesc("hotkey_gossip_entries_total", "sync: gossip: (key, units) entries by event: sent (flushed for peers), applied (a peer's units charged here, from its rounds or its snapshot).", []string{"event"}, nil)
 	descGossipRecv   = prometheus.NewDesc("hotkey_gossip_refused_messages_total", "sync: gossip: peers' messages not applied, by reason: duplicate (already applied, replayed, or of a peer's earlier life), malformed (did not decode).", []string{"reason"}, nil)
 	descGossipDrop   = prometheus.NewDesc("hotkey_gossip_dropped_total", "sync: gossip: keys dropped, by reason: round_full (admitted but not sent: the round's key cap), memory_full (a peer's units not charged: the memory store had no room), invalid_limit (a peer's entry under a limit that does not validate), snapshot_full (left out of join snapshots: their key cap).", []string{"reason"}, nil)
-	descGossipAlone  = prometheus.NewDesc("hotkey_gossip_alone", "1 while sync: gossip policies decide on this instance's counts alone: the coordinator carries no gossip or does not reach NATS.", nil, nil)
+	descGossipAlone  = prometheus.NewDesc("hotkey_gossip_alone", "1 while sync: gossip policies decide, or would decide, on this instance's counts alone: the coordinator carries no gossip or does not reach NATS. Present from the start with a coordinator that carries gossip (NATS), else from the first sync: gossip decision.", nil, nil)
 	descMemFull      = prometheus.NewDesc("hotkey_memory_store_full_total", "Counters an in-process memory store refused to create, its stripe being full of live counters: takes of new keys (denied) and hot-key moves (left on the counters that hold the usage). By store: store (the engine's own, as hotkeyd's without Redis), local (the local fallback's).", []string{"store"}, nil)
 )
 
@@ -282,8 +283,15 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.MustNewConstMetric(descReserveUnits, prometheus.CounterValue, float64(rs.Returned), "back")
 		ch <- prometheus.MustNewConstMetric(descReserveUnits, prometheus.CounterValue, float64(rs.Unspent), "kept")
 	}
-	if gs, alone, ok := e.gossipStats(); ok {
-		c.collectGossip(ch, gs, alone)
+	if gs, ok := e.gossipStats(); ok {
+		c.collectGossip(ch, gs)
+	}
+	if alone, ok := e.gossipAlone(); ok {
+		v := 0.0
+		if alone {
+			v = 1
+		}
+		ch <- prometheus.MustNewConstMetric(descGossipAlone, prometheus.GaugeValue, v)
 	}
 	if cs := st.Coordinator; cs != nil {
 		for kind, v := range map[string]uint64{
@@ -295,9 +303,9 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// collectGossip sends SyncGossip's metrics, once the engine has a gossip
-// store.
-func (c engineCollector) collectGossip(ch chan<- prometheus.Metric, gs gossip.StoreStats, alone bool) {
+// collectGossip sends what SyncGossip's store did, once the engine has
+// one.
+func (c engineCollector) collectGossip(ch chan<- prometheus.Metric, gs gossip.StoreStats) {
 	add := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
@@ -312,9 +320,4 @@ func (c engineCollector) collectGossip(ch chan<- prometheus.Metric, gs gossip.St
 	add(descGossipDrop, gs.ChargesDropped, "memory_full")
 	add(descGossipDrop, gs.Invalid, "invalid_limit")
 	add(descGossipDrop, gs.SnapshotDropped, "snapshot_full")
-	v := 0.0
-	if alone {
-		v = 1
-	}
-	ch <- prometheus.MustNewConstMetric(descGossipAlone, prometheus.GaugeValue, v)
 }

@@ -180,13 +180,13 @@ func (g *gossipSim) flush(op, i int) {
 // units are charged; a duplicate must be refused whole.
 func (g *gossipSim) deliver(op int, d gossipDelivery) {
 	e := g.engines[d.to]
-	before, _, _ := e.gossipStats()
+	before, _ := e.gossipStats()
 	for _, msg := range d.round.msgs {
 		if err := e.gossipApply(msg); err != nil {
 			g.m.violate("op %d: engine %d refused engine %d's round: %v", op, d.to, d.round.from, err)
 		}
 	}
-	after, _, _ := e.gossipStats()
+	after, _ := e.gossipStats()
 	// A duplicate may arrive before the round itself (reordered): the
 	// first to arrive is charged.
 	first := true

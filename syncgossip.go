@@ -124,16 +124,25 @@ func (e *Engine) gossipFlush(now time.Time) [][]byte {
 // gossipApply charges a peer's message, for a test delivering it by hand.
 func (e *Engine) gossipApply(payload []byte) error { return e.gossipStore().Apply(payload) }
 
-// gossipStats returns what SyncGossip's store did, and whether it decides
-// without peers (the coordinator carries no gossip, or cannot reach NATS);
-// false before the first SyncGossip decision.
-func (e *Engine) gossipStats() (st gossip.StoreStats, alone bool, ok bool) {
+// gossipStats returns what SyncGossip's store did; false before the first
+// SyncGossip decision.
+func (e *Engine) gossipStats() (gossip.StoreStats, bool) {
 	gs := e.gossip.Load()
 	if gs == nil {
-		return gossip.StoreStats{}, false, false
+		return gossip.StoreStats{}, false
 	}
-	g, peers := e.coord.(coordinator.Gossiper)
-	return gs.Stats(), !peers || !g.Connected(), true
+	return gs.Stats(), true
+}
+
+// gossipAlone reports whether SyncGossip policies decide, or would decide,
+// on this instance's counts alone: the coordinator carries no gossip, or
+// cannot reach NATS. known is true from the start with a coordinator that
+// carries gossip, else from the first SyncGossip decision.
+func (e *Engine) gossipAlone() (alone, known bool) {
+	if g, peers := e.coord.(coordinator.Gossiper); peers {
+		return !g.Connected(), true
+	}
+	return true, e.gossip.Load() != nil
 }
 
 // decideGossip decides n units of the counter name (hashed hash) under lim
