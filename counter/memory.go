@@ -27,6 +27,12 @@ type MemoryConfig struct {
 	Stripes int
 	// Clock returns the current time (default time.Now).
 	Clock func() time.Time
+	// TallyKeys bounds the keys the store's tally names between two
+	// drains (see TakeTallied), split evenly over the stripes, each
+	// stripe's share at most one less than its counters (so that a full
+	// stripe always holds an untallied counter whose expiry bounds a
+	// refusal's wait). 0, the default, keeps no tally.
+	TallyKeys int
 }
 
 // DefaultMemoryConfig returns the defaults documented on MemoryConfig.
@@ -88,6 +94,10 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 		n >>= 1
 	}
 	perStripe := max(1, cfg.MaxKeys/n)
+	tallies := 0
+	if cfg.TallyKeys > 0 {
+		tallies = min(cfg.TallyKeys/n, perStripe-1)
+	}
 	s := &MemoryStore{
 		stripes: make([]stripe, n),
 		spans:   make([]cellSpan, n),
@@ -100,6 +110,7 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 	for i := range s.stripes {
 		s.stripes[i].t = newTable(perStripe)
 		s.stripes[i].t.span = &s.spans[i]
+		s.stripes[i].t.maxTallies = tallies
 	}
 	return s
 }

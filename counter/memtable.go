@@ -28,13 +28,15 @@ import (
 const maxLoad = 6
 
 // cell is one counter: its fingerprint (id[0] == 0 marks an empty cell, so
-// a fingerprint's first half is never 0), its counts, and for a sliding log
-// the index + 1 of its entries in table.logs (0: none).
+// a fingerprint's first half is never 0), its counts, for a sliding log
+// the index + 1 of its entries in table.logs (0: none), and the units it
+// admitted into the store's tally since the last drain (see tally.go; 0:
+// none, and then no tally entry names it).
 type cell struct {
-	id  [2]uint64
-	cnt counts
-	log int32
-	_   [4]byte // one cell per 64-byte cache line
+	id    [2]uint64
+	cnt   counts
+	log   int32
+	tally uint32
 }
 
 // A cell is exactly one cache line: these fail to compile otherwise.
@@ -56,6 +58,10 @@ type table struct {
 	// sweep): setState lowers it, sweep sets it.
 	soonest int64
 	refused uint64 // inserts refused by a full table (MemoryStore.Full)
+	// tallies names the cells whose tally is above 0, one entry each, in
+	// the order they were first tallied; it holds at most maxTallies.
+	tallies    []tallyEntry
+	maxTallies int
 }
 
 // cellSpan says where a table's cells are, for a reader that does not hold the
@@ -127,16 +133,16 @@ func (t *table) insert(id [2]uint64) int {
 		t.grow()
 	}
 	t.n++
-	return t.place(id, counts{}, 0)
+	return t.place(cell{id: id})
 }
 
-// place puts a cell in the first free slot of id's probe sequence.
-func (t *table) place(id [2]uint64, cnt counts, log int32) int {
-	i := t.home(id)
+// place puts c in the first free slot of its probe sequence.
+func (t *table) place(c cell) int {
+	i := t.home(c.id)
 	for t.cells[i].id[0] != 0 {
 		i = t.next(i)
 	}
-	t.cells[i] = cell{id: id, cnt: cnt, log: log}
+	t.cells[i] = c
 	return i
 }
 
@@ -151,7 +157,7 @@ func (t *table) grow() {
 	}
 	for i := range old {
 		if c := &old[i]; c.id[0] != 0 {
-			t.place(c.id, c.cnt, c.log)
+			t.place(*c)
 		}
 	}
 }
@@ -229,7 +235,8 @@ func (t *table) freeLog(log int32) {
 	t.free = append(t.free, log-1)
 }
 
-// reset makes cell i a fresh counter, keeping its log's memory.
+// reset makes cell i a fresh counter, keeping its log's memory and its
+// tally: units admitted before still go out at the next drain.
 func (t *table) reset(i int) {
 	c := &t.cells[i]
 	c.cnt = counts{}
@@ -242,7 +249,10 @@ func (t *table) reset(i int) {
 // some counter may have expired by now (now is at or past soonest), it drops
 // every expired counter and notes the soonest expiry of those left. A live
 // counter is never dropped: a key that came back to a fresh counter would
-// be admitted again. Refused inserts cost no sweep until a counter expires.
+// be admitted again. Nor is a tallied one, whose units the next drain reads
+// from it: it counts in soonest only while live, and its drain lowers
+// soonest to its expiry. Refused inserts cost no sweep until a counter
+// expires or is drained.
 func (t *table) sweep(now int64) bool {
 	if now < t.soonest {
 		return !t.full()
@@ -252,11 +262,13 @@ func (t *table) sweep(now int64) bool {
 		// A removal may shift a later cell into i (check it next) or a
 		// cell from the start to the end (checked twice: harmless).
 		if c := &t.cells[i]; c.id[0] != 0 {
-			if c.cnt.expires <= now {
+			switch {
+			case c.cnt.expires > now:
+				soonest = min(soonest, c.cnt.expires)
+			case c.tally == 0:
 				t.remove(i)
 				continue
 			}
-			soonest = min(soonest, c.cnt.expires)
 		}
 		i++
 	}

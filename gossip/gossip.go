@@ -3,9 +3,11 @@
 // instance, the binary codec of the messages that carry a round to peers,
 // and the deduplication that applies each message once.
 //
-// Every interval an instance flushes its Round: the (limit, key, units)
-// deltas of the keys it admitted on since the last flush, at most MaxKeys
-// of them (the rest are dropped and counted). A Codec encodes them into
+// Every interval an instance flushes the (limit, key, units) deltas of the
+// keys it admitted on since the last flush: those its memory store's tally
+// holds (counter.MemoryStore.TakeTallied), at most MaxKeys of them, and
+// those past the tally's room in its Round, at most MaxKeys more (the rest
+// are dropped and counted). A Codec encodes them into
 // messages of at most MaxBytes: varint-framed entries grouped by limit,
 // each message stamped with the sender's instance id, its start time, the
 // round's number and the part's index, so that a round too large for one
@@ -17,7 +19,8 @@
 // coordinator's: a message is an opaque []byte to it.
 //
 // Store ties them together as a counter.Store: it decides on a memory store
-// of its own and adds what it admits to its Round, under the limit encoded
+// of its own and adds what it admits to the store's tally, in the cell the
+// decision wrote, or past its room to its Round, under the limit encoded
 // as the entry's Limit (EncodeLimit), so that a receiver charges the same
 // limit's counter. A joining instance asks its peers for Snapshots, each
 // key's used units in the peer's view, and charges what a snapshot holds
@@ -68,7 +71,9 @@ type Config struct {
 	// at least MinBytes(MaxKeyLen).
 	MaxBytes int
 	// MaxKeys caps the keys a Round holds between flushes (default 1<<17);
-	// adds of further keys are dropped and counted (Round.Dropped).
+	// adds of further keys are dropped and counted (Round.Dropped). A
+	// Store's memory store tallies up to MaxKeys keys more, split over its
+	// stripes, before its Round.
 	MaxKeys int
 	// MaxKeyLen is the longest key carried, in bytes (default 512, the
 	// coordinator's).

@@ -162,8 +162,10 @@ func (st *roundStripe) grow() {
 
 // Flush returns the round's entries, in no particular order, and empties
 // it. The caller owns the slice.
-func (r *Round) Flush() []Entry {
-	var out []Entry
+func (r *Round) Flush() []Entry { return r.appendFlush(nil) }
+
+// appendFlush is Flush appending the entries to out.
+func (r *Round) appendFlush(out []Entry) []Entry {
 	for i := range r.stripes {
 		st := &r.stripes[i]
 		st.mu.Lock()

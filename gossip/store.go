@@ -21,7 +21,9 @@ type StoreConfig struct {
 	// Gossip configures the round, codec and dedup (DefaultConfig).
 	Gossip Config
 	// Memory configures the store's own memory store; its Clock is the
-	// store's clock (default time.Now).
+	// store's clock (default time.Now). Its TallyKeys is set to
+	// Gossip.MaxKeys (0 if Solo): the store notes what it admits in the
+	// memory store's tally first, in its Round when the tally has no room.
 	Memory counter.MemoryConfig
 	// SnapshotKeys caps the keys remembered for Snapshot (default
 	// DefaultMaxKeys); a key past it is counted (SnapshotDropped) and left
@@ -44,13 +46,15 @@ type StoreStats struct {
 	Malformed       uint64 // messages that did not decode
 	Invalid         uint64 // entries refused: their limit did not parse or Validate
 	RoundDropped    uint64 // adds the round did not hold: its key cap (see Round.Add)
+	TallyFull       uint64 // admissions the memory store's tally did not hold, noted in the round (see MemoryStore.TakeTallied)
 	ChargesDropped  uint64 // charges the memory store had no room for (see MemoryStore.ChargeAt)
 	SnapshotDropped uint64 // keys left out of snapshots: SnapshotKeys was reached
 }
 
 // Store is a counter.Store for the gossip sync mode: it decides on a
-// memory store of its own, and notes what it admits in a Round. Flush
-// hands out the round's deltas as messages for peers, Apply charges a
+// memory store of its own, and notes what it admits in the memory store's
+// tally, in the cell the decision wrote, or in a Round when the tally has
+// no room for it. Flush hands out both's deltas as messages for peers, Apply charges a
 // peer's to its own counters, and Snapshot and ApplySnapshot bring a
 // joining instance up to its peers' view. It is safe for concurrent use;
 // Take never blocks on I/O.
@@ -67,11 +71,13 @@ type Store struct {
 	limits [limitCache]atomic.Pointer[limitID]
 	keys   keySet
 
-	flushMu sync.Mutex // guards seq; serialises Flush
+	flushMu sync.Mutex // guards seq, last; serialises Flush
 	seq     uint64     // the last round's number
+	last    int        // the last round's entries
 
 	rounds, messages, bytes, sent                      atomic.Uint64
 	applied, malformed, invalid, chargesDropped, dupes atomic.Uint64
+	tallyFull                                          atomic.Uint64
 }
 
 var (
@@ -103,6 +109,10 @@ func NewStore(cfg StoreConfig) *Store {
 		cfg.SnapshotKeys = DefaultMaxKeys
 	}
 	g := cfg.Gossip.withDefaults()
+	cfg.Memory.TallyKeys = g.MaxKeys
+	if cfg.Solo {
+		cfg.Memory.TallyKeys = 0
+	}
 	s := &Store{
 		mem:   counter.NewMemoryStore(cfg.Memory),
 		clock: cfg.Memory.Clock,
@@ -124,12 +134,24 @@ func (s *Store) Take(_ context.Context, key string, hash uint64, lim counter.Lim
 }
 
 // TakeAt is the memory store's TakeAt; an admitted take's n units join
-// the round, to go to peers at the next Flush (unless Solo).
+// the memory store's tally or the round, to go to peers at the next Flush
+// (unless Solo).
 func (s *Store) TakeAt(now time.Time, key string, hash uint64, lim counter.Limit, n int64) counter.Result {
+	if s.solo {
+		return s.mem.TakeAt(now, key, hash, lim, n)
+	}
+	l := s.limitID(lim)
+	if n > 0 && key != "" && len(key) <= s.cfg.MaxKeyLen { // what the codec carries
+		r, tallied := s.mem.TakeTallied(now, key, lim, n, l.id)
+		if !tallied {
+			s.tallyFull.Add(1)
+			s.round.add(l.id, l.fp, key, hash, n)
+		}
+		return r
+	}
 	r := s.mem.TakeAt(now, key, hash, lim, n)
-	if r.Allowed && !s.solo {
-		l := s.limitID(lim)
-		s.round.add(l.id, l.fp, key, hash, n)
+	if r.Allowed {
+		s.round.add(l.id, l.fp, key, hash, n) // dropped and counted
 	}
 	return r
 }
@@ -145,7 +167,8 @@ func (s *Store) Prefetch(key string) { s.mem.Prefetch(key) }
 // Close implements counter.Store. The store holds no goroutines.
 func (s *Store) Close() error { return s.mem.Close() }
 
-// Memory returns the memory store the store decides on.
+// Memory returns the memory store the store decides on. Its tally is the
+// store's: a DrainTally by another caller takes units from the next Flush.
 func (s *Store) Memory() *counter.MemoryStore { return s.mem }
 
 // limitID returns lim's encoding and its fingerprint in the round, from
@@ -162,7 +185,8 @@ func (s *Store) limitID(lim counter.Limit) *limitID {
 	return c
 }
 
-// Flush empties the round into messages for peers, each of at most
+// Flush empties the memory store's tally and the round into messages for
+// peers (a key may have an entry from each: peers charge both), each of at most
 // MaxBytes, stamped with the store's id, its start and the next round
 // number: a round too large for MaxParts messages goes out as several
 // rounds, never cut. now times the sweep of the keys kept for snapshots.
@@ -171,7 +195,12 @@ func (s *Store) limitID(lim counter.Limit) *limitID {
 func (s *Store) Flush(now time.Time) ([][]byte, error) {
 	s.flushMu.Lock()
 	defer s.flushMu.Unlock()
-	entries := s.round.Flush()
+	entries := make([]Entry, 0, s.last)
+	s.mem.DrainTally(func(limit, key string, units int64) {
+		entries = append(entries, Entry{Limit: limit, Key: key, Units: units})
+	})
+	entries = s.round.appendFlush(entries)
+	s.last = len(entries)
 	if len(entries) == 0 {
 		return nil, nil
 	}
@@ -358,7 +387,7 @@ func (s *Store) Stats() StoreStats {
 	return StoreStats{
 		Rounds: s.rounds.Load(), Messages: s.messages.Load(), Bytes: s.bytes.Load(), EntriesSent: s.sent.Load(),
 		Applied: s.applied.Load(), Duplicates: s.dupes.Load(), Malformed: s.malformed.Load(), Invalid: s.invalid.Load(),
-		RoundDropped: s.round.Dropped(), ChargesDropped: s.chargesDropped.Load(), SnapshotDropped: snapDropped,
+		RoundDropped: s.round.Dropped(), TallyFull: s.tallyFull.Load(), ChargesDropped: s.chargesDropped.Load(), SnapshotDropped: snapDropped,
 	}
 }
 

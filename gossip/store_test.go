@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -345,4 +347,96 @@ func FuzzParseLimit(f *testing.F) {
 			t.Fatalf("round trip of %+v: %+v, %v", lim, got, err)
 		}
 	})
+}
+
+// flushed flushes s and returns the units of its messages by key, and the
+// number of entries.
+func flushed(t *testing.T, s *Store, now time.Time) (map[string]int64, int) {
+	t.Helper()
+	msgs, err := s.Flush(now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	codec := NewCodec(s.cfg)
+	units, entries := map[string]int64{}, 0
+	for _, m := range msgs {
+		d, err := codec.Decode(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range d.Entries {
+			units[e.Key] += e.Units
+			entries++
+		}
+	}
+	return units, entries
+}
+
+// TestStoreFlushCarriesUnits: a flush carries every unit admitted since
+// the last, key by key, whether the memory store's tally held it or, past
+// its room, the round; the next flush carries only what came after.
+func TestStoreFlushCarriesUnits(t *testing.T) {
+	clock := testkit.NewClock()
+	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 1 << 20, Period: time.Hour}
+	// 10 tallied keys a stripe, 1,000 keys: about 16 a stripe.
+	s := newTestStore(t, "a", clock, StoreConfig{Gossip: Config{MaxKeys: 640}, Memory: counter.MemoryConfig{MaxKeys: 4096, Stripes: 64}})
+	r := rand.New(rand.NewPCG(1, 2))
+	for round := range 3 {
+		want, total := map[string]int64{}, int64(0)
+		for range 20_000 {
+			k := fmt.Sprintf("key-%d", r.IntN(1000))
+			n := 1 + r.Int64N(4)
+			if !take(s, k, lim, n) {
+				t.Fatalf("take of %d on %s denied", n, k)
+			}
+			want[k] += n
+			total += n
+		}
+		got, _ := flushed(t, s, clock.Now())
+		var sum int64
+		wrong := 0
+		for k, n := range want {
+			if got[k] != n {
+				wrong++
+			}
+			sum += got[k]
+		}
+		if sum != total || wrong > 0 || len(got) != len(want) {
+			t.Errorf("round %d: flushed %d units on %d keys, %d keys wrong; admitted %d on %d", round, sum, len(got), wrong, total, len(want))
+		}
+	}
+	if st := s.Stats(); st.TallyFull == 0 || st.RoundDropped != 0 {
+		t.Errorf("stats %+v: want some units past the tally's room, none dropped", st)
+	}
+	if got, _ := flushed(t, s, clock.Now()); len(got) != 0 {
+		t.Errorf("flush after a flush: %v, want nothing", got)
+	}
+}
+
+// TestStoreTwoEntriesOneKey: units of a key past its tally's room go out
+// in the round's entry beside the tally's, and a peer charges both.
+func TestStoreTwoEntriesOneKey(t *testing.T) {
+	clock := testkit.NewClock()
+	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 1 << 40, Period: time.Hour}
+	a := newTestStore(t, "a", clock, StoreConfig{})
+	b := newTestStore(t, "b", clock, StoreConfig{})
+	for _, n := range []int64{math.MaxUint32, 5} { // the tally's cell holds 2^32-1
+		if !take(a, "k", lim, n) {
+			t.Fatalf("take of %d denied", n)
+		}
+	}
+	msgs := deliver(t, clock.Now(), a, b)
+	d, err := NewCodec(Config{}).Decode(msgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(msgs) != 1 || len(d.Entries) != 2 {
+		t.Fatalf("%d messages, the first of %d entries; want 1 of 2", len(msgs), len(d.Entries))
+	}
+	if st := b.Stats(); st.Applied != 2 {
+		t.Errorf("peer applied %d entries, want 2", st.Applied)
+	}
+	if got, want := lim.Capacity()-remaining(b, "k", lim), int64(math.MaxUint32+5); got != want {
+		t.Errorf("peer used %d, want %d", got, want)
+	}
 }
