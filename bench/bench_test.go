@@ -66,7 +66,7 @@ func BenchmarkAllowMemory(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		defer s.Shutdown()
+		b.Cleanup(s.Shutdown) // after the connection's Close, registered later
 		benchAllowMemory(b, hotkey.WithCoordinator(natsCoordinator(b, s)))
 	})
 }
