@@ -63,12 +63,14 @@ bench: redis
 			./bench/ ./counter/ ./shard/ ./detector/ || exit 1; \
 	done | tee $(BENCHOUT)
 
-# make bench-report: make bench, then docs/benchmarks.md from its output,
+# make bench-report: make bench, then docs/benchmarks.md from its output
+# (written aside and moved in, so a failed report leaves the old one),
 # then the scenarios (bench/report, a module of its own for its plotting
 # dependencies), which add their sections and write their plots to
 # docs/bench/, then the comparison with gubernator (bench/peers, a module of
 # its own for gubernator's dependencies).
 bench-report: bench
-	$(GO) run ./bench/benchreport < $(BENCHOUT) > docs/benchmarks.md
+	$(GO) run ./bench/benchreport < $(BENCHOUT) > docs/benchmarks.md.new
+	mv docs/benchmarks.md.new docs/benchmarks.md
 	cd bench/report && $(GO) run . $(if $(QUICK),-quick) -md ../../docs/benchmarks.md -plots ../../docs/bench
 	cd bench/peers && $(GO) run . $(if $(QUICK),-quick) -md ../../docs/benchmarks.md
