@@ -136,6 +136,13 @@ func (s *MemoryStore) nanos(now time.Time) int64 { return s.epochNano + int64(no
 // sooner. Full counts it. A refusal costs no sweep of the stripe until
 // then.
 func (s *MemoryStore) TakeAt(now time.Time, key string, _ uint64, lim Limit, n int64) Result {
+	r, _ := s.take(now, key, lim, n, false, "")
+	return r
+}
+
+// take is TakeAt and, with tally, TakeTallied under limit: the two share
+// the hot path, and a take without tally touches nothing of the tally.
+func (s *MemoryStore) take(now time.Time, key string, lim Limit, n int64, tally bool, limit string) (Result, bool) {
 	id := s.fingerprint(key)
 	st := s.stripe(id)
 	t := s.nanos(now)
@@ -144,19 +151,20 @@ func (s *MemoryStore) TakeAt(now time.Time, key string, _ uint64, lim Limit, n i
 	if i < 0 {
 		wait := time.Duration(st.t.soonest - t)
 		st.mu.Unlock()
-		return refused(lim, wait)
+		return refused(lim, wait), true
 	}
 	c := st.t.state(i)
 	res := c.take(t, lim, n)
 	st.t.setState(i, c)
+	tallied := !tally || !res.Allowed || st.t.tallyLocked(i, key, limit, n)
 	st.mu.Unlock()
-	return res
+	return res, tallied
 }
 
 // update runs f on key's counter state at now, in the store's ns, holding
 // its stripe, and writes the state back. When the stripe is full of live
 // counters and has none for key, it runs nothing and returns false with
-// how long until one expires. TakeAt, the hot path, does the same inline.
+// how long until one expires. take, the hot path, does the same inline.
 func (s *MemoryStore) update(now time.Time, key string, f func(c *state, t int64)) (bool, time.Duration) {
 	id := s.fingerprint(key)
 	st := s.stripe(id)

@@ -37,22 +37,7 @@ type tallyEntry struct {
 // algorithm (a token bucket reads a debt in units, see takeGCRA), so this
 // matters only when a key's algorithm or window changes within one round.
 func (s *MemoryStore) TakeTallied(now time.Time, key string, lim Limit, n int64, limit string) (res Result, tallied bool) {
-	id := s.fingerprint(key)
-	st := s.stripe(id)
-	t := s.nanos(now)
-	st.mu.Lock()
-	i := s.cell(st, id, t)
-	if i < 0 {
-		wait := time.Duration(st.t.soonest - t)
-		st.mu.Unlock()
-		return refused(lim, wait), true
-	}
-	c := st.t.state(i)
-	res = c.take(t, lim, n)
-	st.t.setState(i, c)
-	tallied = !res.Allowed || st.t.tallyLocked(i, key, limit, n)
-	st.mu.Unlock()
-	return res, tallied
+	return s.take(now, key, lim, n, true, limit)
 }
 
 // tallyLocked adds n units to cell i's tally, naming the cell in the list
