@@ -160,6 +160,11 @@ type Config struct {
 	GossipInterval time.Duration
 	LogLevel       slog.Level
 
+	// Shadow puts every policy and Envoy rule in shadow mode
+	// (hotkey.Policy.Shadow): decisions are made and counted, but every
+	// request is admitted.
+	Shadow bool
+
 	// set records which flags were given, on the command line or in the
 	// environment.
 	set map[string]bool
@@ -235,6 +240,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	cfg.ReloadInterval = DefaultReloadInterval
 	fs.Var((*durationFlag)(&cfg.ReloadInterval), "reload-interval", "")
 	fs.StringVar(&level, "log-level", "info", "")
+	fs.BoolVar(&cfg.Shadow, "shadow", false, "")
 	fs.BoolVar(&showVersion, "version", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
