@@ -46,6 +46,9 @@ func (e *Engine) Allow(ctx context.Context, key string, p *Policy) (Result, erro
 // call cut by ctx's deadline counts as a failure of the store toward the
 // breaker; one cut by ctx's cancellation returns ctx's error and counts as
 // nothing.
+//
+// Under a Shadow policy a denial, by the store or the fallback, is charged
+// as a denial and answered Allowed with ShadowDenied; errors stay errors.
 func (e *Engine) AllowN(ctx context.Context, key string, p *Policy, n int64) (Result, error) {
 	if p == nil {
 		return Result{}, ErrNilPolicy
@@ -106,9 +109,11 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 }
 
 // conclude ends decision d, which the store answered with r or err: it
-// counts the result, or has the policy's fallback decide.
+// counts the result, or has the policy's fallback decide. A Shadow
+// policy's denial, by the store or the fallback, is answered allowed here.
 func (e *Engine) conclude(ctx context.Context, d degraded, r Result, err error) (Result, error) {
 	if err == nil {
+		r = d.p.shadowed(r)
 		e.metrics.decided(d.p, r, false)
 		return r, nil
 	}
@@ -153,6 +158,7 @@ func (e *Engine) fallback(ctx context.Context, d degraded, cause error) (Result,
 		lr, _ := e.local.Take(ctx, d.name, d.hash, share, d.n) // the memory store does not fail
 		r.Allowed, r.Remaining, r.RetryAfter, r.ResetAfter = lr.Allowed, lr.Remaining, lr.RetryAfter, lr.ResetAfter
 	}
+	r = d.p.shadowed(r)
 	e.metrics.decided(d.p, r, true)
 	return r, nil
 }

@@ -36,6 +36,30 @@ func Example() {
 	// false 0
 }
 
+// A policy in shadow mode is decided and charged as usual, but admits
+// every request: those it would deny say ShadowDenied.
+func ExamplePolicy_shadow() {
+	store := counter.NewMemoryStore(counter.MemoryConfig{})
+	engine, err := hotkey.New(store)
+	if err != nil {
+		panic(err)
+	}
+	defer engine.Close()
+
+	p := &hotkey.Policy{Name: "trial", Limit: hotkey.Limit{Rate: 10, Period: time.Minute, Burst: 2}, Shadow: true}
+	for range 3 {
+		res, err := engine.Allow(context.Background(), "client:42", p)
+		if err != nil {
+			panic(err)
+		}
+		fmt.Println(res.Allowed, res.ShadowDenied, res.Remaining)
+	}
+	// Output:
+	// true false 1
+	// true false 0
+	// true true 0
+}
+
 func ExampleWithSplitKeys() {
 	store := counter.NewMemoryStore(counter.MemoryConfig{})
 	engine, err := hotkey.New(store, hotkey.WithSplitKeys(16, "tenant:acme"))

@@ -83,13 +83,20 @@ var (
 
 // Result is the outcome of one decision.
 type Result struct {
+	// Allowed says the request may pass: it fit the limit, or its policy
+	// is in shadow mode (see ShadowDenied).
 	Allowed bool
+	// ShadowDenied says the policy, in shadow mode (Policy.Shadow), would
+	// have denied the request: Allowed is true, and RetryAfter is how long
+	// until it would have passed.
+	ShadowDenied bool
 	// Limit is the key's capacity: its burst (token bucket) or rate.
 	Limit int64
 	// Remaining estimates how much more the key would admit now. For a split
 	// key it is N × the remaining of the subcounter that decided.
 	Remaining int64
-	// RetryAfter is how long until a denied request could pass; 0 if allowed.
+	// RetryAfter is how long until a denied request could pass; 0 if
+	// allowed, but for ShadowDenied.
 	RetryAfter time.Duration
 	// ResetAfter is how long until the counter is back to full.
 	ResetAfter time.Duration

@@ -19,10 +19,12 @@ const (
 	resFallbackDenied
 	resError
 	resInvalid
+	resShadowDenied
+	resFallbackShadowDenied
 	numResults
 )
 
-var resultNames = [numResults]string{"allowed", "denied", "fallback_allowed", "fallback_denied", "error", "invalid"}
+var resultNames = [numResults]string{"allowed", "denied", "fallback_allowed", "fallback_denied", "error", "invalid", "shadow_denied", "fallback_shadow_denied"}
 
 // metrics are an engine's Prometheus metrics. A nil *metrics keeps none:
 // every method is a no-op on it.
@@ -54,7 +56,7 @@ func newMetrics(r prometheus.Registerer, e *Engine) (*metrics, error) {
 	m := &metrics{
 		decisions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hotkey_decisions_total",
-			Help: "Decisions by policy, result and the policy's sync mode: result is allowed, denied, fallback_allowed and fallback_denied (decided by the policy's fallback while the store could not answer), error, invalid (bad input); sync is store, reserve or gossip.",
+			Help: "Decisions by policy, result and the policy's sync mode: result is allowed, denied, fallback_allowed and fallback_denied (decided by the policy's fallback while the store could not answer), error, invalid (bad input), shadow_denied and fallback_shadow_denied (denied, by the store or the fallback, but admitted: the policy is in shadow mode); sync is store, reserve or gossip.",
 		}, []string{"policy", "result", "sync"}),
 		nearLimit: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "hotkey_near_limit_total",
@@ -127,6 +129,10 @@ func (m *metrics) decided(p *Policy, r Result, fallback bool) {
 	}
 	i := resDenied
 	switch {
+	case fallback && r.ShadowDenied:
+		i = resFallbackShadowDenied
+	case r.ShadowDenied:
+		i = resShadowDenied
 	case fallback && r.Allowed:
 		i = resFallbackAllowed
 	case fallback:

@@ -17,7 +17,9 @@ import (
 //   - RateLimit-Policy and RateLimit, as in the IETF httpapi
 //     ratelimit-headers draft: `"<policy>";q=<quota>;w=<window seconds>`
 //     and `"<policy>";r=<remaining>;t=<seconds until full>`;
-//   - Retry-After, in whole seconds rounded up (at least 1), if r denied.
+//   - Retry-After, in whole seconds rounded up (at least 1), if r denied;
+//   - X-RateLimit-Shadow: denied, if r is ShadowDenied: the policy, in
+//     shadow mode, would have denied it (no Retry-After: it is allowed).
 //
 // The daemon and the Middleware both use it.
 func SetHeaders(h http.Header, p *Policy, r Result, now time.Time) {
@@ -37,6 +39,9 @@ func SetHeaders(h http.Header, p *Policy, r Result, now time.Time) {
 	h.Set("RateLimit", strconv.Quote(name)+";r="+strconv.FormatInt(max(0, r.Remaining), 10)+";t="+strconv.FormatInt(reset, 10))
 	if !r.Allowed {
 		h.Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(r.RetryAfter)), 10))
+	}
+	if r.ShadowDenied {
+		h.Set("X-RateLimit-Shadow", "denied")
 	}
 }
 
@@ -65,7 +70,8 @@ type MiddlewareConfig struct {
 // Middleware returns net/http middleware that rate-limits each request by
 // cfg.Key under cfg.Policy. Every response it lets through, and every
 // denial, carries the rate-limit headers (see SetHeaders). A denied request
-// gets 429 Too Many Requests with Retry-After. While the store cannot
+// gets 429 Too Many Requests with Retry-After; under a Shadow policy it is
+// let through, with X-RateLimit-Shadow: denied. While the store cannot
 // answer, the policy's fallback decides (FallbackLocal by default); a
 // request a FallbackClosed policy denies for that reason gets 503 Service
 // Unavailable, since the store, not the client, is at fault.

@@ -111,6 +111,12 @@ type Policy struct {
 	// Sync is how the policy's counters are kept across instances; the
 	// zero value is SyncStore.
 	Sync Sync
+	// Shadow admits every request: decisions are made and charged as
+	// usual, but one the policy would deny is answered Allowed, with
+	// Result.ShadowDenied set, and counted as shadow_denied. A shadowed
+	// denial charges what a denial does: nothing but its own usage stays
+	// out, so the counters hold what a live policy's would.
+	Shadow bool
 
 	once  sync.Once
 	allow map[string]struct{}
@@ -137,6 +143,15 @@ func (p *Policy) name() string {
 		return "default"
 	}
 	return p.Name
+}
+
+// shadowed is r under p: for a Shadow policy, a denial turned into an
+// admission that says it would have been denied.
+func (p *Policy) shadowed(r Result) Result {
+	if p.Shadow && !r.Allowed {
+		r.Allowed, r.ShadowDenied = true, true
+	}
+	return r
 }
 
 // Unavailable reports whether r denies only because the store could not

@@ -71,6 +71,9 @@ type PolicyDump struct {
 	OnStoreFailure string   `json:"on_store_failure"`
 	Allowlist      []string `json:"allowlist,omitempty"`
 	Sync           string   `json:"sync"`
+	// Shadow says the policy admits every request (shadow: true, or
+	// --shadow).
+	Shadow bool `json:"shadow,omitempty"`
 	// File and Line are where the policy is defined; empty for the
 	// built-in default.
 	File string `json:"file,omitempty"`
@@ -107,7 +110,7 @@ func (r *rules) dump(cfg Config) ConfigDump {
 		p := r.policies[name]
 		o := r.origins[name]
 		out.Policies = append(out.Policies, PolicyDump{Name: name, Algorithm: p.Limit.Algorithm.String(), Rate: p.Limit.Rate, Period: p.Limit.Period.String(),
-			Burst: p.Limit.Burst, OnStoreFailure: p.OnStoreFailure.String(), Allowlist: p.Allowlist, Sync: p.Sync.String(), File: o.file, Line: o.line})
+			Burst: p.Limit.Burst, OnStoreFailure: p.OnStoreFailure.String(), Allowlist: p.Allowlist, Sync: p.Sync.String(), Shadow: p.Shadow, File: o.file, Line: o.line})
 	}
 	if r.envoy != nil {
 		for _, rule := range r.envoy.Rules() {

@@ -36,6 +36,9 @@ type AllowResponse struct {
 	// Degraded says the store could not answer and the policy's
 	// on_store_failure decided.
 	Degraded bool `json:"degraded"`
+	// ShadowDenied says the policy, in shadow mode, would have denied the
+	// request: it is allowed (200); absent when not.
+	ShadowDenied bool `json:"shadow_denied,omitempty"`
 }
 
 // BatchRequest is the body of a batch: {"requests":[...]}, each item an
@@ -200,6 +203,7 @@ func response(r hotkey.Result) AllowResponse {
 		RetryAfterMs: ceilDiv(r.RetryAfter, time.Millisecond),
 		Shards:       int(r.Shards),
 		Degraded:     r.Degraded,
+		ShadowDenied: r.ShadowDenied,
 	}
 }
 

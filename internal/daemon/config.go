@@ -52,6 +52,9 @@ const (
 	// HTTP does, where each connection has its own goroutine.
 	DefaultNATSConcurrency = 1024
 	envPrefix              = "HOTKEYD_"
+	// LogText and LogJSON are the values of --log-format: slog's text and
+	// JSON handlers.
+	LogText, LogJSON = "text", "json"
 	// maxMaxKeys caps --max-keys: about 90 GiB of counters when full.
 	maxMaxKeys = 1 << 30
 )
@@ -160,6 +163,13 @@ type Config struct {
 	GossipInterval time.Duration
 	LogLevel       slog.Level
 
+	// Shadow puts every policy and Envoy rule in shadow mode
+	// (hotkey.Policy.Shadow): decisions are made and counted, but every
+	// request is admitted.
+	Shadow bool
+	// LogFormat is the logs' format: LogText (the default) or LogJSON.
+	LogFormat string
+
 	// set records which flags were given, on the command line or in the
 	// environment.
 	set map[string]bool
@@ -235,6 +245,8 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	cfg.ReloadInterval = DefaultReloadInterval
 	fs.Var((*durationFlag)(&cfg.ReloadInterval), "reload-interval", "")
 	fs.StringVar(&level, "log-level", "info", "")
+	fs.BoolVar(&cfg.Shadow, "shadow", false, "")
+	fs.StringVar(&cfg.LogFormat, "log-format", LogText, "")
 	fs.BoolVar(&showVersion, "version", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -281,6 +293,9 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	}
 	if err := cfg.LogLevel.UnmarshalText([]byte(level)); err != nil {
 		return cfg, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	if cfg.LogFormat != LogText && cfg.LogFormat != LogJSON {
+		return cfg, fmt.Errorf("%s %q: want text or json", flagName("log-format"), cfg.LogFormat)
 	}
 	return cfg, cfg.check()
 }

@@ -117,8 +117,9 @@ func (dm *descMetrics) label(m envoyconf.Match) string {
 	return m.Metric
 }
 
-// count counts a decision of hits on m's rule: res, over its limit or not.
-func (dm *descMetrics) count(m envoyconf.Match, hits int64, res hotkey.Result, over bool) {
+// count counts a decision of hits on m's rule: res, over its limit or not,
+// answered OK if shadow (shadow_mode, or --shadow).
+func (dm *descMetrics) count(m envoyconf.Match, hits int64, res hotkey.Result, over, shadow bool) {
 	if dm == nil {
 		return
 	}
@@ -127,7 +128,7 @@ func (dm *descMetrics) count(m envoyconf.Match, hits int64, res hotkey.Result, o
 	dm.hits.WithLabelValues(labels...).Add(h)
 	if over {
 		dm.over.WithLabelValues(labels...).Add(h)
-		if m.Rule.ShadowMode {
+		if shadow {
 			dm.shadow.WithLabelValues(labels...).Add(h)
 		}
 		return

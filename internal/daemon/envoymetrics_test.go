@@ -24,10 +24,10 @@ func TestDescMetrics(t *testing.T) {
 	}
 	// 10 a period: 3 hits leave 7, 4 more leave 3 (7 used: none past 8),
 	// 2 more leave 1 (9 used: 1 past 8), then 3 over.
-	dm.count(m, 3, hotkey.Result{Allowed: true, Remaining: 7}, false)
-	dm.count(m, 4, hotkey.Result{Allowed: true, Remaining: 3}, false)
-	dm.count(m, 2, hotkey.Result{Allowed: true, Remaining: 1}, false)
-	dm.count(m, 3, hotkey.Result{Remaining: 1}, true)
+	dm.count(m, 3, hotkey.Result{Allowed: true, Remaining: 7}, false, false)
+	dm.count(m, 4, hotkey.Result{Allowed: true, Remaining: 3}, false, false)
+	dm.count(m, 2, hotkey.Result{Allowed: true, Remaining: 1}, false, false)
+	dm.count(m, 3, hotkey.Result{Remaining: 1}, true, false)
 	for name, c := range map[string]struct {
 		v    *prometheus.CounterVec
 		want float64
@@ -37,7 +37,7 @@ func TestDescMetrics(t *testing.T) {
 		}
 	}
 	shadow := &envoyconf.Rule{Domain: "d", Path: "d.shadow", RequestsPerUnit: 1, ShadowMode: true}
-	dm.count(envoyconf.Match{Rule: shadow, Metric: shadow.Path}, 2, hotkey.Result{}, true)
+	dm.count(envoyconf.Match{Rule: shadow, Metric: shadow.Path}, 2, hotkey.Result{}, true, true)
 	if got := get(dm.shadow, "d.shadow"); got != 2 {
 		t.Errorf("shadow: %v, want 2", got)
 	}
@@ -45,7 +45,7 @@ func TestDescMetrics(t *testing.T) {
 	// Detailed labels: each its own until the cap, then the rule's path.
 	detailed := &envoyconf.Rule{Domain: "d", Path: "d.ip", RequestsPerUnit: 10, DetailedMetric: true}
 	for i := range maxDetailedLabels + 5 {
-		dm.count(envoyconf.Match{Rule: detailed, Metric: fmt.Sprintf("d.ip_%d", i)}, 1, hotkey.Result{Allowed: true, Remaining: 9}, false)
+		dm.count(envoyconf.Match{Rule: detailed, Metric: fmt.Sprintf("d.ip_%d", i)}, 1, hotkey.Result{Allowed: true, Remaining: 9}, false, false)
 	}
 	if got := get(dm.hits, "d.ip_0"); got != 1 {
 		t.Errorf("first detailed label: %v hits, want 1", got)
@@ -54,7 +54,7 @@ func TestDescMetrics(t *testing.T) {
 		t.Errorf("rule's path after the cap: %v hits, want 5", got)
 	}
 	// A label seen before the cap keeps counting.
-	dm.count(envoyconf.Match{Rule: detailed, Metric: "d.ip_7"}, 1, hotkey.Result{Allowed: true, Remaining: 9}, false)
+	dm.count(envoyconf.Match{Rule: detailed, Metric: "d.ip_7"}, 1, hotkey.Result{Allowed: true, Remaining: 9}, false, false)
 	if got := get(dm.hits, "d.ip_7"); got != 2 {
 		t.Errorf("known detailed label after the cap: %v hits, want 2", got)
 	}
@@ -64,7 +64,7 @@ func TestDescMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	dm.count(envoyconf.Match{Rule: own, Metric: "d.anything"}, 1, hotkey.Result{Allowed: true, Remaining: 4}, false)
+	dm.count(envoyconf.Match{Rule: own, Metric: "d.anything"}, 1, hotkey.Result{Allowed: true, Remaining: 4}, false, false)
 	if got := get(dm.hits, overrideLabel); got != 1 {
 		t.Errorf("own limit past the cap: %v hits under %q, want 1", got, overrideLabel)
 	}

@@ -202,13 +202,14 @@ func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (
 		}
 		r := it.m.Rule
 		over := st.Code == rlpb.RateLimitResponse_OVER_LIMIT
+		shadow := r.ShadowMode || s.d.cfg.Shadow
 		if it.hits > 0 {
-			s.d.descMetrics.count(it.m, it.hits, res, over)
+			s.d.descMetrics.count(it.m, it.hits, res, over, shadow)
 		}
-		if over && (r.ShadowMode || r.QuotaMode) {
+		if over && (shadow || r.QuotaMode) {
 			st.Code = rlpb.RateLimitResponse_OK
 			over = false
-			res.Allowed, res.RetryAfter = true, 0 // its headers say OK too
+			res.Allowed, res.RetryAfter, res.ShadowDenied = true, 0, false // its headers say OK too
 		}
 		if over && resp.OverallCode != rlpb.RateLimitResponse_OVER_LIMIT {
 			resp.OverallCode = rlpb.RateLimitResponse_OVER_LIMIT
@@ -269,7 +270,7 @@ func (s *rls) status(it *rlsItem, out []hotkey.Decision) (_ *rlpb.RateLimitRespo
 		res = hotkey.Result{Limit: int64(r.RequestsPerUnit), RetryAfter: period, ResetAfter: period}
 	}
 	code := rlpb.RateLimitResponse_OK
-	if !res.Allowed {
+	if !res.Allowed || res.ShadowDenied { // over, whatever shadow answers
 		code = rlpb.RateLimitResponse_OVER_LIMIT
 	}
 	return &rlpb.RateLimitResponse_DescriptorStatus{
@@ -333,6 +334,9 @@ func (s *rls) override(domain string, entries []envoyconf.Entry, ov *ratelimit.R
 		var err error
 		if rule, err = envoyconf.OverrideRule(domain, rpu, unit, multiplier); err != nil {
 			rule, _ = envoyconf.OverrideRule(domain, 0, unit, 1)
+		}
+		if rule.Policy != nil {
+			rule.Policy.Shadow = s.d.cfg.Shadow
 		}
 		s.overMu.Lock()
 		if s.overrides == nil {

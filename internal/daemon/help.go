@@ -65,6 +65,8 @@ var flagDocs = []flagDoc{
 	{"reserve-lease", "DURATION", "a policy with sync: reserve admits from a block of a key's units leased from the store for up to DURATION (at most 1m), then gives its unused units back: longer leases cost fewer store calls, hold units from other daemons longer, and let a token bucket admit up to rate × DURATION more"},
 	{"gossip-interval", "DURATION", "a policy with sync: gossip decides on this daemon's memory counters and sends the other daemons, over NATS every DURATION (1ms to 1m), the units it admitted since the last round, which they charge to theirs: a shorter interval tightens the bound (the daemons together admit at most the limit plus (daemons - 1) x rate x (DURATION + a delivery)) at the cost of more, smaller NATS messages; a longer one sends fewer and lets more through"},
 	{"log-level", "LEVEL", "debug, info, warn or error (logs go to stderr)"},
+	{"log-format", "FORMAT", "text (key=value lines) or json (one JSON object a line, for log collectors)"},
+	{"shadow", "", "shadow mode for every policy and Envoy rule: decisions are made and counted as usual (hotkey_decisions_total result shadow_denied for those over the limit), but every request is admitted, with \"shadow_denied\":true and X-RateLimit-Shadow: denied where it would have been denied; gRPC answers OK. A policy's own shadow: true does the same for it alone"},
 }
 
 // EnvName returns the environment variable of flag name: HOTKEYD_ and the

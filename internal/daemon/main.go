@@ -44,7 +44,7 @@ func Main(version string, args []string, lookup func(string) (string, bool), std
 		fmt.Fprintf(stderr, "hotkeyd: %v\n", err)
 		return 2
 	}
-	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: cfg.LogLevel}))
+	log := slog.New(logHandler(cfg, stderr))
 	redis.SetLogger(redisLogger{log})
 
 	sigs := make(chan os.Signal, 1)
@@ -100,6 +100,16 @@ serve:
 		log.Info("stopped", "took", time.Since(start))
 	}
 	return code
+}
+
+// logHandler is the handler of the daemon's logs to w, in cfg's format
+// and level.
+func logHandler(cfg Config, w io.Writer) slog.Handler {
+	opts := &slog.HandlerOptions{Level: cfg.LogLevel}
+	if cfg.LogFormat == LogJSON {
+		return slog.NewJSONHandler(w, opts)
+	}
+	return slog.NewTextHandler(w, opts)
 }
 
 // drainDelay marks d draining (Drain) and keeps it deciding for delay, so

@@ -72,6 +72,7 @@ func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
 //	    on_store_failure: local    # local (default), open, closed
 //	    allowlist: [health_check]  # keys a closed policy still admits
 //	    sync: store                # store (default), reserve, gossip
+//	    shadow: false              # true: decide and count, but admit every request
 //
 // Unknown fields, duplicate names or fields, YAML aliases and merge keys,
 // and values the engine cannot enforce are errors (a *PolicyError naming
@@ -289,8 +290,14 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 				return perr(v, field, "unknown value %s: want store, reserve or gossip", yamlerr.Quote(s))
 			}
 			p.Sync = m
+		case "shadow":
+			b, err := scalarBool(v, field)
+			if err != nil {
+				return err
+			}
+			p.Shadow = b
 		default:
-			return perr(k, field, "unknown field: want algorithm, limit, period, burst, on_store_failure, allowlist or sync")
+			return perr(k, field, "unknown field: want algorithm, limit, period, burst, on_store_failure, allowlist, sync or shadow")
 		}
 		return nil
 	})
@@ -336,6 +343,14 @@ func scalarInt(v *yaml.Node, field string) (int64, error) {
 		return 0, perr(v, field, "%s is not a whole number in range", yamlerr.Quote(v.Value))
 	}
 	return x, nil
+}
+
+func scalarBool(v *yaml.Node, field string) (bool, error) {
+	var b bool
+	if v.Kind != yaml.ScalarNode || v.Tag != "!!bool" || v.Style != 0 || v.Decode(&b) != nil {
+		return false, perr(v, field, "want true or false, found %s", kindName(v))
+	}
+	return b, nil
 }
 
 func stringList(v *yaml.Node, field string) ([]string, error) {

@@ -58,9 +58,27 @@ func loadRules(cfg Config) (*rules, error) {
 			return nil, fmt.Errorf("envoy configuration, set by %s, refused: %w", flagName("envoy-config"), err)
 		}
 	}
+	if cfg.Shadow {
+		shadowAll(ps, envoy)
+	}
 	r := &rules{policies: ps, origins: origins, known: strings.Join(quoteAll(ps.Names()), ", "), envoy: envoy, loadedAt: time.Now()}
 	r.gossip, r.apart = bySync(ps, envoy)
 	return r, nil
+}
+
+// shadowAll puts the policies of ps and those of envoy's rules (nil:
+// none), not yet in use, in shadow mode (--shadow).
+func shadowAll(ps Policies, envoy *envoyconf.Config) {
+	for _, p := range ps {
+		p.Shadow = true
+	}
+	if envoy != nil {
+		for _, rule := range envoy.Rules() {
+			if rule.Policy != nil {
+				rule.Policy.Shadow = true
+			}
+		}
+	}
 }
 
 // bySync names the policies of ps and the rules of envoy (nil: none) that
@@ -334,7 +352,7 @@ func diffPolicies(a, b Policies) (added, removed, changed []string) {
 }
 
 func samePolicy(a, b *hotkey.Policy) bool {
-	return a.Name == b.Name && a.Limit == b.Limit && a.OnStoreFailure == b.OnStoreFailure && a.Sync == b.Sync && slices.Equal(a.Allowlist, b.Allowlist)
+	return a.Name == b.Name && a.Limit == b.Limit && a.OnStoreFailure == b.OnStoreFailure && a.Sync == b.Sync && a.Shadow == b.Shadow && slices.Equal(a.Allowlist, b.Allowlist)
 }
 
 // watch reloads when the files of --policies or --envoy-config change,
