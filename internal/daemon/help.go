@@ -64,6 +64,9 @@ var flagDocs = []flagDoc{
 	{"breaker-probe", "DURATION", "after the store fails (3 calls in a row), decisions follow each policy's on_store_failure; the store is probed again after DURATION, doubling up to 2m (or DURATION if longer)"},
 	{"reserve-lease", "DURATION", "a policy with sync: reserve admits from a block of a key's units leased from the store for up to DURATION (at most 1m), then gives its unused units back: longer leases cost fewer store calls, hold units from other daemons longer, and let a token bucket admit up to rate × DURATION more"},
 	{"gossip-interval", "DURATION", "a policy with sync: gossip decides on this daemon's memory counters and sends the other daemons, over NATS every DURATION (1ms to 1m), the units it admitted since the last round, which they charge to theirs: a shorter interval tightens the bound (the daemons together admit at most the limit plus (daemons - 1) x rate x (DURATION + a delivery)) at the cost of more, smaller NATS messages; a longer one sends fewer and lets more through"},
+	{"auth-key-header", "HEADER,...", "forward auth (/v1/auth/{policy}) keys a request by the first of these headers it carries (comma-separated, or the flag repeated), e.g. X-Api-Key; none: by its client address"},
+	{"auth-missing-key", "MODE", "what forward auth answers a request that carries none of --auth-key-header: reject (400, or ?missing_key_status) or client-address (key it by its client address)"},
+	{"auth-trusted-proxies", "CIDR,...", "forward auth believes X-Forwarded-For, X-Real-IP and Forwarded only from these peers (CIDRs or addresses; empty: none), and keys any other request by its TCP peer: anyone can write those headers"},
 	{"log-level", "LEVEL", "debug, info, warn or error (logs go to stderr)"},
 }
 
