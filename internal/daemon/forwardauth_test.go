@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/netip"
@@ -296,4 +297,73 @@ func TestForwardAuthClientAddress(t *testing.T) {
 	if rec := authDo(h, http.MethodGet, "/v1/auth/api", "203.0.113.7:4000", "X-Api-Key", "alice"); rec.Code != http.StatusOK {
 		t.Errorf("key header from a denied address: %d, want 200", rec.Code)
 	}
+}
+
+// TestForwardAuthStoreDown: with Redis unreachable, forward auth decides
+// by each policy's on_store_failure, as /v1/allow does: closed answers
+// 503, which no gateway lets through; open and local answer 200, degraded.
+func TestForwardAuthStoreDown(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := l.Addr().String()
+	l.Close()
+	policies := filepath.Join(t.TempDir(), "policies.yaml")
+	writeTestFile(t, policies, "policies:\n  shut:\n    limit: 3\n    period: 24h\n    on_store_failure: closed\n  wide:\n    limit: 3\n    period: 24h\n    on_store_failure: open\n  near:\n    limit: 3\n    period: 24h\n")
+	d, err := startLogged(t, nil, nil, "--nats", "none", "--policies", policies, "--redis", "redis://"+dead, "--auth-key-header", "X-Api-Key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shutdown(t, d)
+	h := d.routes()
+	for _, c := range []struct {
+		policy string
+		want   int
+	}{{"shut", http.StatusServiceUnavailable}, {"wide", http.StatusOK}, {"near", http.StatusOK}} {
+		rec := authDo(h, http.MethodGet, "/v1/auth/"+c.policy, "", "X-Api-Key", "alice")
+		var e ErrorResponse
+		json.Unmarshal(rec.Body.Bytes(), &e)
+		if rec.Code != c.want || (c.want == http.StatusOK) != strings.Contains(rec.Body.String(), `"degraded":true`) ||
+			(c.want == http.StatusServiceUnavailable) != strings.Contains(e.Error, "on_store_failure: closed") {
+			t.Errorf("%s with the store down: %d %s, want %d", c.policy, rec.Code, rec.Body, c.want)
+		}
+	}
+}
+
+// FuzzAuthKey: whatever the headers and the peer, authKey never panics; it
+// answers a key with its prefix or a 400, and an untrusted peer's key is
+// its own address.
+func FuzzAuthKey(f *testing.F) {
+	f.Add("127.0.0.1:1", "6.6.6.6, 198.51.100.1", "198.51.100.2", `for="[2001:db8::1]:80"`, "")
+	f.Add("203.0.113.7:1", "x", "", "", "k")
+	f.Add("[::1]:1", ",,", "[", "for=;for", "")
+	trusted := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
+	f.Fuzz(func(t *testing.T, peer, xff, realIP, fwd, key string) {
+		r := httptest.NewRequest(http.MethodGet, "/v1/auth/default", nil)
+		r.RemoteAddr = peer
+		for _, h := range [][2]string{{"X-Forwarded-For", xff}, {"X-Real-IP", realIP}, {"Forwarded", fwd}, {"X-Api-Key", key}} {
+			if h[1] != "" {
+				r.Header.Set(h[0], h[1])
+			}
+		}
+		got, missing, ae := authKey(r, authConfig{headers: []string{"X-Api-Key"}, byAddress: true, trusted: trusted})
+		switch {
+		case missing:
+			t.Fatalf("missing with byAddress: %v", ae)
+		case ae != nil:
+			if ae.Status != http.StatusBadRequest || got != "" {
+				t.Fatalf("%q, %d %q", got, ae.Status, ae.Msg)
+			}
+		case key != "":
+			if got != authKeyPrefix+key {
+				t.Fatalf("key %q, want the header's", got)
+			}
+		case !strings.HasPrefix(got, authAddrPrefix):
+			t.Fatalf("key %q, want an address", got)
+		}
+		if p, err := netip.ParseAddrPort(peer); err == nil && key == "" && !isTrusted(p.Addr().Unmap(), trusted) && got != authAddrPrefix+p.Addr().Unmap().String() {
+			t.Fatalf("untrusted peer %s keyed %q", peer, got)
+		}
+	})
 }
