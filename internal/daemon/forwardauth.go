@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/netip"
 	"net/textproto"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -233,7 +234,7 @@ func (f *headerListFlag) Set(s string) error {
 			return fmt.Errorf("%q is no header name", truncate(h, 64))
 		}
 		h = textproto.CanonicalMIMEHeaderKey(h)
-		if !containsString(*f, h) {
+		if !slices.Contains(*f, h) {
 			*f = append(*f, h)
 		}
 	}
@@ -251,15 +252,6 @@ func validHeaderName(h string) bool {
 		}
 	}
 	return true
-}
-
-func containsString(ss []string, s string) bool {
-	for _, x := range ss {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 // prefixListFlag is --auth-trusted-proxies: CIDRs, or single addresses,
