@@ -9,11 +9,12 @@ BENCH ?= .
 BENCHOUT ?= bench.out
 BENCHROUNDS ?= $(if $(QUICK),1,3)
 
-.PHONY: test vet redis bench bench-report chaos fuzz
+.PHONY: test vet redis nginx bench bench-report chaos fuzz
 
-# make test: what CI runs. Installs redis-server when missing (the tests start
-# their own servers on loopback), then vets and runs every test with -race.
-test: redis vet
+# make test: what CI runs. Installs redis-server and nginx when missing (the
+# tests start their own servers on loopback; nginx runs the forward-auth
+# snippet of docs/gateways.md), then vets and runs every test with -race.
+test: redis nginx vet
 	$(GO) test -race -count=1 -timeout 15m ./...
 	cd deploy/rulescheck && $(GO) test -count=1 ./...
 
@@ -52,6 +53,15 @@ redis:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server >/dev/null; \
 	}
 	@redis-server --version
+
+# nginx: TestForwardAuthNginx runs its own, as an ordinary process on a
+# loopback port; the package's service is not needed.
+nginx:
+	@command -v nginx >/dev/null 2>&1 || test -x /usr/sbin/nginx || { \
+		echo "installing nginx"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; \
+	}
+	@PATH="$$PATH:/usr/sbin" nginx -v
 
 # make bench: the benchmarks that compare the engine with its baselines
 # (BENCH narrows them by regexp), in BENCHROUNDS rounds so that a benchmark

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/netip"
 	"strings"
 	"time"
 
@@ -169,6 +170,16 @@ type Config struct {
 	Shadow bool
 	// LogFormat is the logs' format: LogText (the default) or LogJSON.
 	LogFormat string
+	// Forward auth (/v1/auth/{policy}). AuthKeyHeaders name the headers
+	// that carry a request's key, canonical, the first present winning;
+	// none: every request is keyed by its client address. AuthMissingKey
+	// says what a request carrying none of them gets: MissingKeyReject
+	// (the default, 400) or MissingKeyClientAddress. AuthTrustedProxies
+	// are the peers whose X-Forwarded-For, X-Real-IP and Forwarded are
+	// believed (loopback by default; nil: none).
+	AuthKeyHeaders     []string
+	AuthMissingKey     string
+	AuthTrustedProxies []netip.Prefix
 
 	// set records which flags were given, on the command line or in the
 	// environment.
@@ -244,6 +255,11 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.Var((*durationFlag)(&cfg.GossipInterval), "gossip-interval", "")
 	cfg.ReloadInterval = DefaultReloadInterval
 	fs.Var((*durationFlag)(&cfg.ReloadInterval), "reload-interval", "")
+	cfg.AuthMissingKey = MissingKeyReject
+	(*prefixListFlag)(&cfg.AuthTrustedProxies).Set(DefaultAuthTrustedProxies)
+	fs.Var((*headerListFlag)(&cfg.AuthKeyHeaders), "auth-key-header", "")
+	fs.Var((*missingKeyFlag)(&cfg.AuthMissingKey), "auth-missing-key", "")
+	fs.Var((*prefixListFlag)(&cfg.AuthTrustedProxies), "auth-trusted-proxies", "")
 	fs.StringVar(&level, "log-level", "info", "")
 	fs.BoolVar(&cfg.Shadow, "shadow", false, "")
 	fs.StringVar(&cfg.LogFormat, "log-format", LogText, "")

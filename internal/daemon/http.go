@@ -21,6 +21,9 @@ import (
 func (d *Daemon) routes() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/v1/allow", timedHTTP(d.reqs.api(apiHTTP), d.handleAllow))
+	auth := timedHTTP(d.reqs.api(apiAuth), d.handleAuth)
+	mux.HandleFunc("/v1/auth", auth)
+	mux.HandleFunc("/v1/auth/{policy}", auth)
 	mux.HandleFunc("/healthz", get(handleHealth))
 	mux.HandleFunc("/readyz", get(d.handleReady))
 	moved := func(w http.ResponseWriter, r *http.Request) {
@@ -30,7 +33,7 @@ func (d *Daemon) routes() http.Handler {
 		mux.HandleFunc(p, moved)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint %s: the API is POST /v1/allow, GET /healthz, /readyz; /metrics, /v1/hotkeys and /v1/config are on the admin listener, %s", truncate(r.URL.Path, 100), flagName("admin-listen")))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint %s: the API is POST /v1/allow, /v1/auth/{policy} (forward auth, any method), GET /healthz, /readyz; /metrics, /v1/hotkeys and /v1/config are on the admin listener, %s", truncate(r.URL.Path, 100), flagName("admin-listen")))
 	})
 	return mux
 }

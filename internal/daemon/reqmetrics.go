@@ -22,6 +22,7 @@ type requestMetrics struct{ vec *prometheus.HistogramVec }
 // The values of the api label.
 const (
 	apiHTTP = "http"
+	apiAuth = "auth"
 	apiNATS = "nats"
 	apiGRPC = "grpc"
 )
@@ -34,15 +35,15 @@ const (
 )
 
 // okCode is the code label of each api's answer with a decision.
-var okCode = map[string]string{apiHTTP: "200", apiNATS: natsOK, apiGRPC: codes.OK.String()}
+var okCode = map[string]string{apiHTTP: "200", apiAuth: "200", apiNATS: natsOK, apiGRPC: codes.OK.String()}
 
 // newRequestMetrics registers hotkeyd_request_duration_seconds on reg.
 func newRequestMetrics(reg prometheus.Registerer) requestMetrics {
 	h := prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name: "hotkeyd_request_duration_seconds",
 		Help: "Time to serve one request of a decision API (a batch is one request), errors included, from the request read to the answer written, by api: " +
-			"http (POST /v1/allow: from its headers read to its answer flushed), nats (hotkey.allow: from its message delivered, waiting for a --nats-concurrency slot included, to its reply published), " +
-			"grpc (ShouldRateLimit: from its headers read to its status written); and by code: for http the status (200, 429, 400, 404, 405, 413, 500, 503; any other as its class, 2xx to 5xx), " +
+			"http (POST /v1/allow: from its headers read to its answer flushed), auth (/v1/auth/{policy}, forward auth: the same), nats (hotkey.allow: from its message delivered, waiting for a --nats-concurrency slot included, to its reply published), " +
+			"grpc (ShouldRateLimit: from its headers read to its status written); and by code: for http and auth the status (200, 429, 400, 401, 403, 404, 405, 413, 500, 503; any other as its class, 2xx to 5xx), " +
 			"for nats ok or error (an error reply), for grpc the status code's name (OK, InvalidArgument, ...).",
 		Buckets: []float64{.0001, .00025, .0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5},
 	}, []string{"api", "code"})
@@ -50,7 +51,7 @@ func newRequestMetrics(reg prometheus.Registerer) requestMetrics {
 	return requestMetrics{h}
 }
 
-// api returns the histograms of api (apiHTTP, apiNATS, apiGRPC), by code;
+// api returns the histograms of api (apiHTTP, apiAuth, apiNATS, apiGRPC), by code;
 // the one of its answers with a decision is exported, at 0, from then on.
 func (m requestMetrics) api(api string) prometheus.ObserverVec {
 	v := m.vec.MustCurryWith(prometheus.Labels{"api": api})
@@ -59,10 +60,11 @@ func (m requestMetrics) api(api string) prometheus.ObserverVec {
 }
 
 // httpCode returns the code label of an HTTP status: the status itself
-// for those POST /v1/allow answers, its class (4xx) for any other.
+// for those POST /v1/allow and forward auth answer, its class (4xx) for
+// any other.
 func httpCode(status int) string {
 	switch status {
-	case http.StatusOK, http.StatusTooManyRequests, http.StatusBadRequest, http.StatusNotFound, http.StatusMethodNotAllowed,
+	case http.StatusOK, http.StatusTooManyRequests, http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusMethodNotAllowed,
 		http.StatusRequestEntityTooLarge, http.StatusInternalServerError, http.StatusServiceUnavailable:
 		return strconv.Itoa(status)
 	}

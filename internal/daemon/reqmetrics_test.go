@@ -49,8 +49,10 @@ func TestRequestDuration(t *testing.T) {
 		{"GET", "/healthz", ``},
 		{"GET", "/metrics", ``},
 		{"GET", "/nope", ``},
+		{"GET", "/v1/auth/default", ``},
+		{"HEAD", "/v1/auth/nope", ``},
 	}
-	const wantHTTP = 5
+	const wantHTTP, wantAuth = 5, 2
 	for _, r := range httpReqs {
 		req, err := http.NewRequest(r.method, "http://"+d.Addr()+r.path, strings.NewReader(r.body))
 		if err != nil {
@@ -108,7 +110,7 @@ func TestRequestDuration(t *testing.T) {
 	// Once the daemon has stopped, every request's handler has returned.
 	stopped = true
 	shutdown(t, d)
-	want := map[string]uint64{"http": wantHTTP, "nats": uint64(len(natsReqs)), "grpc": uint64(len(grpcReqs))}
+	want := map[string]uint64{"http": wantHTTP, "auth": wantAuth, "nats": uint64(len(natsReqs)), "grpc": uint64(len(grpcReqs))}
 	mfs, err := d.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -202,7 +204,8 @@ func TestRequestDurationCode(t *testing.T) {
 	shutdown(t, d)
 	want := map[string]uint64{
 		"http 200": 2, "http 429": 1, "http 404": 1, "http 400": 1, "http 413": 1, "http 405": 1,
-		"nats ok": 2, "nats error": 2,
+		"auth 200": 0,
+		"nats ok":  2, "nats error": 2,
 		"grpc OK": 1, "grpc InvalidArgument": 2,
 	}
 	mfs, err := d.reg.Gather()
@@ -234,7 +237,7 @@ func TestCodeLabels(t *testing.T) {
 		give int
 		want string
 	}{
-		{200, "200"}, {429, "429"}, {400, "400"}, {404, "404"}, {405, "405"}, {413, "413"}, {500, "500"}, {503, "503"},
+		{200, "200"}, {429, "429"}, {400, "400"}, {401, "401"}, {403, "403"}, {404, "404"}, {405, "405"}, {413, "413"}, {500, "500"}, {503, "503"},
 		{204, "2xx"}, {302, "3xx"}, {418, "4xx"}, {502, "5xx"}, {0, "other"}, {99, "other"}, {600, "other"}, {-1, "other"},
 	} {
 		if got := httpCode(tt.give); got != tt.want {
