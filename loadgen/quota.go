@@ -14,18 +14,18 @@ import (
 // hotkeyd's JSON. A field the answer did not carry is zero.
 type Quota struct {
 	// Reported is whether the answer said anything of its limit.
-	Reported bool `json:"reported"`
+	Reported bool
 	// Limit is the units the limit admits per Window.
-	Limit int64 `json:"limit"`
+	Limit int64
 	// Window is the limit's window, where the answer names it.
-	Window time.Duration `json:"window_ns"`
+	Window time.Duration
 	// Remaining is the units left after the decision.
-	Remaining int64 `json:"remaining"`
+	Remaining int64
 	// ResetAfter is how long until the limit is whole again, or its window
 	// ends.
-	ResetAfter time.Duration `json:"reset_after_ns"`
+	ResetAfter time.Duration
 	// RetryAfter is how long a denied request is told to wait.
-	RetryAfter time.Duration `json:"retry_after_ns"`
+	RetryAfter time.Duration
 }
 
 // HeaderQuota reads the rate-limit headers of an HTTP answer: the IETF
