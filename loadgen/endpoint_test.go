@@ -59,8 +59,10 @@ func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // TestEndpointTarget: 200 requests of one key to a gateway of 30 per key
 // that fails one in five: 40 errors, 30 admitted, 130 denied, by the key
 // in a header or a query parameter, and the last 429's headers reported.
-// The request meant last is answered 137th or later (64 senders), past
-// the 30 admitted.
+// A request meant 100th or later is answered 37th or later (at most 63
+// other senders hold one not yet sent when it is taken), past the 30
+// admitted; of the 50 meant last at least 10 are not answered 500, so the
+// quota meant last is a 429's.
 func TestEndpointTarget(t *testing.T) {
 	for _, tc := range []struct {
 		name string

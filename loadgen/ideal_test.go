@@ -50,7 +50,7 @@ func TestRunIdealAndQuota(t *testing.T) {
 	target := funcTarget(func(ctx context.Context, key string, cost int64) (Outcome, error) {
 		i := n.Add(1)
 		out := Outcome{Allowed: i <= 12}
-		if i%2 == 1 {
+		if i > 10 {
 			out.Quota = Quota{Reported: true, Limit: 12, Remaining: max(0, 12-i)}
 		}
 		return out, nil
@@ -66,10 +66,11 @@ func TestRunIdealAndQuota(t *testing.T) {
 	if res.Sent != 100 || res.WatchedAllowed() != 12 || res.Ideal != 10 || res.OfIdeal() != 1.2 {
 		t.Errorf("%d sent, %d admitted, ideal %d (%.2f); want 100, 12, 10 (1.2)", res.Sent, res.WatchedAllowed(), res.Ideal, res.OfIdeal())
 	}
-	// The request meant last is answered 37th or later (64 senders): its
-	// quota, or the one meant before it, has none left.
-	if res.Quotas != 50 || res.Quota != (Quota{Reported: true, Limit: 12}) {
-		t.Errorf("%d quotas, last %+v; want 50, the last of 12 with none remaining", res.Quotas, res.Quota)
+	// The request meant last is answered 37th or later: when a sender
+	// took it, the 99 before it had been taken, and at most 63 other
+	// senders held one not yet sent. It reports none left.
+	if res.Quotas != 90 || res.Quota != (Quota{Reported: true, Limit: 12}) {
+		t.Errorf("%d quotas, last %+v; want 90, the last of 12 with none remaining", res.Quotas, res.Quota)
 	}
 	if _, err := Run(context.Background(), Config{Target: target, Workload: Fixed("k"), Rate: 1, Duration: time.Second, Limit: Limit{Units: 5}}, nil, 0); err == nil {
 		t.Error("a limit without a period: no error")

@@ -243,8 +243,9 @@ func TestPlainTarget(t *testing.T) {
 	if i := sum.Key.Ideal; i == nil || i.Ideal != 30 || i.Admitted != 30 || i.OfIdeal != 1 {
 		t.Errorf("ideal %+v; want 30 admitted of an ideal 30", i)
 	}
-	// The request meant last is answered 137th or later (64 senders),
-	// past the 30 admitted: a 429.
+	// Of the 50 requests meant last, at least 10 are not answered 500,
+	// and each is answered past the 30 admitted (37th or later): the
+	// quota meant last is a 429's.
 	if q := sum.LastQuota; sum.Quotas != 130 || q == nil || *q != (quota{Limit: 30, Window: 60, ResetAfter: 42, RetryAfter: 42}) {
 		t.Errorf("%d quotas, last %+v; want 130 (the 429s), the last 429's", sum.Quotas, q)
 	}
