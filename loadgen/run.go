@@ -10,9 +10,14 @@
 // for each answer before it asks again, would record one slow request and
 // hide the rest (coordinated omission).
 //
-// Targets: a hotkeyd over HTTP (HTTP) and over NATS (NATS); embedded
-// engines, several in one process over an in-process NATS server, are
-// package loadgen/embedded.
+// With a Limit stated for the watched key, a run also counts what a perfect
+// limiter would have admitted of that key's requests (Result.Ideal), so a
+// limiter's admitted ÷ ideal can be read from one run.
+//
+// Targets: a hotkeyd over HTTP (HTTP) and over NATS (NATS); any Envoy
+// rate-limit service over gRPC (Envoy); any HTTP endpoint, 2xx admitted
+// and 429 denied (Endpoint); embedded engines, several in one process over
+// an in-process NATS server, are package loadgen/embedded.
 package loadgen
 
 import (
@@ -35,6 +40,8 @@ type Outcome struct {
 	// Shards is the number of subcounters that decided (1 if the key is not
 	// split), where the target says; 0 where it does not.
 	Shards int
+	// Quota is what the target said of its limit with the decision.
+	Quota Quota
 }
 
 // Config is one run.
@@ -60,6 +67,8 @@ type Config struct {
 	// Timeout bounds each decision (default 5 s); a decision past it is an
 	// error.
 	Timeout time.Duration
+	// Limit, if set, is the limit Watch is measured against: Result.Ideal.
+	Limit Limit
 }
 
 // Result is what a run measured.
@@ -77,6 +86,32 @@ type Result struct {
 	Watched []Bucket
 	// FirstError is the first error a decision returned.
 	FirstError error
+	// Quotas counts the answers that said something of their limit
+	// (Quota.Reported), and Quota is the one of them meant to be sent last.
+	Quotas int64
+	Quota  Quota
+	// Ideal is, with Config.Limit, how many of Watch's requests a perfect
+	// token bucket of that limit, fed them at the instants they were meant
+	// for, would have admitted; 0 without.
+	Ideal int64
+}
+
+// WatchedAllowed returns the watched key's admitted requests.
+func (r *Result) WatchedAllowed() int64 {
+	var n int64
+	for _, b := range r.Watched {
+		n += b.Allowed
+	}
+	return n
+}
+
+// OfIdeal returns the watched key's admitted requests ÷ Ideal: above 1, the
+// target admitted more than its stated limit; 0 if Ideal is.
+func (r *Result) OfIdeal() float64 {
+	if r.Ideal == 0 {
+		return 0
+	}
+	return float64(r.WatchedAllowed()) / float64(r.Ideal)
 }
 
 // Bucket is one period of the watched key.
@@ -130,6 +165,9 @@ func Run(ctx context.Context, cfg Config, progress func(Snapshot), interval time
 	if cfg.Timeout <= 0 {
 		cfg.Timeout = 5 * time.Second
 	}
+	if cfg.Limit != (Limit{}) && (cfg.Limit.Units < 1 || cfg.Limit.Period <= 0) {
+		return nil, fmt.Errorf("loadgen: limit of %d per %v: want at least 1 unit per a positive period", cfg.Limit.Units, cfg.Limit.Period)
+	}
 	r := newRun(cfg)
 	jobs := make(chan job, cfg.Concurrency)
 	var wg sync.WaitGroup
@@ -159,13 +197,24 @@ type run struct {
 	shards                      atomic.Int64 // the watched key's, latest
 	firstErr                    atomic.Pointer[error]
 
+	ideal *ideal // the watched key's perfect limiter; nil without a Limit; the pacer's alone
+
 	mu      sync.Mutex // guards the fields below
 	hist    Histogram  // since the start
 	recent  Histogram  // since the last snapshot
 	watched []Bucket
+	quotas  int64
+	quota   Quota     // the reported quota meant last
+	quotaAt time.Time // and when it was meant
 }
 
-func newRun(cfg Config) *run { return &run{cfg: cfg, start: time.Now()} }
+func newRun(cfg Config) *run {
+	r := &run{cfg: cfg, start: time.Now()}
+	if cfg.Limit.Units > 0 {
+		r.ideal = newIdeal(cfg.Limit)
+	}
+	return r
+}
 
 // pace hands out request i at start + i/rate, until Duration. A request
 // whose instant has passed (the senders were all busy, or this goroutine
@@ -193,6 +242,9 @@ func (r *run) pace(ctx context.Context, jobs chan<- job) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		}
+		if r.ideal != nil && j.key == r.cfg.Watch {
+			r.ideal.take(at, r.cfg.Cost)
+		}
 	}
 }
 
@@ -201,13 +253,20 @@ func (r *run) send(ctx context.Context, jobs <-chan job) {
 	// Latencies are merged under mu in batches (256, or 50 ms' worth), to
 	// keep senders apart.
 	var local Histogram
+	var quotas int64
+	var quota Quota
+	var quotaAt time.Time
 	flushed := time.Now()
 	flush := func() {
 		r.mu.Lock()
 		r.hist.Merge(&local)
 		r.recent.Merge(&local)
+		r.quotas += quotas
+		if quotas > 0 && !quotaAt.Before(r.quotaAt) {
+			r.quota, r.quotaAt = quota, quotaAt
+		}
 		r.mu.Unlock()
-		local, flushed = Histogram{}, time.Now()
+		local, flushed, quotas = Histogram{}, time.Now(), 0
 	}
 	defer flush()
 	for j := range jobs {
@@ -232,6 +291,12 @@ func (r *run) send(ctx context.Context, jobs <-chan job) {
 			r.allowed.Add(1)
 		default:
 			r.denied.Add(1)
+		}
+		if err == nil && out.Quota.Reported {
+			quotas++
+			if !j.intended.Before(quotaAt) {
+				quota, quotaAt = out.Quota, j.intended
+			}
 		}
 		if err == nil {
 			local.Record(done.Sub(j.intended))
@@ -322,6 +387,11 @@ func (r *run) result() *Result {
 		Start:   r.start,
 		Elapsed: time.Since(r.start),
 		Watched: append([]Bucket(nil), r.watched...),
+		Quotas:  r.quotas,
+		Quota:   r.quota,
+	}
+	if r.ideal != nil {
+		res.Ideal = r.ideal.admitted
 	}
 	if e := r.firstErr.Load(); e != nil {
 		res.FirstError = *e

@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
@@ -17,8 +18,19 @@ import (
 
 // decision is the part of hotkeyd's answer a run reads.
 type decision struct {
-	Allowed bool `json:"allowed"`
-	Shards  int  `json:"shards"`
+	Allowed      bool  `json:"allowed"`
+	Shards       int   `json:"shards"`
+	Limit        int64 `json:"limit"`
+	Remaining    int64 `json:"remaining"`
+	ResetAfterMs int64 `json:"reset_after_ms"`
+	RetryAfterMs int64 `json:"retry_after_ms"`
+}
+
+func (d *decision) outcome() Outcome {
+	return Outcome{Allowed: d.Allowed, Shards: d.Shards, Quota: Quota{
+		Reported: d.Limit > 0, Limit: d.Limit, Remaining: d.Remaining,
+		ResetAfter: time.Duration(d.ResetAfterMs) * time.Millisecond, RetryAfter: time.Duration(d.RetryAfterMs) * time.Millisecond,
+	}}
 }
 
 // request is hotkeyd's request body.
@@ -34,11 +46,17 @@ type request struct {
 // senders do not open a connection per request.
 func HTTP(base, policy string, client *http.Client) Target {
 	if client == nil {
-		tr := http.DefaultTransport.(*http.Transport).Clone()
-		tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 1024
-		client = &http.Client{Transport: tr}
+		client = pooledClient()
 	}
 	return &httpTarget{url: strings.TrimRight(base, "/") + "/v1/allow", policy: policy, client: client}
+}
+
+// pooledClient is a client that keeps up to 1,024 idle connections, so a
+// run's senders do not open a connection per request.
+func pooledClient() *http.Client {
+	tr := http.DefaultTransport.(*http.Transport).Clone()
+	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 1024
+	return &http.Client{Transport: tr}
 }
 
 type httpTarget struct {
@@ -69,7 +87,7 @@ func (h *httpTarget) Decide(ctx context.Context, key string, cost int64) (Outcom
 	if err := json.Unmarshal(b, &d); err != nil {
 		return Outcome{}, fmt.Errorf("%s: %s: %w", h.url, resp.Status, err)
 	}
-	return Outcome{Allowed: d.Allowed, Shards: d.Shards}, nil
+	return d.outcome(), nil
 }
 
 // Subject is the NATS subject hotkeyd answers decisions on in the default
@@ -113,5 +131,5 @@ func (n *natsTarget) Decide(ctx context.Context, key string, cost int64) (Outcom
 	if err := json.Unmarshal(msg.Data, &d); err != nil {
 		return Outcome{}, fmt.Errorf("%s: %w", n.subject, err)
 	}
-	return Outcome{Allowed: d.Allowed, Shards: d.Shards}, nil
+	return d.outcome(), nil
 }

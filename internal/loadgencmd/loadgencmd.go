@@ -1,6 +1,7 @@
 // Package loadgencmd is `hotkeyd loadgen`: the load generator (package
-// loadgen) aimed at a running hotkeyd, over HTTP or NATS, with a progress
-// line, a summary table and a JSON result.
+// loadgen) aimed at a running hotkeyd over HTTP or NATS, at any Envoy
+// rate-limit service over gRPC, or at any HTTP endpoint behind a limit,
+// with a progress line, a summary table and a JSON result.
 package loadgencmd
 
 import (
@@ -16,10 +17,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/schollz/progressbar/v3"
 
 	"github.com/hotkeyd/hotkey/internal/namespace"
@@ -36,19 +35,43 @@ type config struct {
 	cost                                  int64
 	seed                                  uint64
 	json, progress                        bool
+
+	api                         string // hotkeyd, plain or envoy
+	method, keyHeader, keyParam string // plain
+	domain                      string // envoy
+	descriptors                 descriptors
+	limit                       int64 // the limit --key is measured against; 0: none
+	period                      time.Duration
 }
 
-const usage = `hotkeyd loadgen: send load to a running hotkeyd and measure its decisions.
+const usage = `hotkeyd loadgen: send load to a rate limiter and measure its decisions.
 
 Usage:
   hotkeyd loadgen [flags]
 
-Requests go out at --rate, whatever the daemon answers (an open loop), and
+Targets (--target):
+  http://host:port        a hotkeyd's POST /v1/allow (--api hotkeyd, the
+                          default; a URL with a path needs --api)
+  http(s)://host/path     with --api plain: any HTTP endpoint behind a limit;
+                          a --method request a decision, the key in
+                          --key-header or --key-param; 2xx is admitted, 429
+                          denied, any other status an error
+  nats://host:port        a hotkeyd's NATS API (--namespace)
+  grpc://host:port        any Envoy rate-limit service (envoyproxy/ratelimit,
+                          a hotkeyd's --grpc-listen): ShouldRateLimit in
+                          --domain with each --descriptor, {key} in a value
+                          replaced by the workload's key, hits_addend --cost;
+                          OK is admitted, OVER_LIMIT denied (grpcs:// for TLS)
+
+Requests go out at --rate, whatever the target answers (an open loop), and
 each one's latency counts from when it was meant to be sent. The progress
 line shows the decisions/s and the share admitted since the start, the p99
-latency of the last second, and the level of --key (how many subcounters it
-is split into at most) as the daemon's /v1/hotkeys reports it, on the admin
-listener that --status names (else as its decisions report it).
+latency of the last second, and for a hotkeyd the level of --key (how many
+subcounters it is split into at most) as the daemon's /v1/hotkeys reports
+it, on the admin listener that --status names (else as its decisions
+report it). With --limit, the summary sets --key's admitted requests
+against what a perfect token bucket of --limit per --period, full at the
+start, would have admitted of them: admitted ÷ ideal.
 
 Workloads:
   hotspot   --key at --hot-rate over --keys background keys (uniform)
@@ -60,6 +83,7 @@ Workloads:
   uniform   --keys keys, evenly
   zipf      --keys keys by Zipf's law with exponent --zipf-s
   flood     a new random key every request
+  key       every request to --key
 
 Flags:
 `
@@ -70,15 +94,23 @@ func parse(args []string, out io.Writer) (config, error) {
 	fs := flag.NewFlagSet("hotkeyd loadgen", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var seed int64
-	fs.StringVar(&c.target, "target", "http://127.0.0.1:8080", "the daemon: http://host:port, or nats://host:port for its NATS API")
-	fs.StringVar(&c.policy, "policy", "default", "the policy each request names")
+	fs.StringVar(&c.target, "target", "http://127.0.0.1:8080", "the rate limiter: a hotkeyd at http://host:port or nats://host:port, an Envoy rate-limit service at grpc://host:port, an HTTP endpoint with --api plain")
+	fs.StringVar(&c.api, "api", apiHotkeyd, "with an http(s):// target: hotkeyd (POST /v1/allow under the URL) or plain (the URL itself, any HTTP endpoint)")
+	fs.StringVar(&c.policy, "policy", "default", "the hotkeyd policy each request names")
+	fs.StringVar(&c.method, "method", "GET", "--api plain: each request's method")
+	fs.StringVar(&c.keyHeader, "key-header", "", "--api plain: the header that carries the key, e.g. X-Api-Key")
+	fs.StringVar(&c.keyParam, "key-param", "", "--api plain: the query parameter that carries the key")
+	fs.StringVar(&c.domain, "domain", "", "grpc:// target: the rate-limit domain of each request")
+	fs.Var(&c.descriptors, "descriptor", "grpc:// target: a descriptor of each request, key=value[,key=value…]; {key} in a value is the workload's key; repeat for more descriptors")
+	fs.Int64Var(&c.limit, "limit", 0, "the limit --key is measured against, in units per --period: the summary gives admitted ÷ ideal; 0: none")
+	fs.DurationVar(&c.period, "period", time.Second, "--limit's period")
 	fs.StringVar(&c.namespace, "namespace", namespace.Default, "with a nats:// target, the --namespace of the daemons to ask: decisions go to hotkey.allow for \"default\", hotkey.NAME.api.allow for NAME")
-	fs.StringVar(&c.workload, "workload", "hotspot", "hotspot, ramp, uniform, zipf or flood")
+	fs.StringVar(&c.workload, "workload", "hotspot", "hotspot, ramp, uniform, zipf, flood or key")
 	fs.Float64Var(&c.rate, "rate", 1000, "requests per second sent")
 	fs.DurationVar(&c.duration, "duration", 10*time.Second, "how long to send")
 	fs.IntVar(&c.concurrency, "concurrency", 64, "requests in flight at most; more wait, and the wait counts in their latency")
 	fs.IntVar(&c.keys, "keys", 1000, "background keys (hotspot, ramp, uniform, zipf)")
-	fs.StringVar(&c.key, "key", "hot", "the hot key (hotspot, ramp), followed in the progress line")
+	fs.StringVar(&c.key, "key", "hot", "the hot key (hotspot, ramp, key), followed in the progress line and measured against --limit")
 	fs.Float64Var(&c.hotRate, "hot-rate", 0, "the hot key's requests per second (hotspot), or its peak (ramp); default half of --rate")
 	fs.Float64Var(&c.zipfS, "zipf-s", 1.1, "Zipf exponent, above 1 (zipf)")
 	fs.Int64Var(&c.cost, "cost", 1, "each request's cost")
@@ -95,8 +127,8 @@ func parse(args []string, out io.Writer) (config, error) {
 		}
 		return c, fmt.Errorf("%v (hotkeyd loadgen --help lists the flags)", err)
 	}
-	nsSet := false
-	fs.Visit(func(f *flag.Flag) { nsSet = nsSet || f.Name == "namespace" })
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected argument %q: hotkeyd loadgen takes flags only (hotkeyd loadgen --help lists them)", fs.Arg(0))
 	}
@@ -104,10 +136,10 @@ func parse(args []string, out io.Writer) (config, error) {
 	if c.hotRate == 0 {
 		c.hotRate = c.rate / 2
 	}
-	u, err := url.Parse(c.target)
+	if err := c.checkTarget(set); err != nil {
+		return c, err
+	}
 	switch {
-	case err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https" && u.Scheme != "nats"):
-		return c, fmt.Errorf("--target %q: want http://host:port or nats://host:port", c.target)
 	case !(c.rate > 0) || c.rate > 1e7:
 		return c, fmt.Errorf("--rate %v: want 0 < rate ≤ 10,000,000 requests per second", c.rate)
 	case c.duration <= 0:
@@ -124,7 +156,11 @@ func parse(args []string, out io.Writer) (config, error) {
 		return c, errors.New("--key: want a non-empty key")
 	case !namespace.Valid(c.namespace):
 		return c, fmt.Errorf("--namespace %q: want 1 to %d of A-Z a-z 0-9 - _, as the daemons' --namespace", c.namespace, namespace.Max)
-	case nsSet && u.Scheme != "nats":
+	case c.limit < 0:
+		return c, fmt.Errorf("--limit %d: want the units --key may take per --period, or 0 for none", c.limit)
+	case c.period <= 0:
+		return c, fmt.Errorf("--period %v: want a positive duration, e.g. 1s", c.period)
+	case set["namespace"] && !strings.HasPrefix(c.target, "nats://"):
 		return c, fmt.Errorf("--namespace names NATS subjects: it applies to a nats:// --target, not %s", c.target)
 	}
 	if c.status != "" {
@@ -154,12 +190,14 @@ func (c config) workloadOf() (loadgen.Workload, error) {
 		return w, nil
 	case "flood":
 		return loadgen.Flood("flood:", c.seed), nil
+	case "key":
+		return loadgen.Fixed(c.key), nil
 	}
-	return nil, fmt.Errorf("--workload %q: want hotspot, ramp, uniform, zipf or flood", c.workload)
+	return nil, fmt.Errorf("--workload %q: want hotspot, ramp, uniform, zipf, flood or key", c.workload)
 }
 
 // Main runs `hotkeyd loadgen args`: 0 when the run completed, 1 when it
-// could not run (the daemon unreachable), 2 for bad flags.
+// could not run (the target unreachable, or not deciding), 2 for bad flags.
 func Main(args []string, stdout, stderr io.Writer) int {
 	c, err := parse(args, stdout)
 	if errors.Is(err, flag.ErrHelp) {
@@ -181,10 +219,11 @@ func Main(args []string, stdout, stderr io.Writer) int {
 		return 1
 	}
 	defer closeTarget()
-	// One decision first: a daemon that is not there, or a policy it does
-	// not have, is an error before the run rather than a run of errors.
+	// One decision first, of a key of its own: a target that is not there,
+	// or a policy it does not have, is an error before the run rather than
+	// a run of errors.
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err = target.Decide(pctx, c.key, c.cost)
+	_, err = target.Decide(pctx, probeKey, c.cost)
 	cancel()
 	if err != nil {
 		fmt.Fprintf(stderr, "hotkeyd loadgen: %s does not decide: %v\n", c.target, err)
@@ -193,6 +232,9 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	cfg := loadgen.Config{
 		Target: target, Workload: wl, Rate: c.rate, Duration: c.duration,
 		Concurrency: c.concurrency, Cost: c.cost, Watch: c.key, Period: time.Second,
+	}
+	if c.limit > 0 {
+		cfg.Limit = loadgen.Limit{Units: c.limit, Period: c.period}
 	}
 	// Each second: the key's level from /v1/hotkeys (for the summary too),
 	// and the progress line.
@@ -209,7 +251,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 			shards = s.Shards
 		}
 		if bar != nil {
-			bar.Describe(progressLine(s, shards))
+			bar.Describe(progressLine(s, shards, c.api == apiHotkeyd))
 			bar.Set64(min(s.Elapsed.Milliseconds(), c.duration.Milliseconds()))
 		}
 	}
@@ -236,19 +278,7 @@ func Main(args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-// connect returns the target c names, and what closes it.
-func (c config) connect() (loadgen.Target, func(), error) {
-	if strings.HasPrefix(c.target, "nats://") {
-		nc, err := nats.Connect(c.target, nats.Name("hotkeyd loadgen"), nats.Timeout(5*time.Second))
-		if err != nil {
-			return nil, nil, fmt.Errorf("connect to NATS at %s: %w", c.target, err)
-		}
-		return loadgen.NATSNamespace(nc, c.namespace, c.policy), nc.Close, nil
-	}
-	return loadgen.HTTP(c.target, c.policy, nil), func() {}, nil
-}
-
-func progressLine(s loadgen.Snapshot, shards int) string {
+func progressLine(s loadgen.Snapshot, shards int, level bool) string {
 	answered := s.Allowed + s.Denied
 	admitted := 0.0
 	if answered > 0 {
@@ -258,7 +288,10 @@ func progressLine(s loadgen.Snapshot, shards int) string {
 	if s.Elapsed > 0 {
 		rate = float64(answered) / s.Elapsed.Seconds()
 	}
-	line := fmt.Sprintf("%8.0f decisions/s  admitted %5.1f%%  p99 %-8v  level %-2d", rate, admitted, s.P99.Round(10*time.Microsecond), shards)
+	line := fmt.Sprintf("%8.0f decisions/s  admitted %5.1f%%  p99 %-8v", rate, admitted, s.P99.Round(10*time.Microsecond))
+	if level {
+		line += fmt.Sprintf("  level %-2d", shards)
+	}
 	if s.Errors > 0 {
 		line += fmt.Sprintf("  errors %d", s.Errors)
 	}
@@ -302,81 +335,4 @@ func (l *levelWatch) poll(c config) int {
 	for m := l.most.Load(); int64(level) > m && !l.most.CompareAndSwap(m, int64(level)); m = l.most.Load() {
 	}
 	return level
-}
-
-// summary is a run's result as the table and --json give it.
-type summary struct {
-	Target      string  `json:"target"`
-	Policy      string  `json:"policy"`
-	Workload    string  `json:"workload"`
-	Rate        float64 `json:"rate"`
-	DurationSec float64 `json:"duration_s"`
-	ElapsedSec  float64 `json:"elapsed_s"`
-	Sent        int64   `json:"sent"`
-	Allowed     int64   `json:"allowed"`
-	Denied      int64   `json:"denied"`
-	Errors      int64   `json:"errors"`
-	FirstError  string  `json:"first_error,omitempty"`
-	Decisions   float64 `json:"decisions_per_s"`
-	LatencyMs   struct {
-		P50  float64 `json:"p50"`
-		P90  float64 `json:"p90"`
-		P99  float64 `json:"p99"`
-		P999 float64 `json:"p99_9"`
-		Max  float64 `json:"max"`
-		Mean float64 `json:"mean"`
-	} `json:"latency_ms"`
-	Key struct {
-		Name string `json:"name"`
-		// MaxLevel is the highest level /v1/hotkeys reported during the
-		// run (0 without --status).
-		MaxLevel int `json:"max_level"`
-		// PerSecond is the key's decisions in each second of the run.
-		PerSecond []loadgen.Bucket `json:"per_second"`
-	} `json:"key"`
-}
-
-func summarize(c config, r *loadgen.Result, maxLevel int64) summary {
-	s := summary{
-		Target: c.target, Policy: c.policy, Workload: c.workload, Rate: c.rate,
-		DurationSec: c.duration.Seconds(), ElapsedSec: r.Elapsed.Seconds(),
-		Sent: r.Sent, Allowed: r.Allowed, Denied: r.Denied, Errors: r.Errors,
-		Decisions: r.Rate(),
-	}
-	if r.FirstError != nil {
-		s.FirstError = r.FirstError.Error()
-	}
-	ms := func(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
-	l := &r.Latency
-	s.LatencyMs.P50, s.LatencyMs.P90, s.LatencyMs.P99 = ms(l.Quantile(0.5)), ms(l.Quantile(0.9)), ms(l.Quantile(0.99))
-	s.LatencyMs.P999, s.LatencyMs.Max, s.LatencyMs.Mean = ms(l.Quantile(0.999)), ms(l.Max()), ms(l.Mean())
-	s.Key.Name, s.Key.MaxLevel, s.Key.PerSecond = c.key, int(maxLevel), r.Watched
-	return s
-}
-
-func (s summary) table(w io.Writer) {
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "target\t%s (policy %q, workload %s)\n", s.Target, s.Policy, s.Workload)
-	fmt.Fprintf(tw, "sent\t%d in %.1f s (%.0f/s asked)\n", s.Sent, s.ElapsedSec, s.Rate)
-	fmt.Fprintf(tw, "decided\t%.0f/s: %d allowed, %d denied\n", s.Decisions, s.Allowed, s.Denied)
-	if s.Errors > 0 {
-		fmt.Fprintf(tw, "errors\t%d, first: %s\n", s.Errors, s.FirstError)
-	}
-	fmt.Fprintf(tw, "latency (ms)\tp50 %.2f  p90 %.2f  p99 %.2f  p99.9 %.2f  max %.2f\n",
-		s.LatencyMs.P50, s.LatencyMs.P90, s.LatencyMs.P99, s.LatencyMs.P999, s.LatencyMs.Max)
-	var allowed, denied int64
-	shards := 0
-	for _, b := range s.Key.PerSecond {
-		allowed += b.Allowed
-		denied += b.Denied
-		shards = max(shards, b.Shards)
-	}
-	fmt.Fprintf(tw, "key %q\t%d allowed, %d denied; decided on up to %d subcounters", s.Key.Name, allowed, denied, shards)
-	if s.Key.MaxLevel > 0 {
-		// The level in force can be above the subcounters a decision
-		// uses: a limit too small to split that far is split less.
-		fmt.Fprintf(tw, "; level %d at most in /v1/hotkeys", s.Key.MaxLevel)
-	}
-	fmt.Fprintln(tw)
-	tw.Flush()
 }
