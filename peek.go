@@ -28,7 +28,8 @@ var ErrNoPeek = errors.New("the store cannot peek")
 // decision metrics, and moves no usage. When the store cannot answer,
 // p.OnStoreFailure decides as for AllowN, and its local counters are
 // read, not charged. Bad input returns AllowN's errors; a store that
-// cannot peek returns ErrNoPeek. It blocks only on the store.
+// cannot peek returns ErrNoPeek. It blocks only on the store: one call per
+// counter read, a split key's level of them.
 func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error) {
 	if p == nil {
 		return Result{}, ErrNilPolicy
