@@ -69,3 +69,12 @@ func (c *denyCache) add(id uint64, cost int64, now time.Time, res counter.Result
 	t := now.UnixNano()
 	c.slots[id&c.mask].Store(&denial{id: id, cost: cost, at: t, until: t + int64(res.RetryAfter), res: res})
 }
+
+// forget drops the deny of the subcounter and limit id, if the cache holds
+// it.
+func (c *denyCache) forget(id uint64) {
+	slot := &c.slots[id&c.mask]
+	if d := slot.Load(); d != nil && d.id == id {
+		slot.CompareAndSwap(d, nil)
+	}
+}

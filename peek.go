@@ -14,30 +14,30 @@ import (
 // without taking (it is no counter.Peeker).
 var ErrNoPeek = errors.New("the store cannot peek")
 
-// Peek reports what AllowN(ctx, key, p, 1) would answer now, without
-// charging the unit or changing any counter: Allowed says whether one unit
-// would pass, Remaining what would be left after it. It feeds neither the
-// hot-key detector nor the decision metrics, and moves no usage: a split
-// key is read where its usage is held. When the store cannot answer,
-// p.OnStoreFailure decides as for AllowN, and its local counters are read,
-// not charged. A SyncGossip policy is read on this instance's view. Bad
-// input returns AllowN's errors; a store that cannot peek returns
-// ErrNoPeek. It blocks only on the store.
+// Peek reports what a decision of one unit of key under p would find now,
+// without charging the unit or changing any counter: Allowed says whether
+// one unit would pass, Remaining what would be left after it. A split key
+// is answered whole, from every subcounter that holds its usage: Allowed
+// says whether one of them would admit the unit, Remaining is the sum of
+// what each holds less the unit, RetryAfter (when none would) the soonest
+// one of them admits, ResetAfter the latest one is empty again. A
+// decision, which tries one or two subcounters, may so be denied where
+// Peek allows. A SyncReserve policy is read on the store: units in the
+// blocks of instances count as used. A SyncGossip policy is read on this
+// instance's view. Peek feeds neither the hot-key detector nor the
+// decision metrics, and moves no usage. When the store cannot answer,
+// p.OnStoreFailure decides as for AllowN, and its local counters are
+// read, not charged. Bad input returns AllowN's errors; a store that
+// cannot peek returns ErrNoPeek. It blocks only on the store: one call per
+// counter read, a split key's level of them.
 func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error) {
 	if p == nil {
 		return Result{}, ErrNilPolicy
 	}
-	if err := e.check(key, p.Limit, 1); err != nil {
+	name, hash, err := e.counterName(key, p)
+	if err != nil {
 		return Result{}, err
 	}
-	name := key
-	if p.Name != "" {
-		if strings.IndexByte(p.Name, '|') >= 0 {
-			return Result{}, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
-		}
-		name = CounterName(p.Name, key)
-	}
-	hash := hashKey(name)
 	if p.Sync == SyncGossip {
 		return e.peekGossip(name, hash, p.Limit), nil
 	}
@@ -56,28 +56,15 @@ func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error
 }
 
 // peekStore peeks at the counters that hold the usage of counter name: the
-// unsplit one, or one of a split key's subcounters and, on a deny, a
-// second one, as decideSplit takes.
+// unsplit one, or every subcounter of a split key (see Peek).
 func (e *Engine) peekStore(ctx context.Context, peeker counter.Peeker, name string, hash uint64, lim Limit) (Result, error) {
-	level, pl := shard.Level1, shard.Placement(nil)
 	if ent := e.entry(name, hash); ent != nil {
-		level, pl = ent.HeldAt()
+		level, pl := ent.HeldAt()
+		if e.reshard == nil { // no move: decisions take where the key's level fits
+			level, pl = shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, 1), e.placement()
+		}
 		if level > shard.Level1 {
-			i := ent.Pick(level, e.opt.selection, e.seed)
-			sub, subHash := ent.Sub(level, i, pl)
-			r, err := e.peekOne(ctx, peeker, sub, subHash, subLimit(lim, level, i))
-			if err != nil {
-				return Result{}, err
-			}
-			if !r.Allowed && e.opt.secondChance {
-				j := shard.SecondChance(i, int(level), shard.Mix(e.seed^ent.Hash^uint64(r.RetryAfter)))
-				sub, subHash = ent.Sub(level, j, pl)
-				if r2, err := e.peekOne(ctx, peeker, sub, subHash, subLimit(lim, level, j)); err == nil && (r2.Allowed || r2.RetryAfter < r.RetryAfter) {
-					r = r2
-				}
-			}
-			capacity := lim.Capacity()
-			return Result{Allowed: r.Allowed, Limit: capacity, Remaining: min(capacity, r.Remaining*int64(level)), RetryAfter: r.RetryAfter, ResetAfter: r.ResetAfter, Shards: level}, nil
+			return e.peekSplit(ctx, peeker, ent, level, pl, lim)
 		}
 	}
 	r, err := e.peekOne(ctx, peeker, shard.Name(name), hash, lim)
@@ -85,6 +72,41 @@ func (e *Engine) peekStore(ctx context.Context, peeker counter.Peeker, name stri
 		return Result{}, err
 	}
 	return unsplit(r), nil
+}
+
+// peekSplit peeks at each of the level subcounters of ent under pl, and
+// answers for the key whole (see Peek).
+func (e *Engine) peekSplit(ctx context.Context, peeker counter.Peeker, ent *shard.Entry, level shard.Level, pl shard.Placement, lim Limit) (Result, error) {
+	capacity := lim.Capacity()
+	out := Result{Limit: capacity, Shards: level}
+	var held int64 // units the subcounters hold before the peeked one
+	for i := range int(level) {
+		sub := subLimit(lim, level, i)
+		if sub.Rate == 0 { // no share: no decision takes from it
+			continue
+		}
+		name, hash := ent.Sub(level, i, pl)
+		r, err := e.peekOne(ctx, peeker, name, hash, sub)
+		if err != nil {
+			return Result{}, err
+		}
+		out.ResetAfter = max(out.ResetAfter, r.ResetAfter)
+		if r.Allowed {
+			held += r.Remaining + 1
+			out.Allowed = true
+			continue
+		}
+		held += max(0, r.Remaining)
+		if out.RetryAfter == 0 || r.RetryAfter < out.RetryAfter {
+			out.RetryAfter = r.RetryAfter
+		}
+	}
+	if out.Allowed {
+		out.RetryAfter = 0
+		held--
+	}
+	out.Remaining = min(capacity, held)
+	return out, nil
 }
 
 // peekOne peeks at one counter: the deny cache's answer if it knows the
@@ -135,4 +157,20 @@ func (e *Engine) localShare(lim Limit) Limit {
 		share.Burst = max(1, capacity/inst)
 	}
 	return share
+}
+
+// counterName checks key and p as a decision of one unit does, and returns
+// the name of the key's counter under p and its hash.
+func (e *Engine) counterName(key string, p *Policy) (string, uint64, error) {
+	if err := e.check(key, p.Limit, 1); err != nil {
+		return "", 0, err
+	}
+	name := key
+	if p.Name != "" {
+		if strings.IndexByte(p.Name, '|') >= 0 {
+			return "", 0, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
+		}
+		name = CounterName(p.Name, key)
+	}
+	return name, hashKey(name), nil
 }

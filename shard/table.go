@@ -132,6 +132,15 @@ func (e *Entry) NotePlacement(p Placement) {
 	e.placeV.Store(v)
 }
 
+// Placements returns the placements noted (see NotePlacement), oldest
+// first: those the key's subcounters may be named under. The slice is the
+// caller's.
+func (e *Entry) Placements() []Placement {
+	e.placesMu.Lock()
+	defer e.placesMu.Unlock()
+	return slices.Clone(e.places)
+}
+
 // placements returns the placements noted, and p, each version once.
 func (e *Entry) placements(p Placement) []Placement {
 	e.placesMu.Lock()

@@ -4,26 +4,34 @@
 package daemon
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"net/http/pprof"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/hotkeyd/hotkey"
 )
 
 // adminRoutes returns the admin listener's handler: /metrics,
-// /v1/hotkeys, /v1/config, /healthz, /readyz and /debug/pprof/.
+// /v1/hotkeys, /v1/config, /v1/reset, /healthz, /readyz and /debug/pprof/.
 func (d *Daemon) adminRoutes() http.Handler {
 	mux := http.NewServeMux()
 	metrics := promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{ErrorLog: slogPrinter{d}})
 	mux.HandleFunc("/metrics", get(metrics.ServeHTTP))
 	mux.HandleFunc("/v1/hotkeys", get(d.handleHotKeys))
 	mux.HandleFunc("/v1/config", get(d.handleConfig))
+	mux.HandleFunc("/v1/reset", d.handleReset)
 	mux.HandleFunc("/healthz", get(handleHealth))
 	mux.HandleFunc("/readyz", get(d.handleReady))
 	// On this mux, never http.DefaultServeMux: the API must not serve them.
@@ -33,9 +41,98 @@ func (d *Daemon) adminRoutes() http.Handler {
 	mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 	mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint %s: the admin listener serves GET /metrics, /v1/hotkeys, /v1/config, /healthz, /readyz and /debug/pprof/; decisions are on %s", truncate(r.URL.Path, 100), flagName("listen")))
+		writeError(w, http.StatusNotFound, fmt.Sprintf("no such endpoint %s: the admin listener serves GET /metrics, /v1/hotkeys, /v1/config, /healthz, /readyz and /debug/pprof/, and POST /v1/reset; decisions are on %s", truncate(r.URL.Path, 100), flagName("listen")))
 	})
 	return mux
+}
+
+// ResetRequest is the body of POST /v1/reset: the policy and key whose
+// counters to delete. Both are required.
+type ResetRequest struct {
+	Policy string `json:"policy"`
+	Key    string `json:"key"`
+}
+
+// ResetResponse is the body of a reset done.
+type ResetResponse struct {
+	Policy string `json:"policy"`
+	Key    string `json:"key"`
+	Reset  bool   `json:"reset"`
+}
+
+const exampleReset = `{"policy":"default","key":"user_123"}`
+
+// handleReset is POST /v1/reset: Engine.Reset of the key under the policy,
+// so that the key admits its whole limit again.
+func (d *Daemon) handleReset(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		w.Header().Set("Allow", "POST")
+		writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on /v1/reset: use POST with a JSON body like %s", r.Method, exampleReset))
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body over the %d bytes allowed", MaxBody))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "reading the request body: "+err.Error())
+		return
+	}
+	req, ae := DecodeReset(body)
+	if ae != nil {
+		writeError(w, ae.Status, ae.Msg)
+		return
+	}
+	p, ae := d.policy(AllowRequest{Policy: req.Policy})
+	if ae != nil {
+		writeError(w, ae.Status, ae.Msg)
+		return
+	}
+	switch err := d.engine.Reset(r.Context(), req.Key, p); {
+	case errors.Is(err, hotkey.ErrEmptyKey):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf(`empty key: send a non-empty "key", e.g. %s`, exampleReset))
+	case errors.Is(err, hotkey.ErrKeyTooLong):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("key is %d bytes, longer than the %d allowed", len(req.Key), hotkey.DefaultMaxKeyLen))
+	case errors.Is(err, hotkey.ErrClosed):
+		writeError(w, http.StatusServiceUnavailable, "the daemon is shutting down: nothing was reset")
+	case err != nil:
+		d.log.Error("reset failed", "policy", p.Name, "err", err)
+		writeError(w, http.StatusServiceUnavailable, fmt.Sprintf("reset failed, the key's counters may be left as they were: %v", err))
+	default:
+		writeJSON(w, http.StatusOK, ResetResponse{Policy: p.Name, Key: req.Key, Reset: true})
+	}
+}
+
+// DecodeReset parses a body of POST /v1/reset: one JSON object with the
+// fields of ResetRequest, both present, and nothing else, of valid UTF-8.
+// A refusal is the answer to give: 400 and a message.
+func DecodeReset(body []byte) (ResetRequest, *apiError) {
+	var req ResetRequest
+	if len(bytes.TrimSpace(body)) == 0 {
+		return req, errorf(http.StatusBadRequest, "empty body: send a JSON object like %s", exampleReset)
+	}
+	dec := json.NewDecoder(bytes.NewReader(body))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		text := jsonErrText(err)
+		if f, ok := strings.CutPrefix(err.Error(), "json: unknown field "); ok {
+			text = "unknown field " + f + " (the fields are policy and key)"
+		}
+		text = strings.Replace(text, "daemon.ResetRequest", "an object", 1)
+		return ResetRequest{}, errorf(http.StatusBadRequest, "malformed JSON body: %s; send an object like %s", text, exampleReset)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return ResetRequest{}, errorf(http.StatusBadRequest, "malformed JSON body: data after the object; send one object like %s", exampleReset)
+	}
+	if !utf8.Valid(body) || strings.ContainsRune(req.Key, utf8.RuneError) && !validStrings(body) {
+		return ResetRequest{}, errorf(http.StatusBadRequest, "request body is not valid UTF-8 text: keys and policy names are text")
+	}
+	if req.Policy == "" {
+		return ResetRequest{}, errorf(http.StatusBadRequest, `no policy: a reset names one, e.g. %s`, exampleReset)
+	}
+	return req, nil
 }
 
 // handleHealth is GET /healthz: 200 while the process serves.

@@ -85,14 +85,25 @@ func (d *Daemon) decide(ctx context.Context, req AllowRequest) (AllowResponse, *
 	if ae != nil {
 		return AllowResponse{}, nil, hotkey.Result{}, ae
 	}
-	res, err := d.engine.AllowN(ctx, req.Key, p, *req.Cost)
+	res, err := d.allowOrPeek(ctx, req.Key, p, *req.Cost)
 	resp, ae := d.answer(ctx, req, p, res, err)
 	return resp, p, res, ae
 }
 
+// allowOrPeek is the engine's answer to cost units of key under p: a
+// decision, or for a cost of 0 a Peek, which answers as a decision of one
+// unit would and charges nothing.
+func (d *Daemon) allowOrPeek(ctx context.Context, key string, p *hotkey.Policy, cost int64) (hotkey.Result, error) {
+	if cost == 0 {
+		return d.engine.Peek(ctx, key, p)
+	}
+	return d.engine.AllowN(ctx, key, p, cost)
+}
+
 // decideBatch decides a batch: the requests whose policy is known in one
-// call to the engine, so that the store takes them together; the others
-// get their 404 without it. Each request gets its own answer, in order.
+// call to the engine, so that the store takes them together, but for those
+// of cost 0, peeked one by one; the others get their 404 without it. Each
+// request gets its own answer, in order.
 func (d *Daemon) decideBatch(ctx context.Context, reqs []AllowRequest) BatchResponse {
 	items := make([]BatchItem, len(reqs))
 	resps := make([]AllowResponse, len(reqs))
@@ -104,6 +115,17 @@ func (d *Daemon) decideBatch(ctx context.Context, reqs []AllowRequest) BatchResp
 		if !ok {
 			ae := unknownPolicy(req.Policy, rs.known)
 			items[i] = BatchItem{Status: ae.Status, Error: ae.Msg}
+			continue
+		}
+		if *req.Cost == 0 {
+			res, err := d.engine.Peek(ctx, req.Key, p)
+			resp, ae := d.answer(ctx, req, p, res, err)
+			if ae != nil {
+				items[i] = BatchItem{Status: ae.Status, Error: ae.Msg}
+				continue
+			}
+			resps[i] = resp
+			items[i] = BatchItem{Status: allowStatus(resp.Allowed), AllowResponse: &resps[i]}
 			continue
 		}
 		ereqs = append(ereqs, hotkey.Request{Key: req.Key, Policy: p, Cost: *req.Cost})
@@ -170,7 +192,7 @@ func (d *Daemon) decisionError(ctx context.Context, req AllowRequest, p *hotkey.
 	case errors.Is(err, hotkey.ErrKeyTooLong):
 		return errorf(http.StatusBadRequest, "key is %d bytes, longer than the %d allowed", len(req.Key), hotkey.DefaultMaxKeyLen)
 	case errors.Is(err, hotkey.ErrInvalidCost):
-		return errorf(http.StatusBadRequest, "cost must be at least 1, got %d (leave it out for 1)", *req.Cost)
+		return errorf(http.StatusBadRequest, "cost must not be negative, got %d (leave it out for 1; 0 answers without charging)", *req.Cost)
 	case errors.Is(err, hotkey.ErrCostExceedsBurst):
 		what := "limit"
 		if p.Limit.Algorithm == hotkey.TokenBucket {

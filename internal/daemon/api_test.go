@@ -18,8 +18,8 @@ func TestDecodeAllow(t *testing.T) {
 		{`{"policy":"default","key":"user_123","cost":1}`, "default", "user_123", 1},
 		{`{"key":"k"}`, "default", "k", 1},
 		{` {"key":"k","cost":7,"policy":"login"} ` + "\n", "login", "k", 7},
-		{`{"key":"k","cost":0}`, "default", "k", 0}, // the decision refuses it
-		{`{"key":"k","cost":-3}`, "default", "k", -3},
+		{`{"key":"k","cost":0}`, "default", "k", 0},   // a peek
+		{`{"key":"k","cost":-3}`, "default", "k", -3}, // the decision refuses it
 		{`{"key":"","policy":""}`, "default", "", 1},
 		{`{"key":"k","cost":null}`, "default", "k", 1},
 		{`{"key":"\ud83d\ude00"}`, "default", "\U0001F600", 1}, // a surrogate pair is one character

@@ -29,7 +29,7 @@ func (d *Daemon) routes() http.Handler {
 	moved := func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, http.StatusNotFound, fmt.Sprintf("%s is not served here: it moved to the admin listener, %s", truncate(r.URL.Path, 100), flagName("admin-listen")))
 	}
-	for _, p := range []string{"/metrics", "/v1/hotkeys", "/v1/config", "/debug/pprof/"} {
+	for _, p := range []string{"/metrics", "/v1/hotkeys", "/v1/config", "/v1/reset", "/debug/pprof/"} {
 		mux.HandleFunc(p, moved)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
