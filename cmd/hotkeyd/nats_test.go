@@ -63,7 +63,7 @@ func TestNATSAPI(t *testing.T) {
 	}{
 		{`{"key":`, "400", "malformed JSON body"},
 		{`{"key":""}`, "400", "empty key"},
-		{`{"key":"k","cost":0}`, "400", "cost must be at least 1"},
+		{`{"key":"k","cost":-1}`, "400", "cost must not be negative"},
 		{`{"key":"k","cost":1000}`, "400", "over policy \"default\"'s burst of 100"},
 		{`{"key":"` + strings.Repeat("x", 600) + `"}`, "400", "longer than the 512 allowed"},
 		{`{"policy":"nope","key":"k"}`, "404", `unknown policy "nope"`},
