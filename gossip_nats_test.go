@@ -113,6 +113,14 @@ func TestGossipNATS(t *testing.T) {
 	f := startFleetConfig(t, gossipNATSConfig(), 0, memoryStores)
 	clock := testkit.NewClock()
 	gossipEngines(t, f, instances, clock.Now, WithGossipInterval(interval))
+	// A heartbeat stamped just before a peer's Start, and delivered after
+	// it, is refused as stale there (the peer's replay guard starts at its
+	// Start); on a loaded machine one may be. Such a message comes before
+	// the heartbeats that completed the membership, so count from here.
+	invalid0 := make([]uint64, instances)
+	for i, c := range f.coords {
+		invalid0[i] = c.Stats().Invalid
+	}
 	p := gossipWindow(limit)
 	side := make([]int, instances)
 	start := time.Now()
@@ -143,8 +151,8 @@ func TestGossipNATS(t *testing.T) {
 		t.Errorf("sync: store on each engine's memory store admitted %d, want %d", alone, instances*limit)
 	}
 	for i, c := range f.coords {
-		if st := c.Stats(); st.GossipReceived == 0 || st.Invalid != 0 {
-			t.Errorf("coordinator %d: %d gossip messages received, %d invalid (%v): want some, none invalid", i, st.GossipReceived, st.Invalid, st.InvalidBy)
+		if st := c.Stats(); st.GossipReceived == 0 || st.Invalid != invalid0[i] {
+			t.Errorf("coordinator %d: %d gossip messages received, %d invalid since the membership was complete (%v in all): want some, none invalid", i, st.GossipReceived, st.Invalid-invalid0[i], st.InvalidBy)
 		}
 	}
 }
