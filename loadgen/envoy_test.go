@@ -70,8 +70,11 @@ func TestEnvoyTarget(t *testing.T) {
 	if res.Sent != 50 || res.Allowed != 20 || res.Denied != 30 || res.Errors != 0 || res.Ideal != 20 || res.OfIdeal() != 1 {
 		t.Errorf("%d sent: %d admitted, %d denied, %d errors, ideal %d; want 50: 20, 30, 0, 20", res.Sent, res.Allowed, res.Denied, res.Errors, res.Ideal)
 	}
-	if q := res.Quota; res.Quotas != 50 || q.Limit != 20 || q.Window != 24*time.Hour || q.Remaining != 0 || q.ResetAfter <= 0 {
-		t.Errorf("%d quotas, last %+v; want 50, the user's 20 a day with none remaining", res.Quotas, q)
+	// The request meant last may be answered before others still in
+	// flight (up to 64 of them on a loaded machine): what it saw left is
+	// anything a decision leaves, not necessarily 0.
+	if q := res.Quota; res.Quotas != 50 || q.Limit != 20 || q.Window != 24*time.Hour || q.Remaining < 0 || q.Remaining > 19 || q.ResetAfter <= 0 {
+		t.Errorf("%d quotas, last %+v; want 50, the user's 20 a day with 0 to 19 remaining", res.Quotas, q)
 	}
 	// A domain the service does not know has no limit: all admitted.
 	other := loadgen.Envoy(conn, "elsewhere", [][]loadgen.Entry{{{Key: "user", Value: "{key}"}}})

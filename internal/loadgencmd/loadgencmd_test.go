@@ -196,8 +196,10 @@ func TestGRPCTarget(t *testing.T) {
 	if i := sum.Key.Ideal; i == nil || i.Ideal != 20 || i.Admitted != 20 || i.OfIdeal != 1 {
 		t.Errorf("ideal %+v; want 20 admitted of an ideal 20", i)
 	}
-	if q := sum.LastQuota; sum.Quotas != 50 || q == nil || q.Limit != 20 || q.Window != 86400 || q.Remaining != 0 {
-		t.Errorf("%d quotas, last %+v; want 50, the user's 20 a day with none remaining", sum.Quotas, q)
+	// The request meant last may be answered before others still in
+	// flight: what it saw left is anything a decision leaves.
+	if q := sum.LastQuota; sum.Quotas != 50 || q == nil || q.Limit != 20 || q.Window != 86400 || q.Remaining < 0 || q.Remaining > 19 {
+		t.Errorf("%d quotas, last %+v; want 50, the user's 20 a day with 0 to 19 remaining", sum.Quotas, q)
 	}
 }
 
