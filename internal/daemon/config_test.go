@@ -85,6 +85,7 @@ func TestParseArgsErrors(t *testing.T) {
 		{nil, map[string]string{"HOTKEYD_NAMESPACE": "a.b"}, "HOTKEYD_NAMESPACE"},
 		{[]string{"--nats", "none", "--namespace", "fleet-a"}, nil, "--namespace (HOTKEYD_NAMESPACE) names the fleet's NATS subjects, which --nats (HOTKEYD_NATS) none turns off"},
 		{[]string{"--nats", "none"}, map[string]string{"HOTKEYD_NAMESPACE": "fleet-a"}, "--namespace (HOTKEYD_NAMESPACE) names the fleet's NATS subjects"},
+		{[]string{"--nats", "none", "--gossip-interval", "1s"}, nil, "--gossip-interval (HOTKEYD_GOSSIP_INTERVAL) times the rounds sync: gossip sends over NATS, which --nats (HOTKEYD_NATS) none turns off"},
 		{nil, map[string]string{"HOTKEYD_NATS": "none", "HOTKEYD_NAMESPACE": "default"}, "--namespace (HOTKEYD_NAMESPACE) names"},
 		{nil, map[string]string{"HOTKEYD_COOL_DOWN": "soon"}, "HOTKEYD_COOL_DOWN"},
 		{[]string{"--cool-down", "5"}, nil, "want a duration with its unit, e.g. 60s"},

@@ -74,6 +74,9 @@ func (c *Config) check() error {
 		if c.set["namespace"] {
 			return fmt.Errorf("%s names the fleet's NATS subjects, which %s none turns off: give one or the other", flagName("namespace"), flagName("nats"))
 		}
+		if c.set["gossip-interval"] {
+			return fmt.Errorf("%s times the rounds sync: gossip sends over NATS, which %s none turns off (a gossip policy then decides alone): give one or the other", flagName("gossip-interval"), flagName("nats"))
+		}
 	case "off", "false", "no", "0":
 		return fmt.Errorf("%s %q: want none to run with no NATS, or a URL such as nats://host:4222", flagName("nats"), c.NATS)
 	}
