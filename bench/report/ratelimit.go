@@ -48,7 +48,6 @@ descriptors:
 // rlsSystem is one rate-limit service under test, reached over gRPC.
 type rlsSystem struct {
 	name   string
-	conn   *grpc.ClientConn
 	target loadgen.Target
 }
 
@@ -136,7 +135,7 @@ func runRatelimit(ctx context.Context, s *setup) (*scenario.Section, error) {
 			return nil, err
 		}
 		defer conn.Close()
-		systems = append(systems, &rlsSystem{name: sys.name, conn: conn, target: loadgen.Envoy(conn, rlsDomain, descs)})
+		systems = append(systems, &rlsSystem{name: sys.name, target: loadgen.Envoy(conn, rlsDomain, descs)})
 	}
 
 	// Fresh keys each run: nothing is flushed, and no counter of an
