@@ -44,6 +44,7 @@ var scenarios = []named{
 	{"envoy", "Envoy's gRPC protocol and batches", runEnvoy},
 	{"reserve", "sync: reserve against sync: store: 3 engines on one redis-server", runReserve},
 	{"gossip", "sync: gossip: 10 engines on a 3-node NATS cluster", runGossip},
+	{"ratelimit", "hotkeyd against envoyproxy/ratelimit: the same rules, the same load", runRatelimit},
 }
 
 // setup is what every scenario runs on.
