@@ -181,6 +181,9 @@ type Config struct {
 	AuthMissingKey     string
 	AuthTrustedProxies []netip.Prefix
 
+	// Tracing is what the OTEL_* variables say (tracingFromEnv); zero: off.
+	Tracing Tracing
+
 	// set records which flags were given, on the command line or in the
 	// environment.
 	set map[string]bool
@@ -312,6 +315,10 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	}
 	if cfg.LogFormat != LogText && cfg.LogFormat != LogJSON {
 		return cfg, fmt.Errorf("%s %q: want text or json", flagName("log-format"), cfg.LogFormat)
+	}
+	var err error
+	if cfg.Tracing, err = tracingFromEnv(lookup); err != nil {
+		return cfg, err
 	}
 	return cfg, cfg.check()
 }

@@ -105,6 +105,7 @@ type Daemon struct {
 	coord  *coordinator.NATS
 	engine *hotkey.Engine
 	reg    *prometheus.Registry
+	tracer *tracer // nil: tracing off
 
 	// draining is set once Drain or Shutdown begins: /readyz answers 503
 	// and the gRPC health service NOT_SERVING from then on.

@@ -31,6 +31,7 @@ func (d *Daemon) startGRPC() error {
 	d.grpcLn = ln
 	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{d.reqs.api(apiGRPC)}), grpc.ForceServerCodecV2(newRLSCodec()),
 		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace})}
+	opts = append(opts, d.tracer.grpcOptions()...)
 	if d.tls != nil {
 		opts = append(opts, grpc.Creds(credentials.NewTLS(d.tls.config("h2"))))
 	}

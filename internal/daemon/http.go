@@ -20,10 +20,10 @@ import (
 // or the rules is on the admin listener (adminRoutes).
 func (d *Daemon) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/allow", timedHTTP(d.reqs.api(apiHTTP), d.handleAllow))
-	auth := timedHTTP(d.reqs.api(apiAuth), d.handleAuth)
-	mux.HandleFunc("/v1/auth", auth)
-	mux.HandleFunc("/v1/auth/{policy}", auth)
+	mux.Handle("/v1/allow", d.tracer.http("/v1/allow", timedHTTP(d.reqs.api(apiHTTP), d.handleAllow)))
+	auth := d.tracer.http("/v1/auth", timedHTTP(d.reqs.api(apiAuth), d.handleAuth))
+	mux.Handle("/v1/auth", auth)
+	mux.Handle("/v1/auth/{policy}", auth)
 	mux.HandleFunc("/healthz", get(handleHealth))
 	mux.HandleFunc("/readyz", get(d.handleReady))
 	moved := func(w http.ResponseWriter, r *http.Request) {

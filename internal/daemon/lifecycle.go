@@ -126,6 +126,10 @@ func (d *Daemon) stop(ctx context.Context) error {
 		errs = append(errs, err)
 	}
 	d.closeRest()
+	// Last: the spans of the requests drained above go out.
+	if err := d.tracer.shutdown(ctx); err != nil {
+		errs = append(errs, err)
+	}
 	return errors.Join(errs...)
 }
 
@@ -202,6 +206,7 @@ func (d *Daemon) abort() {
 		d.nc.Close()
 	}
 	d.closeRest()
+	d.tracer.shutdown(context.Background()) // within traceFlushTimeout
 }
 
 // connTracker follows the HTTP connections' states, so that a shutdown can

@@ -92,21 +92,30 @@ func (d *Daemon) handleNATS(req micro.Request) {
 		return
 	}
 	seconds := d.nats.seconds
+	if d.tracer == nil {
+		d.nats.run(func() {
+			code := d.answerNATS(context.Background(), data, reply)
+			since(seconds.WithLabelValues(code), start)
+		})
+		return
+	}
+	ctx, end := d.tracer.natsSpan(req.Subject(), req.Headers())
 	d.nats.run(func() {
-		code := d.answerNATS(data, reply)
+		code := d.answerNATS(ctx, data, reply)
+		end(code)
 		since(seconds.WithLabelValues(code), start)
 	})
 }
 
-// answerNATS decides the request data and publishes the answer to reply;
+// answerNATS decides the request data, under ctx, and publishes the answer to reply;
 // it returns natsOK for an answer with decisions published, natsError for
 // an error reply, or for an answer that could not be published.
-func (d *Daemon) answerNATS(data []byte, reply string) string {
+func (d *Daemon) answerNATS(ctx context.Context, data []byte, reply string) string {
 	areq, batch, ae := DecodeAllowBody(data)
 	if ae != nil {
 		return d.natsError(reply, ae)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), natsDecisionTimeout)
+	ctx, cancel := context.WithTimeout(ctx, natsDecisionTimeout)
 	defer cancel()
 	var body []byte
 	if batch != nil {

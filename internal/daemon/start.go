@@ -77,6 +77,10 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	if err = d.openStore(sctx); err != nil {
 		return nil, err
 	}
+	if d.tracer, err = newTracer(sctx, cfg.Tracing, version, d.id); err != nil {
+		return nil, err
+	}
+	d.store = d.tracer.store(d.store)
 
 	d.reg = prometheus.NewRegistry()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
