@@ -1904,11 +1904,7 @@ func TestMetricNames(t *testing.T) {
 	aq := alertQueries(t)
 	qs = append(qs, aq...)
 
-	srv, err := redistest.Start(t.TempDir())
-	if err != nil {
-		t.Fatalf("%v (make test installs redis-server)", err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	srv := redistest.ForTest(t)
 	proxy, err := faultproxy.New(srv.Addr)
 	if err != nil {
 		t.Fatal(err)

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"math/rand/v2"
 	"os"
@@ -21,18 +20,7 @@ import (
 )
 
 // startRedis starts a redis-server for one test.
-func startRedis(t *testing.T) *redistest.Server {
-	t.Helper()
-	srv, err := redistest.Start(t.TempDir())
-	if errors.Is(err, redistest.ErrNotInstalled) {
-		t.Fatal("redis-server is not installed (make test installs it)")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
-	return srv
-}
+func startRedis(t *testing.T) *redistest.Server { return redistest.ForTest(t) }
 
 const killPolicies = `policies:
   cache:

@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -42,14 +41,7 @@ func startRLS(t *testing.T, store, rules string, args ...string) *rlsEnv {
 	}
 	args = append([]string{"--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--envoy-config", path}, args...)
 	if store == "redis" {
-		srv, err := redistest.Start(t.TempDir())
-		if errors.Is(err, redistest.ErrNotInstalled) {
-			t.Fatal("redis-server is not installed (make test installs it)")
-		}
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { srv.Close() })
+		srv := redistest.ForTest(t)
 		args = append(args, "--redis", "redis://"+srv.Addr)
 	}
 	d, err := StartArgs(context.Background(), args...)

@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"net/http"
 	"path/filepath"
 	"strconv"
@@ -28,14 +27,7 @@ import (
 // decision is an admission from a block: denials past the limit would be
 // answered by the deny cache, at no store call, and flatter the figure.
 func TestReserveDaemons(t *testing.T) {
-	srv, err := redistest.Start(t.TempDir())
-	if errors.Is(err, redistest.ErrNotInstalled) {
-		t.Fatal("redis-server is not installed (make test installs it)")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	srv := redistest.ForTest(t)
 	const limit, period = 20_000, time.Second
 	policies := filepath.Join(t.TempDir(), "policies.yaml")
 	writeTestFile(t, policies, "policies:\n  hot:\n    algorithm: fixed_window\n    limit: "+strconv.Itoa(limit)+"\n    period: 1s\n    sync: reserve\n")

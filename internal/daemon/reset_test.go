@@ -2,7 +2,6 @@ package daemon
 
 import (
 	"context"
-	"errors"
 	"io"
 	"net/http"
 	"path/filepath"
@@ -93,14 +92,7 @@ func TestResetEndpoint(t *testing.T) {
 // TestResetEndpointRedis: on Redis, a reset empties the key; with the
 // server down it answers 503 with the store's error.
 func TestResetEndpointRedis(t *testing.T) {
-	srv, err := redistest.Start(t.TempDir())
-	if errors.Is(err, redistest.ErrNotInstalled) {
-		t.Fatal("redis-server is not installed (make test installs it)")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	srv := redistest.ForTest(t)
 	policies := filepath.Join(t.TempDir(), "policies.yaml")
 	writeTestFile(t, policies, "policies:\n  p:\n    algorithm: sliding_log\n    limit: 10\n    period: 1000h\n")
 	d, err := StartArgs(context.Background(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0", "--redis", "redis://"+srv.Addr,

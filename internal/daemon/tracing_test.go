@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
-	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -167,14 +166,7 @@ const (
 // traceparent header, returned); it returns the daemon, still running.
 func startTraced(t *testing.T, environ map[string]string) (*Daemon, string) {
 	t.Helper()
-	srv, err := redistest.Start(t.TempDir())
-	if errors.Is(err, redistest.ErrNotInstalled) {
-		t.Fatal("redis-server is not installed (make test installs it)")
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { srv.Close() })
+	srv := redistest.ForTest(t)
 	rules := filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(rules, []byte(tracingRules), 0o644); err != nil {
 		t.Fatal(err)
