@@ -37,10 +37,7 @@ func runEmbedded(ctx context.Context, s *setup) (*scenario.Section, error) {
 	for i := range names {
 		names[i] = "user:" + strconv.Itoa(i) + ":api"
 	}
-	k := 3
-	if s.quick {
-		k = 1
-	}
+	k := s.rounds(3, 1)
 	forms := []limiterForm{
 		{"hotkey engine (memory store, detector on)", func() (func(string) bool, func()) {
 			e, err := hotkey.New(counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: 2 * keys}))

@@ -79,10 +79,7 @@ func runEnvoy(ctx context.Context, s *setup) (*scenario.Section, error) {
 	const clients, keys, batch = 64, 10_000, 100
 	d := s.scale(4*time.Second, time.Second)
 	warm := s.scale(time.Second, 250*time.Millisecond)
-	k := 3
-	if s.quick {
-		k = 1
-	}
+	k := s.rounds(3, 1)
 	dir, err := os.MkdirTemp("", "hotkey-report-envoy-")
 	if err != nil {
 		return nil, err

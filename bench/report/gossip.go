@@ -464,10 +464,7 @@ func gossipCost(ctx context.Context, cluster *natsserver.Cluster, s *setup, sec 
 		}
 	}
 	d := s.scale(time.Second, 300*time.Millisecond)
-	k := 5
-	if s.quick {
-		k = 3
-	}
+	k := s.rounds(5, 3)
 	sec.Printf("**Decision cost.** One engine (detector on) with the memory store and a NATS coordinator alone on the cluster, so its rounds are flushed and published every %v but no peer's are charged; the same 10,000 keys under a policy of each mode (limit 10^9/s, never denied), decided in turn; %v per mode and goroutine count, %d rounds alternating the modes, medians. The same comparison is `make bench BENCH=GossipDecision` (RunParallel).\n\n",
 		hotkey.DefaultGossipInterval, d, k)
 	sec.Printf("| goroutines | sync: store ns/op | sync: gossip ns/op | gossip ÷ store (target ≤ 1.15) |\n|---|---|---|---|\n")

@@ -64,6 +64,15 @@ func (s *setup) scale(full, quick time.Duration) time.Duration {
 	return full
 }
 
+// rounds returns full, or quick in quick mode: how many rounds a scenario
+// alternates its measures for.
+func (s *setup) rounds(full, quick int) int {
+	if s.quick {
+		return quick
+	}
+	return full
+}
+
 func main() {
 	quick := flag.Bool("quick", false, "short runs (the whole report in under 4 minutes on 2 cores)")
 	md := flag.String("md", "", "append the sections to this file (default: stdout)")

@@ -73,10 +73,7 @@ func runRatelimit(ctx context.Context, s *setup) (*scenario.Section, error) {
 	hotD := s.scale(10*time.Second, 3*time.Second)
 	hotRate := float64(3 * rlsLimit)
 	warm := s.scale(time.Second, 500*time.Millisecond)
-	k := 3
-	if s.quick {
-		k = 1
-	}
+	k := s.rounds(3, 1)
 	dir, err := os.MkdirTemp("", "hotkey-report-ratelimit-")
 	if err != nil {
 		return nil, err

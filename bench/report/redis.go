@@ -36,10 +36,7 @@ return ok
 func runRedis(ctx context.Context, s *setup) (*scenario.Section, error) {
 	const goroutines, keys = 64, 10_000
 	d := s.scale(5*time.Second, 2*time.Second)
-	k := 3
-	if s.quick {
-		k = 1
-	}
+	k := s.rounds(3, 1)
 	client := redis.NewClient(&redis.Options{Addr: s.env.Server.Addr, PoolSize: goroutines})
 	defer client.Close()
 	store, err := counter.NewRedisStore(ctx, client, counter.RedisConfig{})

@@ -333,10 +333,7 @@ func (t *windowTarget) Decide(ctx context.Context, key string, cost int64) (load
 func (f *fleet) throughput(ctx context.Context, admin *redis.Client, s *setup, sec *scenario.Section) error {
 	const perEngine = 16
 	d := s.scale(3*time.Second, time.Second)
-	k := 3
-	if s.quick {
-		k = 1
-	}
+	k := s.rounds(3, 1)
 	type total struct{ wall, cpu, calls, decisions float64 }
 	totals := make([]total, 2)
 	modes := []hotkey.Sync{hotkey.SyncStore, hotkey.SyncReserve}
