@@ -9,7 +9,7 @@ BENCH ?= .
 BENCHOUT ?= bench.out
 BENCHROUNDS ?= $(if $(QUICK),1,3)
 
-.PHONY: test vet redis nginx bench bench-report chaos fuzz
+.PHONY: test vet redis nginx bench bench-against bench-report chaos fuzz
 
 # make test: what CI runs. Installs redis-server and nginx when missing (the
 # tests start their own servers on loopback; nginx runs the forward-auth
@@ -72,6 +72,14 @@ bench: redis
 		$(GO) test -run '^$$' -bench '$(BENCH)' -benchtime $(BENCHTIME) -timeout 60m \
 			./bench/ ./counter/ ./shard/ ./detector/ || exit 1; \
 	done | tee $(BENCHOUT)
+
+# make bench-against BASE=<commit>: the benchmarks of make bench from the
+# tree at BASE and from this one, built once each and run alternated in
+# BENCHROUNDS rounds; prints this tree's figures ÷ BASE's (bench/against.sh).
+# BENCH narrows them, as for make bench.
+bench-against: redis
+	@test -n "$(BASE)" || { echo "usage: make bench-against BASE=<commit> [BENCH=regexp]"; exit 1; }
+	BENCH='$(BENCH)' BENCHTIME=$(BENCHTIME) BENCHROUNDS=$(BENCHROUNDS) GO=$(GO) bench/against.sh $(BASE)
 
 # make bench-report: make bench, then docs/benchmarks.md from its output
 # (written aside and moved in, so a failed report leaves the old one),

@@ -4,12 +4,19 @@
 //
 //	go test -run '^$' -bench . ./bench/ | tee bench.out
 //	go run ./bench/benchreport < bench.out > docs/benchmarks.md
+//
+// With -against, it compares two runs instead: the figures on stdin ÷ those
+// of the file named, benchmark by benchmark (bench/against.sh).
+//
+//	go run ./bench/benchreport -against base.out < this.out
 package main
 
 import (
 	"bufio"
+	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	"regexp"
 	"slices"
@@ -19,7 +26,19 @@ import (
 )
 
 func main() {
-	if err := run(os.Stdin, os.Stdout); err != nil {
+	against := flag.String("against", "", "compare stdin's figures with this file's (a run of the base)")
+	flag.Parse()
+	var err error
+	if *against != "" {
+		var base *os.File
+		if base, err = os.Open(*against); err == nil {
+			err = compare(base, os.Stdin, os.Stdout)
+			base.Close()
+		}
+	} else {
+		err = run(os.Stdin, os.Stdout)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
 		os.Exit(1)
 	}
@@ -211,6 +230,55 @@ func run(r io.Reader, w io.Writer) error {
 			}
 		}
 		fmt.Fprintf(w, "| %s | %s |\n", name, strings.Join(cells, " | "))
+	}
+	return nil
+}
+
+// compare writes, for every benchmark and unit of this run that base has too,
+// both medians and this ÷ base: the median of the rounds' ratios, round i of
+// one paired with round i of the other, as bench/against.sh runs them.
+func compare(base, this io.Reader, w io.Writer) error {
+	b, _, _, _, err := parse(base)
+	if err != nil {
+		return fmt.Errorf("base: %w", err)
+	}
+	t, order, header, rounds, err := parse(this)
+	if err != nil {
+		return err
+	}
+	if len(t) == 0 || len(b) == 0 {
+		return fmt.Errorf("no benchmark lines to compare (%d here, %d in the base)", len(t), len(b))
+	}
+	for _, h := range header {
+		fmt.Fprintf(w, "- %s\n", h)
+	}
+	fmt.Fprintf(w, "- %d round(s); a ratio is the median of the rounds' ratios\n\n", rounds)
+	fmt.Fprintln(w, "| benchmark | unit | base | this | this ÷ base |")
+	fmt.Fprintln(w, "|---|---|---|---|---|")
+	for _, name := range order {
+		old, ok := b[name]
+		if !ok {
+			continue
+		}
+		units := slices.Sorted(maps.Keys(t[name].metrics))
+		for _, u := range units {
+			ov, ok := old.metrics[u]
+			if !ok {
+				continue
+			}
+			ratio := "—"
+			ns, ds := t[name].rounds[u], old.rounds[u]
+			var ratios []float64
+			for i := range min(len(ns), len(ds)) {
+				if ds[i] != 0 {
+					ratios = append(ratios, ns[i]/ds[i])
+				}
+			}
+			if len(ratios) > 0 {
+				ratio = fmtNum(median(ratios))
+			}
+			fmt.Fprintf(w, "| %s | %s | %s | %s | %s |\n", name, u, fmtNum(ov), fmtNum(t[name].metrics[u]), ratio)
+		}
 	}
 	return nil
 }

@@ -67,3 +67,41 @@ BenchmarkAllowRedisRate-2 1 1 ns/op 100 decisions/s
 		t.Errorf("report does not say how many rounds:\n%s", out.String())
 	}
 }
+
+func TestCompare(t *testing.T) {
+	base := `cpu: AMD EPYC
+BenchmarkAllowMemory/detector=true-2 	 100	 800.0 ns/op	 0 allocs/op
+BenchmarkAllowMemory/detector=true-2 	 100	 1000 ns/op	 0 allocs/op
+BenchmarkDaemon/rtt=local/api=http-2 	 100	 50000 decisions/s
+BenchmarkGone-2 	 100	 5.0 ns/op
+`
+	this := `cpu: AMD EPYC
+BenchmarkAllowMemory/detector=true-2 	 100	 400.0 ns/op	 0 allocs/op
+BenchmarkAllowMemory/detector=true-2 	 100	 600.0 ns/op	 0 allocs/op
+BenchmarkDaemon/rtt=local/api=http-2 	 100	 60000 decisions/s
+BenchmarkNew-2 	 100	 5.0 ns/op
+`
+	var out bytes.Buffer
+	if err := compare(strings.NewReader(base), strings.NewReader(this), &out); err != nil {
+		t.Fatal(err)
+	}
+	got := out.String()
+	for _, want := range []string{
+		// Rounds pair: 400/800 and 600/1000, median 0.55 (not 500/900).
+		"| BenchmarkAllowMemory/detector=true | ns/op | 900.0 | 500.0 | 0.550 |",
+		"| BenchmarkAllowMemory/detector=true | allocs/op | 0 | 0 | — |",
+		"| BenchmarkDaemon/rtt=local/api=http | decisions/s | 50000 | 60000 | 1.200 |",
+	} {
+		if !strings.Contains(got, want) {
+			t.Errorf("missing %q in\n%s", want, got)
+		}
+	}
+	for _, absent := range []string{"BenchmarkGone", "BenchmarkNew"} {
+		if strings.Contains(got, absent) {
+			t.Errorf("%s is in one run only, yet reported:\n%s", absent, got)
+		}
+	}
+	if err := compare(strings.NewReader(""), strings.NewReader(this), &out); err == nil {
+		t.Error("an empty base compared without an error")
+	}
+}
