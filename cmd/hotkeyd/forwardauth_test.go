@@ -17,7 +17,8 @@ import (
 	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
-// gatewaysDoc holds the nginx snippet that TestForwardAuthNginx runs.
+// gatewaysDoc holds the nginx and Caddy snippets that TestForwardAuthNginx
+// and TestForwardAuthCaddy run.
 const gatewaysDoc = "../../docs/gateways.md"
 
 // docSnippet returns the ```lang block of docs/gateways.md between the
@@ -62,7 +63,7 @@ func gatewayBinary(t *testing.T, name string) string {
 	return path
 }
 
-// gateway is a gateway process (nginx) the test started, stopped by
+// gateway is a gateway process (nginx, caddy) the test started, stopped by
 // its PID.
 type gateway struct {
 	name   string
@@ -175,6 +176,31 @@ func startNginx(t *testing.T, dir, conf string) *gateway {
 			t.Fatal(err)
 		}
 		return exec.Command(path, "-e", "stderr", "-p", dir, "-c", cfgPath, "-g", "daemon off; pid "+filepath.Join(dir, "nginx.pid")+"; error_log stderr;"), full
+	})
+}
+
+// startCaddy runs caddy with the Caddyfile site conf, its site address
+// "example.com" made plain HTTP on a free loopback port, with no admin
+// endpoint and its home, data and config directories in dir, and waits
+// until it answers.
+func startCaddy(t *testing.T, dir, conf string) *gateway {
+	t.Helper()
+	path := gatewayBinary(t, "caddy")
+	if !strings.HasPrefix(conf, "example.com {") {
+		t.Fatal("the Caddy snippet has no site \"example.com {\" to move to a free port")
+	}
+	env := append(os.Environ(), "HOME="+filepath.Join(dir, "home"), "XDG_DATA_HOME="+filepath.Join(dir, "data"), "XDG_CONFIG_HOME="+filepath.Join(dir, "config"))
+	// A request without the key header gets hotkeyd's 400 without reaching
+	// the backend or taking a unit.
+	return startGateway(t, "caddy", "/", func(addr string) (*exec.Cmd, string) {
+		full := "{\n    admin off\n}\n\n" + strings.Replace(conf, "example.com {", "http://"+addr+" {", 1)
+		cfgPath := filepath.Join(dir, "Caddyfile")
+		if err := os.WriteFile(cfgPath, []byte(full), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		cmd := exec.Command(path, "run", "--config", cfgPath, "--adapter", "caddyfile")
+		cmd.Env = env
+		return cmd, full
 	})
 }
 
@@ -298,5 +324,21 @@ func TestForwardAuthNginx(t *testing.T) {
 	checkForwardAuth(t, startNginx(t, dir, conf), reached, n, limit, forwardAuthWant{
 		denied: func(body string) bool { return body == "too many requests\n" },
 		noKey:  func(body string) bool { return body == "missing X-Api-Key header\n" },
+	})
+}
+
+// TestForwardAuthCaddy: the Caddy snippet of docs/gateways.md, run by a
+// real caddy in front of a backend, with hotkeyd answering its
+// forward_auth. Of N requests for one key over the policy's limit L,
+// exactly L reach the backend, with the RateLimit headers, and N-L get
+// hotkeyd's 429 with Retry-After and the RateLimit headers; another key is
+// unaffected; a request without the key header gets hotkeyd's 400 without
+// reaching the backend.
+func TestForwardAuthCaddy(t *testing.T) {
+	const n, limit = 12, 5
+	conf, dir, reached := forwardAuthSetup(t, "caddy", "caddyfile", limit)
+	checkForwardAuth(t, startCaddy(t, dir, conf), reached, n, limit, forwardAuthWant{
+		denied: func(body string) bool { return strings.Contains(body, `"allowed":false`) },
+		noKey:  func(body string) bool { return strings.Contains(body, "no rate-limit key") },
 	})
 }
