@@ -9,12 +9,13 @@ BENCH ?= .
 BENCHOUT ?= bench.out
 BENCHROUNDS ?= $(if $(QUICK),1,3)
 
-.PHONY: test vet redis nginx bench bench-against bench-report chaos fuzz
+.PHONY: test vet redis nginx caddy bench bench-against bench-report chaos fuzz
 
-# make test: what CI runs. Installs redis-server and nginx when missing (the
-# tests start their own servers on loopback; nginx runs the forward-auth
-# snippet of docs/gateways.md), then vets and runs every test with -race.
-test: redis nginx vet
+# make test: what CI runs. Installs redis-server, nginx and caddy when
+# missing (the tests start their own servers on loopback; nginx and caddy run
+# the forward-auth snippets of docs/gateways.md), then vets and runs every
+# test with -race.
+test: redis nginx caddy vet
 	$(GO) test -race -count=1 -timeout 15m ./...
 	cd deploy/rulescheck && $(GO) test -count=1 ./...
 
@@ -62,6 +63,15 @@ nginx:
 		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx >/dev/null; \
 	}
 	@PATH="$$PATH:/usr/sbin" nginx -v
+
+# caddy: TestForwardAuthCaddy runs its own, as an ordinary process on a
+# loopback port; the package's service is not needed.
+caddy:
+	@command -v caddy >/dev/null 2>&1 || test -x /usr/sbin/caddy || { \
+		echo "installing caddy"; \
+		apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq caddy >/dev/null; \
+	}
+	@PATH="$$PATH:/usr/sbin" caddy version
 
 # make bench: the benchmarks that compare the engine with its baselines
 # (BENCH narrows them by regexp), in BENCHROUNDS rounds so that a benchmark
