@@ -28,8 +28,9 @@ var ErrNoPeek = errors.New("the store cannot peek")
 // decision metrics, and moves no usage. When the store cannot answer,
 // p.OnStoreFailure decides as for AllowN, and its local counters are
 // read, not charged. Bad input returns AllowN's errors; a store that
-// cannot peek returns ErrNoPeek. It blocks only on the store: one call per
-// counter read, a split key's level of them.
+// cannot peek returns ErrNoPeek. It blocks only on the store, which reads
+// a split key's subcounters together where it is a counter.BatchPeeker
+// (on Redis, in one round trip per node that holds them), else one each.
 func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error) {
 	if p == nil {
 		return Result{}, ErrNilPolicy
@@ -77,19 +78,23 @@ func (e *Engine) peekStore(ctx context.Context, peeker counter.Peeker, name stri
 // peekSplit peeks at each of the level subcounters of ent under pl, and
 // answers for the key whole (see Peek).
 func (e *Engine) peekSplit(ctx context.Context, peeker counter.Peeker, ent *shard.Entry, level shard.Level, pl shard.Placement, lim Limit) (Result, error) {
-	capacity := lim.Capacity()
-	out := Result{Limit: capacity, Shards: level}
-	var held int64 // units the subcounters hold before the peeked one
+	ops := make([]counter.PeekOp, 0, int(level))
 	for i := range int(level) {
 		sub := subLimit(lim, level, i)
 		if sub.Rate == 0 { // no share: no decision takes from it
 			continue
 		}
 		name, hash := ent.Sub(level, i, pl)
-		r, err := e.peekOne(ctx, peeker, name, hash, sub)
-		if err != nil {
-			return Result{}, err
-		}
+		ops = append(ops, counter.PeekOp{Key: name, Hash: hash, Limit: sub})
+	}
+	if err := e.peekMany(ctx, peeker, ops); err != nil {
+		return Result{}, err
+	}
+	capacity := lim.Capacity()
+	out := Result{Limit: capacity, Shards: level}
+	var held int64 // units the subcounters hold before the peeked one
+	for _, op := range ops {
+		r := op.Result
 		out.ResetAfter = max(out.ResetAfter, r.ResetAfter)
 		if r.Allowed {
 			held += r.Remaining + 1
@@ -125,6 +130,51 @@ func (e *Engine) peekOne(ctx context.Context, peeker counter.Peeker, name string
 	r, err := peeker.Peek(ctx, name, hash, lim)
 	e.brk.report(ctx, probe, err)
 	return r, err
+}
+
+// peekMany sets the Result of each of ops as peekOne would find it, the
+// counters the deny cache does not know read in one call through the
+// breaker: a PeekBatch if peeker is a counter.BatchPeeker, else a Peek
+// each. It may reorder ops. It returns the first error an op met, and then
+// the Results are not all set.
+func (e *Engine) peekMany(ctx context.Context, peeker counter.Peeker, ops []counter.PeekOp) error {
+	ask := 0 // ops[:ask] go to the store
+	for i := range ops {
+		if r, ok := e.knownDenied(ops[i].Hash, ops[i].Limit, 1); ok {
+			ops[i].Result = r
+			continue
+		}
+		ops[ask], ops[i] = ops[i], ops[ask]
+		ask++
+	}
+	if ask == 0 {
+		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	ok, probe := e.brk.allow()
+	if !ok {
+		return ErrBreakerOpen
+	}
+	var err error
+	if bp, ok := peeker.(counter.BatchPeeker); ok {
+		bp.PeekBatch(ctx, ops[:ask])
+		for i := range ask {
+			if err = ops[i].Err; err != nil {
+				break
+			}
+		}
+	} else {
+		for i := range ask {
+			op := &ops[i]
+			if op.Result, err = peeker.Peek(ctx, op.Key, op.Hash, op.Limit); err != nil {
+				break
+			}
+		}
+	}
+	e.brk.report(ctx, probe, err)
+	return err
 }
 
 // peekFallback answers a peek the store could not, as p's fallback
