@@ -706,9 +706,8 @@ func TestChaosNATSPartition(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(func() { store.Close() })
-		cfg := natsConfig(s.URL())
-		cfg.NATSOptions = append(cfg.NATSOptions, nats.IgnoreDiscoveredServers()) // stay on this side
-		co, err := coordinator.NewNATS(cfg)
+		nc := natsConn(t, []string{s.URL()}, nats.IgnoreDiscoveredServers()) // stay on this side
+		co, err := coordinator.NewNATS(nc, natsConfig())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -23,7 +24,8 @@ import (
 // each recording the levels it applies.
 type fleet struct {
 	cluster *natsserver.Cluster
-	cfg     coordinator.Config // of every coordinator, less its URLs
+	cfg     coordinator.Config // of every coordinator
+	conns   []*nats.Conn       // the coordinators', closed after the engines
 	engines []*Engine
 	coords  []*coordinator.NATS
 	logs    []*levelLog
@@ -39,15 +41,34 @@ type appliedLevel struct {
 
 // natsConfig is the coordinator configuration of the tests: short ttl and
 // heartbeats, so that lapses and membership show within a second.
-func natsConfig(urls ...string) coordinator.Config {
+func natsConfig() coordinator.Config {
 	return coordinator.Config{
-		URLs:          urls,
-		TTL:           600 * time.Millisecond,
-		Heartbeat:     200 * time.Millisecond,
-		ReconnectWait: 50 * time.Millisecond,
-		SyncWait:      200 * time.Millisecond,
-		NATSOptions:   []nats.Option{nats.DontRandomize()},
+		TTL:       600 * time.Millisecond,
+		Heartbeat: 200 * time.Millisecond,
+		SyncWait:  200 * time.Millisecond,
 	}
+}
+
+// dialNATS connects a coordinator's connection to the servers at urls, in
+// that order, as coordinator.NewNATS says it is meant to be made,
+// reconnecting quickly, with opts applied last. The caller closes it.
+func dialNATS(urls []string, opts ...nats.Option) (*nats.Conn, error) {
+	return nats.Connect(strings.Join(urls, ","), append([]nats.Option{
+		nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond),
+		nats.ReconnectBufSize(-1), nats.NoEcho(), nats.DontRandomize(),
+	}, opts...)...)
+}
+
+// natsConn is dialNATS for one test, closed at cleanup: after the engines
+// whose cleanups are registered later.
+func natsConn(t *testing.T, urls []string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	nc, err := dialNATS(urls, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }
 
 // startFleet starts the cluster and n engines on store, with the
@@ -70,6 +91,9 @@ func startFleetConfig(t *testing.T, cfg coordinator.Config, n int, store func() 
 		for _, e := range f.engines {
 			e.Close()
 		}
+		for _, nc := range f.conns {
+			nc.Close()
+		}
 		c.Close()
 	})
 	for i := range n {
@@ -87,9 +111,12 @@ func (f *fleet) add(t *testing.T, node int, store counter.Store, opts ...Option)
 			urls = append(urls, f.cluster.URL(j))
 		}
 	}
-	cfg := f.cfg
-	cfg.URLs = urls
-	co, err := coordinator.NewNATS(cfg)
+	nc, err := dialNATS(urls)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.conns = append(f.conns, nc)
+	co, err := coordinator.NewNATS(nc, f.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -278,7 +305,7 @@ func TestNATSTransferRedis(t *testing.T) {
 	}
 	t.Cleanup(func() { store.Close(); client.Close() })
 	f := startFleet(t, 3, func() counter.Store { return store })
-	driver, err := coordinator.NewNATS(natsConfig(f.cluster.URL(0)))
+	driver, err := coordinator.NewNATS(natsConn(t, []string{f.cluster.URL(0)}), natsConfig())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,8 +21,8 @@ import (
 var gossipSecret = []byte("gossip-test-secret-0123456789abcdef")
 
 // gossipNATSConfig is natsConfig with a Secret.
-func gossipNATSConfig(urls ...string) coordinator.Config {
-	cfg := natsConfig(urls...)
+func gossipNATSConfig() coordinator.Config {
+	cfg := natsConfig()
 	cfg.Secret = gossipSecret
 	return cfg
 }
@@ -215,9 +215,7 @@ func TestGossipNATSPeerKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	cfg := f.cfg
-	cfg.Conn, cfg.NATSOptions = nc, nil
-	co, err := coordinator.NewNATS(cfg)
+	co, err := coordinator.NewNATS(nc, f.cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -402,7 +400,7 @@ func TestGossipNATSPartition(t *testing.T) {
 		}
 		t.Cleanup(srv.Shutdown)
 		for range perSide {
-			co, err := coordinator.NewNATS(gossipNATSConfig(srv.URL()))
+			co, err := coordinator.NewNATS(natsConn(t, []string{srv.URL()}), gossipNATSConfig())
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -455,11 +453,11 @@ func TestGossipNATSClockStep(t *testing.T) {
 	var step atomic.Int64 // b's clocks are ahead by this much
 	p := gossipWindow(limit)
 	newEngine := func(now func() time.Time, clock func() time.Time) (*Engine, *coordinator.NATS) {
-		cfg := gossipNATSConfig(srv.URL())
+		cfg := gossipNATSConfig()
 		cfg.MaxClockSkew = skew
 		cfg.Heartbeat = time.Minute // no heartbeat among the messages refused
 		cfg.Now = now
-		co, err := coordinator.NewNATS(cfg)
+		co, err := coordinator.NewNATS(natsConn(t, []string{srv.URL()}), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -108,7 +108,7 @@ func natsCoordinator(b *testing.B, s *natsserver.Server) *coordinator.NATS {
 		b.Fatal(err)
 	}
 	b.Cleanup(nc.Close)
-	co, err := coordinator.NewNATS(coordinator.Config{Conn: nc})
+	co, err := coordinator.NewNATS(nc, coordinator.Config{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -8,18 +8,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 	"unicode/utf8"
-
-	"github.com/nats-io/nats.go"
-
-	"github.com/hotkeyd/hotkey/internal/redact"
 )
 
-// ErrInvalidConfig is in every error NewNATS and Config.AuthOptions return
-// for a Config they refuse (errors.Is); the error's text says which field
-// and why.
+// ErrInvalidConfig is in every error NewNATS returns for a Config it
+// refuses, or a nil connection (errors.Is); the error's text says which
+// field and why.
 var ErrInvalidConfig = errors.New("coordinator: invalid config")
 
 // configError is a refused Config: errors.Is finds ErrInvalidConfig and the
@@ -30,20 +25,18 @@ func (e configError) Unwrap() []error { return []error{ErrInvalidConfig, e.error
 
 // Defaults of Config.
 const (
-	DefaultPrefix         = "hotkey"
-	DefaultNamespace      = "default"
-	DefaultTTL            = 3 * time.Second
-	DefaultMaxTTL         = time.Minute
-	DefaultHeartbeat      = time.Second
-	DefaultMaxHotKeys     = 10000
-	DefaultMaxKeyLen      = 512
-	DefaultMaxPeers       = 1024
-	DefaultMaxInstances   = 64
-	DefaultMaxClockSkew   = 30 * time.Second
-	DefaultMaxMessage     = 64 << 10
-	DefaultSyncWait       = 500 * time.Millisecond
-	DefaultReconnectWait  = 500 * time.Millisecond
-	DefaultConnectTimeout = 2 * time.Second
+	DefaultPrefix       = "hotkey"
+	DefaultNamespace    = "default"
+	DefaultTTL          = 3 * time.Second
+	DefaultMaxTTL       = time.Minute
+	DefaultHeartbeat    = time.Second
+	DefaultMaxHotKeys   = 10000
+	DefaultMaxKeyLen    = 512
+	DefaultMaxPeers     = 1024
+	DefaultMaxInstances = 64
+	DefaultMaxClockSkew = 30 * time.Second
+	DefaultMaxMessage   = 64 << 10
+	DefaultSyncWait     = 500 * time.Millisecond
 
 	// MinInterval is the shortest TTL and Heartbeat accepted.
 	MinInterval = 10 * time.Millisecond
@@ -66,38 +59,10 @@ const (
 	peerTimeout = 3
 )
 
-// Config configures a NATS coordinator. Zero fields take the defaults
-// given; NewNATS rejects invalid values with an error saying which.
+// Config configures a NATS coordinator; the connection is NewNATS's
+// argument. Zero fields take the defaults given; NewNATS rejects invalid
+// values with an error saying which.
 type Config struct {
-	// Conn is an established connection to use. The coordinator does not
-	// own it: Close leaves it open, and connection events (reconnects) are
-	// noticed by polling, within a heartbeat. Set either Conn or URLs.
-	Conn *nats.Conn
-	// URLs are the servers to dial (nats:// or tls://, several for a
-	// cluster). The coordinator owns that connection: it reconnects
-	// forever (waiting ReconnectWait between rounds over the servers), and
-	// Close closes it.
-	URLs []string
-
-	// Credentials for dialing, at most one kind: User and Password, Token,
-	// an nkey seed file, or a credentials (JWT) file.
-	User, Password string
-	Token          string
-	NkeySeedFile   string
-	CredsFile      string
-	// TLS for dialing: CAFile verifies the server (PEM); CertFile and
-	// KeyFile (PEM) are a client certificate, for servers that verify
-	// clients. Either turns TLS on.
-	CAFile            string
-	CertFile, KeyFile string
-	// ConnectTimeout bounds dialing one server (default 2 s).
-	ConnectTimeout time.Duration
-	// ReconnectWait is the pause before a server is tried again after a
-	// failed attempt (default 500 ms; nats.go adds jitter).
-	ReconnectWait time.Duration
-	// NATSOptions are applied last when dialing, to set anything else.
-	NATSOptions []nats.Option
-
 	// Prefix and Namespace name the subjects: <Prefix>.<Namespace>.lease,
 	// .hb, .sync and .gossip. Instances share leases only within one namespace.
 	// Each is 1 to 64 of A-Z a-z 0-9 - _ (defaults "hotkey", "default").
@@ -171,8 +136,9 @@ type Config struct {
 	// with Secret. At least MinInterval.
 	MaxClockSkew time.Duration
 
-	// Logger receives connection events at Info and Warn; invalid messages
-	// and rejections at Debug. Default: discard.
+	// Logger receives invalid messages, rejections and the reconnections
+	// handled at Debug; the connection's own events are its owner's to log.
+	// Default: discard.
 	Logger *slog.Logger
 
 	// Now is the clock read for every decision about time: when leases
@@ -188,11 +154,6 @@ type Config struct {
 // withDefaults returns c with zero fields set to their defaults, or an error
 // naming the first invalid field.
 func (c Config) withDefaults() (Config, error) {
-	if err := checkConnConfig(&c); err != nil {
-		return c, err
-	}
-	c.ConnectTimeout = cmp.Or(c.ConnectTimeout, DefaultConnectTimeout)
-	c.ReconnectWait = cmp.Or(c.ReconnectWait, DefaultReconnectWait)
 	c.Prefix = cmp.Or(c.Prefix, DefaultPrefix)
 	c.Namespace = cmp.Or(c.Namespace, DefaultNamespace)
 	if !validToken(c.Prefix) {
@@ -298,114 +259,4 @@ func validToken(s string) bool {
 		}
 	}
 	return true
-}
-
-// checkConnConfig checks the connection part of a Config: either a
-// connection the caller owns, or URLs and the options to dial them.
-func checkConnConfig(c *Config) error {
-	dialing := len(c.URLs) > 0 || c.User != "" || c.Password != "" || c.Token != "" ||
-		c.NkeySeedFile != "" || c.CredsFile != "" || c.CAFile != "" || c.CertFile != "" ||
-		c.KeyFile != "" || len(c.NATSOptions) > 0
-	if c.Conn != nil {
-		if dialing {
-			return errors.New("coordinator: Config.Conn is set, so URLs, credentials, TLS files and NATSOptions must be empty (they apply only when the coordinator dials NATS itself)")
-		}
-		return nil
-	}
-	if len(c.URLs) == 0 {
-		return errors.New("coordinator: Config needs Conn or at least one URL")
-	}
-	for _, u := range c.URLs {
-		if strings.TrimSpace(u) == "" {
-			return errors.New("coordinator: empty URL in Config.URLs")
-		}
-	}
-	auth := 0
-	for _, set := range []bool{c.User != "" || c.Password != "", c.Token != "", c.NkeySeedFile != "", c.CredsFile != ""} {
-		if set {
-			auth++
-		}
-	}
-	if auth > 1 {
-		return errors.New("coordinator: set at most one of User/Password, Token, NkeySeedFile and CredsFile")
-	}
-	if c.Password != "" && c.User == "" {
-		return errors.New("coordinator: Config.Password needs Config.User")
-	}
-	if (c.CertFile == "") != (c.KeyFile == "") {
-		return errors.New("coordinator: Config.CertFile and Config.KeyFile go together")
-	}
-	if c.ReconnectWait < 0 || c.ConnectTimeout < 0 {
-		return errors.New("coordinator: ReconnectWait and ConnectTimeout must not be negative")
-	}
-	return nil
-}
-
-// dialOptions returns the nats.go options for a connection the coordinator
-// owns. The handlers report connection events to c.
-func (c *NATS) dialOptions() ([]nats.Option, error) {
-	cfg := &c.cfg
-	opts := []nats.Option{
-		nats.Name("hotkey " + cfg.ID),
-		nats.Timeout(cfg.ConnectTimeout),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(cfg.ReconnectWait),
-		// Nothing is buffered while disconnected: publishes fail (and are
-		// counted), and every own lease is published again on reconnect,
-		// so no stale lease is replayed.
-		nats.ReconnectBufSize(-1),
-		// Own messages are not echoed back.
-		nats.NoEcho(),
-		nats.DisconnectErrHandler(func(nc *nats.Conn, err error) {
-			if nc.IsClosed() { // our own Close
-				return
-			}
-			c.st.disconnects.Add(1)
-			c.log.Warn("coordinator: disconnected from NATS", "err", err)
-		}),
-		nats.ReconnectHandler(func(nc *nats.Conn) {
-			c.log.Info("coordinator: reconnected to NATS", "url", redact.URL(nc.ConnectedUrl()))
-			c.wake(c.wakePub)
-		}),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
-			c.st.asyncErrors.Add(1)
-			c.log.Warn("coordinator: NATS error", "err", err)
-		}),
-	}
-	auth, err := cfg.AuthOptions()
-	if err != nil {
-		return nil, err
-	}
-	opts = append(opts, auth...)
-	return append(opts, cfg.NATSOptions...), nil
-}
-
-// AuthOptions returns the nats.go options for the credentials and TLS
-// files c names (User and Password, Token, NkeySeedFile or CredsFile;
-// CAFile, CertFile and KeyFile), for a program that dials its own
-// connection with them and passes it as Config.Conn. The only error is an
-// nkey seed file that cannot be read.
-func (c Config) AuthOptions() ([]nats.Option, error) {
-	var opts []nats.Option
-	switch {
-	case c.User != "":
-		opts = append(opts, nats.UserInfo(c.User, c.Password))
-	case c.Token != "":
-		opts = append(opts, nats.Token(c.Token))
-	case c.NkeySeedFile != "":
-		o, err := nats.NkeyOptionFromSeed(c.NkeySeedFile)
-		if err != nil {
-			return nil, configError{fmt.Errorf("coordinator: nkey seed file %s: %w", c.NkeySeedFile, err)}
-		}
-		opts = append(opts, o)
-	case c.CredsFile != "":
-		opts = append(opts, nats.UserCredentials(c.CredsFile))
-	}
-	if c.CAFile != "" {
-		opts = append(opts, nats.RootCAs(c.CAFile))
-	}
-	if c.CertFile != "" {
-		opts = append(opts, nats.ClientCert(c.CertFile, c.KeyFile))
-	}
-	return opts, nil
 }

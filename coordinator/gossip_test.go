@@ -78,12 +78,9 @@ func (g *gossipRecorder) got() (gossip, synced [][]byte) {
 
 // startGossip starts a coordinator with cfg reporting to a new
 // gossipRecorder (with snapshot); cleanup closes it and checks the recorder.
-func startGossip(t *testing.T, cfg Config, snapshot ...[]byte) (*NATS, *gossipRecorder) {
+func startGossip(t *testing.T, cfg spec, snapshot ...[]byte) (*NATS, *gossipRecorder) {
 	t.Helper()
-	c, err := NewNATS(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newCoord(t, cfg)
 	g := &gossipRecorder{recorder: newRecorder(cfg.ID), snapshot: snapshot}
 	if err := c.Start(g); err != nil {
 		t.Fatal(err)
@@ -116,7 +113,9 @@ func TestGossipDelivery(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer echo.Close()
-	d, gd := startGossip(t, Config{Conn: echo, ID: "d", TTL: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond, Now: testkit.NewClock().Now})
+	specD := testConfig("d")
+	specD.conn = echo
+	d, gd := startGossip(t, specD)
 	plain, rp := startCoord(t, testConfig("plain", s.URL()))
 	waitMesh(t, 4, ga.recorder, gb.recorder, gd.recorder, rp)
 
@@ -182,10 +181,7 @@ func TestGossipDelivery(t *testing.T) {
 			t.Errorf("a payload of %d bytes (MaxGossip %d): %v, want ErrGossipSize", len(p), a.MaxGossip(), err)
 		}
 	}
-	idle, err := NewNATS(testConfig("idle", s.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	idle := newCoord(t, testConfig("idle", s.URL()))
 	if err := idle.PublishGossip([]byte("p")); !errors.Is(err, ErrClosed) {
 		t.Errorf("before Start: %v, want ErrClosed", err)
 	}
@@ -259,6 +255,7 @@ func TestGossipSigned(t *testing.T) {
 	// heartbeats is judged on the moved clock.
 	clients := s.Server().NumClients()
 	closeCoord(t, a, ga.recorder)
+	a.nc.Close()
 	testkit.For(t, patience, "the server sees a go", func() bool { return s.Server().NumClients() < clients })
 	publishAll(t, nc, "hotkey.default.hb", []byte(`{"v":1,"t":"hb","origin":"marker"}`))
 	waitInvalid(t, b, sent+1)
@@ -334,10 +331,7 @@ func TestGossipFlood(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
 	a, ga := startGossip(t, testConfig("a", s.URL()))
 	cfgB := testConfig("b", s.URL())
-	b, err := NewNATS(cfgB)
-	if err != nil {
-		t.Fatal(err)
-	}
+	b := newCoord(t, cfgB)
 	gb := &gossipRecorder{recorder: newRecorder("b"), gate: make(chan struct{})}
 	if err := b.Start(gb); err != nil {
 		t.Fatal(err)
@@ -400,10 +394,7 @@ func TestGossipFlood(t *testing.T) {
 // refused), and false after Close.
 func TestGossipConnected(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	c, err := NewNATS(testConfig("a", s.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newCoord(t, testConfig("a", s.URL()))
 	if c.Connected() {
 		t.Error("connected before Start")
 	}

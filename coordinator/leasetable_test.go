@@ -393,10 +393,7 @@ func TestPeerLiveness(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c, err := NewNATS(Config{URLs: []string{"nats://127.0.0.1:4222"}, Heartbeat: hb, MaxPeers: 2, MaxInstances: tt.maxInst})
-			if err != nil {
-				t.Fatal(err)
-			}
+			c := unstarted(t, Config{Heartbeat: hb, MaxPeers: 2, MaxInstances: tt.maxInst})
 			c.mu.Lock()
 			defer c.mu.Unlock()
 			for _, b := range tt.give {

@@ -3,12 +3,14 @@ package coordinator
 import (
 	"fmt"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
@@ -132,28 +134,67 @@ func (r *recorder) check(t *testing.T) {
 	}
 }
 
+// spec is a coordinator for a test: its Config, and the servers its
+// connection dials (several for a cluster) with options added to dial's, or
+// the connection to use.
+type spec struct {
+	Config
+	urls     []string
+	dialOpts []nats.Option
+	conn     *nats.Conn
+}
+
 // onClock returns testConfig on clock c (Config.Now).
-func onClock(c *testkit.Clock, id string, urls ...string) Config {
-	cfg := testConfig(id, urls...)
-	cfg.Now = c.Now
-	return cfg
+func onClock(c *testkit.Clock, id string, urls ...string) spec {
+	s := testConfig(id, urls...)
+	s.Now = c.Now
+	return s
 }
 
 // testConfig returns a config with short intervals for tests, on a clock
 // of its own that stands still: its leases lapse and its peers die only in
 // tests that give it a clock they move.
-func testConfig(id string, urls ...string) Config {
-	return Config{
-		URLs:          urls,
-		ID:            id,
-		TTL:           300 * time.Millisecond,
-		Heartbeat:     50 * time.Millisecond,
-		ReconnectWait: 50 * time.Millisecond,
+func testConfig(id string, urls ...string) spec {
+	return spec{Config: Config{
+		ID:        id,
+		TTL:       300 * time.Millisecond,
+		Heartbeat: 50 * time.Millisecond,
+		Now:       testkit.NewClock().Now,
+	}, urls: urls}
+}
+
+// dial connects to the servers at urls as a coordinator's connection is
+// meant to be made (NewNATS), reconnecting quickly, with opts applied last;
+// it is closed at cleanup, after the coordinators started later are.
+func dial(t *testing.T, urls []string, opts ...nats.Option) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(strings.Join(urls, ","), append([]nats.Option{
+		nats.MaxReconnects(-1), nats.ReconnectWait(50 * time.Millisecond),
+		nats.ReconnectBufSize(-1), nats.NoEcho(),
 		// Start flushes its subscriptions within this: a loaded machine
 		// may take longer than the 2 s default.
-		ConnectTimeout: 10 * time.Second,
-		Now:            testkit.NewClock().Now,
+		nats.Timeout(10 * time.Second),
+	}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
 	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// newCoord builds a coordinator for s, on s.conn or else a connection
+// dialed to s.urls, failing t if NewNATS refuses it.
+func newCoord(t *testing.T, s spec) *NATS {
+	t.Helper()
+	nc := s.conn
+	if nc == nil {
+		nc = dial(t, s.urls, s.dialOpts...)
+	}
+	c, err := NewNATS(nc, s.Config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
 }
 
 // announceKeys has c announce n keys (prefix + i, at levels 4, 16 and 64 in
@@ -170,32 +211,28 @@ func announceKeys(t *testing.T, c *NATS, r *recorder, prefix string, n int) map[
 	return want
 }
 
-// startCoord starts a coordinator reporting to a new recorder; cleanup
-// closes it and checks the recorder.
-func startCoord(t *testing.T, cfg Config) (*NATS, *recorder) {
+// unstarted builds a coordinator for cfg that tests never start, on an
+// unconnected connection it never uses.
+func unstarted(t *testing.T, cfg Config) *NATS {
 	t.Helper()
-	c, r, err := launch(t, cfg)
+	c, err := NewNATS(new(nats.Conn), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return c, r
+	return c
 }
 
-// launch builds a coordinator with cfg (failing t if NewNATS refuses it) and
-// starts it reporting to a new recorder, returning Start's error. One that
-// starts is closed at cleanup, which checks the recorder.
-func launch(t *testing.T, cfg Config) (*NATS, *recorder, error) {
+// startCoord builds a coordinator for cfg (newCoord) and starts it
+// reporting to a new recorder; cleanup closes it and checks the recorder.
+func startCoord(t *testing.T, cfg spec) (*NATS, *recorder) {
 	t.Helper()
-	c, err := NewNATS(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newCoord(t, cfg)
 	r := newRecorder(cfg.ID)
 	if err := c.Start(r); err != nil {
-		return nil, nil, err
+		t.Fatal(err)
 	}
 	t.Cleanup(func() { closeCoord(t, c, r) })
-	return c, r, nil
+	return c, r
 }
 
 // closeCoord closes c and marks r so later Handler calls are errors.

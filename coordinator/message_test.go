@@ -318,10 +318,7 @@ func TestBadMessages(t *testing.T) {
 
 // TestConfig: defaults and validation.
 func TestConfig(t *testing.T) {
-	c, err := NewNATS(Config{URLs: []string{"nats://127.0.0.1:4222"}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := unstarted(t, Config{})
 	got := c.cfg
 	if got.Prefix != "hotkey" || got.Namespace != "default" || len(got.ID) != 16 || got.TTL != 3*time.Second ||
 		got.MaxTTL != time.Minute || got.Heartbeat != time.Second || got.MaxHotKeys != 10000 || got.MaxKeyLen != 512 ||
@@ -331,59 +328,50 @@ func TestConfig(t *testing.T) {
 	if c.subjLease != "hotkey.default.lease" || c.subjHB != "hotkey.default.hb" || c.subjSync != "hotkey.default.sync" {
 		t.Errorf("subjects %s %s %s", c.subjLease, c.subjHB, c.subjSync)
 	}
-	u := []string{"nats://127.0.0.1:4222"}
+	nc := new(nats.Conn) // never used: these coordinators are not started
+	if _, err := NewNATS(nil, Config{}); err == nil || !strings.Contains(err.Error(), "needs a connection") || !errors.Is(err, ErrInvalidConfig) {
+		t.Errorf("no connection: error %v, want ErrInvalidConfig", err)
+	}
 	bad := []struct {
 		cfg  Config
 		want string
 	}{
-		{Config{}, "needs Conn or at least one URL"},
-		{Config{URLs: []string{" "}}, "empty URL"},
-		{Config{Conn: &nats.Conn{}, URLs: u}, "Config.Conn is set"},
-		{Config{Conn: &nats.Conn{}, Token: "t"}, "Config.Conn is set"},
-		{Config{URLs: u, User: "u", Token: "t"}, "at most one of"},
-		{Config{URLs: u, Token: "t", CredsFile: "f"}, "at most one of"},
-		{Config{URLs: u, Password: "p"}, "Password needs"},
-		{Config{URLs: u, CertFile: "c"}, "go together"},
-		{Config{URLs: u, ReconnectWait: -1}, "negative"},
-		{Config{URLs: u, Prefix: "a.b"}, "Prefix"},
-		{Config{URLs: u, Prefix: "a*"}, "Prefix"},
-		{Config{URLs: u, Namespace: "x>"}, "Namespace"},
-		{Config{URLs: u, Namespace: "a b"}, "Namespace"},
-		{Config{URLs: u, Namespace: strings.Repeat("n", 65)}, "Namespace"},
-		{Config{URLs: u, ID: strings.Repeat("i", 65)}, "ID"},
-		{Config{URLs: u, ID: "\xff"}, "ID"},
-		{Config{URLs: u, TTL: -time.Second}, "TTL -1s is negative"},
-		{Config{URLs: u, TTL: time.Millisecond}, "at least"},
-		{Config{URLs: u, Heartbeat: time.Millisecond}, "at least"},
-		{Config{URLs: u, TTL: 2 * time.Minute}, "over MaxTTL"},
-		{Config{URLs: u, SyncWait: -1}, "SyncWait"},
-		{Config{URLs: u, MaxHotKeys: -1}, "MaxHotKeys"},
-		{Config{URLs: u, MaxMessage: 1000}, "MaxMessage 1000 is too small"},
-		{Config{URLs: u, MaxKeyLen: 20000}, "MaxMessage 65536 is too small"},
-		{Config{URLs: u, MaxInstances: -1}, "MaxInstances -1 is negative"},
-		{Config{URLs: u, MaxPeers: 10, MaxInstances: 12}, "MaxInstances 12 is over MaxPeers+1 (11)"},
-		{Config{URLs: u, MaxClockSkew: -1}, "MaxClockSkew"},
-		{Config{URLs: u, MaxClockSkew: time.Millisecond}, "at least"},
-		{Config{URLs: u, Secret: []byte("short")}, "Secret is 5 bytes: want at least 16"},
-		{Config{URLs: u, Secret: []byte{}}, "Secret is 0 bytes"},
-		{Config{URLs: u, Secret: testSecret, MaxKeyLen: 100, MaxMessage: 1150}, "MaxMessage 1150 is too small"},
+		{Config{Prefix: "a.b"}, "Prefix"},
+		{Config{Prefix: "a*"}, "Prefix"},
+		{Config{Namespace: "x>"}, "Namespace"},
+		{Config{Namespace: "a b"}, "Namespace"},
+		{Config{Namespace: strings.Repeat("n", 65)}, "Namespace"},
+		{Config{ID: strings.Repeat("i", 65)}, "ID"},
+		{Config{ID: "\xff"}, "ID"},
+		{Config{TTL: -time.Second}, "TTL -1s is negative"},
+		{Config{TTL: time.Millisecond}, "at least"},
+		{Config{Heartbeat: time.Millisecond}, "at least"},
+		{Config{TTL: 2 * time.Minute}, "over MaxTTL"},
+		{Config{SyncWait: -1}, "SyncWait"},
+		{Config{MaxHotKeys: -1}, "MaxHotKeys"},
+		{Config{MaxMessage: 1000}, "MaxMessage 1000 is too small"},
+		{Config{MaxKeyLen: 20000}, "MaxMessage 65536 is too small"},
+		{Config{MaxInstances: -1}, "MaxInstances -1 is negative"},
+		{Config{MaxPeers: 10, MaxInstances: 12}, "MaxInstances 12 is over MaxPeers+1 (11)"},
+		{Config{MaxClockSkew: -1}, "MaxClockSkew"},
+		{Config{MaxClockSkew: time.Millisecond}, "at least"},
+		{Config{Secret: []byte("short")}, "Secret is 5 bytes: want at least 16"},
+		{Config{Secret: []byte{}}, "Secret is 0 bytes"},
+		{Config{Secret: testSecret, MaxKeyLen: 100, MaxMessage: 1150}, "MaxMessage 1150 is too small"},
 	}
 	for _, b := range bad {
-		_, err := NewNATS(b.cfg)
+		_, err := NewNATS(nc, b.cfg)
 		if err == nil || !strings.Contains(err.Error(), b.want) || !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("%+v: error %v, want %q and ErrInvalidConfig", b.cfg, err, b.want)
 		}
 	}
-	if _, err := NewNATS(Config{URLs: u, Prefix: "acme-prod_1", Namespace: "eu", ID: "pod-7", MaxKeyLen: 100, MaxMessage: 1200}); err != nil {
+	if _, err := NewNATS(nc, Config{Prefix: "acme-prod_1", Namespace: "eu", ID: "pod-7", MaxKeyLen: 100, MaxMessage: 1200}); err != nil {
 		t.Error(err)
 	}
 	// MaxInstances defaults to MaxPeers+1 when that is smaller; the secret
 	// is copied.
 	secret := bytes.Clone(testSecret)
-	c, err = NewNATS(Config{URLs: u, MaxPeers: 10, Secret: secret})
-	if err != nil {
-		t.Fatal(err)
-	}
+	c = unstarted(t, Config{MaxPeers: 10, Secret: secret})
 	secret[0] ^= 1
 	if c.cfg.MaxInstances != 11 || !bytes.Equal(c.cfg.Secret, testSecret) {
 		t.Errorf("MaxInstances %d, secret %q", c.cfg.MaxInstances, c.cfg.Secret)

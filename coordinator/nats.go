@@ -4,14 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/hotkeyd/hotkey/internal/redact"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -52,6 +50,11 @@ import (
 // While NATS is unreachable, own announcements still apply at once, peers'
 // leases lapse and the live count falls to 1: the coordinator degrades to
 // local coordination, and heals on reconnect.
+//
+// The connection is the caller's (NewNATS): the coordinator never closes it
+// nor sets its handlers, so the caller may share it and keep its own. It
+// notices reconnects (to republish its leases and ask for the tables again)
+// and disconnects (Stats) by polling the connection, within a heartbeat.
 type NATS struct {
 	cfg        Config
 	lim        limits
@@ -66,10 +69,10 @@ type NATS struct {
 	seenSync   *replayGuard  // stamps of sync replies, JSON and gossip; nil without Secret
 	seenGossip *replayGuard  // stamps on <prefix>.<ns>.gossip; nil without Secret
 
+	nc *nats.Conn // the caller's
+
 	// Set by Start, then read-only.
 	h         Handler
-	nc        *nats.Conn
-	owned     bool
 	ctlSubs   []*nats.Subscription // .lease, .hb and .sync, into ctl
 	ctl       chan *nats.Msg       // control messages, in the order received
 	gossipSub *nats.Subscription   // .gossip
@@ -107,9 +110,19 @@ type NATS struct {
 
 var _ Coordinator = (*NATS)(nil)
 
-// NewNATS returns a NATS coordinator for cfg, or an error if cfg is
-// invalid. It does not connect: Start does.
-func NewNATS(cfg Config) (*NATS, error) {
+// NewNATS returns a NATS coordinator on nc for cfg, or an error wrapping
+// ErrInvalidConfig if nc is nil or cfg invalid. It does not subscribe:
+// Start does. nc, connected or still connecting, stays the caller's: the
+// coordinator never closes it, and once it is closed carries nothing more
+// (publishes fail, counted). The coordinator is meant for a connection that
+// reconnects forever (nats.MaxReconnects(-1)) and buffers nothing while
+// disconnected (nats.ReconnectBufSize(-1)), so that no lease stale by then
+// is sent on reconnect; with nats.NoEcho its own messages are not sent back
+// to it.
+func NewNATS(nc *nats.Conn, cfg Config) (*NATS, error) {
+	if nc == nil {
+		return nil, configError{errors.New("coordinator: NewNATS needs a connection")}
+	}
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, configError{err}
@@ -117,6 +130,7 @@ func NewNATS(cfg Config) (*NATS, error) {
 	subj := cfg.Prefix + "." + cfg.Namespace + "."
 	c := &NATS{
 		cfg:        cfg,
+		nc:         nc,
 		lim:        limits{maxMessage: cfg.MaxMessage, maxKeyLen: cfg.MaxKeyLen, maxTTL: cfg.MaxTTL},
 		log:        cfg.Logger.With("coordinator", cfg.ID),
 		subjLease:  subj + "lease",
@@ -158,13 +172,13 @@ func (c *NATS) ID() string { return c.cfg.ID }
 // now reads the coordinator's clock, Config.Now.
 func (c *NATS) now() time.Time { return c.cfg.Now() }
 
-// Start implements Coordinator: it connects (unless given a Conn),
-// subscribes, tells h there is 1 instance, sends a heartbeat and a join sync
-// request, and starts the goroutines. It does not wait for sync replies:
-// they are applied as they arrive, for SyncWait. If the first connection
-// fails (no server reachable, bad credentials, TLS), Start returns the error
-// and the caller may fall back to Local; once connected, the coordinator
-// reconnects forever. Announce applies locally whatever the connection.
+// Start implements Coordinator: it subscribes, waits for the server to
+// confirm the subscriptions if connected (up to the connection's
+// nats.Timeout), tells h there is 1 instance, sends a heartbeat and a join
+// sync request, and starts the goroutines. It does not wait for sync
+// replies: they are applied as they arrive, for SyncWait. It fails on a
+// closed connection, or one that cannot subscribe or flush, and the caller
+// may fall back to Local. Announce applies locally whatever the connection.
 func (c *NATS) Start(h Handler) error {
 	if h == nil {
 		return errors.New("coordinator: Start with a nil Handler")
@@ -183,8 +197,8 @@ func (c *NATS) Start(h Handler) error {
 	return nil
 }
 
-// connect does the part of Start under c.mu: connect, subscribe, send a
-// heartbeat and a sync request. It returns the connection's reconnect count.
+// connect does the part of Start under c.mu: subscribe, send a heartbeat
+// and a sync request. It returns the connection's reconnect count.
 func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -201,23 +215,12 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 		c.seenMsg.since(c.now())
 		c.seenGossip.since(c.now())
 	}
-	c.nc = c.cfg.Conn
-	if c.nc == nil {
-		opts, err := c.dialOptions()
-		if err != nil {
-			return 0, err
-		}
-		if c.nc, err = nats.Connect(strings.Join(c.cfg.URLs, ","), opts...); err != nil {
-			return 0, fmt.Errorf("coordinator: connect to NATS at %s: %w", redact.URLs(c.cfg.URLs), err)
-		}
-		c.owned = true
+	if c.nc.IsClosed() {
+		return 0, fmt.Errorf("coordinator: %w", nats.ErrConnectionClosed)
 	}
 	defer func() {
 		if err != nil {
 			c.unsubscribe()
-			if c.owned {
-				c.nc.Close()
-			}
 		}
 	}()
 	// Set before subscribing: the gossip subscription hands payloads to h.
@@ -243,14 +246,13 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 		return 0, fmt.Errorf("coordinator: subscribe: %w", err)
 	}
 	// The subscriptions are in place on the server before anything is
-	// asked of the peers. A connection not up yet (a given one made with
+	// asked of the peers. A connection not up yet (made with
 	// nats.RetryOnFailedConnect) sends them when it connects; its first
 	// connection counts as a reconnect, after which the publisher sends the
 	// heartbeat and sync request that go nowhere now.
 	reconnects := c.nc.Stats().Reconnects
-	connected := c.nc.IsConnected()
-	if connected {
-		if err = c.nc.FlushTimeout(c.cfg.ConnectTimeout); err != nil {
+	if c.nc.IsConnected() {
+		if err = c.nc.FlushTimeout(c.nc.Opts.Timeout); err != nil {
 			return 0, fmt.Errorf("coordinator: flush subscriptions to NATS: %w", err)
 		}
 		reconnects = c.nc.Stats().Reconnects
@@ -411,10 +413,9 @@ func (c *NATS) unsubscribe() {
 	}
 }
 
-// Close implements Coordinator: it stops the goroutines, unsubscribes,
-// closes the connection if the coordinator dialed it, and waits. The
-// Handler is not called once Close has returned. Calling it again does
-// nothing.
+// Close implements Coordinator: it stops the goroutines, unsubscribes and
+// waits; the connection stays open, the caller's to close. The Handler is
+// not called once Close has returned. Calling it again does nothing.
 func (c *NATS) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -429,9 +430,6 @@ func (c *NATS) Close() error {
 	}
 	close(c.done)
 	c.unsubscribe()
-	if c.owned {
-		c.nc.Close()
-	}
 	c.wg.Wait()
 	c.gossipMu.Lock()
 	c.gossipClosed = true

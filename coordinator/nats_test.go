@@ -147,7 +147,7 @@ func TestLeaseLapse(t *testing.T) {
 	const ttl = 300 * time.Millisecond
 	// b renews every ttl/3; a and c every few minutes of real time, that
 	// is never in this test, so what their leases say is exact.
-	cfg := func(id string, ttl time.Duration) Config {
+	cfg := func(id string, ttl time.Duration) spec {
 		cfg := onClock(clk, id, s.URL())
 		cfg.MaxTTL, cfg.TTL = 10*time.Minute, ttl
 		return cfg
@@ -271,10 +271,7 @@ func TestMembership(t *testing.T) {
 	}
 	b, rb := startCoord(t, onClock(clk, "b", s.URL()))
 	cfg := onClock(clk, "c", s.URL())
-	c, err := NewNATS(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newCoord(t, cfg)
 	rc := newRecorder("c")
 	if err := c.Start(rc); err != nil {
 		t.Fatal(err)
@@ -331,7 +328,7 @@ func TestMembership(t *testing.T) {
 // so every reply comes within SyncWait.
 func TestJoinSync(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	long := func(id string) Config {
+	long := func(id string) spec {
 		cfg := testConfig(id, s.URL())
 		// Renewal every 100 s of real time, after any wait of this test
 		// gives up: only sync can deliver.
@@ -511,8 +508,8 @@ func TestBorrowedConn(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc2.Close()
-	a, ra := startCoord(t, Config{Conn: nc1, ID: "a", TTL: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond})
-	_, rb := startCoord(t, Config{Conn: nc2, ID: "b", TTL: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond})
+	a, ra := startCoord(t, spec{Config: Config{ID: "a", TTL: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond}, conn: nc1})
+	_, rb := startCoord(t, spec{Config: Config{ID: "b", TTL: 300 * time.Millisecond, Heartbeat: 50 * time.Millisecond}, conn: nc2})
 	waitMesh(t, 2, ra, rb)
 	a.Announce("borrowed", 0, 4)
 	testkit.For(t, patience, "b sees a's key", func() bool { return rb.level("borrowed") == 4 })
@@ -531,10 +528,7 @@ func TestBorrowedConn(t *testing.T) {
 // TestLifecycle: calls out of order do nothing harmful.
 func TestLifecycle(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
-	c, err := NewNATS(testConfig("", s.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newCoord(t, testConfig("", s.URL()))
 	if len(c.ID()) != 16 {
 		t.Errorf("default ID %q", c.ID())
 	}
@@ -571,10 +565,7 @@ func TestLifecycle(t *testing.T) {
 		t.Error("Start after Close accepted")
 	}
 
-	c2, err := NewNATS(testConfig("", s.URL()))
-	if err != nil {
-		t.Fatal(err)
-	}
+	c2 := newCoord(t, testConfig("", s.URL()))
 	if err := c2.Close(); err != nil { // never started
 		t.Error(err)
 	}
@@ -667,5 +658,38 @@ func TestLowerTogether(t *testing.T) {
 			return done
 		})
 		t.Logf("%d→%d: Handlers told %v after the clock reached the lapse", change[0], change[1], at)
+	}
+}
+
+// TestConnWatch: disconnects and reconnects are counted from polls of a
+// connection's reconnect count and state, short outages between polls
+// included.
+func TestConnWatch(t *testing.T) {
+	type poll struct {
+		reconnects      uint64
+		connected       bool
+		wantDisconnects uint64
+		wantReconnected bool
+	}
+	tests := []struct {
+		name  string
+		start connWatch
+		polls []poll
+	}{
+		{"up", connWatch{}, []poll{{0, true, 0, false}, {0, true, 0, false}}},
+		{"down, then back", connWatch{}, []poll{{0, false, 1, false}, {0, false, 0, false}, {1, true, 0, true}, {1, true, 0, false}}},
+		{"outage between polls", connWatch{}, []poll{{1, true, 1, true}, {3, true, 2, true}}},
+		{"back and down again between polls", connWatch{}, []poll{{0, false, 1, false}, {1, false, 1, true}, {2, true, 0, true}}},
+		{"first connection of a retrying one", connWatch{down: true}, []poll{{0, false, 0, false}, {1, true, 0, true}}},
+		{"closed by its owner", connWatch{}, []poll{{0, false, 1, false}, {0, false, 0, false}}},
+	}
+	for _, tt := range tests {
+		w := tt.start
+		for i, p := range tt.polls {
+			d, r := w.poll(p.reconnects, p.connected)
+			if d != p.wantDisconnects || r != p.wantReconnected {
+				t.Errorf("%s, poll %d: %d disconnects, reconnected %v; want %d, %v", tt.name, i, d, r, p.wantDisconnects, p.wantReconnected)
+			}
+		}
 	}
 }

@@ -102,6 +102,7 @@ func (c *NATS) requestSync() {
 // under c.mu nor on an Announce caller.
 func (c *NATS) publisher(lastReconnects uint64) {
 	defer c.wg.Done()
+	conn := connWatch{reconnects: lastReconnects, down: !c.nc.IsConnected()}
 	renew := time.NewTicker(c.cfg.TTL / 3)
 	defer renew.Stop()
 	hb := time.NewTicker(c.cfg.Heartbeat)
@@ -118,14 +119,45 @@ func (c *NATS) publisher(lastReconnects uint64) {
 		case <-hb.C:
 			c.publish(c.subjHB, encodeControl(c.cfg.ID, typeHB))
 		}
-		if n := c.nc.Stats().Reconnects; n != lastReconnects {
-			lastReconnects = n
+		disconnects, reconnected := conn.poll(c.nc.Stats().Reconnects, c.nc.IsConnected())
+		c.st.disconnects.Add(disconnects)
+		if reconnected {
 			c.st.reconnects.Add(1)
+			c.log.Debug("coordinator: reconnected to NATS: own leases published again, tables asked for")
 			c.publish(c.subjHB, encodeControl(c.cfg.ID, typeHB))
 			c.publishOwn()
 			c.requestSync()
 		}
 	}
+}
+
+// connWatch follows a connection the coordinator does not own by polling
+// it: its reconnect count (nats.Statistics) and whether it is up.
+type connWatch struct {
+	reconnects uint64 // the connection's count when last polled
+	down       bool   // it was down when last polled, and that was counted
+}
+
+// poll takes the connection's reconnect count and state now, and returns
+// the disconnects since the last poll and whether it reconnected since.
+// Every reconnect follows a disconnect, so disconnects too short to be
+// polled count as well; the first connection of one made with
+// nats.RetryOnFailedConnect counts as a reconnect but not as a disconnect,
+// being down when first polled.
+func (w *connWatch) poll(reconnects uint64, connected bool) (disconnects uint64, reconnected bool) {
+	if reconnects != w.reconnects {
+		disconnects = reconnects - w.reconnects
+		if w.down {
+			disconnects--
+		}
+		w.reconnects, reconnected = reconnects, true
+		w.down = false
+	}
+	if !connected && !w.down {
+		w.down = true
+		disconnects++
+	}
+	return disconnects, reconnected
 }
 
 // publishAnnounced publishes the own leases announced since the last call.

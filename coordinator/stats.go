@@ -25,8 +25,7 @@ type Stats struct {
 	SyncReplies   uint64            // sync reply messages applied
 	NoResponders  uint64            // sync requests nobody else was subscribed to (the server said so)
 	Reconnects    uint64            // reconnections handled (own leases republished, table resynced)
-	Disconnects   uint64            // disconnections seen (owned connections only)
-	AsyncErrors   uint64            // asynchronous NATS errors, e.g. slow consumer (owned connections only)
+	Disconnects   uint64            // disconnections of the connection, counted within a heartbeat (or at the reconnect that follows)
 	Keys          int               // distinct keys in the lease table
 	OwnKeys       int               // keys this instance holds a lease for
 	Peers         int               // live peers, this instance excluded (the Handler is told min(1+Peers, MaxInstances))
@@ -47,7 +46,7 @@ type Stats struct {
 type counters struct {
 	published, publishErrors, received, own, rejected, peersRejected atomic.Uint64
 	dropped, lateReplies, unpublished, syncRequests, syncAnswered    atomic.Uint64
-	syncReplies, noResponders, reconnects, disconnects, asyncErrors  atomic.Uint64
+	syncReplies, noResponders, reconnects, disconnects               atomic.Uint64
 	invalid                                                          [numReasons]atomic.Uint64
 
 	gossipPublished, gossipPublishErrors, gossipBytes, gossipReceived atomic.Uint64
@@ -73,7 +72,6 @@ func (c *NATS) Stats() Stats {
 		NoResponders:  c.st.noResponders.Load(),
 		Reconnects:    c.st.reconnects.Load(),
 		Disconnects:   c.st.disconnects.Load(),
-		AsyncErrors:   c.st.asyncErrors.Load(),
 
 		GossipPublished:      c.st.gossipPublished.Load(),
 		GossipPublishErrors:  c.st.gossipPublishErrors.Load(),

@@ -139,7 +139,7 @@ var (
 )
 
 // signedConfig returns clk's config with secret.
-func signedConfig(clk *testkit.Clock, id string, secret []byte, urls ...string) Config {
+func signedConfig(clk *testkit.Clock, id string, secret []byte, urls ...string) spec {
 	cfg := onClock(clk, id, urls...)
 	cfg.Secret = secret
 	return cfg
@@ -247,6 +247,7 @@ func TestSignedReplay(t *testing.T) {
 	// a heard once.
 	clients := s.Server().NumClients()
 	closeCoord(t, a, ra)
+	a.nc.Close()
 	testkit.For(t, patience, "the server sees a go", func() bool { return s.Server().NumClients() < clients })
 	marker := rawConn(t, s)
 	inv := b.Stats().Invalid
@@ -367,7 +368,7 @@ func TestSignedReplayAfterRestart(t *testing.T) {
 func TestSignedPeers(t *testing.T) {
 	s := startServer(t, natsserver.Options{})
 	clk := testkit.NewClock()
-	cfg := func(id string, secret []byte) Config {
+	cfg := func(id string, secret []byte) spec {
 		c := signedConfig(clk, id, secret, s.URL())
 		c.MaxKeyLen = 64
 		c.MaxMessage = minMessage(c.MaxKeyLen, true)
@@ -443,9 +444,9 @@ func TestPermissionsExample(t *testing.T) {
 		o.Users = parsed.Users
 	}})
 	clk := testkit.NewClock()
-	instance := func(id string) Config {
+	instance := func(id string) spec {
 		cfg := onClock(clk, id, s.URL())
-		cfg.User, cfg.Password = "hotkey", "instances-password"
+		cfg.dialOpts = []nats.Option{nats.UserInfo("hotkey", "instances-password")}
 		return cfg
 	}
 	a, ra := startCoord(t, instance("a"))

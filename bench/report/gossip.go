@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/coordinator"
@@ -100,6 +102,13 @@ func quickNote(quick bool, note string) string {
 type gossipFleet struct {
 	engines []*hotkey.Engine
 	coords  []*coordinator.NATS
+	conns   []*nats.Conn // the coordinators'
+}
+
+// coordinatorConn connects to s as a coordinator's connection is meant to
+// be made (coordinator.NewNATS). The caller closes it.
+func coordinatorConn(s *natsserver.Server) (*nats.Conn, error) {
+	return s.Connect(nats.MaxReconnects(-1), nats.ReconnectBufSize(-1), nats.NoEcho())
 }
 
 // startGossipFleet starts gossipEngines engines with the given gossip
@@ -113,7 +122,12 @@ func startGossipFleet(cluster *natsserver.Cluster, interval time.Duration, warm 
 		}
 	}()
 	for i := range gossipEngines {
-		co, err := coordinator.NewNATS(coordinator.Config{URLs: []string{cluster.URL(i % 3)}})
+		nc, err := coordinatorConn(cluster.Server(i % 3))
+		if err != nil {
+			return f, err
+		}
+		f.conns = append(f.conns, nc)
+		co, err := coordinator.NewNATS(nc, coordinator.Config{})
 		if err != nil {
 			return f, err
 		}
@@ -182,6 +196,9 @@ func (f *gossipFleet) seenBy(ctx context.Context, p *hotkey.Policy, keys []strin
 func (f *gossipFleet) Close() {
 	for _, e := range f.engines {
 		e.Close()
+	}
+	for _, nc := range f.conns {
+		nc.Close()
 	}
 }
 
@@ -439,7 +456,12 @@ func gossipBytes(cluster *natsserver.Cluster, s *setup, sec *scenario.Section) e
 // keys, never denied; the modes alternate, medians of the rounds.
 func gossipCost(ctx context.Context, cluster *natsserver.Cluster, s *setup, sec *scenario.Section) error {
 	const keys = 10_000
-	co, err := coordinator.NewNATS(coordinator.Config{URLs: []string{cluster.URL(0)}})
+	nc, err := coordinatorConn(cluster.Server(0))
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	co, err := coordinator.NewNATS(nc, coordinator.Config{})
 	if err != nil {
 		return err
 	}

@@ -145,7 +145,7 @@ func TestNamespacesApart(t *testing.T) {
 			t.Fatal(err)
 		}
 		t.Cleanup(wc.Close)
-		c, err := coordinator.NewNATS(coordinator.Config{Conn: wc, ID: "announcer-" + key, Namespace: coordNamespace(f[0])})
+		c, err := coordinator.NewNATS(wc, coordinator.Config{ID: "announcer-" + key, Namespace: coordNamespace(f[0])})
 		if err != nil {
 			t.Fatal(err)
 		}

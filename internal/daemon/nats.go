@@ -5,7 +5,6 @@ package daemon
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -84,13 +83,9 @@ func (d *Daemon) startNATS() error {
 			return fmt.Errorf("%s: %w", flagName("nats-creds"), err)
 		}
 	}
-	auth, err := coordinator.Config{
-		User: cfg.NATSUser, Password: cfg.NATSPassword, Token: cfg.NATSToken,
-		NkeySeedFile: cfg.NATSNkeySeed, CredsFile: cfg.NATSCreds,
-		CAFile: cfg.NATSCA, CertFile: cfg.NATSCert, KeyFile: cfg.NATSKey,
-	}.AuthOptions()
-	if err != nil { // the nkey seed file: name the flag rather than the field
-		return fmt.Errorf("%s %s: %w", flagName("nats-nkey-seed"), cfg.NATSNkeySeed, errors.Unwrap(err))
+	auth, err := natsAuth(&cfg)
+	if err != nil {
+		return err
 	}
 	opts = append(opts, auth...)
 	if p := inboxPrefix(cfg.Namespace, cfg.NATSClientUser != ""); p != "" {
@@ -121,6 +116,35 @@ func (d *Daemon) startNATS() error {
 	}
 	d.nc = nc
 	return nil
+}
+
+// natsAuth returns the nats.go options for the credentials and TLS files
+// cfg names: --nats-user and --nats-password, --nats-token, --nats-nkey-seed
+// or --nats-creds (at most one, as check ensures); --nats-ca, --nats-cert and
+// --nats-key. The only error is an nkey seed file that cannot be read.
+func natsAuth(cfg *Config) ([]nats.Option, error) {
+	var opts []nats.Option
+	switch {
+	case cfg.NATSUser != "":
+		opts = append(opts, nats.UserInfo(cfg.NATSUser, cfg.NATSPassword))
+	case cfg.NATSToken != "":
+		opts = append(opts, nats.Token(cfg.NATSToken))
+	case cfg.NATSNkeySeed != "":
+		o, err := nats.NkeyOptionFromSeed(cfg.NATSNkeySeed)
+		if err != nil {
+			return nil, fmt.Errorf("%s %s: %w", flagName("nats-nkey-seed"), cfg.NATSNkeySeed, err)
+		}
+		opts = append(opts, o)
+	case cfg.NATSCreds != "":
+		opts = append(opts, nats.UserCredentials(cfg.NATSCreds))
+	}
+	if cfg.NATSCA != "" {
+		opts = append(opts, nats.RootCAs(cfg.NATSCA))
+	}
+	if cfg.NATSCert != "" {
+		opts = append(opts, nats.ClientCert(cfg.NATSCert, cfg.NATSKey))
+	}
+	return opts, nil
 }
 
 // startEmbedded starts the embedded NATS server on --nats-listen.

@@ -146,7 +146,7 @@ func TestNATSReplyOutsideInbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer wc.Close()
-	watcher, err := coordinator.NewNATS(coordinator.Config{Conn: wc, ID: "watcher"})
+	watcher, err := coordinator.NewNATS(wc, coordinator.Config{ID: "watcher"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -112,9 +112,11 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	// this daemon alone.
 	if d.nc != nil {
 		d.nats.seconds = d.reqs.api(apiNATS)
+		// The coordinator and the NATS API share the daemon's connection
+		// (startNATS), which shutdown drains and closes.
 		// Hot keys are counter names, policy|key: room for the longest.
 		maxName := max(maxPolicyName, envoyconf.MaxPolicyName) + 1 + hotkey.DefaultMaxKeyLen
-		if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Namespace: cfg.Namespace, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
+		if d.coord, err = coordinator.NewNATS(d.nc, coordinator.Config{ID: d.id, Namespace: cfg.Namespace, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
 			return nil, fmt.Errorf("coordinator: %w", err)
 		}
 		opts = append(opts, hotkey.WithCoordinator(d.coord))

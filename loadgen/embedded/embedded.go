@@ -66,7 +66,7 @@ func (c *Cluster) start(cfg Config) error {
 			return err
 		}
 		c.conns = append(c.conns, nc)
-		co, err := coordinator.NewNATS(coordinator.Config{Conn: nc})
+		co, err := coordinator.NewNATS(nc, coordinator.Config{})
 		if err != nil {
 			return err
 		}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/cespare/xxhash/v2"
+	"github.com/nats-io/nats.go"
 
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/coordinator"
@@ -28,6 +29,7 @@ type applied struct {
 // announced by one takes to be applied by the others.
 type Convergence struct {
 	cluster *natsserver.Cluster
+	conns   []*nats.Conn // the coordinators'
 	coords  []*coordinator.NATS
 	engines []*hotkey.Engine
 	events  chan applied
@@ -47,7 +49,12 @@ func StartConvergence() (c *Convergence, err error) {
 		return c, err
 	}
 	for i := range 3 {
-		co, err := coordinator.NewNATS(coordinator.Config{URLs: []string{c.cluster.URL(i)}, MaxHotKeys: 1 << 20})
+		nc, err := c.cluster.Server(i).Connect(nats.MaxReconnects(-1), nats.ReconnectBufSize(-1), nats.NoEcho())
+		if err != nil {
+			return c, err
+		}
+		c.conns = append(c.conns, nc)
+		co, err := coordinator.NewNATS(nc, coordinator.Config{MaxHotKeys: 1 << 20})
 		if err != nil {
 			return c, err
 		}
@@ -120,10 +127,14 @@ func (c *Convergence) waitApplied(key string, d time.Duration) bool {
 	return true
 }
 
-// Close stops the engines (and their coordinators) and the cluster.
+// Close stops the engines (and their coordinators), their connections and
+// the cluster.
 func (c *Convergence) Close() {
 	for _, e := range c.engines {
 		e.Close()
+	}
+	for _, nc := range c.conns {
+		nc.Close()
 	}
 	if c.cluster != nil {
 		c.cluster.Close()
