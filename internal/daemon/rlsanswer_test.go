@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"math"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,5 +91,20 @@ descriptors:
 	t.Logf("%.0f allocations a call", allocs)
 	if max := 45.0; allocs > max {
 		t.Errorf("%.0f allocations a call, want at most %.0f", allocs, max)
+	}
+}
+
+// TestGRPCStreamWorkers: the gRPC server keeps grpcStreamWorkers
+// goroutines to serve calls, whose stacks have grown to what a call needs,
+// and a call is served on one of them.
+func TestGRPCStreamWorkers(t *testing.T) {
+	e := startRLS(t, "memory", invalidUTF8Rules)
+	if _, err := e.raw(wireRequest("edge", []string{"remote_address", "10.0.0.1"})); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<22)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	if n := strings.Count(stacks, "grpc.(*Server).serverWorker("); n < grpcStreamWorkers {
+		t.Errorf("%d goroutines wait for gRPC calls, want %d", n, grpcStreamWorkers)
 	}
 }
