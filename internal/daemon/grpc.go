@@ -4,19 +4,14 @@ import (
 	"context"
 	"errors"
 	"math"
-	"net/http"
-	"slices"
 	"strings"
 	"sync"
 	"time"
 
-	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/counter"
@@ -73,21 +68,32 @@ var rlsServiceDesc = grpc.ServiceDesc{
 }
 
 // shouldRateLimitHandler is the grpc.MethodDesc handler of
-// ShouldRateLimit: it reads the request's wire data (rlsCodec), decodes
-// it, and calls the server's ShouldRateLimit, through interceptor if set.
+// ShouldRateLimit: it reads the request's wire data (rlsCodec) and decodes
+// it. Without an interceptor it decides on the decoded request as it is
+// and answers an *rlsAnswer, which rlsCodec encodes by hand; with one, the
+// interceptor sees the protobuf messages ShouldRateLimit takes and returns.
 func shouldRateLimitHandler(srv any, ctx context.Context, dec func(any) error, interceptor grpc.UnaryServerInterceptor) (any, error) {
 	var w rlsWire
 	if err := dec(&w); err != nil {
 		return nil, err
+	}
+	if interceptor == nil {
+		s := srv.(*rls)
+		var req rlsRequest
+		if err := decodeRLSWire(w.b, &req); err != nil {
+			return nil, status.Error(codes.InvalidArgument, "request: "+err.Error())
+		}
+		a := new(rlsAnswer)
+		if err := s.decide(ctx, &req, a); err != nil {
+			return nil, err
+		}
+		return a, nil
 	}
 	req := &rlpb.RateLimitRequest{}
 	if err := unmarshalRLSRequest(w.b, req); err != nil {
 		return nil, status.Error(codes.InvalidArgument, "request: "+err.Error())
 	}
 	s := srv.(rlpb.RateLimitServiceServer)
-	if interceptor == nil {
-		return s.ShouldRateLimit(ctx, req)
-	}
 	info := &grpc.UnaryServerInfo{Server: srv, FullMethod: rlpb.RateLimitService_ShouldRateLimit_FullMethodName}
 	return interceptor(ctx, req, info, func(ctx context.Context, req any) (any, error) {
 		return s.ShouldRateLimit(ctx, req.(*rlpb.RateLimitRequest))
@@ -111,52 +117,74 @@ type rlsItem struct {
 // matches, as envoyproxy/ratelimit does (see docs/envoy.md): the
 // descriptors with a limit go to the engine as one batch; the overall code
 // is OVER_LIMIT if any descriptor is, shadow-mode and quota-mode ones
-// aside.
+// aside. The gRPC service calls decide without the protobuf messages.
 func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (*rlpb.RateLimitResponse, error) {
-	if req.GetDomain() == "" {
-		return nil, status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	var a rlsAnswer
+	if err := s.decide(ctx, rlsRequestOf(req), &a); err != nil {
+		return nil, err
 	}
-	descs := req.GetDescriptors()
+	return a.proto(), nil
+}
+
+// decide is ShouldRateLimit of req, answered in a, which must be empty.
+func (s *rls) decide(ctx context.Context, req *rlsRequest, a *rlsAnswer) error {
+	if req.domain == "" {
+		return status.Error(codes.InvalidArgument, "rate limit domain must not be empty")
+	}
+	descs := req.descs
 	switch {
 	case len(descs) == 0:
-		return nil, status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
+		return status.Error(codes.InvalidArgument, "rate limit descriptor list must not be empty")
 	case len(descs) > MaxDescriptors:
-		return nil, status.Errorf(codes.InvalidArgument, "%d descriptors, over the %d allowed in one request", len(descs), MaxDescriptors)
+		return status.Errorf(codes.InvalidArgument, "%d descriptors, over the %d allowed in one request", len(descs), MaxDescriptors)
 	}
 	cfg := s.d.rules.Load().envoy
-	items := make([]rlsItem, len(descs))
-	rules := make([]*envoyconf.Rule, len(descs))
-	entries := make([]envoyconf.Entry, 0, 8)
-	for i, desc := range descs {
+	known := cfg != nil && cfg.HasDomain(req.domain)
+	var (
+		itemsBuf [1]rlsItem
+		rulesBuf [1]*envoyconf.Rule
+	)
+	items, rules := itemsBuf[:0], rulesBuf[:0]
+	if len(descs) > 1 {
+		items, rules = make([]rlsItem, 0, len(descs)), make([]*envoyconf.Rule, 0, len(descs))
+	}
+	for i := range descs {
+		desc := &descs[i]
+		items = append(items, rlsItem{decide: -1})
 		it := &items[i]
-		it.decide = -1
-		entries = entries[:0]
-		for _, e := range desc.GetEntries() {
-			entries = append(entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
-		}
-		switch ov := desc.GetLimit(); {
-		case cfg == nil || !cfg.HasDomain(req.GetDomain()):
+		switch {
+		case !known:
 			// An unknown domain has no limit, a descriptor's own
 			// included, as in envoyproxy/ratelimit.
-		case ov != nil:
-			it.m = s.override(req.GetDomain(), entries, ov)
+		case desc.limit != nil:
+			it.m = s.override(req.domain, desc.entries, desc.limit)
 		default:
-			it.m, _ = cfg.Match(req.GetDomain(), entries)
+			it.m, _ = cfg.Match(req.domain, desc.entries)
 		}
-		rules[i] = it.m.Rule
-		it.hits = max(1, int64(req.GetHitsAddend()))
-		if h := desc.GetHitsAddend(); h != nil {
-			it.hits = int64(min(h.GetValue(), math.MaxInt64))
+		rules = append(rules, it.m.Rule)
+		it.hits = max(1, int64(req.hits))
+		if desc.hasHits {
+			it.hits = int64(min(desc.hits, math.MaxInt64))
 		}
-		if desc.GetIsNegativeHits() {
+		if desc.negative {
 			it.hits, it.refund = 0, true // not supported: nothing is charged
 		}
 	}
-	replaced := envoyconf.Replaced(rules)
-	var reqs []hotkey.Request
+	var replaced []bool // none, unless a rule replaces others
+	for _, r := range rules {
+		if r != nil && len(r.Replaces) > 0 {
+			replaced = envoyconf.Replaced(rules)
+			break
+		}
+	}
+	var (
+		reqsBuf [1]hotkey.Request
+		outBuf  [1]hotkey.Decision
+	)
+	reqs := reqsBuf[:0]
 	for i := range items {
 		it := &items[i]
-		if replaced[i] {
+		if replaced != nil && replaced[i] {
 			it.m.Rule = nil
 		}
 		r := it.m.Rule
@@ -179,12 +207,22 @@ func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (
 		it.decide = len(reqs)
 		reqs = append(reqs, hotkey.Request{Key: it.m.Key, Policy: r.Policy, Cost: it.hits})
 	}
-	out := make([]hotkey.Decision, len(reqs))
+	out := outBuf[:0]
+	if len(reqs) > 1 {
+		out = make([]hotkey.Decision, len(reqs))
+	} else {
+		out = out[:len(reqs)]
+	}
 	if len(reqs) > 0 {
 		s.d.engine.AllowBatch(ctx, reqs, out)
 	}
 
-	resp := &rlpb.RateLimitResponse{OverallCode: rlpb.RateLimitResponse_OK, Statuses: make([]*rlpb.RateLimitResponse_DescriptorStatus, len(items))}
+	a.overall = rlpb.RateLimitResponse_OK
+	if len(items) == 1 {
+		a.statuses = a.statusBuf[:1]
+	} else {
+		a.statuses = make([]rlsStatus, len(items))
+	}
 	// The headers describe the descriptor closest to its limit: the first
 	// over it, else the one with the least remaining.
 	var head *hotkey.Policy
@@ -192,69 +230,64 @@ func (s *rls) ShouldRateLimit(ctx context.Context, req *rlpb.RateLimitRequest) (
 	now := time.Now()
 	for i := range items {
 		it := &items[i]
-		st, res, decided, err := s.status(it, out)
+		st := &a.statuses[i]
+		res, decided, err := s.status(it, out, st)
 		if err != nil {
-			return nil, err
+			return err
 		}
-		resp.Statuses[i] = st
 		if !decided {
 			continue
 		}
 		r := it.m.Rule
-		over := st.Code == rlpb.RateLimitResponse_OVER_LIMIT
+		over := st.code == rlpb.RateLimitResponse_OVER_LIMIT
 		shadow := r.ShadowMode || s.d.cfg.Shadow
 		if it.hits > 0 {
 			s.d.descMetrics.count(it.m, it.hits, res, over, shadow)
 		}
 		if over && (shadow || r.QuotaMode) {
-			st.Code = rlpb.RateLimitResponse_OK
+			st.code = rlpb.RateLimitResponse_OK
 			over = false
 			res.Allowed, res.RetryAfter, res.ShadowDenied = true, 0, false // its headers say OK too
 		}
-		if over && resp.OverallCode != rlpb.RateLimitResponse_OVER_LIMIT {
-			resp.OverallCode = rlpb.RateLimitResponse_OVER_LIMIT
+		if over && a.overall != rlpb.RateLimitResponse_OVER_LIMIT {
+			a.overall = rlpb.RateLimitResponse_OVER_LIMIT
 			head, headRes = ruleHeaderPolicy(r), res
-		} else if resp.OverallCode == rlpb.RateLimitResponse_OK && (head == nil || res.Remaining < headRes.Remaining) {
+		} else if a.overall == rlpb.RateLimitResponse_OK && (head == nil || res.Remaining < headRes.Remaining) {
 			head, headRes = ruleHeaderPolicy(r), res
 		}
 	}
 	if head != nil {
-		h := make(http.Header, 6)
-		hotkey.SetHeaders(h, head, headRes, now)
-		for k, vs := range h { // lower case, as HTTP/2 and Envoy write header names
-			for _, v := range vs {
-				resp.ResponseHeadersToAdd = append(resp.ResponseHeadersToAdd, &core.HeaderValue{Key: strings.ToLower(k), Value: v})
-			}
-		}
-		sortHeaders(resp.ResponseHeadersToAdd)
+		a.setHeaders(head, headRes, now)
 	}
-	return resp, nil
+	return nil
 }
 
-// status is the descriptor status of it, given the batch's decisions out,
-// and if a decision was made (one charged, a peek for hits 0, or refused
-// whatever the counter holds), that decision: the headers describe it, and
-// the metrics unless it charged nothing.
-func (s *rls) status(it *rlsItem, out []hotkey.Decision) (_ *rlpb.RateLimitResponse_DescriptorStatus, _ hotkey.Result, decided bool, _ error) {
+// status writes to st the descriptor status of it, given the batch's
+// decisions out, and if a decision was made (one charged, a peek for hits
+// 0, or refused whatever the counter holds), returns that decision: the
+// headers describe it, and the metrics unless it charged nothing.
+func (s *rls) status(it *rlsItem, out []hotkey.Decision, st *rlsStatus) (_ hotkey.Result, decided bool, _ error) {
 	r := it.m.Rule
 	switch {
 	case r == nil:
-		return &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK}, hotkey.Result{}, false, nil
+		*st = rlsStatus{code: rlpb.RateLimitResponse_OK}
+		return hotkey.Result{}, false, nil
 	case r.Unlimited:
-		return &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}, hotkey.Result{}, false, nil
+		*st = rlsStatus{code: rlpb.RateLimitResponse_OK, remaining: math.MaxUint32}
+		return hotkey.Result{}, false, nil
 	}
-	limit := &rlpb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: rlpb.RateLimitResponse_RateLimit_Unit(r.Unit)}
 	if it.refund || errors.Is(it.peekErr, hotkey.ErrNoPeek) {
 		// Nothing to charge (a refund, or a store that cannot peek): the
 		// status says only the limit.
-		return &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK, CurrentLimit: limit}, hotkey.Result{}, false, nil
+		*st = rlsStatus{code: rlpb.RateLimitResponse_OK, limit: r}
+		return hotkey.Result{}, false, nil
 	}
 	period := r.Period()
 	var res hotkey.Result
 	switch {
 	case it.peek != nil:
 		if it.peekErr != nil {
-			return nil, res, false, decisionStatus(it.peekErr)
+			return res, false, decisionStatus(it.peekErr)
 		}
 		res = *it.peek
 		if res.Allowed { // the unit the peek asked of is not charged
@@ -263,7 +296,7 @@ func (s *rls) status(it *rlsItem, out []hotkey.Decision) (_ *rlpb.RateLimitRespo
 	case it.decide >= 0:
 		d := out[it.decide]
 		if d.Err != nil {
-			return nil, res, false, decisionStatus(d.Err)
+			return res, false, decisionStatus(d.Err)
 		}
 		res = d.Result
 	default: // requests_per_unit 0, or hits over the limit: over whatever the counter holds (hits 0 too)
@@ -273,12 +306,14 @@ func (s *rls) status(it *rlsItem, out []hotkey.Decision) (_ *rlpb.RateLimitRespo
 	if !res.Allowed || res.ShadowDenied { // over, whatever shadow answers
 		code = rlpb.RateLimitResponse_OVER_LIMIT
 	}
-	return &rlpb.RateLimitResponse_DescriptorStatus{
-		Code:               code,
-		CurrentLimit:       limit,
-		LimitRemaining:     uint32(min(max(0, res.Remaining), math.MaxUint32)),
-		DurationUntilReset: durationpb.New(res.ResetAfter),
-	}, res, true, nil
+	*st = rlsStatus{
+		code:      code,
+		limit:     r,
+		remaining: uint32(min(max(0, res.Remaining), math.MaxUint32)),
+		reset:     res.ResetAfter,
+		hasReset:  true,
+	}
+	return res, true, nil
 }
 
 // decisionStatus is the gRPC error for a decision the engine could not
@@ -321,11 +356,8 @@ func ruleHeaderPolicy(r *envoyconf.Rule) *hotkey.Policy {
 // requests_per_unit 0 is: refusing the request would have Envoy, by its
 // default failure_mode_deny: false, admit it with every other descriptor
 // uncounted.
-func (s *rls) override(domain string, entries []envoyconf.Entry, ov *ratelimit.RateLimitDescriptor_RateLimitOverride) envoyconf.Match {
-	rpu, unit, multiplier := ov.GetRequestsPerUnit(), envoyconf.Unit(ov.GetUnit()), uint32(1)
-	if m := ov.GetUnitMultiplier(); m != nil {
-		multiplier = m.GetValue()
-	}
+func (s *rls) override(domain string, entries []envoyconf.Entry, ov *rlsOverride) envoyconf.Match {
+	rpu, unit, multiplier := ov.rpu, ov.unit, ov.units()
 	id := overrideID{domain, rpu, unit, multiplier}
 	s.overMu.RLock()
 	rule := s.overrides[id]
@@ -356,10 +388,4 @@ func (s *rls) override(domain string, entries []envoyconf.Entry, ov *ratelimit.R
 		label.WriteString(e.Key)
 	}
 	return envoyconf.Match{Rule: rule, Key: envoyconf.OverrideKey(unit, multiplier, entries), Metric: label.String()}
-}
-
-// sortHeaders orders headers by name, for answers that read the same every
-// time.
-func sortHeaders(hs []*core.HeaderValue) {
-	slices.SortFunc(hs, func(a, b *core.HeaderValue) int { return strings.Compare(a.Key, b.Key) })
 }

@@ -14,11 +14,14 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/hotkeyd/hotkey/internal/envoyconf"
 )
 
 // rlsCodec is the gRPC server's codec: the standard proto codec, except
 // that a ShouldRateLimit request reaches its handler undecoded (rlsWire),
-// for unmarshalRLSRequest to decode. It is safe for concurrent use.
+// for its handler to decode, and its answer (an *rlsAnswer) is written by
+// hand. It is safe for concurrent use.
 type rlsCodec struct{ std encoding.CodecV2 }
 
 func newRLSCodec() rlsCodec { return rlsCodec{std: encoding.GetCodecV2(protocodec.Name)} }
@@ -26,8 +29,14 @@ func newRLSCodec() rlsCodec { return rlsCodec{std: encoding.GetCodecV2(protocode
 // Name returns the standard codec's name: the wire format is the same.
 func (c rlsCodec) Name() string { return protocodec.Name }
 
-// Marshal marshals v as the standard proto codec does.
-func (c rlsCodec) Marshal(v any) (mem.BufferSlice, error) { return c.std.Marshal(v) }
+// Marshal writes an *rlsAnswer's wire data (appendWire), and marshals
+// anything else as the standard proto codec does.
+func (c rlsCodec) Marshal(v any) (mem.BufferSlice, error) {
+	if a, ok := v.(*rlsAnswer); ok {
+		return mem.BufferSlice{mem.SliceBuffer(a.appendWire(make([]byte, 0, a.size())))}, nil
+	}
+	return c.std.Marshal(v)
+}
 
 // Unmarshal copies data into v if v is an *rlsWire, else decodes it as the
 // standard proto codec does.
@@ -193,4 +202,201 @@ func decodeFields(b []byte, m proto.Message, field func(num protowire.Number, ty
 		r.SetUnknown(append(r.GetUnknown(), unknown...))
 	}
 	return nil
+}
+
+// rlsRequest is a RateLimitRequest as decide reads it: the fields hotkeyd
+// acts on, nothing else.
+type rlsRequest struct {
+	domain string
+	hits   uint32 // hits_addend; 0: unset
+	descs  []rlsDescriptor
+}
+
+// rlsDescriptor is a RateLimitDescriptor as decide reads it.
+type rlsDescriptor struct {
+	entries  []envoyconf.Entry
+	limit    *rlsOverride // the descriptor's own limit; nil: none
+	hits     uint64       // hits_addend, if hasHits
+	hasHits  bool
+	negative bool // is_negative_hits
+}
+
+// rlsOverride is a descriptor's own limit: rpu per multiplier units, where
+// multiplier is unit_multiplier's value if multSet, else 1.
+type rlsOverride struct {
+	rpu        uint32
+	unit       envoyconf.Unit
+	multiplier uint32
+	multSet    bool
+}
+
+// units is the count of units o's period is.
+func (o *rlsOverride) units() uint32 {
+	if !o.multSet {
+		return 1
+	}
+	return o.multiplier
+}
+
+// rlsRequestOf is req as decide reads it. It shares req's strings.
+func rlsRequestOf(req *rlpb.RateLimitRequest) *rlsRequest {
+	r := &rlsRequest{domain: req.GetDomain(), hits: req.GetHitsAddend(), descs: make([]rlsDescriptor, len(req.GetDescriptors()))}
+	for i, d := range req.GetDescriptors() {
+		rd := &r.descs[i]
+		for _, e := range d.GetEntries() {
+			rd.entries = append(rd.entries, envoyconf.Entry{Key: e.GetKey(), Value: e.GetValue()})
+		}
+		if ov := d.GetLimit(); ov != nil {
+			rd.limit = &rlsOverride{rpu: ov.GetRequestsPerUnit(), unit: envoyconf.Unit(ov.GetUnit())}
+			if m := ov.GetUnitMultiplier(); m != nil {
+				rd.limit.multiplier, rd.limit.multSet = m.GetValue(), true
+			}
+		}
+		if h := d.GetHitsAddend(); h != nil {
+			rd.hits, rd.hasHits = h.GetValue(), true
+		}
+		rd.negative = d.GetIsNegativeHits()
+	}
+	return r
+}
+
+// decodeRLSWire decodes the wire data b of a RateLimitRequest into req, as
+// decodeRLSRequest and rlsRequestOf would: string fields need not be
+// UTF-8, fields it does not act on are skipped, and malformed wire data is
+// refused with errWire. b is not kept.
+func decodeRLSWire(b []byte, req *rlsRequest) error {
+	for len(b) > 0 {
+		f, rest, err := nextField(b)
+		if err != nil {
+			return err
+		}
+		b = rest
+		switch {
+		case f.num == 1 && f.typ == protowire.BytesType:
+			req.domain = string(f.v)
+		case f.num == 2 && f.typ == protowire.BytesType:
+			req.descs = append(req.descs, rlsDescriptor{})
+			if err := decodeDescriptorWire(f.v, &req.descs[len(req.descs)-1]); err != nil {
+				return err
+			}
+		case f.num == 3 && f.typ == protowire.VarintType:
+			req.hits = uint32(f.x)
+		}
+	}
+	return nil
+}
+
+func decodeDescriptorWire(b []byte, d *rlsDescriptor) error {
+	for len(b) > 0 {
+		f, rest, err := nextField(b)
+		if err != nil {
+			return err
+		}
+		b = rest
+		switch {
+		case f.num == 1 && f.typ == protowire.BytesType:
+			var e envoyconf.Entry
+			for v := f.v; len(v) > 0; {
+				g, rest, err := nextField(v)
+				if err != nil {
+					return err
+				}
+				v = rest
+				switch {
+				case g.num == 1 && g.typ == protowire.BytesType:
+					e.Key = string(g.v)
+				case g.num == 2 && g.typ == protowire.BytesType:
+					e.Value = string(g.v)
+				}
+			}
+			d.entries = append(d.entries, e)
+		case f.num == 2 && f.typ == protowire.BytesType:
+			if d.limit == nil { // a message field seen twice is merged
+				d.limit = &rlsOverride{}
+			}
+			if err := decodeOverrideWire(f.v, d.limit); err != nil {
+				return err
+			}
+		case f.num == 3 && f.typ == protowire.BytesType:
+			x, err := wrapperValue(f.v, d.hits)
+			if err != nil {
+				return err
+			}
+			d.hits, d.hasHits = x, true
+		case f.num == 4 && f.typ == protowire.VarintType:
+			d.negative = protowire.DecodeBool(f.x)
+		}
+	}
+	return nil
+}
+
+func decodeOverrideWire(b []byte, o *rlsOverride) error {
+	for len(b) > 0 {
+		f, rest, err := nextField(b)
+		if err != nil {
+			return err
+		}
+		b = rest
+		switch {
+		case f.num == 1 && f.typ == protowire.VarintType:
+			o.rpu = uint32(f.x)
+		case f.num == 2 && f.typ == protowire.VarintType:
+			o.unit = envoyconf.Unit(int32(f.x))
+		case f.num == 3 && f.typ == protowire.BytesType:
+			x, err := wrapperValue(f.v, uint64(o.multiplier))
+			if err != nil {
+				return err
+			}
+			o.multiplier, o.multSet = uint32(x), true
+		}
+	}
+	return nil
+}
+
+// wrapperValue is the value of a google.protobuf.UInt64Value or
+// UInt32Value whose wire data is b, merged into one whose value was x.
+func wrapperValue(b []byte, x uint64) (uint64, error) {
+	for len(b) > 0 {
+		f, rest, err := nextField(b)
+		if err != nil {
+			return 0, err
+		}
+		b = rest
+		if f.num == 1 && f.typ == protowire.VarintType {
+			x = f.x
+		}
+	}
+	return x, nil
+}
+
+// wireField is one field of a message's wire data: v is a length-delimited
+// field's bytes, x a varint's value.
+type wireField struct {
+	num protowire.Number
+	typ protowire.Type
+	v   []byte
+	x   uint64
+}
+
+// nextField reads the first field of the wire data b, and returns it and
+// the rest of b; malformed data is refused with errWire.
+func nextField(b []byte) (wireField, []byte, error) {
+	num, typ, n := protowire.ConsumeTag(b)
+	if n < 0 {
+		return wireField{}, nil, fmt.Errorf("%w: %w", errWire, protowire.ParseError(n))
+	}
+	f := wireField{num: num, typ: typ}
+	rest := b[n:]
+	switch typ {
+	case protowire.BytesType:
+		f.v, n = protowire.ConsumeBytes(rest)
+	case protowire.VarintType:
+		f.x, n = protowire.ConsumeVarint(rest)
+	default:
+		n = protowire.ConsumeFieldValue(num, typ, rest)
+	}
+	if n < 0 {
+		return wireField{}, nil, fmt.Errorf("%w: field %d: %w", errWire, num, protowire.ParseError(n))
+	}
+	return f, rest[n:], nil
 }

@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"errors"
+	"reflect"
 	"testing"
 
 	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
@@ -107,4 +108,34 @@ func TestDecodeRLSRequest(t *testing.T) {
 			t.Errorf("%x: %v, want errWire", b, err)
 		}
 	}
+}
+
+// FuzzDecodeRLSWire: decodeRLSWire refuses what decodeRLSRequest refuses,
+// with errWire, and decodes the rest as rlsRequestOf reads
+// decodeRLSRequest's message.
+func FuzzDecodeRLSWire(f *testing.F) {
+	for _, s := range rlsSeeds(f) {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		var got rlsRequest
+		err := decodeRLSWire(b, &got)
+		var msg rlpb.RateLimitRequest
+		if decodeRLSRequest(b, &msg) != nil {
+			if !errors.Is(err, errWire) {
+				t.Fatalf("%x: decodeRLSRequest refuses it, decodeRLSWire: %v", b, err)
+			}
+			return
+		}
+		if err != nil {
+			t.Fatalf("%x: decodeRLSRequest decodes it, decodeRLSWire: %v", b, err)
+		}
+		want := rlsRequestOf(&msg)
+		if len(want.descs) == 0 {
+			want.descs = nil
+		}
+		if !reflect.DeepEqual(&got, want) {
+			t.Fatalf("%x: decoded %+v, want %+v", b, got, *want)
+		}
+	})
 }

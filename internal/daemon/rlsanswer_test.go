@@ -1,0 +1,110 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"math"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hotkeyd/hotkey/internal/envoyconf"
+)
+
+// TestRLSAnswerWire: appendWire writes the bytes proto.Marshal writes of
+// the answer's message, size() long.
+func TestRLSAnswerWire(t *testing.T) {
+	limit := &envoyconf.Rule{Name: "per-user", RequestsPerUnit: 100, Unit: envoyconf.Second}
+	unnamed := &envoyconf.Rule{RequestsPerUnit: math.MaxUint32, Unit: envoyconf.Year}
+	tests := []struct {
+		name string
+		give rlsAnswer
+	}{
+		{"empty", rlsAnswer{}},
+		{"no rule", rlsAnswer{statuses: []rlsStatus{{code: rlpb.RateLimitResponse_OK}}}},
+		{"unlimited", rlsAnswer{statuses: []rlsStatus{{code: rlpb.RateLimitResponse_OK, remaining: math.MaxUint32}}}},
+		{"limit only", rlsAnswer{statuses: []rlsStatus{{code: rlpb.RateLimitResponse_OK, limit: unnamed}}}},
+		{"reset 0", rlsAnswer{statuses: []rlsStatus{{code: rlpb.RateLimitResponse_OK, limit: limit, remaining: 99, hasReset: true}}}},
+		{"over", rlsAnswer{
+			overall: rlpb.RateLimitResponse_OVER_LIMIT,
+			statuses: []rlsStatus{
+				{code: rlpb.RateLimitResponse_OVER_LIMIT, limit: limit, reset: 1500 * time.Millisecond, hasReset: true},
+				{code: rlpb.RateLimitResponse_OK, limit: unnamed, remaining: 1 << 31, reset: 365 * 24 * time.Hour, hasReset: true},
+				{},
+			},
+			headers: []rlsHeader{{"ratelimit", `"envoy/edge.user";r=0;t=2`}, {"retry-after", "2"}, {"x-empty", ""}},
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := tt.give.appendWire(nil)
+			want, err := proto.MarshalOptions{Deterministic: true}.Marshal(tt.give.proto())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("appendWire %x, proto.Marshal %x", got, want)
+			}
+			if n := tt.give.size(); n != len(got) {
+				t.Errorf("size %d, wrote %d", n, len(got))
+			}
+		})
+	}
+}
+
+// TestRLSServeAllocs bounds the allocations of serving one ShouldRateLimit
+// of one descriptor, from its wire data to its answer's, decoded,
+// decided on the memory store and encoded as the gRPC server does.
+func TestRLSServeAllocs(t *testing.T) {
+	e := startRLS(t, "memory", `domain: edge
+descriptors:
+  - key: user
+    rate_limit: {unit: hour, requests_per_unit: 1000000000}
+`)
+	codec := newRLSCodec()
+	b := wireRequest("edge", []string{"user", "alice"})
+	dec := func(v any) error { return codec.Unmarshal(mem.BufferSlice{mem.SliceBuffer(b)}, v) }
+	ctx := context.Background()
+	serve := func() []byte {
+		resp, err := shouldRateLimitHandler(e.d.rls, ctx, dec, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out, err := codec.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer out.Free()
+		return out[0].ReadOnlyData()
+	}
+	var got rlpb.RateLimitResponse
+	if err := proto.Unmarshal(serve(), &got); err != nil || got.GetOverallCode() != rlpb.RateLimitResponse_OK ||
+		len(got.GetStatuses()) != 1 || got.GetStatuses()[0].GetCurrentLimit().GetRequestsPerUnit() != 1000000000 || len(got.GetResponseHeadersToAdd()) == 0 {
+		t.Fatalf("answered %v, %v", &got, err)
+	}
+	allocs := testing.AllocsPerRun(500, func() { serve() })
+	t.Logf("%.0f allocations a call", allocs)
+	if max := 45.0; allocs > max {
+		t.Errorf("%.0f allocations a call, want at most %.0f", allocs, max)
+	}
+}
+
+// TestGRPCStreamWorkers: the gRPC server keeps grpcStreamWorkers
+// goroutines to serve calls, whose stacks have grown to what a call needs,
+// and a call is served on one of them.
+func TestGRPCStreamWorkers(t *testing.T) {
+	e := startRLS(t, "memory", invalidUTF8Rules)
+	if _, err := e.raw(wireRequest("edge", []string{"remote_address", "10.0.0.1"})); err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 1<<22)
+	stacks := string(buf[:runtime.Stack(buf, true)])
+	if n := strings.Count(stacks, "grpc.(*Server).serverWorker("); n < grpcStreamWorkers {
+		t.Errorf("%d goroutines wait for gRPC calls, want %d", n, grpcStreamWorkers)
+	}
+}
