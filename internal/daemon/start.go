@@ -111,7 +111,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	// Without NATS the engine's own coordinator.Local agrees hot keys with
 	// this daemon alone.
 	if d.nc != nil {
-		d.nats.seconds = d.reqs.api(apiNATS)
+		d.nats.seconds = newObservers(d.reqs.api(apiNATS), natsCodes)
 		// Hot keys are counter names, policy|key: room for the longest.
 		maxName := max(maxPolicyName, envoyconf.MaxPolicyName) + 1 + hotkey.DefaultMaxKeyLen
 		if d.coord, err = coordinator.NewNATS(coordinator.Config{Conn: d.nc, ID: d.id, Namespace: cfg.Namespace, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
