@@ -15,7 +15,7 @@ import (
 // TestDecisionAllocs holds them to.
 const (
 	maxHTTPDecisionAllocs = 10
-	maxNATSDecisionAllocs = 12
+	maxNATSDecisionAllocs = 8
 )
 
 // TestDecisionAllocs: a decision over HTTP (POST /v1/allow through the

@@ -13,9 +13,9 @@ import (
 	"github.com/nats-io/nats.go/micro"
 )
 
-// natsDecisionTimeout bounds one decision asked over NATS (the requester
-// has its own timeout; this one keeps a lost requester from holding the
-// endpoint).
+// natsDecisionTimeout bounds one decision asked over NATS, give or take
+// deadlineStep (the requester has its own timeout; this one keeps a
+// decision that does not end from holding a --nats-concurrency slot).
 const natsDecisionTimeout = 5 * time.Second
 
 // natsRequests runs the decisions asked on hotkey.allow: each on a
@@ -25,11 +25,12 @@ const natsDecisionTimeout = 5 * time.Second
 // subscription's goroutine; while every slot is taken, it waits there, and
 // later requests wait in the NATS client's buffer.
 type natsRequests struct {
-	slots    chan struct{} // a token per decision in flight
-	mu       sync.RWMutex  // guards stopping against wg.Add
-	stopping bool
-	wg       sync.WaitGroup
-	seconds  *observers // hotkeyd_request_duration_seconds{api="nats"}, by code: natsCodes
+	slots     chan struct{} // a token per decision in flight
+	mu        sync.RWMutex  // guards stopping against wg.Add
+	stopping  bool
+	wg        sync.WaitGroup
+	seconds   *observers // hotkeyd_request_duration_seconds{api="nats"}, by code: natsCodes
+	deadlines deadlines  // the decisions'
 }
 
 // natsCodes are the code labels of api nats, indexes of natsRequests.seconds.
@@ -107,9 +108,13 @@ func (d *Daemon) handleNATS(req micro.Request) {
 		return
 	}
 	j := natsJobs.Get().(*natsJob)
-	*j = natsJob{d: d, ctx: context.Background(), data: data, reply: reply, start: start}
+	*j = natsJob{d: d, ctx: d.nats.deadlines.at(start), data: data, reply: reply, start: start}
 	if d.tracer != nil {
+		var cancel context.CancelFunc
 		j.ctx, j.end = d.tracer.natsSpan(req.Subject(), req.Headers())
+		j.ctx, cancel = context.WithTimeout(j.ctx, natsDecisionTimeout)
+		end := j.end
+		j.end = func(code string) { cancel(); end(code) }
 	}
 	d.nats.runJob(j)
 }
@@ -141,7 +146,7 @@ func (j *natsJob) do() {
 	natsJobs.Put(j)
 }
 
-// answerNATS decides the request data, under ctx, and publishes the answer to reply;
+// answerNATS decides the request data, under ctx (which bounds it), and publishes the answer to reply;
 // it returns natsOK for an answer with decisions published, natsError for
 // an error reply, or for an answer that could not be published.
 func (d *Daemon) answerNATS(ctx context.Context, data []byte, reply string) string {
@@ -149,8 +154,6 @@ func (d *Daemon) answerNATS(ctx context.Context, data []byte, reply string) stri
 	if ae != nil {
 		return d.natsError(reply, ae)
 	}
-	ctx, cancel := context.WithTimeout(ctx, natsDecisionTimeout)
-	defer cancel()
 	var body []byte
 	if batch != nil {
 		body, _ = json.Marshal(d.decideBatch(ctx, batch))
