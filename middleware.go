@@ -28,22 +28,65 @@ func SetHeaders(h http.Header, p *Policy, r Result, now time.Time) {
 	// store does not add a second.
 	resetAfter := r.ResetAfter.Truncate(time.Millisecond)
 	reset := ceilSeconds(resetAfter)
-	h.Set("X-RateLimit-Limit", strconv.FormatInt(r.Limit, 10))
-	h.Set("X-RateLimit-Remaining", strconv.FormatInt(max(0, r.Remaining), 10))
-	h.Set("X-RateLimit-Reset", strconv.FormatInt(now.Add(resetAfter).Add(time.Second-1).Unix(), 10))
 	window := int64(1)
 	if p != nil {
 		window = max(1, ceilSeconds(p.Limit.Period))
 	}
-	h.Set("RateLimit-Policy", strconv.Quote(name)+";q="+strconv.FormatInt(r.Limit, 10)+";w="+strconv.FormatInt(window, 10))
-	h.Set("RateLimit", strconv.Quote(name)+";r="+strconv.FormatInt(max(0, r.Remaining), 10)+";t="+strconv.FormatInt(reset, 10))
-	if !r.Allowed {
-		h.Set("Retry-After", strconv.FormatInt(max(1, ceilSeconds(r.RetryAfter)), 10))
+	remaining := max(0, r.Remaining)
+	// The values are cut from one string and their slices from one array,
+	// to allocate twice per answer rather than twice per header.
+	var buf [160]byte
+	b := buf[:0]
+	var ends [len(rateLimitHeaders)]int // ends[i]: where header i's value ends in b, 0 if not set
+	for i, key := range rateLimitHeaders {
+		switch key {
+		case "X-Ratelimit-Limit":
+			b = strconv.AppendInt(b, r.Limit, 10)
+		case "X-Ratelimit-Remaining":
+			b = strconv.AppendInt(b, remaining, 10)
+		case "X-Ratelimit-Reset":
+			b = strconv.AppendInt(b, now.Add(resetAfter).Add(time.Second-1).Unix(), 10)
+		case "Ratelimit-Policy":
+			b = strconv.AppendQuote(b, name)
+			b = append(b, ";q="...)
+			b = strconv.AppendInt(b, r.Limit, 10)
+			b = append(b, ";w="...)
+			b = strconv.AppendInt(b, window, 10)
+		case "Ratelimit":
+			b = strconv.AppendQuote(b, name)
+			b = append(b, ";r="...)
+			b = strconv.AppendInt(b, remaining, 10)
+			b = append(b, ";t="...)
+			b = strconv.AppendInt(b, reset, 10)
+		case "Retry-After":
+			if r.Allowed {
+				continue
+			}
+			b = strconv.AppendInt(b, max(1, ceilSeconds(r.RetryAfter)), 10)
+		case "X-Ratelimit-Shadow":
+			if !r.ShadowDenied {
+				continue
+			}
+			b = append(b, "denied"...)
+		}
+		ends[i] = len(b) // > 0: every value set is at least a byte
 	}
-	if r.ShadowDenied {
-		h.Set("X-RateLimit-Shadow", "denied")
+	all := string(b)
+	vals := make([]string, len(rateLimitHeaders))
+	from, j := 0, 0
+	for i, key := range rateLimitHeaders {
+		if ends[i] == 0 {
+			continue
+		}
+		vals[j] = all[from:ends[i]]
+		h[key] = vals[j : j+1 : j+1] // cap 1: an Add copies rather than writes over the next value
+		from = ends[i]
+		j++
 	}
 }
+
+// rateLimitHeaders are the headers SetHeaders writes, in canonical form.
+var rateLimitHeaders = [...]string{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Ratelimit-Policy", "Ratelimit", "Retry-After", "X-Ratelimit-Shadow"}
 
 // ceilSeconds returns d in whole seconds, rounded up.
 func ceilSeconds(d time.Duration) int64 {

@@ -3,7 +3,6 @@ package loadgen
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -45,10 +44,17 @@ type request struct {
 // client that keeps up to 1,024 idle connections to the daemon, so a run's
 // senders do not open a connection per request.
 func HTTP(base, policy string, client *http.Client) Target {
+	t := &httpTarget{url: strings.TrimRight(base, "/") + "/v1/allow", policy: policy, client: client}
 	if client == nil {
-		client = pooledClient()
+		// Its transport does not write the requests it is given, as a
+		// RoundTripper must not: they may share their header.
+		t.client, t.header = pooledClient(), jsonHeader
 	}
-	return &httpTarget{url: strings.TrimRight(base, "/") + "/v1/allow", policy: policy, client: client}
+	t.req, t.err = http.NewRequest(http.MethodPost, t.url, nil)
+	if t.err == nil {
+		t.req.Header = t.header
+	}
+	return t
 }
 
 // pooledClient is a client that keeps up to 1,024 idle connections, so a
@@ -62,32 +68,88 @@ func pooledClient() *http.Client {
 type httpTarget struct {
 	url, policy string
 	client      *http.Client
+	header      http.Header   // every request's, if they may share one
+	req         *http.Request // what each request copies, nil if err
+	err         error         // the URL's
 }
 
 func (h *httpTarget) Decide(ctx context.Context, key string, cost int64) (Outcome, error) {
-	body, _ := json.Marshal(request{Policy: h.policy, Key: key, Cost: cost})
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, h.url, bytes.NewReader(body))
-	if err != nil {
-		return Outcome{}, err
+	if h.err != nil {
+		return Outcome{}, h.err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	// The transport may read the body after Do returns: it is not reused.
+	body := new(requestBody)
+	body.data = appendRequest(body.buf[:0], request{Policy: h.policy, Key: key, Cost: cost})
+	body.Reset(body.data)
+	req := h.req.WithContext(ctx)
+	// GetBody lets the transport send the request again on another
+	// connection when an idle one turns out closed.
+	req.Body, req.GetBody, req.ContentLength = body, body.again, int64(len(body.data))
+	if h.header == nil {
+		req.Header = http.Header{"Content-Type": {"application/json"}}
+	}
 	resp, err := h.client.Do(req)
 	if err != nil {
 		return Outcome{}, err
 	}
 	defer resp.Body.Close()
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	buf := bufPool.Get().(*[]byte)
+	defer bufPool.Put(buf)
+	b, err := readAnswer((*buf)[:0], resp.Body)
+	*buf = b
 	if err != nil {
 		return Outcome{}, err
 	}
 	if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusTooManyRequests {
 		return Outcome{}, fmt.Errorf("%s: %s: %s", h.url, resp.Status, bytes.TrimSpace(b))
 	}
-	var d decision
-	if err := json.Unmarshal(b, &d); err != nil {
+	d, err := parseDecision(b)
+	if err != nil {
 		return Outcome{}, fmt.Errorf("%s: %s: %w", h.url, resp.Status, err)
 	}
 	return d.outcome(), nil
+}
+
+// requestBody is a request's body, its bytes in the same allocation for
+// the common keys.
+type requestBody struct {
+	bytes.Reader
+	data []byte // all of it
+	buf  [128]byte
+}
+
+func (*requestBody) Close() error { return nil }
+
+// again is the body to send again, from its start.
+func (b *requestBody) again() (io.ReadCloser, error) {
+	c := &requestBody{data: b.data}
+	c.Reset(c.data)
+	return c, nil
+}
+
+// jsonHeader is the header of a request to hotkeyd, shared by those a
+// client that writes no request's header sends.
+var jsonHeader = http.Header{"Content-Type": {"application/json"}}
+
+// maxAnswer is the most of an answer read.
+const maxAnswer = 64 << 10
+
+// readAnswer appends to b what r reads until EOF or maxAnswer bytes.
+func readAnswer(b []byte, r io.Reader) ([]byte, error) {
+	for len(b) < maxAnswer {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):min(cap(b), maxAnswer)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
+	return b, nil
 }
 
 // Subject is the NATS subject hotkeyd answers decisions on in the default
@@ -116,8 +178,11 @@ type natsTarget struct {
 }
 
 func (n *natsTarget) Decide(ctx context.Context, key string, cost int64) (Outcome, error) {
-	body, _ := json.Marshal(request{Policy: n.policy, Key: key, Cost: cost})
-	msg, err := n.nc.RequestWithContext(ctx, n.subject, body)
+	buf := bufPool.Get().(*[]byte)
+	defer bufPool.Put(buf)
+	*buf = appendRequest((*buf)[:0], request{Policy: n.policy, Key: key, Cost: cost})
+	// The request is published, copied, before RequestWithContext returns.
+	msg, err := n.nc.RequestWithContext(ctx, n.subject, *buf)
 	if errors.Is(err, nats.ErrNoResponders) {
 		return Outcome{}, fmt.Errorf("%s: %w: no hotkeyd of namespace %q on this NATS (a daemon's --namespace names the subject it answers on)", n.subject, err, n.ns)
 	}
@@ -127,8 +192,8 @@ func (n *natsTarget) Decide(ctx context.Context, key string, cost int64) (Outcom
 	if code := msg.Header.Get("Nats-Service-Error-Code"); code != "" {
 		return Outcome{}, fmt.Errorf("%s: %s %s", n.subject, code, msg.Header.Get("Nats-Service-Error"))
 	}
-	var d decision
-	if err := json.Unmarshal(msg.Data, &d); err != nil {
+	d, err := parseDecision(msg.Data)
+	if err != nil {
 		return Outcome{}, fmt.Errorf("%s: %w", n.subject, err)
 	}
 	return d.outcome(), nil

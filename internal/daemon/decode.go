@@ -92,6 +92,14 @@ func skipSpace(b []byte, i int) int {
 // decodeRequest decodes one request, the whole body or an item of a batch:
 // the request with its defaults, an *apiError, or errBatchField.
 func decodeRequest(data []byte) (AllowRequest, *apiError) {
+	if req, ok := decodePlain(data); ok {
+		return withDefaults(req), nil
+	}
+	return decodeJSON(data)
+}
+
+// decodeJSON is decodeRequest by encoding/json, for any body.
+func decodeJSON(data []byte) (AllowRequest, *apiError) {
 	var req AllowRequest
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()
@@ -113,6 +121,11 @@ func decodeRequest(data []byte) (AllowRequest, *apiError) {
 	if strings.ContainsRune(req.Key, utf8.RuneError) && !validStrings(data) {
 		return AllowRequest{}, errorf(http.StatusBadRequest, "key holds a \\u escape of a lone UTF-16 surrogate, which is no character: send the key as valid UTF-8")
 	}
+	return withDefaults(req), nil
+}
+
+// withDefaults is req with the default policy and cost where absent.
+func withDefaults(req AllowRequest) AllowRequest {
 	if req.Policy == "" {
 		req.Policy = DefaultPolicy
 	}
@@ -120,7 +133,7 @@ func decodeRequest(data []byte) (AllowRequest, *apiError) {
 		one := int64(1)
 		req.Cost = &one
 	}
-	return req, nil
+	return req
 }
 
 // isUnknownField reports whether err is encoding/json's refusal of the

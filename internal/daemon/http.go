@@ -56,11 +56,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) int {
 	if err != nil { // not with the types written here
 		status, b = http.StatusInternalServerError, []byte(`{"error":"encoding the response failed"}`)
 	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Content-Length", strconv.Itoa(len(b)+1))
-	w.WriteHeader(status)
-	w.Write(append(b, '\n'))
-	return status
+	return writeBody(w, status, append(b, '\n'))
 }
 
 // writeError writes msg as an ErrorResponse with status; it returns the
@@ -75,7 +71,10 @@ func (d *Daemon) handleAllow(w http.ResponseWriter, r *http.Request) int {
 		w.Header().Set("Allow", "POST")
 		return writeError(w, http.StatusMethodNotAllowed, fmt.Sprintf("method %s not allowed on /v1/allow: use POST with a JSON body like %s", r.Method, exampleBody))
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, MaxBody))
+	buf := getBuf()
+	defer putBuf(buf)
+	body, err := readBody(*buf, http.MaxBytesReader(w, r.Body, MaxBody))
+	*buf = body
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
@@ -97,7 +96,26 @@ func (d *Daemon) handleAllow(w http.ResponseWriter, r *http.Request) int {
 		return writeError(w, ae.Status, ae.Msg)
 	}
 	hotkey.SetHeaders(w.Header(), p, res, time.Now()) // the X-RateLimit-*, RateLimit-Policy, RateLimit and, if denied, Retry-After headers
-	return writeJSON(w, allowStatus(res.Allowed), resp)
+	*buf = appendAllowResponse((*buf)[:0], resp)
+	return writeBody(w, allowStatus(res.Allowed), *buf)
+}
+
+// readBody appends what r reads to b, until EOF: b grown, and the error
+// of a read that failed.
+func readBody(b []byte, r io.Reader) ([]byte, error) {
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			return b, err
+		}
+	}
 }
 
 // HotKey is one entry of GET /v1/hotkeys: a policy's counter for a key.

@@ -11,12 +11,11 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
-	"github.com/prometheus/client_golang/prometheus"
 )
 
-// natsDecisionTimeout bounds one decision asked over NATS (the requester
-// has its own timeout; this one keeps a lost requester from holding the
-// endpoint).
+// natsDecisionTimeout bounds one decision asked over NATS, give or take
+// deadlineStep (the requester has its own timeout; this one keeps a
+// decision that does not end from holding a --nats-concurrency slot).
 const natsDecisionTimeout = 5 * time.Second
 
 // natsRequests runs the decisions asked on hotkey.allow: each on a
@@ -26,29 +25,46 @@ const natsDecisionTimeout = 5 * time.Second
 // subscription's goroutine; while every slot is taken, it waits there, and
 // later requests wait in the NATS client's buffer.
 type natsRequests struct {
-	slots    chan struct{} // a token per decision in flight
-	mu       sync.RWMutex  // guards stopping against wg.Add
-	stopping bool
-	wg       sync.WaitGroup
-	seconds  prometheus.ObserverVec // hotkeyd_request_duration_seconds{api="nats"}, by code
+	slots     chan struct{} // a token per decision in flight
+	mu        sync.RWMutex  // guards stopping against wg.Add
+	stopping  bool
+	wg        sync.WaitGroup
+	seconds   *observers // hotkeyd_request_duration_seconds{api="nats"}, by code: natsCodes
+	deadlines deadlines  // the decisions'
 }
+
+// natsCodes are the code labels of api nats, indexes of natsRequests.seconds.
+var natsCodes = []string{natsOK, natsError}
+
+// job is work for natsRequests.run.
+type job interface{ do() }
+
+// jobFunc is a func as a job.
+type jobFunc func()
+
+func (f jobFunc) do() { f() }
 
 // run runs f on a goroutine once a slot is free; once stopping, on the
 // caller's goroutine, so that the connection's drain waits for it.
-func (n *natsRequests) run(f func()) {
+func (n *natsRequests) run(f func()) { n.runJob(jobFunc(f)) }
+
+// runJob is run for a job.
+func (n *natsRequests) runJob(j job) {
 	n.mu.RLock()
 	if n.stopping {
 		n.mu.RUnlock()
-		f()
+		j.do()
 		return
 	}
 	n.wg.Add(1)
 	n.mu.RUnlock()
 	n.slots <- struct{}{}
-	go func() {
-		defer func() { <-n.slots; n.wg.Done() }()
-		f()
-	}()
+	go n.runOwn(j)
+}
+
+func (n *natsRequests) runOwn(j job) {
+	defer func() { <-n.slots; n.wg.Done() }()
+	j.do()
 }
 
 // stop waits for the decisions running on their own goroutines, until ctx
@@ -91,23 +107,46 @@ func (d *Daemon) handleNATS(req micro.Request) {
 		d.log.Debug("hotkey.allow request with a reply subject outside "+nats.InboxPrefix+" ignored", "reply", truncate(reply, 100))
 		return
 	}
-	seconds := d.nats.seconds
-	if d.tracer == nil {
-		d.nats.run(func() {
-			code := d.answerNATS(context.Background(), data, reply)
-			since(seconds.WithLabelValues(code), start)
-		})
-		return
+	j := natsJobs.Get().(*natsJob)
+	*j = natsJob{d: d, ctx: d.nats.deadlines.at(start), data: data, reply: reply, start: start}
+	if d.tracer != nil {
+		var cancel context.CancelFunc
+		j.ctx, j.end = d.tracer.natsSpan(req.Subject(), req.Headers())
+		j.ctx, cancel = context.WithTimeout(j.ctx, natsDecisionTimeout)
+		end := j.end
+		j.end = func(code string) { cancel(); end(code) }
 	}
-	ctx, end := d.tracer.natsSpan(req.Subject(), req.Headers())
-	d.nats.run(func() {
-		code := d.answerNATS(ctx, data, reply)
-		end(code)
-		since(seconds.WithLabelValues(code), start)
-	})
+	d.nats.runJob(j)
 }
 
-// answerNATS decides the request data, under ctx, and publishes the answer to reply;
+// natsJob is a request on hotkey.allow, decided once run. The daemon
+// reuses it once done.
+type natsJob struct {
+	d     *Daemon
+	ctx   context.Context
+	data  []byte
+	reply string
+	start time.Time
+	end   func(code string) // ends the trace span; nil without tracing
+}
+
+var natsJobs = sync.Pool{New: func() any { return new(natsJob) }}
+
+func (j *natsJob) do() {
+	code := j.d.answerNATS(j.ctx, j.data, j.reply)
+	if j.end != nil {
+		j.end(code)
+	}
+	i := 0 // natsCodes
+	if code != natsOK {
+		i = 1
+	}
+	since(j.d.nats.seconds.get(i), j.start)
+	*j = natsJob{}
+	natsJobs.Put(j)
+}
+
+// answerNATS decides the request data, under ctx (which bounds it), and publishes the answer to reply;
 // it returns natsOK for an answer with decisions published, natsError for
 // an error reply, or for an answer that could not be published.
 func (d *Daemon) answerNATS(ctx context.Context, data []byte, reply string) string {
@@ -115,8 +154,6 @@ func (d *Daemon) answerNATS(ctx context.Context, data []byte, reply string) stri
 	if ae != nil {
 		return d.natsError(reply, ae)
 	}
-	ctx, cancel := context.WithTimeout(ctx, natsDecisionTimeout)
-	defer cancel()
 	var body []byte
 	if batch != nil {
 		body, _ = json.Marshal(d.decideBatch(ctx, batch))
@@ -131,8 +168,13 @@ func (d *Daemon) answerNATS(ctx context.Context, data []byte, reply string) stri
 		if ae != nil {
 			return d.natsError(reply, ae)
 		}
-		body, _ = json.Marshal(resp)
+		buf := getBuf()
+		defer putBuf(buf)
+		// Without the newline POST /v1/allow ends its body with.
+		*buf = appendAllowResponse((*buf)[:0], resp)
+		body = (*buf)[:len(*buf)-1]
 	}
+	// Publish copies body before it returns.
 	if err := d.nc.Publish(reply, body); err != nil {
 		d.log.Debug("NATS reply failed", "err", err)
 		return natsError

@@ -3,7 +3,9 @@ package daemon
 import (
 	"context"
 	"net/http"
+	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -59,13 +61,16 @@ func (m requestMetrics) api(api string) prometheus.ObserverVec {
 	return v
 }
 
+// httpCodes are the statuses POST /v1/allow and forward auth answer: each
+// its own code label.
+var httpCodes = []int{http.StatusOK, http.StatusTooManyRequests, http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusMethodNotAllowed,
+	http.StatusRequestEntityTooLarge, http.StatusInternalServerError, http.StatusServiceUnavailable}
+
 // httpCode returns the code label of an HTTP status: the status itself
 // for those POST /v1/allow and forward auth answer, its class (4xx) for
 // any other.
 func httpCode(status int) string {
-	switch status {
-	case http.StatusOK, http.StatusTooManyRequests, http.StatusBadRequest, http.StatusUnauthorized, http.StatusForbidden, http.StatusNotFound, http.StatusMethodNotAllowed,
-		http.StatusRequestEntityTooLarge, http.StatusInternalServerError, http.StatusServiceUnavailable:
+	if slices.Contains(httpCodes, status) {
 		return strconv.Itoa(status)
 	}
 	if status < 200 || status > 599 {
@@ -74,14 +79,27 @@ func httpCode(status int) string {
 	return strconv.Itoa(status/100) + "xx"
 }
 
+// grpcCodes are the code labels of api grpc, indexed by status code.
+func grpcCodes() []string {
+	labels := make([]string, codes.Unauthenticated+1)
+	for c := range labels {
+		labels[c] = codes.Code(c).String()
+	}
+	return labels
+}
+
 // grpcCode returns the code label of a gRPC call that ended with err: its
 // status code's name, Unknown for a code outside the 17 gRPC defines.
-func grpcCode(err error) string {
+func grpcCode(err error) string { return grpcStatus(err).String() }
+
+// grpcStatus is the status code of a gRPC call that ended with err,
+// Unknown for a code outside the 17 gRPC defines.
+func grpcStatus(err error) codes.Code {
 	c := status.Code(err)
 	if c > codes.Unauthenticated {
 		c = codes.Unknown
 	}
-	return c.String()
+	return c
 }
 
 // since observes on o the time since start.
@@ -92,20 +110,55 @@ func since(o prometheus.Observer, start time.Time) { o.Observe(time.Since(start)
 // headers read) to its answer flushed to the connection (the server would
 // flush it once h returns: flushing first costs no extra write).
 func timedHTTP(o prometheus.ObserverVec, h func(http.ResponseWriter, *http.Request) int) http.HandlerFunc {
+	labels := make([]string, len(httpCodes))
+	for i, status := range httpCodes {
+		labels[i] = httpCode(status)
+	}
+	byStatus := newObservers(o, labels)
 	return func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		code := httpCode(h(w, r))
+		status := h(w, r)
 		if f, ok := w.(http.Flusher); ok {
 			f.Flush()
 		}
-		since(o.WithLabelValues(code), start)
+		var obs prometheus.Observer
+		if i := slices.Index(httpCodes, status); i >= 0 {
+			obs = byStatus.get(i)
+		} else {
+			obs = o.WithLabelValues(httpCode(status))
+		}
+		since(obs, start)
 	}
+}
+
+// observers keeps the observers of an ObserverVec for a list of code
+// labels, each looked up once, on its first use: a code's series appears
+// on /metrics once observed, as with WithLabelValues. Safe for concurrent
+// use.
+type observers struct {
+	vec    prometheus.ObserverVec
+	labels []string
+	by     []atomic.Pointer[prometheus.Observer] // by[i]: labels[i]'s
+}
+
+func newObservers(vec prometheus.ObserverVec, labels []string) *observers {
+	return &observers{vec: vec, labels: labels, by: make([]atomic.Pointer[prometheus.Observer], len(labels))}
+}
+
+// get returns the observer of code labels[i].
+func (o *observers) get(i int) prometheus.Observer {
+	if p := o.by[i].Load(); p != nil {
+		return *p
+	}
+	obs := o.vec.WithLabelValues(o.labels[i])
+	o.by[i].Store(&obs)
+	return obs
 }
 
 // rpcTimer is the gRPC server's stats handler: it observes on o, by code,
 // the time of each ShouldRateLimit call, from its headers read to its
 // status written (health checks and reflection are not counted).
-type rpcTimer struct{ o prometheus.ObserverVec }
+type rpcTimer struct{ o *observers }
 
 // rlsCallKey marks the context of a ShouldRateLimit call.
 type rlsCallKey struct{}
@@ -119,7 +172,7 @@ func (t rpcTimer) TagRPC(ctx context.Context, info *stats.RPCTagInfo) context.Co
 
 func (t rpcTimer) HandleRPC(ctx context.Context, s stats.RPCStats) {
 	if end, ok := s.(*stats.End); ok && ctx.Value(rlsCallKey{}) != nil {
-		t.o.WithLabelValues(grpcCode(end.Error)).Observe(end.EndTime.Sub(end.BeginTime).Seconds())
+		t.o.get(int(grpcStatus(end.Error))).Observe(end.EndTime.Sub(end.BeginTime).Seconds())
 	}
 }
 

@@ -111,7 +111,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	// Without NATS the engine's own coordinator.Local agrees hot keys with
 	// this daemon alone.
 	if d.nc != nil {
-		d.nats.seconds = d.reqs.api(apiNATS)
+		d.nats.seconds = newObservers(d.reqs.api(apiNATS), natsCodes)
 		// The coordinator and the NATS API share the daemon's connection
 		// (startNATS), which shutdown drains and closes.
 		// Hot keys are counter names, policy|key: room for the longest.
