@@ -31,8 +31,8 @@ func TestRequest(t *testing.T) {
 			want: &rlpb.RateLimitRequest{Domain: "d", Descriptors: []*ratelimit.RateLimitDescriptor{{Entries: []*ratelimit.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}}}}}},
 		{name: "own limit", domain: "d", hits: 300, descs: []Descriptor{{KV: []string{"k", "v"}, RequestsPerUnit: 5, Unit: 2, Multiplier: 3, Hits: &hits}},
 			want: &rlpb.RateLimitRequest{Domain: "d", HitsAddend: 300, Descriptors: []*ratelimit.RateLimitDescriptor{{
-				Entries: []*ratelimit.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}},
-				Limit:   &ratelimit.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit(2), UnitMultiplier: wrapperspb.UInt32(3)},
+				Entries:    []*ratelimit.RateLimitDescriptor_Entry{{Key: "k", Value: "v"}},
+				Limit:      &ratelimit.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: 5, Unit: typev3.RateLimitUnit(2), UnitMultiplier: wrapperspb.UInt32(3)},
 				HitsAddend: wrapperspb.UInt64(7),
 			}}}},
 	}
