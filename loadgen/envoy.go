@@ -5,13 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"math"
-	"net/http"
 	"strings"
+	"sync"
 	"time"
 
-	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"google.golang.org/grpc"
+
+	"github.com/hotkeyd/hotkey/internal/rlswire"
 )
 
 // KeyPlaceholder is replaced by the workload's key in the descriptor values
@@ -31,88 +32,94 @@ type Entry struct {
 // OK is admitted, OVER_LIMIT denied, and anything else an error; the
 // Quota is the status of the first descriptor over its limit, else of the
 // one with the least remaining, that carries a current_limit, else read
-// from the response_headers_to_add (as HeaderQuota). Envoy keeps
-// no reference to descriptors; it panics if domain or descriptors is
-// empty. conn is the caller's to close.
+// from the response_headers_to_add (as HeaderQuota). Keys and values go
+// as the bytes they are, UTF-8 or not, as Envoy sends them. Envoy keeps no
+// reference to descriptors; it panics if domain or descriptors is empty.
+// conn is the caller's to close.
 func Envoy(conn grpc.ClientConnInterface, domain string, descriptors [][]Entry) Target {
 	if domain == "" || len(descriptors) == 0 {
 		panic("loadgen: an Envoy target needs a domain and descriptors")
 	}
-	e := &envoyTarget{client: rlpb.NewRateLimitServiceClient(conn), domain: domain}
+	e := &envoyTarget{conn: conn, domain: domain, opts: []grpc.CallOption{grpc.ForceCodecV2(envoyCodec{})}}
 	for _, d := range descriptors {
 		e.descs = append(e.descs, append([]Entry(nil), d...))
+		e.entries += len(d)
 	}
+	e.calls.New = func() any { return e.newCall() }
 	return e
 }
 
+// shouldRateLimit is the method Envoy's rate-limit filter calls.
+const shouldRateLimit = "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit"
+
 type envoyTarget struct {
-	client rlpb.RateLimitServiceClient
+	conn    grpc.ClientConnInterface
+	domain  string
+	descs   [][]Entry
+	entries int // in all of descs
+	opts    []grpc.CallOption
+	calls   sync.Pool // of *envoyCall, reused from one call to the next
+}
+
+// envoyCall is one ShouldRateLimit call: its request, which envoyCodec
+// writes, and its answer, which envoyCodec reads into it.
+type envoyCall struct {
 	domain string
-	descs  [][]Entry
+	hits   uint32
+	descs  []rlswire.Descriptor // of the target's descriptors, with the call's key
+	answer envoyAnswer
+}
+
+func (e *envoyTarget) newCall() *envoyCall {
+	c := &envoyCall{domain: e.domain, descs: make([]rlswire.Descriptor, len(e.descs))}
+	kv := make([]string, 0, 2*e.entries)
+	for i, d := range e.descs {
+		for _, en := range d {
+			kv = append(kv, en.Key, en.Value)
+		}
+		c.descs[i].KV = kv[len(kv)-2*len(d) : len(kv) : len(kv)]
+	}
+	return c
+}
+
+// setKey sets c's descriptor values to the target's with key for "{key}":
+// a value that is just "{key}", or has none, is used without a copy.
+func (c *envoyCall) setKey(descs [][]Entry, key string) {
+	for i, d := range descs {
+		kv := c.descs[i].KV
+		for j, en := range d {
+			v := en.Value
+			switch {
+			case v == KeyPlaceholder:
+				v = key
+			case strings.Contains(v, KeyPlaceholder):
+				v = strings.ReplaceAll(v, KeyPlaceholder, key)
+			}
+			kv[2*j+1] = v
+		}
+	}
 }
 
 func (e *envoyTarget) Decide(ctx context.Context, key string, cost int64) (Outcome, error) {
 	if cost < 1 || cost > math.MaxUint32 {
 		return Outcome{}, fmt.Errorf("ShouldRateLimit: cost %d: hits_addend holds 1 to %d", cost, uint32(math.MaxUint32))
 	}
-	req := &rlpb.RateLimitRequest{Domain: e.domain, HitsAddend: uint32(cost), Descriptors: make([]*ratelimit.RateLimitDescriptor, len(e.descs))}
-	for i, d := range e.descs {
-		entries := make([]*ratelimit.RateLimitDescriptor_Entry, len(d))
-		for j, en := range d {
-			entries[j] = &ratelimit.RateLimitDescriptor_Entry{Key: en.Key, Value: strings.ReplaceAll(en.Value, KeyPlaceholder, key)}
-		}
-		req.Descriptors[i] = &ratelimit.RateLimitDescriptor{Entries: entries}
-	}
-	resp, err := e.client.ShouldRateLimit(ctx, req)
-	if err != nil {
+	c := e.calls.Get().(*envoyCall)
+	defer e.calls.Put(c)
+	c.hits = uint32(cost)
+	c.setKey(e.descs, key)
+	if err := e.conn.Invoke(ctx, shouldRateLimit, c, c, e.opts...); err != nil {
 		return Outcome{}, fmt.Errorf("ShouldRateLimit: %w", err)
 	}
-	out := Outcome{Quota: statusQuota(resp.GetStatuses())}
-	if !out.Quota.Reported && len(resp.GetResponseHeadersToAdd()) > 0 {
-		h := make(http.Header, len(resp.GetResponseHeadersToAdd()))
-		for _, hv := range resp.GetResponseHeadersToAdd() {
-			h.Add(hv.GetKey(), hv.GetValue())
-		}
-		out.Quota = HeaderQuota(h)
-	}
-	switch resp.GetOverallCode() {
+	out := Outcome{Quota: c.answer.quota}
+	switch c.answer.overall {
 	case rlpb.RateLimitResponse_OK:
 		out.Allowed = true
 	case rlpb.RateLimitResponse_OVER_LIMIT:
 	default:
-		return Outcome{}, errors.New("ShouldRateLimit: overall code " + resp.GetOverallCode().String())
+		return Outcome{}, errors.New("ShouldRateLimit: overall code " + c.answer.overall.String())
 	}
 	return out, nil
-}
-
-// statusQuota is the Quota of the status closest to its limit among those
-// with a current_limit: the first over it, else the one with the least
-// remaining.
-func statusQuota(statuses []*rlpb.RateLimitResponse_DescriptorStatus) Quota {
-	var pick *rlpb.RateLimitResponse_DescriptorStatus
-	for _, st := range statuses {
-		if st.GetCurrentLimit() == nil {
-			continue
-		}
-		if st.GetCode() == rlpb.RateLimitResponse_OVER_LIMIT {
-			pick = st
-			break
-		}
-		if pick == nil || st.GetLimitRemaining() < pick.GetLimitRemaining() {
-			pick = st
-		}
-	}
-	if pick == nil {
-		return Quota{}
-	}
-	l := pick.GetCurrentLimit()
-	return Quota{
-		Reported:   true,
-		Limit:      int64(l.GetRequestsPerUnit()),
-		Window:     unitWindow(l.GetUnit()),
-		Remaining:  int64(pick.GetLimitRemaining()),
-		ResetAfter: pick.GetDurationUntilReset().AsDuration(),
-	}
 }
 
 // unitWindow is the window of an Envoy rate-limit unit, 0 for UNKNOWN.

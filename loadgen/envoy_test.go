@@ -25,7 +25,7 @@ descriptors:
 
 // startRLS runs a hotkeyd in this process serving envoyRules on its gRPC
 // listener, and returns a connection to it.
-func startRLS(t *testing.T) *grpc.ClientConn {
+func startRLS(t testing.TB) *grpc.ClientConn {
 	t.Helper()
 	path := filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(path, []byte(envoyRules), 0o644); err != nil {

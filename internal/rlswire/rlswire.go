@@ -1,7 +1,8 @@
-// Package rlswire hand-encodes Envoy's RateLimitRequest for tests, as raw
-// bytes go on the wire: keys and values need not be UTF-8, as Envoy sends
-// them and as proto.Marshal refuses them. Codec sends such bytes over a
-// gRPC connection and decodes the answers as protobuf.
+// Package rlswire hand-encodes Envoy's RateLimitRequest as raw bytes go on
+// the wire: keys and values need not be UTF-8, as Envoy sends them and as
+// proto.Marshal refuses them, and a request is written into a buffer the
+// caller reuses (AppendRequest), with no message built. Codec sends such
+// bytes over a gRPC connection and decodes the answers as protobuf.
 package rlswire
 
 import (
@@ -27,12 +28,17 @@ type Descriptor struct {
 // Request encodes a RateLimitRequest of domain, hits (the request's
 // hits_addend; 0: unset) and descs.
 func Request(domain string, hits uint32, descs ...Descriptor) []byte {
-	var b []byte
+	return AppendRequest(make([]byte, 0, RequestSize(domain, hits, descs...)), domain, hits, descs...)
+}
+
+// AppendRequest appends Request(domain, hits, descs...) to b. It allocates
+// nothing where b has RequestSize bytes to spare.
+func AppendRequest(b []byte, domain string, hits uint32, descs ...Descriptor) []byte {
 	b = protowire.AppendTag(b, 1, protowire.BytesType)
 	b = protowire.AppendString(b, domain)
-	for _, d := range descs {
+	for i := range descs {
 		b = protowire.AppendTag(b, 2, protowire.BytesType)
-		b = protowire.AppendBytes(b, d.encode())
+		b = descs[i].append(b)
 	}
 	if hits > 0 {
 		b = protowire.AppendTag(b, 3, protowire.VarintType)
@@ -41,45 +47,92 @@ func Request(domain string, hits uint32, descs ...Descriptor) []byte {
 	return b
 }
 
-// encode is d as a RateLimitDescriptor message.
-func (d Descriptor) encode() []byte {
-	var m []byte
-	for i := 0; i+1 < len(d.KV); i += 2 {
-		var e []byte
-		e = protowire.AppendTag(e, 1, protowire.BytesType)
-		e = protowire.AppendString(e, d.KV[i])
-		e = protowire.AppendTag(e, 2, protowire.BytesType)
-		e = protowire.AppendString(e, d.KV[i+1])
-		m = protowire.AppendTag(m, 1, protowire.BytesType)
-		m = protowire.AppendBytes(m, e)
+// RequestSize is the length of Request(domain, hits, descs...).
+func RequestSize(domain string, hits uint32, descs ...Descriptor) int {
+	n := 1 + protowire.SizeBytes(len(domain))
+	for i := range descs {
+		n += 1 + protowire.SizeBytes(descs[i].size())
 	}
-	if d.Unit != 0 {
-		var o []byte
-		o = protowire.AppendTag(o, 1, protowire.VarintType)
-		o = protowire.AppendVarint(o, uint64(d.RequestsPerUnit))
-		o = protowire.AppendTag(o, 2, protowire.VarintType)
-		o = protowire.AppendVarint(o, uint64(d.Unit))
-		if d.Multiplier > 0 {
-			o = protowire.AppendTag(o, 3, protowire.BytesType)
-			o = protowire.AppendBytes(o, uint64Value(uint64(d.Multiplier)))
-		}
-		m = protowire.AppendTag(m, 2, protowire.BytesType)
-		m = protowire.AppendBytes(m, o)
+	if hits > 0 {
+		n += 1 + protowire.SizeVarint(uint64(hits))
 	}
-	if d.Hits != nil {
-		m = protowire.AppendTag(m, 3, protowire.BytesType)
-		m = protowire.AppendBytes(m, uint64Value(*d.Hits))
-	}
-	return m
+	return n
 }
 
-// uint64Value is a google.protobuf.UInt64Value (or UInt32Value) of v: its
-// field 1, left out when 0.
-func uint64Value(v uint64) []byte {
-	if v == 0 {
-		return nil
+// append appends d as a length-prefixed RateLimitDescriptor message.
+func (d *Descriptor) append(b []byte) []byte {
+	b = protowire.AppendVarint(b, uint64(d.size()))
+	for i := 0; i+1 < len(d.KV); i += 2 {
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(entrySize(d.KV[i], d.KV[i+1])))
+		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendString(b, d.KV[i])
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendString(b, d.KV[i+1])
 	}
-	return protowire.AppendVarint(protowire.AppendTag(nil, 1, protowire.VarintType), v)
+	if d.Unit != 0 {
+		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendVarint(b, uint64(d.limitSize()))
+		b = protowire.AppendTag(b, 1, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(d.RequestsPerUnit))
+		b = protowire.AppendTag(b, 2, protowire.VarintType)
+		b = protowire.AppendVarint(b, uint64(d.Unit))
+		if d.Multiplier > 0 {
+			b = protowire.AppendTag(b, 3, protowire.BytesType)
+			b = appendUint64Value(b, uint64(d.Multiplier))
+		}
+	}
+	if d.Hits != nil {
+		b = protowire.AppendTag(b, 3, protowire.BytesType)
+		b = appendUint64Value(b, *d.Hits)
+	}
+	return b
+}
+
+// size is the length of d's RateLimitDescriptor message.
+func (d *Descriptor) size() int {
+	n := 0
+	for i := 0; i+1 < len(d.KV); i += 2 {
+		n += 1 + protowire.SizeBytes(entrySize(d.KV[i], d.KV[i+1]))
+	}
+	if d.Unit != 0 {
+		n += 1 + protowire.SizeBytes(d.limitSize())
+	}
+	if d.Hits != nil {
+		n += 1 + protowire.SizeBytes(uint64ValueSize(*d.Hits))
+	}
+	return n
+}
+
+// limitSize is the length of d's own limit's message.
+func (d *Descriptor) limitSize() int {
+	n := 2 + protowire.SizeVarint(uint64(d.RequestsPerUnit)) + protowire.SizeVarint(uint64(d.Unit))
+	if d.Multiplier > 0 {
+		n += 1 + protowire.SizeBytes(uint64ValueSize(uint64(d.Multiplier)))
+	}
+	return n
+}
+
+// entrySize is the length of an Entry message of k and v.
+func entrySize(k, v string) int {
+	return 2 + protowire.SizeBytes(len(k)) + protowire.SizeBytes(len(v))
+}
+
+// appendUint64Value appends a length-prefixed google.protobuf.UInt64Value
+// (or UInt32Value) of v: its field 1, left out when 0.
+func appendUint64Value(b []byte, v uint64) []byte {
+	if v == 0 {
+		return protowire.AppendVarint(b, 0)
+	}
+	b = protowire.AppendVarint(b, uint64(uint64ValueSize(v)))
+	return protowire.AppendVarint(protowire.AppendTag(b, 1, protowire.VarintType), v)
+}
+
+func uint64ValueSize(v uint64) int {
+	if v == 0 {
+		return 0
+	}
+	return 1 + protowire.SizeVarint(v)
 }
 
 // Codec is a gRPC codec that sends a []byte as a message's wire data as it
