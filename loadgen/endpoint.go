@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/url"
+
+	"github.com/valyala/fasthttp"
 )
 
 // EndpointConfig is how an Endpoint asks. The zero value sends GET with
@@ -19,8 +21,9 @@ type EndpointConfig struct {
 	KeyHeader string
 	// KeyParam, if set, names a query parameter that carries the key.
 	KeyParam string
-	// Client sends the requests; nil means a client that keeps up to 1,024
-	// idle connections.
+	// Client sends the requests; nil means loadgen's own client, as for
+	// HTTP: HTTP/1.1 over keep-alive connections, pooled requests and
+	// answers; it follows up to 10 redirects, as an http.Client does.
 	Client *http.Client
 }
 
@@ -39,20 +42,59 @@ func Endpoint(rawURL string, cfg EndpointConfig) (Target, error) {
 	if cfg.Method == "" {
 		cfg.Method = http.MethodGet
 	}
+	e := &endpointTarget{u: u, cfg: cfg}
 	if cfg.Client == nil {
-		cfg.Client = pooledClient()
+		e.fast = newFastClient()
+		e.pre, e.post = splitURL(u, cfg.KeyParam)
 	}
-	return &endpointTarget{u: u, cfg: cfg}, nil
+	return e, nil
 }
 
 type endpointTarget struct {
-	u   *url.URL
-	cfg EndpointConfig
+	u         *url.URL
+	cfg       EndpointConfig
+	fast      *fasthttp.Client // loadgen's, if cfg has no Client
+	pre, post string           // the URL sent, before and after the key's place in it
+}
+
+// splitURL returns the URL sent for u, its fragment left out, with the
+// query parameter param set to a key, before and after the key: as u with
+// param set by url.Values.Set and the query encoded by Encode (its keys in
+// order). With param "", pre is the URL and post "".
+func splitURL(u *url.URL, param string) (pre, post string) {
+	c := *u
+	c.Fragment, c.RawFragment = "", ""
+	if param == "" {
+		return c.String(), ""
+	}
+	q := c.Query()
+	delete(q, param)
+	before, after := url.Values{}, url.Values{}
+	for k, v := range q {
+		if k < param {
+			before[k] = v
+		} else {
+			after[k] = v
+		}
+	}
+	c.RawQuery, c.ForceQuery = "", false
+	pre = c.String() + "?"
+	if len(before) > 0 {
+		pre += before.Encode() + "&"
+	}
+	pre += url.QueryEscape(param) + "="
+	if len(after) > 0 {
+		post = "&" + after.Encode()
+	}
+	return pre, post
 }
 
 func (e *endpointTarget) Decide(ctx context.Context, key string, cost int64) (Outcome, error) {
 	if cost != 1 {
 		return Outcome{}, fmt.Errorf("%s: cost %d: an HTTP endpoint is asked one request a decision", e.u.Redacted(), cost)
+	}
+	if e.fast != nil {
+		return e.decideFast(ctx, key)
 	}
 	u := e.u
 	if e.cfg.KeyParam != "" {
@@ -75,17 +117,56 @@ func (e *endpointTarget) Decide(ctx context.Context, key string, cost int64) (Ou
 	}
 	defer resp.Body.Close()
 	// Read to the end (a bounded part of it), so the connection is reused.
-	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+	b, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
 		return Outcome{}, err
 	}
-	out := Outcome{Quota: HeaderQuota(resp.Header)}
-	switch {
-	case resp.StatusCode >= 200 && resp.StatusCode < 300:
-		out.Allowed = true
-	case resp.StatusCode == http.StatusTooManyRequests:
-	default:
-		return Outcome{}, fmt.Errorf("%s %s: %s: %.200s", e.cfg.Method, e.u.Redacted(), resp.Status, bytes.TrimSpace(b))
+	if !decided(resp.StatusCode) {
+		return Outcome{}, e.statusError(resp.Status, b)
 	}
-	return out, nil
+	return Outcome{Allowed: resp.StatusCode != http.StatusTooManyRequests, Quota: HeaderQuota(resp.Header)}, nil
+}
+
+// decideFast is Decide on loadgen's own client.
+func (e *endpointTarget) decideFast(ctx context.Context, key string) (Outcome, error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	if e.cfg.KeyParam == "" {
+		req.SetRequestURI(e.pre)
+	} else {
+		buf := bufPool.Get().(*[]byte)
+		*buf = append(append(append((*buf)[:0], e.pre...), url.QueryEscape(key)...), e.post...)
+		req.SetRequestURIBytes(*buf) // a copy
+		bufPool.Put(buf)
+	}
+	req.Header.SetMethod(e.cfg.Method)
+	if e.cfg.KeyHeader != "" {
+		req.Header.Set(e.cfg.KeyHeader, key)
+	}
+	if err := doFast(ctx, e.fast, req, resp, true); err != nil {
+		rawURL := e.pre
+		if e.cfg.KeyParam != "" {
+			rawURL += url.QueryEscape(key) + e.post
+		}
+		return Outcome{}, urlError(req, rawURL, err)
+	}
+	if code := resp.StatusCode(); !decided(code) {
+		b := resp.Body()
+		return Outcome{}, e.statusError(status(resp), b[:min(len(b), maxAnswer)])
+	}
+	q := quotaOf(func(name string) string { return string(resp.Header.Peek(name)) })
+	return Outcome{Allowed: resp.StatusCode() != http.StatusTooManyRequests, Quota: q}, nil
+}
+
+// decided reports whether an endpoint's answer of status code is a
+// decision: 2xx admitted, 429 denied.
+func decided(code int) bool {
+	return code >= 200 && code < 300 || code == http.StatusTooManyRequests
+}
+
+// statusError is the error of an answer that is no decision, of status
+// line status and body b.
+func (e *endpointTarget) statusError(status string, b []byte) error {
+	return fmt.Errorf("%s %s: %s: %.200s", e.cfg.Method, e.u.Redacted(), status, bytes.TrimSpace(b))
 }

@@ -37,9 +37,19 @@ type Quota struct {
 // gateways send it as a delay, others as an instant. A header that does
 // not parse is ignored; Reported says whether any did.
 func HeaderQuota(h http.Header) Quota {
+	return quotaOf(h.Get)
+}
+
+// quotaOf is HeaderQuota of the headers get returns the first value of,
+// by name.
+func quotaOf(get func(name string) string) Quota {
 	var q Quota
 	num := func(v string, dst *int64) bool {
-		n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		v = strings.TrimSpace(v)
+		if v == "" { // absent: ParseInt's error would allocate
+			return false
+		}
+		n, err := strconv.ParseInt(v, 10, 64)
 		if err != nil || n < 0 {
 			return false
 		}
@@ -52,12 +62,12 @@ func HeaderQuota(h http.Header) Quota {
 			*dst = time.Duration(min(n, math.MaxInt64/int64(time.Second))) * time.Second
 		}
 	}
-	num(h.Get("X-RateLimit-Limit"), &q.Limit)
-	num(h.Get("X-RateLimit-Remaining"), &q.Remaining)
-	num(h.Get("RateLimit-Limit"), &q.Limit)
-	num(h.Get("RateLimit-Remaining"), &q.Remaining)
-	secs(h.Get("RateLimit-Reset"), &q.ResetAfter)
-	for _, p := range params(h.Get("RateLimit-Policy")) {
+	num(get("X-RateLimit-Limit"), &q.Limit)
+	num(get("X-RateLimit-Remaining"), &q.Remaining)
+	num(get("RateLimit-Limit"), &q.Limit)
+	num(get("RateLimit-Remaining"), &q.Remaining)
+	secs(get("RateLimit-Reset"), &q.ResetAfter)
+	for _, p := range params(get("RateLimit-Policy")) {
 		switch p[0] {
 		case "q":
 			num(p[1], &q.Limit)
@@ -65,7 +75,7 @@ func HeaderQuota(h http.Header) Quota {
 			secs(p[1], &q.Window)
 		}
 	}
-	for _, p := range params(h.Get("RateLimit")) {
+	for _, p := range params(get("RateLimit")) {
 		switch p[0] {
 		case "limit":
 			num(p[1], &q.Limit)
@@ -75,9 +85,9 @@ func HeaderQuota(h http.Header) Quota {
 			secs(p[1], &q.ResetAfter)
 		}
 	}
-	if v := strings.TrimSpace(h.Get("Retry-After")); v != "" {
+	if v := strings.TrimSpace(get("Retry-After")); v != "" {
 		if at, err := http.ParseTime(v); err == nil {
-			if date, err := http.ParseTime(h.Get("Date")); err == nil && at.After(date) {
+			if date, err := http.ParseTime(get("Date")); err == nil && at.After(date) {
 				q.RetryAfter, q.Reported = at.Sub(date), true
 			}
 		} else {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/valyala/fasthttp"
 
 	"github.com/hotkeyd/hotkey/internal/namespace"
 )
@@ -39,43 +40,38 @@ type request struct {
 	Cost   int64  `json:"cost"`
 }
 
-// HTTP decides on a hotkeyd's POST /v1/allow at base (http://host:port),
-// under the named policy ("" for the daemon's default). client nil means a
-// client that keeps up to 1,024 idle connections to the daemon, so a run's
-// senders do not open a connection per request.
+// HTTP decides on a hotkeyd's POST /v1/allow at base (http://host:port or
+// https://), under the named policy ("" for the daemon's default). client
+// nil means loadgen's own client: HTTP/1.1 (never HTTP/2) over keep-alive
+// connections, one per request in flight, each request and answer pooled,
+// so that the client spends little of the CPU it shares with what it
+// measures; it verifies TLS against the system's roots and reads no proxy
+// from the environment; an answer's body longer than 16 MiB is an error.
+// A client given (for HTTP/2, a proxy, a CA or a client certificate) sends
+// every request.
 func HTTP(base, policy string, client *http.Client) Target {
 	t := &httpTarget{url: strings.TrimRight(base, "/") + "/v1/allow", policy: policy, client: client}
-	if client == nil {
-		// Its transport does not write the requests it is given, as a
-		// RoundTripper must not: they may share their header.
-		t.client, t.header = pooledClient(), jsonHeader
-	}
 	t.req, t.err = http.NewRequest(http.MethodPost, t.url, nil)
-	if t.err == nil {
-		t.req.Header = t.header
+	if client == nil {
+		t.fast = newFastClient()
 	}
 	return t
 }
 
-// pooledClient is a client that keeps up to 1,024 idle connections, so a
-// run's senders do not open a connection per request.
-func pooledClient() *http.Client {
-	tr := http.DefaultTransport.(*http.Transport).Clone()
-	tr.MaxIdleConns, tr.MaxIdleConnsPerHost = 1024, 1024
-	return &http.Client{Transport: tr}
-}
-
 type httpTarget struct {
 	url, policy string
-	client      *http.Client
-	header      http.Header   // every request's, if they may share one
-	req         *http.Request // what each request copies, nil if err
-	err         error         // the URL's
+	client      *http.Client     // the caller's, if given
+	fast        *fasthttp.Client // loadgen's, if none was given
+	req         *http.Request    // what each request copies, nil if err
+	err         error            // the URL's
 }
 
 func (h *httpTarget) Decide(ctx context.Context, key string, cost int64) (Outcome, error) {
 	if h.err != nil {
 		return Outcome{}, h.err
+	}
+	if h.fast != nil {
+		return h.decideFast(ctx, key, cost)
 	}
 	// The transport may read the body after Do returns: it is not reused.
 	body := new(requestBody)
@@ -85,9 +81,7 @@ func (h *httpTarget) Decide(ctx context.Context, key string, cost int64) (Outcom
 	// GetBody lets the transport send the request again on another
 	// connection when an idle one turns out closed.
 	req.Body, req.GetBody, req.ContentLength = body, body.again, int64(len(body.data))
-	if h.header == nil {
-		req.Header = http.Header{"Content-Type": {"application/json"}}
-	}
+	req.Header = http.Header{"Content-Type": {"application/json"}}
 	resp, err := h.client.Do(req)
 	if err != nil {
 		return Outcome{}, err
@@ -110,6 +104,33 @@ func (h *httpTarget) Decide(ctx context.Context, key string, cost int64) (Outcom
 	return d.outcome(), nil
 }
 
+// decideFast is Decide on loadgen's own client.
+func (h *httpTarget) decideFast(ctx context.Context, key string, cost int64) (Outcome, error) {
+	req, resp := fasthttp.AcquireRequest(), fasthttp.AcquireResponse()
+	defer fasthttp.ReleaseRequest(req)
+	defer fasthttp.ReleaseResponse(resp)
+	req.SetRequestURI(h.url)
+	req.Header.SetMethod(http.MethodPost)
+	req.Header.SetContentType("application/json")
+	buf := bufPool.Get().(*[]byte)
+	*buf = appendRequest((*buf)[:0], request{Policy: h.policy, Key: key, Cost: cost})
+	req.SetBody(*buf) // a copy
+	bufPool.Put(buf)
+	if err := doFast(ctx, h.fast, req, resp, false); err != nil {
+		return Outcome{}, urlError(req, h.url, err)
+	}
+	b := resp.Body()
+	b = b[:min(len(b), maxAnswer)]
+	if code := resp.StatusCode(); code != http.StatusOK && code != http.StatusTooManyRequests {
+		return Outcome{}, fmt.Errorf("%s: %s: %s", h.url, status(resp), bytes.TrimSpace(b))
+	}
+	d, err := parseDecision(b)
+	if err != nil {
+		return Outcome{}, fmt.Errorf("%s: %s: %w", h.url, status(resp), err)
+	}
+	return d.outcome(), nil
+}
+
 // requestBody is a request's body, its bytes in the same allocation for
 // the common keys.
 type requestBody struct {
@@ -126,10 +147,6 @@ func (b *requestBody) again() (io.ReadCloser, error) {
 	c.Reset(c.data)
 	return c, nil
 }
-
-// jsonHeader is the header of a request to hotkeyd, shared by those a
-// client that writes no request's header sends.
-var jsonHeader = http.Header{"Content-Type": {"application/json"}}
 
 // maxAnswer is the most of an answer read.
 const maxAnswer = 64 << 10
