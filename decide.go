@@ -98,9 +98,9 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 	hash := hashKey(name)
 	switch {
 	case p.Sync == SyncGossip:
-		e.gossipStore().Prefetch(shard.Name(name))
+		e.gossipStore().Prefetch(unsplitHash(name, hash))
 	case e.prefetch != nil:
-		e.prefetch.Prefetch(shard.Name(name)) // its miss overlaps the detector's
+		e.prefetch.Prefetch(unsplitHash(name, hash)) // its miss overlaps the detector's
 	}
 	if e.detect != nil {
 		e.detect.Observe(hash, name)
@@ -375,9 +375,11 @@ func (e *Engine) placement() shard.Placement {
 	return e.placer.Placement()
 }
 
-// decide takes n from the unsplit counter of key, named shard.Name(key).
+// decide takes n from the unsplit counter of key (hashed hash), named
+// shard.Name(key).
 func (e *Engine) decide(ctx context.Context, st counter.Store, key string, hash uint64, lim Limit, n int64) (Result, error) {
-	r, err := e.take(ctx, st, shard.Name(key), hash, lim, n)
+	name, hash := unsplitCounter(key, hash)
+	r, err := e.take(ctx, st, name, hash, lim, n)
 	if err != nil {
 		return Result{}, err
 	}
@@ -535,8 +537,25 @@ func (e *Engine) checkKey(key string) error {
 	return nil
 }
 
-// hashKey is the one hash of a key: xxhash64.
+// hashKey is the one hash of a key: xxhash64, the stores' counter.Hash.
 func hashKey(key string) uint64 { return xxhash.Sum64String(key) }
+
+// unsplitCounter returns the name of the unsplit counter of name (hashed
+// hash), shard.Name(name), and its hash, which a store is given with it:
+// hash itself, unless the name had to be escaped.
+func unsplitCounter(name string, hash uint64) (string, uint64) {
+	stored := shard.Name(name)
+	if stored != name {
+		hash = hashKey(stored)
+	}
+	return stored, hash
+}
+
+// unsplitHash is the hash of the unsplit counter of name (hashed hash).
+func unsplitHash(name string, hash uint64) uint64 {
+	_, h := unsplitCounter(name, hash)
+	return h
+}
 
 // fullResult is the denial of a decision on a key whose usage cannot move
 // to its level's counters for want of room in the store (err wraps a

@@ -67,7 +67,8 @@ func (e *Engine) peekStore(ctx context.Context, peeker counter.Peeker, name stri
 			return e.peekSplit(ctx, peeker, ent, level, pl, lim)
 		}
 	}
-	r, err := e.peekOne(ctx, peeker, shard.Name(name), hash, lim)
+	stored, sh := unsplitCounter(name, hash)
+	r, err := e.peekOne(ctx, peeker, stored, sh, lim)
 	if err != nil {
 		return Result{}, err
 	}

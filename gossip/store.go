@@ -142,7 +142,7 @@ func (s *Store) TakeAt(now time.Time, key string, hash uint64, lim counter.Limit
 	}
 	l := s.limitID(lim)
 	if n > 0 && key != "" && len(key) <= s.cfg.MaxKeyLen { // what the codec carries
-		r, tallied := s.mem.TakeTallied(now, key, lim, n, l.id)
+		r, tallied := s.mem.TakeTallied(now, key, hash, lim, n, l.id)
 		if !tallied {
 			s.tallyFull.Add(1)
 			s.round.add(l.id, l.fp, key, hash, n)
@@ -162,7 +162,7 @@ func (s *Store) Peek(ctx context.Context, key string, hash uint64, lim counter.L
 }
 
 // Prefetch is the memory store's Prefetch.
-func (s *Store) Prefetch(key string) { s.mem.Prefetch(key) }
+func (s *Store) Prefetch(hash uint64) { s.mem.Prefetch(hash) }
 
 // Close implements counter.Store. The store holds no goroutines.
 func (s *Store) Close() error { return s.mem.Close() }

@@ -18,6 +18,8 @@ import (
 	"fmt"
 	"math/bits"
 	"strconv"
+
+	"github.com/cespare/xxhash/v2"
 )
 
 // Level is how many subcounters a key is split into: 1 (not split), 4, 16
@@ -118,11 +120,6 @@ func Mix(x uint64) uint64 {
 	return x
 }
 
-// SubHash returns the hash of subcounter i of a key with hash h split n ways;
-// stores use it for striping and the deny cache as identity.
-func SubHash(h uint64, n Level, i int) uint64 {
-	if n == Level1 {
-		return h
-	}
-	return Mix(h ^ uint64(n)<<32 ^ uint64(i+1)*0x9e3779b97f4a7c15)
-}
+// NameHash is the hash stores and the deny cache know a counter name by:
+// xxhash64 of it, as the counter package's Hash.
+func NameHash(name string) uint64 { return xxhash.Sum64String(name) }
