@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/shard"
 )
@@ -566,8 +564,9 @@ func (e *Engine) checkKey(key string) error {
 	return nil
 }
 
-// hashKey is the one hash of a key: xxhash64, the stores' counter.Hash.
-func hashKey(key string) uint64 { return xxhash.Sum64String(key) }
+// hashKey is the one hash of a key: the stores' counter.Hash, seeded per
+// process.
+func hashKey(key string) uint64 { return counter.Hash(key) }
 
 // unsplitCounter returns the name of the unsplit counter of name (hashed
 // hash), shard.Name(name), and its hash, which a store is given with it:

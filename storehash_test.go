@@ -7,15 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
 // hashStore is a memory store that notes each call whose hash is not
-// xxhash64 of the counter's name: the memory store places a counter by the
+// counter.Hash of the counter's name: the memory store places a counter by the
 // hash it is given, so such a call may find another counter than the
 // name's.
 type hashStore struct {
@@ -29,7 +27,7 @@ func (s *hashStore) note(op, key string, hash uint64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.calls++
-	if hash != xxhash.Sum64String(key) {
+	if hash != counter.Hash(key) {
 		s.wrong = append(s.wrong, fmt.Sprintf("%s %q with %#x", op, key, hash))
 	}
 }

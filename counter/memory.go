@@ -11,8 +11,7 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/cespare/xxhash/v2"
-
+	"github.com/hotkeyd/hotkey/internal/keyhash"
 	"github.com/hotkeyd/hotkey/internal/prefetch"
 )
 
@@ -202,8 +201,10 @@ func (s *MemoryStore) Prefetch(hash uint64) {
 	prefetch.Line(sp.base.Load() + uintptr(homeIn([2]uint64{0, h}, int(n)))*unsafe.Sizeof(cell{}))
 }
 
-// Hash is the hash a store is given with a key: xxhash64 of it.
-func Hash(key string) uint64 { return xxhash.Sum64String(key) }
+// Hash is the hash a store is given with a key: a hash under a secret
+// seed drawn when the process starts (hash/maphash), so that clients
+// cannot craft keys of one Hash. It differs from process to process.
+func Hash(key string) uint64 { return keyhash.Sum(key) }
 
 // scramble is a Hash under the store's secret: which stripe and cell a key
 // gets is nothing a client can aim at, short of keys whose whole Hash is

@@ -4,8 +4,6 @@ import (
 	"context"
 	"testing"
 	"time"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // TestPeek: on every store and algorithm, Peek answers what a take of one
@@ -24,7 +22,7 @@ func TestPeek(t *testing.T) {
 					lim := Limit{Algorithm: alg, Rate: 3, Period: 1000 * time.Hour}
 					peek := func() Result {
 						t.Helper()
-						r, err := p.Peek(context.Background(), key, xxhash.Sum64String(key), lim)
+						r, err := p.Peek(context.Background(), key, Hash(key), lim)
 						if err != nil {
 							t.Fatal(err)
 						}

@@ -19,7 +19,7 @@ import (
 	"math/bits"
 	"strconv"
 
-	"github.com/cespare/xxhash/v2"
+	"github.com/hotkeyd/hotkey/internal/keyhash"
 )
 
 // Level is how many subcounters a key is split into: 1 (not split), 4, 16
@@ -120,6 +120,6 @@ func Mix(x uint64) uint64 {
 	return x
 }
 
-// NameHash is the hash stores and the deny cache know a counter name by:
-// xxhash64 of it, as the counter package's Hash.
-func NameHash(name string) uint64 { return xxhash.Sum64String(name) }
+// NameHash is the hash stores and the deny cache know a counter name by,
+// the counter package's Hash: seeded per process, so it never leaves it.
+func NameHash(name string) uint64 { return keyhash.Sum(name) }
