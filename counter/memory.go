@@ -206,9 +206,10 @@ func (s *MemoryStore) Prefetch(hash uint64) {
 // cannot craft keys of one Hash. It differs from process to process.
 func Hash(key string) uint64 { return keyhash.Sum(key) }
 
-// scramble is a Hash under the store's secret: which stripe and cell a key
-// gets is nothing a client can aim at, short of keys whose whole Hash is
-// one. It is a bijection: keys of one scramble are keys of one Hash.
+// scramble is a Hash under the store's own secret, so that which stripe
+// and cell a key gets owes nothing to the other uses of its Hash, nor to a
+// hash a caller made otherwise. It is a bijection: keys of one scramble are
+// keys of one Hash.
 func (s *MemoryStore) scramble(hash uint64) uint64 { return mix64(hash ^ s.mix) }
 
 // fingerprint is key's identity in the store, for a caller that has not
