@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/hotkeyd/hotkey/counter"
-	"github.com/hotkeyd/hotkey/shard"
 )
 
 // Request is one decision of a batch: Cost units of Key under Policy.
@@ -102,12 +101,12 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 			}()
 			continue
 		}
-		lim := r.Policy.Limit
-		if cr, ok := e.knownDenied(hash, lim, r.Cost); ok {
+		stored, sh := unsplitCounter(name, hash)
+		if cr, ok := e.knownDenied(sh, r.Policy.Limit, r.Cost); ok {
 			out[i].Result, out[i].Err = e.conclude(ctx, d, unsplit(cr), nil)
 			continue
 		}
-		b.add(i, d, gen)
+		b.add(i, d, counter.Op{Key: stored, Hash: sh, Limit: r.Policy.Limit, N: r.Cost}, gen)
 	}
 	e.takeBatch(ctx, &b, out)
 	split.Wait()
@@ -135,10 +134,10 @@ type batch struct {
 	gens []uint32 // moveGen before each key was looked up
 }
 
-func (b *batch) add(i int, d degraded, gen uint32) {
+func (b *batch) add(i int, d degraded, op counter.Op, gen uint32) {
 	b.ds = append(b.ds, d)
 	b.at = append(b.at, i)
-	b.ops = append(b.ops, counter.Op{Key: shard.Name(d.name), Hash: d.hash, Limit: d.p.Limit, N: d.n})
+	b.ops = append(b.ops, op)
 	b.gens = append(b.gens, gen)
 }
 
@@ -190,7 +189,7 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 			e.metrics.storeTook(took)
 			e.brk.report(ctx, probes[j], err)
 			if err == nil {
-				e.remember(d.hash, d.p.Limit, d.n, op.Result, asked)
+				e.remember(op.Hash, op.Limit, op.N, op.Result, asked)
 				res = unsplit(op.Result)
 				if res.Allowed && e.moved(d.hash, b.gens[j]) {
 					// A move began while the take was in flight: decide

@@ -4,10 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
-
-	"github.com/cespare/xxhash/v2"
 
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/shard"
@@ -79,7 +76,8 @@ func (e *Engine) allow(ctx context.Context, key string, p *Policy, n int64) (Res
 // admit checks a decision's input and names its counter: the counter name
 // and its hash, which it feeds to the detector.
 func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
-	if err := e.check(key, p.Limit, n); err != nil {
+	known, err := e.check(key, p, n)
+	if err != nil {
 		e.metrics.rejectInput(p)
 		return "", 0, err
 	}
@@ -89,18 +87,20 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 	}
 	name := key
 	if p.Name != "" {
-		if strings.IndexByte(p.Name, '|') >= 0 {
+		if !known.nameOK {
 			e.metrics.rejectInput(p)
 			return "", 0, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
 		}
 		name = CounterName(p.Name, key)
 	}
 	hash := hashKey(name)
+	// The hint is for the unsplit counter, named name unless the name is
+	// escaped, when it is wasted.
 	switch {
 	case p.Sync == SyncGossip:
-		e.gossipStore().Prefetch(shard.Name(name))
+		e.gossipStore().Prefetch(hash)
 	case e.prefetch != nil:
-		e.prefetch.Prefetch(shard.Name(name)) // its miss overlaps the detector's
+		e.prefetch.Prefetch(hash) // its miss overlaps the detector's
 	}
 	if e.detect != nil {
 		e.detect.Observe(hash, name)
@@ -174,6 +174,12 @@ func (e *Engine) decideStore(ctx context.Context, st counter.Store, key string, 
 		}
 		return e.decideStore(ctx, st, key, hash, lim, n) // see moved
 	}
+	return e.decideEntry(ctx, st, ent, key, hash, lim, n)
+}
+
+// decideEntry is decideStore for a key with split state ent. It is apart
+// so that an unsplit key's decision pays nothing for its defers.
+func (e *Engine) decideEntry(ctx context.Context, st counter.Store, ent *shard.Entry, key string, hash uint64, lim Limit, n int64) (Result, error) {
 	// The counters that hold the key's usage were last written under the
 	// limit of the decision before: a move reads them under it.
 	prev, ok := ent.Memo().(Limit)
@@ -187,11 +193,12 @@ func (e *Engine) decideStore(ctx context.Context, st counter.Store, key string, 
 	// current placement, hold the key's usage; a larger cost must fit one
 	// of them (below). The decision is registered on them (Enter) until it
 	// returns, so that a move of the usage waits for it.
+	capacity := lim.Capacity()
 	var p shard.Placement
 	var level shard.Level
 	for {
 		p = e.placement()
-		level = shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, 1)
+		level = shard.Fit(ent.Level(), lim.Rate, capacity, e.opt.minShare, 1)
 		if e.reshard == nil {
 			break
 		}
@@ -235,13 +242,13 @@ func (e *Engine) decideStore(ctx context.Context, st counter.Store, key string, 
 	if level == shard.Level1 {
 		return e.decide(ctx, st, key, hash, lim, n)
 	}
-	if n > 1 && shard.Fit(level, lim.Rate, lim.Capacity(), e.opt.minShare, n) < level {
+	if n > 1 && shard.Fit(level, lim.Rate, capacity, e.opt.minShare, n) < level {
 		// No subcounter holding the key's usage can take n. Fewer, larger
 		// counters would take it from quota nobody has charged: refuse,
 		// as a key whose every subcounter is full would.
-		return Result{Limit: lim.Capacity(), RetryAfter: lim.Period, ResetAfter: lim.Period, Shards: level}, nil
+		return Result{Limit: capacity, RetryAfter: lim.Period, ResetAfter: lim.Period, Shards: level}, nil
 	}
-	return e.decideSplit(ctx, st, ent, level, p, lim, n)
+	return e.decideSplit(ctx, st, ent, level, p, lim, capacity, n)
 }
 
 // moveStripes is the number of stripes of Engine.moves.
@@ -375,9 +382,11 @@ func (e *Engine) placement() shard.Placement {
 	return e.placer.Placement()
 }
 
-// decide takes n from the unsplit counter of key, named shard.Name(key).
+// decide takes n from the unsplit counter of key (hashed hash), named
+// shard.Name(key).
 func (e *Engine) decide(ctx context.Context, st counter.Store, key string, hash uint64, lim Limit, n int64) (Result, error) {
-	r, err := e.take(ctx, st, shard.Name(key), hash, lim, n)
+	name, hash := unsplitCounter(key, hash)
+	r, err := e.take(ctx, st, name, hash, lim, n)
 	if err != nil {
 		return Result{}, err
 	}
@@ -385,11 +394,11 @@ func (e *Engine) decide(ctx context.Context, st counter.Store, key string, hash 
 }
 
 // decideSplit takes n from one of the level subcounters of ent, named
-// under p, and on a deny probes a second one.
-func (e *Engine) decideSplit(ctx context.Context, st counter.Store, ent *shard.Entry, level shard.Level, p shard.Placement, lim Limit, n int64) (Result, error) {
+// under p, and on a deny probes a second one. capacity is lim's.
+func (e *Engine) decideSplit(ctx context.Context, st counter.Store, ent *shard.Entry, level shard.Level, p shard.Placement, lim Limit, capacity, n int64) (Result, error) {
 	i := ent.Pick(level, e.opt.selection, e.seed)
 	name, hash := ent.Sub(level, i, p)
-	r, err := e.take(ctx, st, name, hash, subLimit(lim, level, i), n)
+	r, err := e.take(ctx, st, name, hash, share(lim, capacity, level, i), n)
 	if err != nil {
 		return Result{}, err
 	}
@@ -399,12 +408,11 @@ func (e *Engine) decideSplit(ctx context.Context, st counter.Store, ent *shard.E
 		j := shard.SecondChance(i, int(level), shard.Mix(e.seed^ent.Hash^uint64(r.RetryAfter)))
 		// A failed probe leaves the first answer standing.
 		name, hash = ent.Sub(level, j, p)
-		if r2, err := e.take(ctx, st, name, hash, subLimit(lim, level, j), n); err == nil &&
+		if r2, err := e.take(ctx, st, name, hash, share(lim, capacity, level, j), n); err == nil &&
 			(r2.Allowed || r2.RetryAfter < r.RetryAfter) {
 			r = r2
 		}
 	}
-	capacity := lim.Capacity()
 	return Result{
 		Allowed:    r.Allowed,
 		Limit:      capacity,
@@ -418,16 +426,17 @@ func (e *Engine) decideSplit(ctx context.Context, st counter.Store, ent *shard.E
 // take asks the store for n from counter name, unless the deny cache knows
 // it denies.
 func (e *Engine) take(ctx context.Context, st counter.Store, name string, hash uint64, lim Limit, n int64) (counter.Result, error) {
-	if r, ok := e.knownDenied(hash, lim, n); ok {
+	if e.deny == nil {
+		return e.storeTake(ctx, st, name, hash, lim, n)
+	}
+	id := denyID(hash, lim)
+	if r, ok := e.knownDeniedID(id, n); ok {
 		return r, nil
 	}
-	var asked time.Time // read only for the deny cache: a memory store's take costs little more than the clock
-	if e.deny != nil {
-		asked = e.opt.clock()
-	}
+	asked := e.opt.clock()
 	r, err := e.storeTake(ctx, st, name, hash, lim, n)
 	if err == nil {
-		e.remember(hash, lim, n, r, asked)
+		e.rememberID(id, n, r, asked)
 	}
 	return r, err
 }
@@ -438,7 +447,13 @@ func (e *Engine) knownDenied(hash uint64, lim Limit, n int64) (counter.Result, b
 	if e.deny == nil {
 		return counter.Result{}, false
 	}
-	r, ok := e.deny.lookup(denyID(hash, lim), n, e.opt.clock)
+	return e.knownDeniedID(denyID(hash, lim), n)
+}
+
+// knownDeniedID is knownDenied of the counter and limit whose denyID is
+// id; the deny cache is on.
+func (e *Engine) knownDeniedID(id uint64, n int64) (counter.Result, bool) {
+	r, ok := e.deny.lookup(id, n, e.opt.clock)
 	if ok {
 		e.metrics.denyHit()
 	}
@@ -449,16 +464,23 @@ func (e *Engine) knownDenied(hash uint64, lim Limit, n int64) (counter.Result, b
 // asked at asked. The store decided after asked, so its retry-after counted
 // from asked ends no later than the store's.
 func (e *Engine) remember(hash uint64, lim Limit, n int64, r counter.Result, asked time.Time) {
+	if e.deny != nil {
+		e.rememberID(denyID(hash, lim), n, r, asked)
+	}
+}
+
+// rememberID is remember of the counter and limit whose denyID is id; the
+// deny cache is on.
+func (e *Engine) rememberID(id uint64, n int64, r counter.Result, asked time.Time) {
 	switch {
-	case e.deny == nil:
 	case !r.Allowed:
-		e.deny.add(denyID(hash, lim), n, asked, r)
+		e.deny.add(id, n, asked, r)
 	case r.NextAfter > 0:
 		// The admission emptied the bucket: the store says when its next
 		// unit is due. Remember that as a denial too, or a key over its
 		// limit would cost a store call per unit admitted plus one per
 		// unit refused. Other instances can only empty the bucket further.
-		e.deny.add(denyID(hash, lim), 1, asked, counter.Result{Limit: r.Limit, RetryAfter: r.NextAfter, ResetAfter: r.ResetAfter})
+		e.deny.add(id, 1, asked, counter.Result{Limit: r.Limit, RetryAfter: r.NextAfter, ResetAfter: r.ResetAfter})
 	}
 }
 
@@ -489,7 +511,11 @@ func (e *Engine) storeTake(ctx context.Context, st counter.Store, name string, h
 // subLimit is subcounter i's share of lim split n ways: rate and burst are
 // each split with remainders to the first subcounters.
 func subLimit(lim Limit, n shard.Level, i int) Limit {
-	capacity := lim.Capacity()
+	return share(lim, lim.Capacity(), n, i)
+}
+
+// share is subLimit for a caller that has lim's capacity.
+func share(lim Limit, capacity int64, n shard.Level, i int) Limit {
 	lim.Rate = shard.Share(lim.Rate, int(n), i)
 	if lim.Algorithm == counter.TokenBucket {
 		lim.Burst = shard.Share(capacity, int(n), i)
@@ -506,23 +532,26 @@ func (e *Engine) storeFor(p *Policy) counter.Store {
 	return e.store
 }
 
-func (e *Engine) check(key string, lim Limit, n int64) error {
+// check checks a decision of n units of key under p, and returns what p
+// was found to be.
+func (e *Engine) check(key string, p *Policy, n int64) (*checked, error) {
 	if e.closed.Load() {
-		return ErrClosed
+		return nil, ErrClosed
 	}
 	if err := e.checkKey(key); err != nil {
-		return err
+		return nil, err
 	}
-	if err := lim.Validate(); err != nil {
-		return err
+	known, err := p.check()
+	if err != nil {
+		return nil, err
 	}
 	if n <= 0 {
-		return fmt.Errorf("%w: %d", ErrInvalidCost, n)
+		return nil, fmt.Errorf("%w: %d", ErrInvalidCost, n)
 	}
-	if c := lim.Capacity(); n > c {
-		return fmt.Errorf("%w: %d > %d", ErrCostExceedsBurst, n, c)
+	if n > known.capacity {
+		return nil, fmt.Errorf("%w: %d > %d", ErrCostExceedsBurst, n, known.capacity)
 	}
-	return nil
+	return known, nil
 }
 
 func (e *Engine) checkKey(key string) error {
@@ -535,8 +564,20 @@ func (e *Engine) checkKey(key string) error {
 	return nil
 }
 
-// hashKey is the one hash of a key: xxhash64.
-func hashKey(key string) uint64 { return xxhash.Sum64String(key) }
+// hashKey is the one hash of a key: the stores' counter.Hash, seeded per
+// process.
+func hashKey(key string) uint64 { return counter.Hash(key) }
+
+// unsplitCounter returns the name of the unsplit counter of name (hashed
+// hash), shard.Name(name), and its hash, which a store is given with it:
+// hash itself, unless the name had to be escaped.
+func unsplitCounter(name string, hash uint64) (string, uint64) {
+	stored := shard.Name(name)
+	if stored != name {
+		hash = hashKey(stored)
+	}
+	return stored, hash
+}
 
 // fullResult is the denial of a decision on a key whose usage cannot move
 // to its level's counters for want of room in the store (err wraps a

@@ -17,8 +17,8 @@ import (
 )
 
 // prefetcher is implemented by stores that can start loading a key's
-// counter ahead of a decision (the memory store).
-type prefetcher interface{ Prefetch(key string) }
+// counter, by its hash, ahead of a decision (the memory store).
+type prefetcher interface{ Prefetch(hash uint64) }
 
 // placer is implemented by stores that know how counter names map to nodes.
 type placer interface{ Placement() counter.Placement }

@@ -252,7 +252,7 @@ func TestSecondChance(t *testing.T) {
 		names := e.table.Lookup("k", hashKey("k")).Names(4, nil)
 		sub := subLimit(lim, 4, 0)
 		for range 2 {
-			store.Take(context.Background(), names[0], shard.SubHash(hashKey("k"), 4, 0), sub, 1)
+			store.Take(context.Background(), names[0], shard.NameHash(names[0]), sub, 1)
 		}
 		admitted := 0
 		for range 4 { // round robin visits every subcounter once

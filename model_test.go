@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/keyhash"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
@@ -598,6 +599,7 @@ func TestModel(t *testing.T) {
 				for _, v := range m.violations {
 					t.Errorf("seed %d: %s", seed, v)
 				}
+				replayHint(t, m)
 			}
 		})
 	}
@@ -622,5 +624,16 @@ func FuzzModel(f *testing.F) {
 		for _, v := range m.violations {
 			t.Error(v)
 		}
+		replayHint(t, m)
 	})
+}
+
+// replayHint says, after a run with violations, how to replay one: a run's
+// course follows the keys' hashes (the second chance's subcounter, a split
+// key's random pick) as well as its seed, and the hashes are seeded per
+// process unless the test is built with hotkey_fixedhash.
+func replayHint(t testing.TB, m *modelRun) {
+	if len(m.violations) > 0 && !keyhash.Fixed {
+		t.Log("the keys' hashes were seeded for this process: a seed replays a run exactly only under go test -tags hotkey_fixedhash")
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/shard"
@@ -68,7 +67,8 @@ func (e *Engine) peekStore(ctx context.Context, peeker counter.Peeker, name stri
 			return e.peekSplit(ctx, peeker, ent, level, pl, lim)
 		}
 	}
-	r, err := e.peekOne(ctx, peeker, shard.Name(name), hash, lim)
+	stored, sh := unsplitCounter(name, hash)
+	r, err := e.peekOne(ctx, peeker, stored, sh, lim)
 	if err != nil {
 		return Result{}, err
 	}
@@ -212,12 +212,13 @@ func (e *Engine) localShare(lim Limit) Limit {
 // counterName checks key and p as a decision of one unit does, and returns
 // the name of the key's counter under p and its hash.
 func (e *Engine) counterName(key string, p *Policy) (string, uint64, error) {
-	if err := e.check(key, p.Limit, 1); err != nil {
+	known, err := e.check(key, p, 1)
+	if err != nil {
 		return "", 0, err
 	}
 	name := key
 	if p.Name != "" {
-		if strings.IndexByte(p.Name, '|') >= 0 {
+		if !known.nameOK {
 			return "", 0, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
 		}
 		name = CounterName(p.Name, key)

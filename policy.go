@@ -2,7 +2,9 @@ package hotkey
 
 import (
 	"fmt"
+	"strings"
 	"sync"
+	"sync/atomic"
 )
 
 // Fallback is what a decision does when the store cannot answer: while the
@@ -120,6 +122,30 @@ type Policy struct {
 
 	once  sync.Once
 	allow map[string]struct{}
+	known atomic.Pointer[checked] // as a decision last found it valid
+}
+
+// checked is a policy's limit and name as a decision found them: the
+// limit valid, with its capacity, and whether the name may name counters.
+type checked struct {
+	lim      Limit
+	name     string
+	capacity int64
+	nameOK   bool
+}
+
+// check validates p's limit, once for as long as p's limit and name stay
+// what they were, and returns what it found.
+func (p *Policy) check() (*checked, error) {
+	if c := p.known.Load(); c != nil && c.lim == p.Limit && c.name == p.Name {
+		return c, nil
+	}
+	if err := p.Limit.Validate(); err != nil {
+		return nil, err
+	}
+	c := &checked{lim: p.Limit, name: p.Name, capacity: p.Limit.Capacity(), nameOK: strings.IndexByte(p.Name, '|') < 0}
+	p.known.Store(c)
+	return c, nil
 }
 
 // allowlisted reports whether key is on the policy's allowlist.

@@ -39,9 +39,10 @@ func (e *Engine) Reset(ctx context.Context, key string, p *Policy) error {
 	}
 	e.local.Delete(ctx, []counter.Shard{{Name: name, Hash: hash}})
 	if p.Sync == SyncGossip {
-		e.forgetDenials([]counter.Shard{{Name: shard.Name(name), Hash: hash, Limit: p.Limit}})
+		stored, sh := unsplitCounter(name, hash)
+		e.forgetDenials([]counter.Shard{{Name: stored, Hash: sh, Limit: p.Limit}})
 		if gs := e.gossip.Load(); gs != nil {
-			gs.Memory().Delete(ctx, []counter.Shard{{Name: shard.Name(name), Hash: hash}})
+			gs.Memory().Delete(ctx, []counter.Shard{{Name: stored, Hash: sh}})
 		}
 		e.log.Info("key reset", "policy", p.Name, "key", key)
 		return nil
@@ -79,7 +80,8 @@ func (e *Engine) counters(name string, hash uint64, lim Limit) []counter.Shard {
 	if ent != nil {
 		places = append(places, ent.Placements()...)
 	}
-	out := []counter.Shard{{Name: shard.Name(name), Hash: hash, Limit: lim}}
+	stored, sh := unsplitCounter(name, hash)
+	out := []counter.Shard{{Name: stored, Hash: sh, Limit: lim}}
 	seen := map[string]bool{out[0].Name: true}
 	for _, level := range []shard.Level{shard.Level4, shard.Level16, shard.Level64} {
 		for _, p := range places {
@@ -88,7 +90,7 @@ func (e *Engine) counters(name string, hash uint64, lim Limit) []counter.Shard {
 					continue
 				}
 				seen[sub] = true
-				out = append(out, counter.Shard{Name: sub, Hash: shard.SubHash(hash, level, i), Limit: subLimit(lim, level, i)})
+				out = append(out, counter.Shard{Name: sub, Hash: shard.NameHash(sub), Limit: subLimit(lim, level, i)})
 			}
 		}
 	}

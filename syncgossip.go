@@ -153,21 +153,23 @@ func (e *Engine) decideGossip(name string, hash uint64, lim Limit, n int64) Resu
 	if ent := e.table.Lookup(name, hash); ent != nil && ent.Level() == shard.Level1 && e.table.Remove(ent, shard.Level1) {
 		e.wakeSettle()
 	}
+	name, hash = unsplitCounter(name, hash)
 	if r, ok := e.knownDenied(hash, lim, n); ok {
 		return unsplit(r)
 	}
 	now := e.opt.clock()
-	r := e.gossipStore().TakeAt(now, shard.Name(name), hash, lim, n)
+	r := e.gossipStore().TakeAt(now, name, hash, lim, n)
 	e.remember(hash, lim, n, r, now)
 	return unsplit(r)
 }
 
 // peekGossip is Peek for a SyncGossip policy: this instance's view.
 func (e *Engine) peekGossip(name string, hash uint64, lim Limit) Result {
+	name, hash = unsplitCounter(name, hash)
 	if r, ok := e.knownDenied(hash, lim, 1); ok {
 		return unsplit(r)
 	}
-	r, _ := e.gossipStore().Peek(context.Background(), shard.Name(name), hash, lim)
+	r, _ := e.gossipStore().Peek(context.Background(), name, hash, lim)
 	return unsplit(r)
 }
 

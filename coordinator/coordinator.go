@@ -21,8 +21,8 @@ import "github.com/hotkeyd/hotkey/shard"
 // the coordinator's Close has returned. They should return quickly.
 type Handler interface {
 	// SetLevel says the level in force for key, whose hash is hash
-	// (xxhash64 of key), is now level: 4, 16 or 64, or 1 when it is no
-	// longer split.
+	// (shard.NameHash of key, which differs from process to process), is
+	// now level: 4, 16 or 64, or 1 when it is no longer split.
 	SetLevel(key string, hash uint64, level shard.Level)
 	// SetInstances says the number of live instances, at least 1, has
 	// changed to n.

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
@@ -359,7 +358,7 @@ func TestGossipFlood(t *testing.T) {
 	for i := range keys {
 		k := "flood-" + strconv.Itoa(i)
 		want[k] = 64
-		a.Announce(k, xxhash.Sum64String(k), 64)
+		a.Announce(k, shard.NameHash(k), 64)
 	}
 	applied := func() int {
 		n := 0

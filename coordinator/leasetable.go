@@ -5,8 +5,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -144,7 +142,7 @@ func (t *leaseTable) setOwn(key string, level shard.Level, now time.Time) (chang
 		if len(t.keys) >= t.maxKeys && !t.evictPeerKey(n) {
 			return false, false
 		}
-		e = &entry{hash: xxhash.Sum64String(key), level: shard.Level1}
+		e = &entry{hash: shard.NameHash(key), level: shard.Level1}
 		t.keys[key] = e
 	}
 	if e.own == level {
@@ -180,7 +178,7 @@ func (t *leaseTable) applyLease(origin, key string, level shard.Level, ttl time.
 		if len(t.keys) >= t.maxKeys {
 			return false
 		}
-		e = &entry{hash: xxhash.Sum64String(key), level: shard.Level1}
+		e = &entry{hash: shard.NameHash(key), level: shard.Level1}
 		t.keys[key] = e
 	}
 	i := slot(level)

@@ -8,8 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -212,7 +210,7 @@ func TestLeaseTableSweep(t *testing.T) {
 			t.Errorf("changes %v, want %v", levelsOf(got), want)
 		}
 		for k, c := range got {
-			if c.hash != xxhash.Sum64String(k) {
+			if c.hash != shard.NameHash(k) {
 				t.Errorf("%q: hash %x", k, c.hash)
 			}
 		}

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 	"go.uber.org/goleak"
 
@@ -59,7 +58,7 @@ func (r *recorder) fail(msg string) {
 func (r *recorder) SetLevel(key string, hash uint64, level shard.Level) {
 	r.enter()
 	defer r.inCall.Add(-1)
-	if hash != xxhash.Sum64String(key) {
+	if hash != shard.NameHash(key) {
 		r.fail(fmt.Sprintf("key %q: hash %x", key, hash))
 	}
 	r.mu.Lock()
@@ -205,7 +204,7 @@ func announceKeys(t *testing.T, c *NATS, r *recorder, prefix string, n int) map[
 	for i := range n {
 		k := prefix + strconv.Itoa(i)
 		want[k] = levels[i%3]
-		c.Announce(k, xxhash.Sum64String(k), want[k])
+		c.Announce(k, shard.NameHash(k), want[k])
 	}
 	testkit.For(t, patience, "applying its own", func() bool { return r.has(want) })
 	return want

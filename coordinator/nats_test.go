@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 
 	"github.com/hotkeyd/hotkey/internal/natsserver"
@@ -56,7 +55,7 @@ func TestConvergence(t *testing.T) {
 		// Some keys from two instances: the highest level wins.
 		for _, i := range rng.Perm(3)[:1+rng.IntN(2)] {
 			l := levels[rng.IntN(3)]
-			cs[i].Announce(key, xxhash.Sum64String(key), l)
+			cs[i].Announce(key, shard.NameHash(key), l)
 			want[key] = max(want[key], l)
 		}
 	}
@@ -400,7 +399,7 @@ func TestFaults(t *testing.T) {
 	want := make(map[string]shard.Level)
 	announce := func(k string, l shard.Level) {
 		want[k] = l
-		x.Announce(k, xxhash.Sum64String(k), l)
+		x.Announce(k, shard.NameHash(k), l)
 	}
 	for i := range 20 {
 		announce("fault-"+strconv.Itoa(i), 16)
@@ -625,7 +624,7 @@ func TestLowerTogether(t *testing.T) {
 	}
 	for round, change := range [][2]shard.Level{{16, 4}, {4, 1}, {64, 16}} {
 		k := "lower-" + strconv.Itoa(round)
-		h := xxhash.Sum64String(k)
+		h := shard.NameHash(k)
 		cs[0].Announce(k, h, change[0])
 		testkit.For(t, patience, "all at the first level", func() bool { return told(k, change[0], rs...) })
 		clk.Advance(time.Second) // the lease ages, so a lapse at ttl from now would be wrong

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
@@ -232,7 +231,7 @@ func TestSignedReplay(t *testing.T) {
 	other.Namespace = "other"
 	o, _ := startCoord(t, other)
 	waitMesh(t, 2, ra, rb)
-	a.Announce("hot", xxhash.Sum64String("hot"), 64)
+	a.Announce("hot", shard.NameHash("hot"), 64)
 	testkit.For(t, patience, "b has a's lease", func() bool { return rb.level("hot") == 64 })
 	testkit.For(t, patience, "the spy caught a's lease and heartbeat", func() bool { return get(typeLease) != nil && get(typeHB) != nil })
 	leaseMsg, hbMsg := get(typeLease), get(typeHB)
@@ -319,7 +318,7 @@ func TestSignedReplayAfterRestart(t *testing.T) {
 		return caught[typ]
 	}
 	a, ra := startCoord(t, signedConfig(clk, "a", testSecret, s.URL()))
-	a.Announce("hot", xxhash.Sum64String("hot"), 64)
+	a.Announce("hot", shard.NameHash("hot"), 64)
 	testkit.For(t, patience, "the spy caught a's lease and heartbeat", func() bool { return get(typeLease) != nil && get(typeHB) != nil })
 	leaseMsg, hbMsg := get(typeLease), get(typeHB)
 	closeCoord(t, a, ra)
@@ -328,7 +327,7 @@ func TestSignedReplayAfterRestart(t *testing.T) {
 	clkC := testkit.NewClock()
 	clkC.Set(clk.Now().Add(-4 * time.Second))
 	c, rc := startCoord(t, signedConfig(clkC, "c", testSecret, s.URL()))
-	c.Announce("warm", xxhash.Sum64String("warm"), 16)
+	c.Announce("warm", shard.NameHash("warm"), 16)
 	testkit.For(t, patience, "c applies its own lease", func() bool { return rc.level("warm") == 16 })
 
 	// b starts 1 s after a's messages were stamped: they are fresh.
@@ -386,8 +385,8 @@ func TestSignedPeers(t *testing.T) {
 	t.Logf("a and b (same secret) converged in %v: b got %d sync replies", time.Since(start), b.Stats().SyncReplies)
 	testkit.For(t, patience, "d has a's keys", func() bool { return rd.has(want) })
 	waitMesh(t, 4, rd)
-	c.Announce("from-c", xxhash.Sum64String("from-c"), 64)
-	d.Announce("from-d", xxhash.Sum64String("from-d"), 64)
+	c.Announce("from-c", shard.NameHash("from-c"), 64)
+	d.Announce("from-d", shard.NameHash("from-d"), 64)
 	// c's messages reach a and b, and theirs c, all refused.
 	testkit.For(t, patience, "c's heartbeats refused by a and b", func() bool {
 		return a.Stats().InvalidBy["signature"] >= 2 && b.Stats().InvalidBy["signature"] >= 2 && c.Stats().InvalidBy["signature"] >= 2
@@ -450,7 +449,7 @@ func TestPermissionsExample(t *testing.T) {
 		return cfg
 	}
 	a, ra := startCoord(t, instance("a"))
-	a.Announce("allowed", xxhash.Sum64String("allowed"), 16)
+	a.Announce("allowed", shard.NameHash("allowed"), 16)
 	testkit.For(t, patience, "a applies its own", func() bool { return ra.level("allowed") == 16 })
 	b, rb := startCoord(t, instance("b"))
 	waitMesh(t, 2, ra, rb)

@@ -46,11 +46,11 @@ func (s *MemoryStore) Charge(key string, hash uint64, lim Limit, n int64) bool {
 // counted by Full, as a refused Take is. A charge of n ≤ 0, or under a limit
 // without a positive Rate and Period, changes nothing and reports true.
 // Like TakeAt it is safe for concurrent use and never blocks on I/O.
-func (s *MemoryStore) ChargeAt(now time.Time, key string, _ uint64, lim Limit, n int64) bool {
+func (s *MemoryStore) ChargeAt(now time.Time, key string, hash uint64, lim Limit, n int64) bool {
 	if n <= 0 || lim.Rate <= 0 || lim.Period <= 0 {
 		return true
 	}
-	ok, _ := s.update(now, key, func(c *state, t int64) { c.charge(t, lim, n) })
+	ok, _ := s.update(now, key, hash, func(c *state, t int64) { c.charge(t, lim, n) })
 	return ok
 }
 

@@ -315,9 +315,11 @@ type Result struct {
 // concurrent use.
 type Store interface {
 	// Take charges n units to the counter key under lim and reports whether
-	// they were admitted. hash is xxhash.Sum64String(key), computed once by
-	// the caller; stores may use it for striping. Take validates neither lim
-	// nor n: callers (the engine) do. Take may block on I/O.
+	// they were admitted. hash is Hash(key), computed once by the caller,
+	// or 0 for the store to compute it: the memory store places key by it,
+	// so a call with another hash of key may find another counter. Take
+	// validates neither lim nor n: callers (the engine) do. Take may block
+	// on I/O.
 	Take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error)
 	// Close releases the store's resources and stops its goroutines.
 	Close() error

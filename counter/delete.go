@@ -30,7 +30,7 @@ var (
 // drained: units admitted before still go out.
 func (s *MemoryStore) Delete(_ context.Context, counters []Shard) error {
 	for _, c := range counters {
-		id := s.fingerprint(c.Name)
+		id := s.identify(c.Name, c.Hash)
 		st := s.stripe(id)
 		st.mu.Lock()
 		if i := st.t.find(id); i >= 0 {

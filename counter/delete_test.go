@@ -6,7 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -26,7 +25,7 @@ func TestDelete(t *testing.T) {
 					base := uniqueKey(t)
 					var gone []Shard
 					for _, name := range []string{base, base + "|4|0", base + "|4|3", base + "|16|7|2"} {
-						gone = append(gone, Shard{Name: name, Hash: xxhash.Sum64String(name)})
+						gone = append(gone, Shard{Name: name, Hash: Hash(name)})
 					}
 					kept := base + ":other"
 					for _, name := range append(names(gone), kept) {
@@ -88,7 +87,7 @@ func TestDeleteRedisKeys(t *testing.T) {
 			var all []Shard
 			for i := range 40 {
 				name := "k|16|" + string(rune('a'+i%26)) + string(rune('a'+i/26))
-				all = append(all, Shard{Name: name, Hash: xxhash.Sum64String(name)})
+				all = append(all, Shard{Name: name, Hash: Hash(name)})
 				if _, err := s.Take(ctx, name, all[i].Hash, lim, 1); err != nil {
 					t.Fatal(err)
 				}

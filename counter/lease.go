@@ -82,15 +82,20 @@ var (
 
 // Lease implements Leaser. It reads the store's clock; LeaseAt takes the
 // time. It never fails.
-func (s *MemoryStore) Lease(_ context.Context, key string, _ uint64, lim Limit, n int64) (Lease, error) {
-	return s.LeaseAt(s.clock(), key, lim, n), nil
+func (s *MemoryStore) Lease(_ context.Context, key string, hash uint64, lim Limit, n int64) (Lease, error) {
+	return s.lease(s.clock(), key, hash, lim, n), nil
 }
 
 // LeaseAt is Lease at the instant now. A key without a counter whose
 // stripe is full is refused as by TakeAt.
 func (s *MemoryStore) LeaseAt(now time.Time, key string, lim Limit, n int64) Lease {
+	return s.lease(now, key, 0, lim, n)
+}
+
+// lease is LeaseAt of the key whose Hash is hash (0: not computed yet).
+func (s *MemoryStore) lease(now time.Time, key string, hash uint64, lim Limit, n int64) Lease {
 	var l Lease
-	if ok, wait := s.update(now, key, func(c *state, t int64) { l = c.lease(t, lim, n) }); !ok {
+	if ok, wait := s.update(now, key, hash, func(c *state, t int64) { l = c.lease(t, lim, n) }); !ok {
 		return Lease{Result: refused(lim, wait)}
 	}
 	return l
@@ -98,16 +103,21 @@ func (s *MemoryStore) LeaseAt(now time.Time, key string, lim Limit, n int64) Lea
 
 // Return implements Leaser. It reads the store's clock; ReturnAt takes
 // the time. It never fails.
-func (s *MemoryStore) Return(_ context.Context, key string, _ uint64, lim Limit, r, token int64) (int64, error) {
-	return s.ReturnAt(s.clock(), key, lim, r, token), nil
+func (s *MemoryStore) Return(_ context.Context, key string, hash uint64, lim Limit, r, token int64) (int64, error) {
+	return s.giveBackAt(s.clock(), key, hash, lim, r, token), nil
 }
 
 // ReturnAt is Return at the instant now.
 func (s *MemoryStore) ReturnAt(now time.Time, key string, lim Limit, r, token int64) int64 {
+	return s.giveBackAt(now, key, 0, lim, r, token)
+}
+
+// giveBackAt is ReturnAt of the key whose Hash is hash (0: not computed yet).
+func (s *MemoryStore) giveBackAt(now time.Time, key string, hash uint64, lim Limit, r, token int64) int64 {
 	if r <= 0 {
 		return 0
 	}
-	id := s.fingerprint(key)
+	id := s.identify(key, hash)
 	st := s.stripe(id)
 	t := s.nanos(now)
 	st.mu.Lock()

@@ -8,13 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 )
 
 func (h *harness) lease(t *testing.T, key string, lim Limit, n int64) Lease {
 	t.Helper()
-	l, err := h.store.(Leaser).Lease(context.Background(), key, xxhash.Sum64String(key), lim, n)
+	l, err := h.store.(Leaser).Lease(context.Background(), key, Hash(key), lim, n)
 	if err != nil {
 		t.Fatalf("%s: Lease(%q, %d): %v", h.name, key, n, err)
 	}
@@ -23,7 +22,7 @@ func (h *harness) lease(t *testing.T, key string, lim Limit, n int64) Lease {
 
 func (h *harness) giveBack(t *testing.T, key string, lim Limit, r, token int64) int64 {
 	t.Helper()
-	back, err := h.store.(Leaser).Return(context.Background(), key, xxhash.Sum64String(key), lim, r, token)
+	back, err := h.store.(Leaser).Return(context.Background(), key, Hash(key), lim, r, token)
 	if err != nil {
 		t.Fatalf("%s: Return(%q, %d): %v", h.name, key, r, err)
 	}

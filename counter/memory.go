@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
 
+	"github.com/hotkeyd/hotkey/internal/keyhash"
 	"github.com/hotkeyd/hotkey/internal/prefetch"
 )
 
@@ -51,7 +53,8 @@ type MemoryStore struct {
 	spans   []cellSpan // per stripe, read without its lock by Prefetch
 	mask    uint64
 	clock   func() time.Time
-	seeds   [2]maphash.Seed // of the keys' fingerprints
+	mix     uint64       // scrambles the callers' hashes (see identify)
+	keySeed maphash.Seed // of the fingerprints' first halves
 
 	// An instant is epochNano plus its time since epoch (see nanos).
 	epoch     time.Time
@@ -103,7 +106,8 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 		spans:   make([]cellSpan, n),
 		mask:    uint64(n - 1),
 		clock:   cfg.Clock,
-		seeds:   [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()},
+		mix:     rand.Uint64(),
+		keySeed: maphash.MakeSeed(),
 	}
 	s.epoch = time.Now() // a monotonic reading, whatever the clock
 	s.epochNano = s.epoch.UnixNano()
@@ -127,23 +131,24 @@ func (s *MemoryStore) Take(_ context.Context, key string, hash uint64, lim Limit
 // now.UnixNano(), within 292 years of the store's creation.
 func (s *MemoryStore) nanos(now time.Time) int64 { return s.epochNano + int64(now.Sub(s.epoch)) }
 
-// TakeAt is Take at the instant now. It never fails. The store knows a
-// counter by its own hash of key (see memtable.go), not by hash.
+// TakeAt is Take at the instant now. It never fails. hash is Hash(key),
+// or 0 for the store to compute it; it picks key's stripe and cell, and two
+// keys of one hash still keep two counters (see memtable.go).
 //
 // A key without a counter whose stripe is full of live counters is
 // refused: denied, with a RetryAfter (and for a token bucket a NextAfter)
 // of the earliest a counter of the stripe may expire, a hint: no room comes
 // sooner. Full counts it. A refusal costs no sweep of the stripe until
 // then.
-func (s *MemoryStore) TakeAt(now time.Time, key string, _ uint64, lim Limit, n int64) Result {
-	r, _ := s.take(now, key, lim, n, false, "")
+func (s *MemoryStore) TakeAt(now time.Time, key string, hash uint64, lim Limit, n int64) Result {
+	r, _ := s.take(now, key, hash, lim, n, false, "")
 	return r
 }
 
 // take is TakeAt and, with tally, TakeTallied under limit: the two share
 // the hot path, and a take without tally touches nothing of the tally.
-func (s *MemoryStore) take(now time.Time, key string, lim Limit, n int64, tally bool, limit string) (Result, bool) {
-	id := s.fingerprint(key)
+func (s *MemoryStore) take(now time.Time, key string, hash uint64, lim Limit, n int64, tally bool, limit string) (Result, bool) {
+	id := s.identify(key, hash)
 	st := s.stripe(id)
 	t := s.nanos(now)
 	st.mu.Lock()
@@ -161,12 +166,12 @@ func (s *MemoryStore) take(now time.Time, key string, lim Limit, n int64, tally 
 	return res, tallied
 }
 
-// update runs f on key's counter state at now, in the store's ns, holding
+// update runs f on key's counter state (hash as for TakeAt) at now, in the store's ns, holding
 // its stripe, and writes the state back. When the stripe is full of live
 // counters and has none for key, it runs nothing and returns false with
 // how long until one expires. take, the hot path, does the same inline.
-func (s *MemoryStore) update(now time.Time, key string, f func(c *state, t int64)) (bool, time.Duration) {
-	id := s.fingerprint(key)
+func (s *MemoryStore) update(now time.Time, key string, hash uint64, f func(c *state, t int64)) (bool, time.Duration) {
+	id := s.identify(key, hash)
 	st := s.stripe(id)
 	t := s.nanos(now)
 	st.mu.Lock()
@@ -181,31 +186,52 @@ func (s *MemoryStore) update(now time.Time, key string, f func(c *state, t int64
 	return true, 0
 }
 
-// Prefetch starts loading the cache line of key's counter, and returns at
-// once: a caller about to decide on key does other work meanwhile (the
-// engine feeds its hot-key detector), so that the two cache misses, on a
-// large store nearly certain, overlap. It changes nothing.
-func (s *MemoryStore) Prefetch(key string) {
-	id := s.fingerprint(key)
-	sp := &s.spans[s.stripeOf(id)]
+// Prefetch starts loading the cache line of the counter of the key whose
+// Hash is hash, and returns at once: a caller about to decide on the key
+// does other work meanwhile (the engine feeds its hot-key detector), so
+// that the two cache misses, on a large store nearly certain, overlap. It
+// changes nothing and reads no key.
+func (s *MemoryStore) Prefetch(hash uint64) {
+	h := s.scramble(hash)
+	sp := &s.spans[s.stripeOf(h)]
 	n := sp.n.Load()
 	if n <= 0 {
 		return
 	}
-	prefetch.Line(sp.base.Load() + uintptr(homeIn(id, int(n)))*unsafe.Sizeof(cell{}))
+	prefetch.Line(sp.base.Load() + uintptr(homeIn([2]uint64{0, h}, int(n)))*unsafe.Sizeof(cell{}))
 }
 
-// fingerprint is key's identity in the store.
-func (s *MemoryStore) fingerprint(key string) [2]uint64 {
-	return fingerprint(maphash.String(s.seeds[0], key), maphash.String(s.seeds[1], key))
+// Hash is the hash a store is given with a key: a hash under a secret
+// seed drawn when the process starts (hash/maphash), so that clients
+// cannot craft keys of one Hash. It differs from process to process.
+func Hash(key string) uint64 { return keyhash.Sum(key) }
+
+// scramble is a Hash under the store's own secret, so that which stripe
+// and cell a key gets owes nothing to the other uses of its Hash, nor to a
+// hash a caller made otherwise. It is a bijection: keys of one scramble are
+// keys of one Hash.
+func (s *MemoryStore) scramble(hash uint64) uint64 { return mix64(hash ^ s.mix) }
+
+// fingerprint is key's identity in the store, for a caller that has not
+// hashed it.
+func (s *MemoryStore) fingerprint(key string) [2]uint64 { return s.identify(key, 0) }
+
+// identify is key's identity in the store: a hash of the key under the
+// store's seed, which tells apart keys of one Hash, and its Hash (hash, or
+// computed if hash is 0) scrambled, which places it.
+func (s *MemoryStore) identify(key string, hash uint64) [2]uint64 {
+	if hash == 0 {
+		hash = Hash(key)
+	}
+	return fingerprint(maphash.String(s.keySeed, key), s.scramble(hash))
 }
 
-// stripe returns the stripe of the key whose fingerprint is id: its first
-// half picks the stripe, its second the cell in the stripe's table.
-func (s *MemoryStore) stripe(id [2]uint64) *stripe { return &s.stripes[s.stripeOf(id)] }
+// stripe returns the stripe of the key whose fingerprint is id: bits of its
+// second half pick the stripe, its top bits the cell in the stripe's table.
+func (s *MemoryStore) stripe(id [2]uint64) *stripe { return &s.stripes[s.stripeOf(id[1])] }
 
-// stripeOf is the index of the stripe of the key whose fingerprint is id.
-func (s *MemoryStore) stripeOf(id [2]uint64) uint64 { return (id[0] >> 32) & s.mask }
+// stripeOf is the index of the stripe of the key whose scrambled hash is h.
+func (s *MemoryStore) stripeOf(h uint64) uint64 { return (h >> 32) & s.mask }
 
 // refused is the result of a take refused for want of room until wait.
 func refused(lim Limit, wait time.Duration) Result {

@@ -6,8 +6,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -17,7 +15,7 @@ func TestMemoryBounded(t *testing.T) {
 	lim := Limit{Rate: 10, Period: time.Hour}
 	for i := range 20_000 {
 		k := fmt.Sprintf("k%d", i)
-		s.TakeAt(t0, k, xxhash.Sum64String(k), lim, 1)
+		s.TakeAt(t0, k, Hash(k), lim, 1)
 	}
 	if n := s.Len(); n > 1000 {
 		t.Errorf("store holds %d counters, max 1000", n)

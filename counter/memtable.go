@@ -16,10 +16,12 @@ import (
 // as many logs as its limit of counters, each of at most maxLogEntries+1
 // entries.
 //
-// A key is known by a 128-bit fingerprint: two hashes of it under seeds
-// drawn when the store is made. Two keys share a counter only if both
-// hashes collide, about once in 2^108 stores of a million keys each; the
-// seeds are secret, so nobody can choose keys that do. Holding no key bytes
+// A key is known by a 128-bit fingerprint: a hash of the key under a seed
+// drawn when the store is made, and the caller's hash of it (see Hash)
+// scrambled by a secret drawn then, which places it. Two keys share a
+// counter only if both halves collide, about once in 2^108 stores of a
+// million keys each; keys made to share a Hash, which is unseeded, still
+// differ in the seeded half, which nobody can aim at. Holding no key bytes
 // keeps a cell at one cache line, and the caller's key strings are not kept
 // alive.
 
@@ -85,7 +87,8 @@ func newTable(keys int) table {
 func (t *table) home(id [2]uint64) int { return homeIn(id, len(t.cells)) }
 
 // homeIn is where id's probe sequence starts in n cells: the second half of
-// the fingerprint (the first picks the stripe) scaled to them.
+// the fingerprint, the placing one, scaled to them (its top bits; bits from
+// 32 up pick the stripe).
 func homeIn(id [2]uint64, n int) int {
 	hi, _ := bits.Mul64(id[1], uint64(n))
 	return int(hi)

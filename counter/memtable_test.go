@@ -189,7 +189,7 @@ func TestPrefetchDuringGrowth(t *testing.T) {
 			case <-stop:
 				return
 			default:
-				s.Prefetch(key(i % (1 << 14)))
+				s.Prefetch(Hash(key(i % (1 << 14))))
 			}
 		}
 	}()

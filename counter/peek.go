@@ -44,9 +44,9 @@ var (
 
 // Peek implements Peeker: a Take of one unit on a copy of the counter's
 // state at the store's clock, the copy discarded. It never fails.
-func (s *MemoryStore) Peek(_ context.Context, key string, _ uint64, lim Limit) (Result, error) {
+func (s *MemoryStore) Peek(_ context.Context, key string, hash uint64, lim Limit) (Result, error) {
 	t := s.nanos(s.clock())
-	c := s.peek(Shard{Name: key, Limit: lim}, t, lim.Algorithm == SlidingLog)
+	c := s.peek(Shard{Name: key, Hash: hash, Limit: lim}, t, lim.Algorithm == SlidingLog)
 	return c.take(t, lim, 1), nil
 }
 

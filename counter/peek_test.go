@@ -6,8 +6,6 @@ import (
 	"slices"
 	"testing"
 	"time"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // TestPeek: on every store and algorithm, Peek answers what a take of one
@@ -26,7 +24,7 @@ func TestPeek(t *testing.T) {
 					lim := Limit{Algorithm: alg, Rate: 3, Period: 1000 * time.Hour}
 					peek := func() Result {
 						t.Helper()
-						r, err := p.Peek(context.Background(), key, xxhash.Sum64String(key), lim)
+						r, err := p.Peek(context.Background(), key, Hash(key), lim)
 						if err != nil {
 							t.Fatal(err)
 						}
@@ -79,7 +77,7 @@ func TestPeekBatch(t *testing.T) {
 							t.Fatalf("%v: admitted %d of %d", alg, got, spent)
 						}
 					}
-					ops = append(ops, PeekOp{Key: key, Hash: xxhash.Sum64String(key), Limit: lim})
+					ops = append(ops, PeekOp{Key: key, Hash: Hash(key), Limit: lim})
 				}
 			}
 			ops = append(ops, PeekOp{Key: uniqueKey(t), Limit: Limit{Algorithm: numAlgorithms, Rate: 3, Period: time.Hour}})

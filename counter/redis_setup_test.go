@@ -7,7 +7,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/internal/redistest"
@@ -45,7 +44,7 @@ func TestRedisSetupRetry(t *testing.T) {
 	}
 	lim := Limit{Rate: 10, Period: longPeriod}
 	key := testKey(t)
-	if _, err := s.Take(ctx, key, xxhash.Sum64String(key), lim, 1); !errors.Is(err, ErrNotReady) {
+	if _, err := s.Take(ctx, key, Hash(key), lim, 1); !errors.Is(err, ErrNotReady) {
 		t.Errorf("Take before setup: %v, want ErrNotReady", err)
 	}
 	ops := []Op{{Key: key, Limit: lim, N: 1}, {Key: key + "x", Limit: lim, N: 2}}

@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 	"go.uber.org/goleak"
 
@@ -75,7 +74,7 @@ func testKey(t *testing.T) string {
 
 func mustTake(t *testing.T, s Store, key string, lim Limit, n int64) Result {
 	t.Helper()
-	r, err := s.Take(context.Background(), key, xxhash.Sum64String(key), lim, n)
+	r, err := s.Take(context.Background(), key, Hash(key), lim, n)
 	if err != nil {
 		t.Fatalf("Take(%q, %+v, %d): %v", key, lim, n, err)
 	}

@@ -2,8 +2,8 @@ package counter
 
 import "context"
 
-// Shard is one counter of a key's split: its name, its hash (as passed to
-// Take) and its share of the key's limit.
+// Shard is one counter of a key's split: its name, its hash (Hash(Name) or
+// 0, as passed to Take) and its share of the key's limit.
 type Shard struct {
 	Name  string
 	Hash  uint64

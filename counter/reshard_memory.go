@@ -295,7 +295,7 @@ func logRaise(own, seed []int64) (units []int64, raised bool) {
 // absent or expired, as TakeAt would read it. With log, it copies the
 // entries still inside the window of sh's limit; otherwise it leaves log out.
 func (s *MemoryStore) peek(sh Shard, t int64, log bool) state {
-	id := s.fingerprint(sh.Name)
+	id := s.identify(sh.Name, sh.Hash)
 	st := s.stripe(id)
 	st.mu.Lock()
 	defer st.mu.Unlock()
@@ -330,7 +330,7 @@ func appendUnits(dst []int64, log []logEntry) []int64 {
 // counter (or resetting an expired one) as TakeAt does. It fails with
 // ErrFull, running nothing, where TakeAt would refuse.
 func (s *MemoryStore) seed(sh Shard, t int64, f func(c *state)) error {
-	id := s.fingerprint(sh.Name)
+	id := s.identify(sh.Name, sh.Hash)
 	st := s.stripe(id)
 	st.mu.Lock()
 	defer st.mu.Unlock()

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -108,7 +107,7 @@ func splitLimit(lim Limit, n int) []Limit {
 }
 
 func shardOf(name string, lim Limit) Shard {
-	return Shard{Name: name, Hash: xxhash.Sum64String(name), Limit: lim}
+	return Shard{Name: name, Hash: Hash(name), Limit: lim}
 }
 
 // children returns base's n subcounters, splitting lim.

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -40,7 +39,7 @@ type harness struct {
 
 func (h *harness) take(t *testing.T, key string, lim Limit, n int64) Result {
 	t.Helper()
-	r, err := h.store.Take(context.Background(), key, xxhash.Sum64String(key), lim, n)
+	r, err := h.store.Take(context.Background(), key, Hash(key), lim, n)
 	if err != nil {
 		t.Fatalf("%s: Take(%q): %v", h.name, key, err)
 	}

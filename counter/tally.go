@@ -36,8 +36,8 @@ type tallyEntry struct {
 // drain go out under that one. A unit is a unit under every limit of an
 // algorithm (a token bucket reads a debt in units, see takeGCRA), so this
 // matters only when a key's algorithm or window changes within one round.
-func (s *MemoryStore) TakeTallied(now time.Time, key string, lim Limit, n int64, limit string) (res Result, tallied bool) {
-	return s.take(now, key, lim, n, true, limit)
+func (s *MemoryStore) TakeTallied(now time.Time, key string, hash uint64, lim Limit, n int64, limit string) (res Result, tallied bool) {
+	return s.take(now, key, hash, lim, n, true, limit)
 }
 
 // tallyLocked adds n units to cell i's tally, naming the cell in the list

@@ -26,7 +26,7 @@ func drain(t *testing.T, s *MemoryStore) map[string]int64 {
 // tallied is TakeTallied under limit "L", failing on a denial.
 func tallied(t *testing.T, s *MemoryStore, now time.Time, key string, lim Limit, n int64) bool {
 	t.Helper()
-	r, ok := s.TakeTallied(now, key, lim, n, "L")
+	r, ok := s.TakeTallied(now, key, 0, lim, n, "L")
 	if !r.Allowed {
 		t.Fatalf("take of %d on %q denied", n, key)
 	}
@@ -92,7 +92,7 @@ func TestTallySweepKeepsTallied(t *testing.T) {
 	}
 	// Two seconds on, the tallied counters expired: still held.
 	later := t0.Add(2 * time.Second)
-	r, _ := s.TakeTallied(later, "new", short, 1, "L")
+	r, _ := s.TakeTallied(later, "new", 0, short, 1, "L")
 	if r.Allowed || r.RetryAfter <= 0 || r.RetryAfter > time.Hour {
 		t.Errorf("take of a new key in a stripe of tallied and live counters: %+v, want refused until the live one expires", r)
 	}
@@ -100,7 +100,7 @@ func TestTallySweepKeepsTallied(t *testing.T) {
 		t.Errorf("drained %v, want t0: 1, t1: 2, t2: 3", got)
 	}
 	// Drained, they make room.
-	if r, _ := s.TakeTallied(later, "new", short, 1, "L"); !r.Allowed {
+	if r, _ := s.TakeTallied(later, "new", 0, short, 1, "L"); !r.Allowed {
 		t.Errorf("take of a new key after the drain: %+v, want admitted", r)
 	}
 }
@@ -234,7 +234,7 @@ func TestTallyConcurrent(t *testing.T) {
 			r := rand.New(rand.NewPCG(uint64(w), 7))
 			for range takes {
 				n := 1 + r.Int64N(3)
-				res, ok := s.TakeTallied(t0, fmt.Sprint(r.IntN(keys)), hourly, n, "L")
+				res, ok := s.TakeTallied(t0, fmt.Sprint(r.IntN(keys)), 0, hourly, n, "L")
 				if !res.Allowed || !ok {
 					t.Errorf("take of %d: admitted %v, tallied %v", n, res.Allowed, ok)
 					return
@@ -267,7 +267,7 @@ func TestTallyDoesNotAllocate(t *testing.T) {
 	s.DrainTally(func(_, _ string, _ int64) {})
 	allocs := testing.AllocsPerRun(100, func() {
 		for _, k := range keys {
-			s.TakeTallied(t0, k, hourly, 1, "L")
+			s.TakeTallied(t0, k, 0, hourly, 1, "L")
 		}
 	})
 	if allocs != 0 {

@@ -311,7 +311,7 @@ func New(cfg Config, now time.Time) (*Detector, error) {
 }
 
 // Observe counts one decision on key, whose hash is hash, a uniform 64-bit
-// hash of key such as xxhash.Sum64String(key): the detector never hashes the
+// hash of key such as the engine's seeded counter.Hash(key): the detector never hashes the
 // key itself, and keys with the same hash count as one. Observe does not keep
 // key; a key entering the exact table is copied.
 func (d *Detector) Observe(hash uint64, key string) {

@@ -12,7 +12,7 @@ import (
 // chosen by the high bits. So an Observe touches one cache line where a
 // textbook sketch touches depth of them; each row still has width counters
 // and two keys collide in a row with probability 1/width. The hash must be
-// uniform over all 64 bits (xxhash is).
+// uniform over all 64 bits (the engine's seeded hash is).
 //
 // Why blocked: the counters may be shared by several cores (the detector
 // gives each processor a stripe of its own, up to Config.Stripes), and a line

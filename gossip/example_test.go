@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/gossip"
 )
@@ -17,8 +15,8 @@ func Example() {
 	cfg := gossip.DefaultConfig()
 	round, codec, dedup := gossip.NewRound(cfg), gossip.NewCodec(cfg), gossip.NewDedup(cfg)
 
-	round.Add("api", "alice", xxhash.Sum64String("alice"), 3)
-	round.Add("api", "alice", xxhash.Sum64String("alice"), 2)
+	round.Add("api", "alice", counter.Hash("alice"), 3)
+	round.Add("api", "alice", counter.Hash("alice"), 2)
 	msgs, err := codec.Encode(gossip.Header{Sender: "i-1", Start: 1, Round: 7}, round.Flush())
 	if err != nil {
 		panic(err)
@@ -47,12 +45,12 @@ func ExampleStore() {
 	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 10, Period: time.Hour}
 	a := gossip.NewStore(gossip.StoreConfig{ID: "a"})
 	b := gossip.NewStore(gossip.StoreConfig{ID: "b"})
-	a.Take(context.Background(), "alice", xxhash.Sum64String("alice"), lim, 4)
+	a.Take(context.Background(), "alice", counter.Hash("alice"), lim, 4)
 	msgs, _ := a.Flush(time.Now())
 	for _, m := range append(msgs, msgs...) { // delivered twice
 		b.Apply(m)
 	}
-	r, _ := b.Take(context.Background(), "alice", xxhash.Sum64String("alice"), lim, 1)
+	r, _ := b.Take(context.Background(), "alice", counter.Hash("alice"), lim, 1)
 	fmt.Println("b admits one more:", r.Allowed, "remaining", r.Remaining)
 	// Output:
 	// b admits one more: true remaining 5

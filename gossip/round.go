@@ -85,7 +85,7 @@ func NewRound(cfg Config) *Round {
 }
 
 // Add adds n units consumed by key under limit, hash being the key's hash
-// (the engine's xxhash, the same for every add of the key; it picks the
+// (the engine's counter.Hash, the same for every add of the key; it picks the
 // stripe and finds the key's entry). It reports whether the round holds
 // them: an add of a new key past the cap is dropped, as is one the codec
 // cannot carry (a limit or key empty or too long, n ≤ 0), and counted by

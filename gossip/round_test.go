@@ -6,11 +6,11 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/cespare/xxhash/v2"
+	"github.com/hotkeyd/hotkey/counter"
 )
 
 func add(r *Round, limit, key string, n int64) bool {
-	return r.Add(limit, key, xxhash.Sum64String(key), n)
+	return r.Add(limit, key, counter.Hash(key), n)
 }
 
 // TestRoundFlush: a round sums a key's units per limit, hands them out

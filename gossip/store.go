@@ -8,8 +8,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/hotkeyd/hotkey/counter"
 )
 
@@ -142,7 +140,7 @@ func (s *Store) TakeAt(now time.Time, key string, hash uint64, lim counter.Limit
 	}
 	l := s.limitID(lim)
 	if n > 0 && key != "" && len(key) <= s.cfg.MaxKeyLen { // what the codec carries
-		r, tallied := s.mem.TakeTallied(now, key, lim, n, l.id)
+		r, tallied := s.mem.TakeTallied(now, key, hash, lim, n, l.id)
 		if !tallied {
 			s.tallyFull.Add(1)
 			s.round.add(l.id, l.fp, key, hash, n)
@@ -162,7 +160,7 @@ func (s *Store) Peek(ctx context.Context, key string, hash uint64, lim counter.L
 }
 
 // Prefetch is the memory store's Prefetch.
-func (s *Store) Prefetch(key string) { s.mem.Prefetch(key) }
+func (s *Store) Prefetch(hash uint64) { s.mem.Prefetch(hash) }
 
 // Close implements counter.Store. The store holds no goroutines.
 func (s *Store) Close() error { return s.mem.Close() }
@@ -311,7 +309,7 @@ func (s *Store) charge(entries []Entry, join bool) {
 			s.invalid.Add(1)
 			continue
 		}
-		hash := xxhash.Sum64String(e.Key)
+		hash := counter.Hash(e.Key)
 		n := e.Units
 		if join {
 			n -= used(s.mem, e.Key, hash, lim)
@@ -353,7 +351,7 @@ func (s *Store) Snapshot(maxBytes int) [][]byte {
 	var entries []Entry
 	s.keys.mu.Lock()
 	for k, lim := range s.keys.keys {
-		u := used(s.mem, k.key, xxhash.Sum64String(k.key), lim)
+		u := used(s.mem, k.key, counter.Hash(k.key), lim)
 		if u <= 0 {
 			delete(s.keys.keys, k)
 			continue
@@ -419,7 +417,7 @@ func (k *keySet) noteLocked(s *Store, now time.Time, rk roundKey, lim counter.Li
 	if len(k.keys) >= k.max && !now.Before(k.nextSweep) {
 		k.nextSweep = now.Add(keySweep)
 		for key, l := range k.keys {
-			if used(s.mem, key.key, xxhash.Sum64String(key.key), l) <= 0 {
+			if used(s.mem, key.key, counter.Hash(key.key), l) <= 0 {
 				delete(k.keys, key)
 			}
 		}

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
-
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 )
@@ -25,13 +23,13 @@ func newTestStore(t *testing.T, id string, clock *testkit.Clock, cfg StoreConfig
 }
 
 func take(s *Store, key string, lim counter.Limit, n int64) bool {
-	r, _ := s.Take(context.Background(), key, xxhash.Sum64String(key), lim, n)
+	r, _ := s.Take(context.Background(), key, counter.Hash(key), lim, n)
 	return r.Allowed
 }
 
 // remaining is what a take of one unit of key would leave in s's view.
 func remaining(s *Store, key string, lim counter.Limit) int64 {
-	return lim.Capacity() - used(s.Memory(), key, xxhash.Sum64String(key), lim)
+	return lim.Capacity() - used(s.Memory(), key, counter.Hash(key), lim)
 }
 
 // deliver flushes from and applies its messages to each of to.

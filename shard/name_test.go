@@ -4,8 +4,6 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
-
-	"github.com/cespare/xxhash/v2"
 )
 
 // TestNamesKeepOrdinaryNames: keys that cannot be taken for a subcounter's
@@ -40,7 +38,7 @@ func TestNamesKeepOrdinaryNames(t *testing.T) {
 		{"{}{t}x", 4, 0, "{}{}{t}x|4|0"},
 	}
 	for _, tt := range tests {
-		if got := Names(tt.give, xxhash.Sum64String(tt.give), tt.level, nil)[tt.i]; got != tt.want {
+		if got := Names(tt.give, NameHash(tt.give), tt.level, nil)[tt.i]; got != tt.want {
 			t.Errorf("Names(%q, %d)[%d] = %q, want %q", tt.give, tt.level, tt.i, got, tt.want)
 		}
 	}
@@ -49,8 +47,8 @@ func TestNamesKeepOrdinaryNames(t *testing.T) {
 // TestNamesCollision: under policy p, the key "bob|4|0" is counted apart
 // from subcounter 0 of "bob" at level 4.
 func TestNamesCollision(t *testing.T) {
-	cold := Names("p|bob|4|0", xxhash.Sum64String("p|bob|4|0"), Level1, nil)[0]
-	sub := Names("p|bob", xxhash.Sum64String("p|bob"), Level4, nil)[0]
+	cold := Names("p|bob|4|0", NameHash("p|bob|4|0"), Level1, nil)[0]
+	sub := Names("p|bob", NameHash("p|bob"), Level4, nil)[0]
 	if cold == sub {
 		t.Errorf("key p|bob|4|0 and subcounter 0 of p|bob at level 4 are both named %q", cold)
 	}
@@ -67,7 +65,7 @@ type nameOwner struct {
 // ps, to seen, and returns the names already seen for another (key, level,
 // index).
 func namesOf(key string, ps []Placement, seen map[string]nameOwner) (clashes []string) {
-	h := xxhash.Sum64String(key)
+	h := NameHash(key)
 	for _, p := range ps {
 		for _, l := range []Level{Level1, Level4, Level16, Level64} {
 			for i, name := range Names(key, h, l, p) {
@@ -133,8 +131,8 @@ func FuzzNames(f *testing.F) {
 		l1, l2 := levels[a%4], levels[b%4]
 		i1, i2 := int(a/4)%int(l1), int(b/4)%int(l2)
 		for _, p := range []Placement{nil, modPlacement{3}} {
-			n1 := Names(k1, xxhash.Sum64String(k1), l1, p)[i1]
-			n2 := Names(k2, xxhash.Sum64String(k2), l2, p)[i2]
+			n1 := Names(k1, NameHash(k1), l1, p)[i1]
+			n2 := Names(k2, NameHash(k2), l2, p)[i2]
 			if n1 == n2 && (k1 != k2 || l1 != l2 || i1 != i2) {
 				t.Errorf("(%q, %d, %d) and (%q, %d, %d) are both named %q", k1, l1, i1, k2, l2, i2, n1)
 			}

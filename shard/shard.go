@@ -18,6 +18,8 @@ import (
 	"fmt"
 	"math/bits"
 	"strconv"
+
+	"github.com/hotkeyd/hotkey/internal/keyhash"
 )
 
 // Level is how many subcounters a key is split into: 1 (not split), 4, 16
@@ -118,11 +120,6 @@ func Mix(x uint64) uint64 {
 	return x
 }
 
-// SubHash returns the hash of subcounter i of a key with hash h split n ways;
-// stores use it for striping and the deny cache as identity.
-func SubHash(h uint64, n Level, i int) uint64 {
-	if n == Level1 {
-		return h
-	}
-	return Mix(h ^ uint64(n)<<32 ^ uint64(i+1)*0x9e3779b97f4a7c15)
-}
+// NameHash is the hash stores and the deny cache know a counter name by,
+// the counter package's Hash: seeded per process, so it never leaves it.
+func NameHash(name string) uint64 { return keyhash.Sum(name) }

@@ -101,7 +101,7 @@ func TestNamesSpreadOverNodes(t *testing.T) {
 		p := modPlacement{nodes}
 		for k := range 50 {
 			key := fmt.Sprintf("user:%d", k)
-			h := xxhash.Sum64String(key)
+			h := NameHash(key)
 			for _, n := range []Level{4, 16, 64} {
 				names := Names(key, h, n, p)
 				if len(names) != int(n) {
@@ -202,7 +202,7 @@ func TestSecondChanceDiffers(t *testing.T) {
 
 func TestTable(t *testing.T) {
 	tb := NewTable(2)
-	h := func(k string) uint64 { return xxhash.Sum64String(k) }
+	h := func(k string) uint64 { return NameHash(k) }
 	if tb.Lookup("a", h("a")) != nil {
 		t.Fatal("empty table found a key")
 	}
@@ -239,8 +239,8 @@ func TestTableConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range 200 {
 				k := fmt.Sprintf("k%d-%d", g, i)
-				tb.Set(k, xxhash.Sum64String(k), Level4, Level1, nil)
-				if tb.Lookup(k, xxhash.Sum64String(k)) == nil {
+				tb.Set(k, NameHash(k), Level4, Level1, nil)
+				if tb.Lookup(k, NameHash(k)) == nil {
 					t.Errorf("lost %s", k)
 				}
 			}
@@ -269,10 +269,10 @@ func BenchmarkTableLookup(b *testing.B) {
 	tb := NewTable(0)
 	for i := range 1000 {
 		k := fmt.Sprintf("hot%d", i)
-		tb.Set(k, xxhash.Sum64String(k), Level16, Level1, nil)
+		tb.Set(k, NameHash(k), Level16, Level1, nil)
 	}
 	key := "hot500"
-	h := xxhash.Sum64String(key)
+	h := NameHash(key)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {

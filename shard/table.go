@@ -71,6 +71,7 @@ type heldAt struct {
 type nameSet struct {
 	version uint64
 	names   []string
+	hashes  []uint64 // NameHash of each name
 }
 
 // version returns p's version, 0 for no placement.
@@ -291,24 +292,33 @@ func (e *Entry) SetLevel(l Level) {
 // Names returns the names of the key's n subcounters under p (see Names),
 // computed once per level and placement version. The caller must not modify
 // the slice.
-func (e *Entry) Names(n Level, p Placement) []string {
+func (e *Entry) Names(n Level, p Placement) []string { return e.nameSet(n, p).names }
+
+// nameSet returns the names of the key's n subcounters under p and their
+// hashes, computed once per level and placement version.
+func (e *Entry) nameSet(n Level, p Placement) *nameSet {
 	var v uint64
 	if p != nil {
 		v = p.Version()
 	}
 	slot := &e.names[n.index()]
 	if s := slot.Load(); s != nil && s.version == v {
-		return s.names
+		return s
 	}
 	s := &nameSet{version: v, names: Names(e.Key, e.Hash, n, p)}
+	s.hashes = make([]uint64, len(s.names))
+	for i, name := range s.names {
+		s.hashes[i] = NameHash(name)
+	}
 	slot.Store(s)
-	return s.names
+	return s
 }
 
 // Sub returns the name and hash of subcounter i of the key's n under p:
 // what a store and the deny cache know it by.
 func (e *Entry) Sub(n Level, i int, p Placement) (name string, hash uint64) {
-	return e.Names(n, p)[i], SubHash(e.Hash, n, i)
+	s := e.nameSet(n, p)
+	return s.names[i], s.hashes[i]
 }
 
 // Pick returns the subcounter, in [0, n), for the next decision on the key.

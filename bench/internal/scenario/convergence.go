@@ -6,7 +6,6 @@ import (
 	"math/rand/v2"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/nats-io/nats.go"
 
 	"github.com/hotkeyd/hotkey"
@@ -72,7 +71,7 @@ func StartConvergence() (c *Convergence, err error) {
 	}
 	for try := 0; ; try++ {
 		key := fmt.Sprintf("warmup:%d", try)
-		c.coords[try%3].Announce(key, xxhash.Sum64String(key), 4)
+		c.coords[try%3].Announce(key, counter.Hash(key), 4)
 		if c.waitApplied(key, time.Second) {
 			return c, nil
 		}
@@ -90,7 +89,7 @@ func (c *Convergence) Measure(keys int, lat *loadgen.Histogram) error {
 		key := fmt.Sprintf("conv:%d:%x", i, rand.Uint64())
 		from := rand.IntN(3)
 		start := time.Now()
-		c.coords[from].Announce(key, xxhash.Sum64String(key), 4)
+		c.coords[from].Announce(key, counter.Hash(key), 4)
 		for got := 0; got < 3; { // the origin applies it too
 			select {
 			case ev := <-c.events:
@@ -105,7 +104,7 @@ func (c *Convergence) Measure(keys int, lat *loadgen.Histogram) error {
 				return fmt.Errorf("key %s reached %d of 3 engines in 30 s", key, got)
 			}
 		}
-		c.coords[from].Announce(key, xxhash.Sum64String(key), 1) // lapses on the others
+		c.coords[from].Announce(key, counter.Hash(key), 1) // lapses on the others
 	}
 	return nil
 }
