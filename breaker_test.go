@@ -141,14 +141,6 @@ func TestFallbacks(t *testing.T) {
 	if _, err := e.AllowN(ctx, "a", nil, 1); !errors.Is(err, ErrNilPolicy) {
 		t.Errorf("nil policy: %v, want ErrNilPolicy", err)
 	}
-	for _, name := range []string{"local", "open", "closed", "error"} {
-		if f, err := ParseFallback(name); err != nil || f.String() != name {
-			t.Errorf("ParseFallback(%q) = %v, %v", name, f, err)
-		}
-	}
-	if _, err := ParseFallback("sometimes"); !errors.Is(err, ErrUnknownFallback) {
-		t.Errorf("ParseFallback of a bad name: %v", err)
-	}
 }
 
 // TestBreakerCountsStoreCalls: decisions the deny cache answers, between

@@ -326,30 +326,6 @@ func TestGossipCoordinator(t *testing.T) {
 	}
 }
 
-func TestParseSyncGossip(t *testing.T) {
-	for _, c := range []struct {
-		give string
-		want Sync
-		err  string
-	}{
-		{"store", SyncStore, ""},
-		{"reserve", SyncReserve, ""},
-		{"gossip", SyncGossip, ""},
-		{"bogus", 0, `unknown sync mode: "bogus" (want store, reserve or gossip)`},
-	} {
-		got, err := ParseSync(c.give)
-		if c.err != "" {
-			if err == nil || err.Error() != c.err {
-				t.Errorf("ParseSync(%q) = %v, %v: want error %q", c.give, got, err, c.err)
-			}
-			continue
-		}
-		if err != nil || got != c.want || got.String() != c.give {
-			t.Errorf("ParseSync(%q) = %v, %v: want %v", c.give, got, err, c.want)
-		}
-	}
-}
-
 func TestWithGossipInterval(t *testing.T) {
 	for _, c := range []struct {
 		give time.Duration

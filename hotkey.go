@@ -66,12 +66,6 @@ var (
 	ErrStoreUnavailable = errors.New("store unavailable")
 	// ErrBreakerOpen is the cause while the circuit breaker is open.
 	ErrBreakerOpen = errors.New("circuit breaker open")
-	// ErrUnknownFallback is returned by ParseFallback.
-	ErrUnknownFallback = errors.New("unknown fallback")
-	// ErrUnknownSync is returned by ParseSync, and by a decision under a
-	// policy whose Sync the engine cannot keep (SyncReserve on a store
-	// that does not lease).
-	ErrUnknownSync = errors.New("unknown sync mode")
 	// ErrInvalidPolicyName: a policy's name holds '|', which separates it
 	// from the key in counter names.
 	ErrInvalidPolicyName = errors.New("invalid policy name")
