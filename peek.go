@@ -151,7 +151,7 @@ func (e *Engine) peekFallback(ctx context.Context, key, name string, hash uint64
 // enforces on its local counters.
 func (e *Engine) localShare(lim Limit) Limit {
 	share, capacity := lim, lim.Capacity()
-	inst := int64(max(1, e.Instances()))
+	inst := int64(max(1, e.liveInstances()))
 	share.Rate = max(1, lim.Rate/inst)
 	if share.Algorithm == counter.TokenBucket {
 		share.Burst = max(1, capacity/inst)
