@@ -9,9 +9,9 @@ import (
 	"github.com/hotkeyd/hotkey/shard"
 )
 
-// ErrNoPeek is returned by Peek when the engine's store cannot answer
-// without taking (it is no counter.Peeker).
-var ErrNoPeek = errors.New("the store cannot peek")
+// errNoPeek is Peek's error for a store that cannot answer without taking
+// (no counter.Peeker).
+var errNoPeek = fmt.Errorf("the store cannot peek: %w", errors.ErrUnsupported)
 
 // Peek reports what a decision of one unit of key under p would find now,
 // without charging the unit or changing any counter: Allowed says whether
@@ -27,7 +27,7 @@ var ErrNoPeek = errors.New("the store cannot peek")
 // decision metrics, and moves no usage. When the store cannot answer,
 // p.OnStoreFailure decides as for AllowN, and its local counters are
 // read, not charged. Bad input returns AllowN's errors; a store that
-// cannot peek returns ErrNoPeek. It blocks only on the store: one call per
+// cannot peek returns an error wrapping errors.ErrUnsupported. It blocks only on the store: one call per
 // counter read, a split key's level of them.
 func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error) {
 	if p == nil {
@@ -42,7 +42,7 @@ func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error
 	}
 	peeker, ok := e.store.(counter.Peeker)
 	if !ok {
-		return Result{}, ErrNoPeek
+		return Result{}, errNoPeek
 	}
 	r, err := e.peekStore(ctx, peeker, name, hash, p.Limit)
 	if err == nil {

@@ -244,7 +244,7 @@ func (s *rls) status(it *rlsItem, out []hotkey.Decision) (_ *rlpb.RateLimitRespo
 		return &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK, LimitRemaining: math.MaxUint32}, hotkey.Result{}, false, nil
 	}
 	limit := &rlpb.RateLimitResponse_RateLimit{Name: r.Name, RequestsPerUnit: r.RequestsPerUnit, Unit: rlpb.RateLimitResponse_RateLimit_Unit(r.Unit)}
-	if it.refund || errors.Is(it.peekErr, hotkey.ErrNoPeek) {
+	if it.refund || errors.Is(it.peekErr, errors.ErrUnsupported) {
 		// Nothing to charge (a refund, or a store that cannot peek): the
 		// status says only the limit.
 		return &rlpb.RateLimitResponse_DescriptorStatus{Code: rlpb.RateLimitResponse_OK, CurrentLimit: limit}, hotkey.Result{}, false, nil
