@@ -33,7 +33,7 @@ type sharer interface {
 // Engine makes rate-limit decisions on a Store. It is safe for concurrent
 // use. The zero value is not usable; call New.
 type Engine struct {
-	store    Store
+	store    counter.Store
 	placer   placer // nil: one node
 	opt      options
 	seed     uint64 // per instance: offsets subcounter choice
@@ -79,7 +79,7 @@ type Engine struct {
 
 // New returns an engine deciding on store. The engine does not own store:
 // Close leaves it open.
-func New(store Store, opts ...Option) (*Engine, error) {
+func New(store counter.Store, opts ...Option) (*Engine, error) {
 	if store == nil {
 		return nil, fmt.Errorf("hotkey: %w: nil store", ErrInvalidConfig)
 	}

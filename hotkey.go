@@ -28,9 +28,6 @@ type Limit = counter.Limit
 // Algorithm names a rate-limiting algorithm; see counter.Algorithm.
 type Algorithm = counter.Algorithm
 
-// Store is where counters live; see counter.Store.
-type Store = counter.Store
-
 // The algorithms.
 const (
 	TokenBucket   = counter.TokenBucket
