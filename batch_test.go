@@ -213,8 +213,8 @@ func TestAllowBatchStoreDown(t *testing.T) {
 		!errors.Is(out[2].Err, ErrStoreUnavailable) || !out[3].Result.Allowed {
 		t.Errorf("decisions with the store down: %+v", out)
 	}
-	if e.BreakerState() != BreakerOpen {
-		t.Errorf("breaker %v after 4 failed takes: want open", e.BreakerState())
+	if e.brk.State() != BreakerOpen {
+		t.Errorf("breaker %v after 4 failed takes: want open", e.brk.State())
 	}
 	// While it is open, no take reaches the store.
 	n := len(bs.batches)

@@ -45,8 +45,8 @@ func TestBreaker(t *testing.T) {
 			t.Fatalf("failure %d: %+v, want the open fallback", i+1, r)
 		}
 	}
-	if e.BreakerState() != BreakerOpen {
-		t.Fatalf("breaker %v after 3 failures, want open", e.BreakerState())
+	if e.brk.State() != BreakerOpen {
+		t.Fatalf("breaker %v after 3 failures, want open", e.brk.State())
 	}
 	calls := store.Takes.Load()
 	for range 100 {
@@ -72,8 +72,8 @@ func TestBreaker(t *testing.T) {
 	}
 	store.Down.Store(false)
 	clock.Advance(40 * time.Second)
-	if r := allow(); r.Degraded || e.BreakerState() != BreakerClosed {
-		t.Fatalf("good probe: %+v, breaker %v; want a store decision and the breaker closed", r, e.BreakerState())
+	if r := allow(); r.Degraded || e.brk.State() != BreakerClosed {
+		t.Fatalf("good probe: %+v, breaker %v; want a store decision and the breaker closed", r, e.brk.State())
 	}
 	if len(changes) != 2 || changes[0] != BreakerOpen || changes[1] != BreakerClosed {
 		t.Fatalf("breaker changes %v, want open then closed", changes)
@@ -86,7 +86,7 @@ func TestBreaker(t *testing.T) {
 		store.Down.Store(false)
 		allow()
 	}
-	if e.BreakerState() != BreakerClosed {
+	if e.brk.State() != BreakerClosed {
 		t.Fatal("breaker opened on failures that were not in a row")
 	}
 }
@@ -141,14 +141,6 @@ func TestFallbacks(t *testing.T) {
 	if _, err := e.AllowN(ctx, "a", nil, 1); !errors.Is(err, ErrNilPolicy) {
 		t.Errorf("nil policy: %v, want ErrNilPolicy", err)
 	}
-	for _, name := range []string{"local", "open", "closed", "error"} {
-		if f, err := ParseFallback(name); err != nil || f.String() != name {
-			t.Errorf("ParseFallback(%q) = %v, %v", name, f, err)
-		}
-	}
-	if _, err := ParseFallback("sometimes"); !errors.Is(err, ErrUnknownFallback) {
-		t.Errorf("ParseFallback of a bad name: %v", err)
-	}
 }
 
 // TestBreakerCountsStoreCalls: decisions the deny cache answers, between
@@ -171,7 +163,7 @@ func TestBreakerCountsStoreCalls(t *testing.T) {
 		}
 		e.Allow(ctx, fmt.Sprint("fresh", i), p)
 	}
-	if e.BreakerState() != BreakerOpen {
+	if e.brk.State() != BreakerOpen {
 		t.Fatal("3 failed store calls in a row, with cached denials between them, did not open the breaker")
 	}
 }
@@ -214,8 +206,8 @@ func TestBreakerNotReady(t *testing.T) {
 	if got := store.Takes.Load(); got != 10 {
 		t.Errorf("%d of 10 decisions asked the store before setup, want all", got)
 	}
-	if e.BreakerState() != BreakerClosed {
-		t.Fatalf("breaker %v after 10 takes of a store not set up, want closed", e.BreakerState())
+	if e.brk.State() != BreakerClosed {
+		t.Fatalf("breaker %v after 10 takes of a store not set up, want closed", e.brk.State())
 	}
 	store.Down.Store(false)
 	if r, err := e.Allow(context.Background(), "k", p); err != nil || !r.Allowed || r.Degraded || r.Remaining != 999 {

@@ -142,7 +142,7 @@ type probeCall struct {
 }
 
 func (s *failStore) Take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (counter.Result, error) {
-	probe := s.e.BreakerState() == BreakerOpen
+	probe := s.e.brk.State() == BreakerOpen
 	start := time.Now()
 	r, err := s.Store.Take(ctx, key, hash, lim, n)
 	if probe {
@@ -303,7 +303,7 @@ func TestChaosRedisKilled(t *testing.T) {
 				if k%3 != 0 {
 					j = jobs[(k+w)%len(jobs)]
 				}
-				wasOpen := e.BreakerState() == BreakerOpen
+				wasOpen := e.brk.State() == BreakerOpen
 				start := time.Now()
 				r, err := e.AllowN(ctx, j.key, policies[j.p], 1)
 				end := time.Now()
@@ -331,7 +331,7 @@ func TestChaosRedisKilled(t *testing.T) {
 					continue
 				}
 				tl.degraded[j.p]++
-				if wasOpen && e.BreakerState() == BreakerOpen {
+				if wasOpen && e.brk.State() == BreakerOpen {
 					tl.openLat = append(tl.openLat, lat)
 				}
 				switch p := policies[j.p]; {
@@ -365,7 +365,7 @@ func TestChaosRedisKilled(t *testing.T) {
 		t.Fatal(err)
 	}
 	testkit.For(t, patience, "both breakers open after the kill", func() bool {
-		return engines[0].BreakerState() == BreakerOpen && engines[1].BreakerState() == BreakerOpen
+		return engines[0].brk.State() == BreakerOpen && engines[1].brk.State() == BreakerOpen
 	})
 	time.Sleep(time.Second) // down, under load: probes fail
 	failed := make([]int64, instances)
@@ -383,7 +383,7 @@ func TestChaosRedisKilled(t *testing.T) {
 		wait = max(wait, probeWait(e))
 	}
 	testkit.For(t, patience, "both breakers closed after the restart", func() bool {
-		return engines[0].BreakerState() == BreakerClosed && engines[1].BreakerState() == BreakerClosed
+		return engines[0].brk.State() == BreakerClosed && engines[1].brk.State() == BreakerClosed
 	})
 	healedNs.Store(time.Now().UnixNano())
 	time.Sleep(300 * time.Millisecond) // healthy again
@@ -420,8 +420,8 @@ func TestChaosRedisKilled(t *testing.T) {
 		if failed[i] < 3 || failed[i] > maxFailed {
 			t.Errorf("engine %d: %d failed store calls between the kill and the breaker opening, want 3 to %d", i, failed[i], maxFailed)
 		}
-		if e.BreakerState() != BreakerClosed {
-			t.Errorf("engine %d: breaker %v at the end", i, e.BreakerState())
+		if e.brk.State() != BreakerClosed {
+			t.Errorf("engine %d: breaker %v at the end", i, e.brk.State())
 		}
 	}
 
@@ -569,13 +569,13 @@ func TestChaosRedisSlow(t *testing.T) {
 			}
 		})
 	}
-	testkit.For(t, patience, "breaker open on the slow store", func() bool { return e.BreakerState() == BreakerOpen })
+	testkit.For(t, patience, "breaker open on the slow store", func() bool { return e.brk.State() == BreakerOpen })
 	time.Sleep(time.Second) // probes meet the slow store
 	proxy.SetDelay(0)
 	fastAt := time.Now()
 	// The next probe is due within the current interval; a probe that
 	// misses the timeout on a loaded machine doubles it (up to 2 s).
-	testkit.For(t, patience, "breaker closed once the store is fast", func() bool { return e.BreakerState() == BreakerClosed })
+	testkit.For(t, patience, "breaker closed once the store is fast", func() bool { return e.brk.State() == BreakerClosed })
 	load.stopWithin(t, patience)
 
 	var timedOut, degradedLat []time.Duration
@@ -719,12 +719,12 @@ func TestChaosNATSPartition(t *testing.T) {
 		engines = append(engines, e)
 	}
 	ea, eb := engines[0], engines[1]
-	testkit.For(t, patience, "each engine sees 2 instances", func() bool { return ea.Instances() == 2 && eb.Instances() == 2 })
+	testkit.For(t, patience, "each engine sees 2 instances", func() bool { return ea.liveInstances() == 2 && eb.liveInstances() == 2 })
 
 	proxy.Cut()
 	cutAt := time.Now()
 	apart := testkit.For(t, patience, "partition: no route, each engine alone", func() bool {
-		return !routedTo(a, "chaos-b") && !routedTo(b, "chaos-a") && ea.Instances() == 1 && eb.Instances() == 1
+		return !routedTo(a, "chaos-b") && !routedTo(b, "chaos-a") && ea.liveInstances() == 1 && eb.liveInstances() == 1
 	})
 
 	// Both sides drive key at 3× its limit; side A alone drives key2, so
@@ -749,11 +749,11 @@ func TestChaosNATSPartition(t *testing.T) {
 			t.Errorf("stream %d: %d errors during the partition (first: %v), want 0", i, s.Errors, s.FirstError)
 		}
 	}
-	if ea.Instances() != 1 || eb.Instances() != 1 || routed() {
-		t.Fatalf("the partition healed during the window: instances %d and %d", ea.Instances(), eb.Instances())
+	if ea.liveInstances() != 1 || eb.liveInstances() != 1 || routed() {
+		t.Fatalf("the partition healed during the window: instances %d and %d", ea.liveInstances(), eb.liveInstances())
 	}
-	levels := fmt.Sprintf("%s at %d and %d, %s at %d and %d", key, ea.Level(key), eb.Level(key), key2, ea.Level(key2), eb.Level(key2))
-	if ea.Level(key) == 1 || eb.Level(key) == 1 || ea.Level(key2) == 1 || eb.Level(key2) != 1 {
+	levels := fmt.Sprintf("%s at %d and %d, %s at %d and %d", key, ea.levelOf(key), eb.levelOf(key), key2, ea.levelOf(key2), eb.levelOf(key2))
+	if ea.levelOf(key) == 1 || eb.levelOf(key) == 1 || ea.levelOf(key2) == 1 || eb.levelOf(key2) != 1 {
 		t.Errorf("levels at the end of the partition: %s; want the hot key split on both sides, key2 split on A only", levels)
 	}
 	start := streams[0].Start
@@ -783,11 +783,11 @@ func TestChaosNATSPartition(t *testing.T) {
 	// The keys stay hot on A's detector for its cool-down (a minute), far
 	// longer than the wait.
 	agreed := testkit.For(t, patience, "B learns key2 from A and the engines agree on the levels", func() bool {
-		return eb.Level(key2) > 1 && ea.Level(key) == eb.Level(key) && ea.Level(key2) == eb.Level(key2)
+		return eb.levelOf(key2) > 1 && ea.levelOf(key) == eb.levelOf(key) && ea.levelOf(key2) == eb.levelOf(key2)
 	})
 	t.Logf("route back %v after the restore (%v after the cut); levels agreed %v after the route (renewal period %v): %s at %d and %d, %s at %d and %d",
 		routeUp.Sub(restoreAt).Round(time.Millisecond), routeUp.Sub(cutAt).Round(time.Millisecond), agreed.Round(time.Millisecond), ncfg.TTL/3,
-		key, ea.Level(key), eb.Level(key), key2, ea.Level(key2), eb.Level(key2))
+		key, ea.levelOf(key), eb.levelOf(key), key2, ea.levelOf(key2), eb.levelOf(key2))
 }
 
 // floodKeys is how many distinct keys TestChaosFlood sends: 10M, or 500k
@@ -868,7 +868,7 @@ func TestChaosFlood(t *testing.T) {
 	detected := func() int {
 		k := 0
 		for _, h := range hotKeys {
-			if e.Level(h) > 1 {
+			if e.levelOf(h) > 1 {
 				k++
 			}
 		}
@@ -885,7 +885,7 @@ func TestChaosFlood(t *testing.T) {
 	grew := int64(after.HeapAlloc) - int64(before.HeapAlloc)
 	levels := make([]shard.Level, hot)
 	for i, h := range hotKeys {
-		levels[i] = e.Level(h)
+		levels[i] = e.levelOf(h)
 	}
 	t.Logf("%d distinct keys and %d hot decisions in %v (%.0f decisions/s): heap grew %.1f MiB (bound 64), store holds %d counters (bound %d), refused %d; hot keys at levels %v: recall %d/%d",
 		n, (n+1)/2, took.Round(time.Millisecond), float64(n+(n+1)/2)/took.Seconds(), float64(grew)/(1<<20), store.Len(), maxKeys, store.Full(), levels, detected(), hot)
@@ -1095,11 +1095,11 @@ func TestChaosCallerDeadlines(t *testing.T) {
 		}
 	}
 	calls0 := store.Takes.Load() - takes
-	t.Logf("%d decisions with 100 ms deadlines on a store stalled 30 s: %d errors, %d degraded, %d store calls, breaker %v", calls, errs, degraded, calls0, e.BreakerState())
+	t.Logf("%d decisions with 100 ms deadlines on a store stalled 30 s: %d errors, %d degraded, %d store calls, breaker %v", calls, errs, degraded, calls0, e.brk.State())
 	if errs != 0 || degraded != calls {
 		t.Errorf("%d errors, %d degraded of %d: want every decision from the fallback", errs, degraded, calls)
 	}
-	if e.BreakerState() != BreakerOpen || calls0 != 3 {
-		t.Errorf("breaker %v after %d store calls, want open after 3", e.BreakerState(), calls0)
+	if e.brk.State() != BreakerOpen || calls0 != 3 {
+		t.Errorf("breaker %v after %d store calls, want open after 3", e.brk.State(), calls0)
 	}
 }

@@ -83,7 +83,7 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 	}
 	if p.Sync != SyncStore && p.Sync != SyncGossip && (p.Sync != SyncReserve || e.leaser == nil) {
 		e.metrics.rejectInput(p)
-		return "", 0, fmt.Errorf("%w: policy %q: sync %v on a store that cannot keep it", ErrUnknownSync, p.Name, p.Sync)
+		return "", 0, fmt.Errorf("policy %q: sync %v on a store that cannot keep it: %w", p.Name, p.Sync, errors.ErrUnsupported)
 	}
 	name := key
 	if p.Name != "" {

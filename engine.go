@@ -33,7 +33,7 @@ type sharer interface {
 // Engine makes rate-limit decisions on a Store. It is safe for concurrent
 // use. The zero value is not usable; call New.
 type Engine struct {
-	store    Store
+	store    counter.Store
 	placer   placer // nil: one node
 	opt      options
 	seed     uint64 // per instance: offsets subcounter choice
@@ -79,7 +79,7 @@ type Engine struct {
 
 // New returns an engine deciding on store. The engine does not own store:
 // Close leaves it open.
-func New(store Store, opts ...Option) (*Engine, error) {
+func New(store counter.Store, opts ...Option) (*Engine, error) {
 	if store == nil {
 		return nil, fmt.Errorf("hotkey: %w: nil store", ErrInvalidConfig)
 	}
@@ -233,7 +233,7 @@ func (e *Engine) reserveStore() counter.Store {
 	if e.closed.Load() {
 		return e.store
 	}
-	rs := counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.Instances, Clock: e.opt.clock, Sweep: e.opt.reserveSweep})
+	rs := counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.liveInstances, Clock: e.opt.clock, Sweep: e.opt.reserveSweep})
 	e.reserve.Store(rs)
 	return rs
 }
@@ -321,9 +321,6 @@ func (e *Engine) breakerChanged(s BreakerState, cause error) {
 	e.metrics.breakerChanged(s)
 }
 
-// BreakerState returns the state of the circuit breaker around the store.
-func (e *Engine) BreakerState() BreakerState { return e.brk.State() }
-
 // SetInstances implements coordinator.Handler: the detector compares local
 // rates with its threshold over the live instances.
 func (h handler) SetInstances(n int) {
@@ -333,13 +330,13 @@ func (h handler) SetInstances(n int) {
 	}
 }
 
-// Instances returns the number of live instances, as the coordinator last
-// reported it (1 with the Local coordinator).
-func (e *Engine) Instances() int { return int(e.instances.Load()) }
+// liveInstances returns the number of live instances, as the coordinator
+// last reported it (1 with the Local coordinator).
+func (e *Engine) liveInstances() int { return int(e.instances.Load()) }
 
-// Level returns the level key is split to on this engine: 1 if it is not
-// split.
-func (e *Engine) Level(key string) shard.Level {
+// levelOf returns the level key (a counter name) is split to on this
+// engine: 1 if it is not split.
+func (e *Engine) levelOf(key string) shard.Level {
 	hash := hashKey(key)
 	if ent := e.table.Lookup(key, hash); ent != nil {
 		return ent.Level()

@@ -53,7 +53,7 @@ func TestCoordinatorLevels(t *testing.T) {
 	lim := PerSecond(1000)
 	for _, level := range []shard.Level{4, 16, 64, 16, 4} {
 		h.SetLevel("k", hashKey("k"), level)
-		if got := e.Level("k"); got != level {
+		if got := e.levelOf("k"); got != level {
 			t.Fatalf("Level = %d after SetLevel(%d)", got, level)
 		}
 		if r, err := e.Allow(ctx, "k", pol(lim)); err != nil || r.Shards != level {
@@ -61,8 +61,8 @@ func TestCoordinatorLevels(t *testing.T) {
 		}
 	}
 	h.SetLevel("k", hashKey("k"), 1)
-	if e.Level("k") != 1 {
-		t.Fatalf("merged key at level %d, want 1", e.Level("k"))
+	if e.levelOf("k") != 1 {
+		t.Fatalf("merged key at level %d, want 1", e.levelOf("k"))
 	}
 	if r, err := e.Allow(ctx, "k", pol(lim)); err != nil || r.Shards != 1 {
 		t.Fatalf("merged: %+v, %v", r, err)
@@ -76,8 +76,8 @@ func TestCoordinatorLevels(t *testing.T) {
 		t.Fatalf("level hook saw %v for a key never split", got)
 	}
 	h.SetInstances(3)
-	if e.Instances() != 3 {
-		t.Fatalf("Instances = %d, want 3", e.Instances())
+	if e.liveInstances() != 3 {
+		t.Fatalf("Instances = %d, want 3", e.liveInstances())
 	}
 }
 
@@ -88,8 +88,8 @@ func TestCoordinatorStaticFloor(t *testing.T) {
 	e, _ := newMemoryEngine(t, testkit.NewClock(), WithSplitKeys(16, "pinned"), WithCoordinator(&coordinator.Local{}))
 	h := handler{e}
 	h.SetLevel("pinned", hashKey("pinned"), 64)
-	if e.Level("pinned") != 64 {
-		t.Fatalf("pinned key at %d, want 64", e.Level("pinned"))
+	if e.levelOf("pinned") != 64 {
+		t.Fatalf("pinned key at %d, want 64", e.levelOf("pinned"))
 	}
 	h.SetLevel("pinned", hashKey("pinned"), 1)
 	if r, _ := e.Allow(context.Background(), "pinned", pol(PerSecond(1000))); r.Shards != 16 {

@@ -217,14 +217,14 @@ func TestRefusedSplitApplied(t *testing.T) {
 		t.Fatalf("a admitted %d at level 64, want 1600", got)
 	}
 	h.SetLevel("b", hashKey("b"), shard.Level16) // no room, and a ranks first: refused
-	if e.Level("b") != 1 {
-		t.Fatalf("b at level %d with the table full", e.Level("b"))
+	if e.levelOf("b") != 1 {
+		t.Fatalf("b at level %d with the table full", e.levelOf("b"))
 	}
 	h.SetLevel("a", hashKey("a"), shard.Level1) // a cools: no decision comes for it
-	took := testkit.For(t, patience, "b split once a left the table", func() bool { return e.Level("b") == shard.Level16 })
+	took := testkit.For(t, patience, "b split once a left the table", func() bool { return e.levelOf("b") == shard.Level16 })
 	t.Logf("b split %v after a merged", took)
-	if e.Level("a") != 1 || e.table.Lookup("a", hashKey("a")) != nil {
-		t.Fatalf("a at level %d, in the table: %v", e.Level("a"), e.table.Lookup("a", hashKey("a")) != nil)
+	if e.levelOf("a") != 1 || e.table.Lookup("a", hashKey("a")) != nil {
+		t.Fatalf("a at level %d, in the table: %v", e.levelOf("a"), e.table.Lookup("a", hashKey("a")) != nil)
 	}
 	if got := admitAll(t, e, "a", lim, 1, 10_000); got != 0 {
 		t.Errorf("a admitted %d more on its unsplit counter with no time passing, want 0: its usage was not moved back", got)
@@ -270,8 +270,8 @@ func TestFullTableRanks(t *testing.T) {
 	set(engines[1], x, shard.Level16)
 	set(engines[1], y, shard.Level16) // refused: x ranks first
 	for i, e := range engines {
-		if e.Level(x) != shard.Level16 || e.Level(y) != shard.Level1 {
-			t.Errorf("engine %d: %s at level %d, %s at %d; want 16 and 1", i, x, e.Level(x), y, e.Level(y))
+		if e.levelOf(x) != shard.Level16 || e.levelOf(y) != shard.Level1 {
+			t.Errorf("engine %d: %s at level %d, %s at %d; want 16 and 1", i, x, e.levelOf(x), y, e.levelOf(y))
 		}
 	}
 	if got := admitAll(t, engines[1], y, lim, 1, 10_000); got != 0 {
@@ -281,8 +281,8 @@ func TestFullTableRanks(t *testing.T) {
 	set(engines[0], y, shard.Level64)
 	set(engines[1], y, shard.Level64)
 	for i, e := range engines {
-		if e.Level(x) != shard.Level1 || e.Level(y) != shard.Level64 {
-			t.Errorf("engine %d: %s at level %d, %s at %d; want 1 and 64", i, x, e.Level(x), y, e.Level(y))
+		if e.levelOf(x) != shard.Level1 || e.levelOf(y) != shard.Level64 {
+			t.Errorf("engine %d: %s at level %d, %s at %d; want 1 and 64", i, x, e.levelOf(x), y, e.levelOf(y))
 		}
 	}
 	if got := admitAll(t, engines[0], y, lim, 1, 10_000); got != 0 {
@@ -293,8 +293,8 @@ func TestFullTableRanks(t *testing.T) {
 		set(e, y, shard.Level1)
 	}
 	for i, e := range engines {
-		if e.Level(x) != shard.Level16 || e.Level(y) != shard.Level1 {
-			t.Errorf("engine %d: %s at level %d, %s at %d; want 16 and 1", i, x, e.Level(x), y, e.Level(y))
+		if e.levelOf(x) != shard.Level16 || e.levelOf(y) != shard.Level1 {
+			t.Errorf("engine %d: %s at level %d, %s at %d; want 16 and 1", i, x, e.levelOf(x), y, e.levelOf(y))
 		}
 	}
 	if got := admitAll(t, engines[0], y, lim, 1, 10_000); got != 0 {
@@ -446,8 +446,8 @@ func TestLimitLoweredBelowLevel(t *testing.T) {
 		t.Fatalf("under 50/hour: %+v, %v", r, err)
 	}
 	more := admitAll(t, e, key, low, 1, 100)
-	t.Logf("100 of 6400/hour used at level 64; under 50/hour: first %v, then %d more admitted, on %d shards; breaker %v", r.Allowed, more, r.Shards, e.BreakerState())
-	if e.BreakerState() != BreakerClosed {
+	t.Logf("100 of 6400/hour used at level 64; under 50/hour: first %v, then %d more admitted, on %d shards; breaker %v", r.Allowed, more, r.Shards, e.brk.State())
+	if e.brk.State() != BreakerClosed {
 		t.Error("the breaker opened on a limit change")
 	}
 	if r.Allowed || more != 0 {

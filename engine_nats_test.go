@@ -153,7 +153,7 @@ func TestNATSConvergence(t *testing.T) {
 	f := startFleetConfig(t, cfg, 3, memoryStores)
 	testkit.For(t, patience, "membership", func() bool {
 		for _, e := range f.engines {
-			if e.Instances() != 3 {
+			if e.liveInstances() != 3 {
 				return false
 			}
 		}
@@ -170,7 +170,7 @@ func TestNATSConvergence(t *testing.T) {
 	took := testkit.For(t, patience, "200 hot keys on every engine", func() bool {
 		for _, e := range f.engines {
 			for k, l := range want {
-				if e.Level(k) != l {
+				if e.levelOf(k) != l {
 					return false
 				}
 			}
@@ -200,14 +200,14 @@ func TestNATSJoin(t *testing.T) {
 		f.coords[i%2].Announce(key, hashKey(key), 16)
 	}
 	testkit.For(t, patience, "keys on the first engines", func() bool {
-		return f.engines[0].Level("join:19") == 16 && f.engines[1].Level("join:0") == 16
+		return f.engines[0].levelOf("join:19") == 16 && f.engines[1].levelOf("join:0") == 16
 	})
 	start := time.Now()
 	late := f.add(t, 2, memoryStores())
 	started := time.Since(start)
 	took := testkit.For(t, patience, "the table on a late engine", func() bool {
 		for i := range 20 {
-			if late.Level(fmt.Sprintf("join:%d", i)) != 16 {
+			if late.levelOf(fmt.Sprintf("join:%d", i)) != 16 {
 				return false
 			}
 		}
@@ -233,7 +233,7 @@ func TestNATSFaults(t *testing.T) {
 	ctx := context.Background()
 	lim := PerSecond(100_000)
 	f.coords[0].Announce("f1", hashKey("f1"), 16)
-	testkit.For(t, patience, "f1 everywhere", func() bool { return f.engines[2].Level("f1") == 16 })
+	testkit.For(t, patience, "f1 everywhere", func() bool { return f.engines[2].levelOf("f1") == 16 })
 
 	// Node 0, under engine 0, goes down: engine 0 reconnects elsewhere and
 	// renews its lease through another node. A lease it sent before (at
@@ -254,19 +254,19 @@ func TestNATSFaults(t *testing.T) {
 	})
 	t.Logf("engine 0 renewed f1 through another node %v after its node went down", took)
 	for i, e := range f.engines {
-		if e.Level("f1") != 16 {
-			t.Fatalf("engine %d: f1 at %d after node 0 went down, want 16 (renewed through another node)", i, e.Level("f1"))
+		if e.levelOf("f1") != 16 {
+			t.Fatalf("engine %d: f1 at %d after node 0 went down, want 16 (renewed through another node)", i, e.levelOf("f1"))
 		}
 	}
 	f.coords[0].Announce("f2", hashKey("f2"), 4)
-	testkit.For(t, patience, "f2 from the moved engine", func() bool { return f.engines[1].Level("f2") == 4 })
+	testkit.For(t, patience, "f2 from the moved engine", func() bool { return f.engines[1].levelOf("f2") == 4 })
 
 	// All of NATS down: no decision fails, and an instance still splits
 	// what it finds hot itself.
 	f.cluster.Shutdown(1)
 	f.cluster.Shutdown(2)
 	f.coords[1].Announce("f3", hashKey("f3"), 64)
-	testkit.For(t, patience, "with NATS down, f3 on the engine that found it hot", func() bool { return f.engines[1].Level("f3") == 64 })
+	testkit.For(t, patience, "with NATS down, f3 on the engine that found it hot", func() bool { return f.engines[1].levelOf("f3") == 64 })
 	for range 1000 {
 		for i, e := range f.engines {
 			if _, err := e.Allow(ctx, "f3", pol(lim)); err != nil {
@@ -285,7 +285,7 @@ func TestNATSFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	took = testkit.For(t, patience, "f3 everywhere after NATS came back", func() bool {
-		return f.engines[0].Level("f3") == 64 && f.engines[2].Level("f3") == 64
+		return f.engines[0].levelOf("f3") == 64 && f.engines[2].levelOf("f3") == 64
 	})
 	t.Logf("table reconverged %v after the cluster was meshed again (renewal period %v)", took, cfg.TTL/3)
 }
@@ -318,7 +318,7 @@ func TestNATSTransferRedis(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ref.Close()
-	testkit.For(t, patience, "membership", func() bool { return f.engines[0].Instances() == 4 })
+	testkit.For(t, patience, "membership", func() bool { return f.engines[0].liveInstances() == 4 })
 
 	const limit = 320
 	for _, alg := range []Algorithm{TokenBucket, SlidingWindow} {
@@ -449,11 +449,11 @@ func TestNATSDetectorSplitsEverywhere(t *testing.T) {
 	cfg.Threshold = 200 // global: 600/s here, with 3 instances
 	cfg.CoolDown = 300 * time.Millisecond
 	hot := f.add(t, 2, memoryStores(), WithDetector(cfg))
-	testkit.For(t, patience, "membership", func() bool { return hot.Instances() == 3 })
+	testkit.For(t, patience, "membership", func() bool { return hot.liveInstances() == 3 })
 	ctx := context.Background()
 	lim := PerSecond(1_000_000)
 	deadline := time.Now().Add(20 * time.Second)
-	for f.engines[0].Level("d") == 1 || f.engines[1].Level("d") == 1 {
+	for f.engines[0].levelOf("d") == 1 || f.engines[1].levelOf("d") == 1 {
 		if time.Now().After(deadline) {
 			t.Fatal("a key hot on one instance was not split on the others")
 		}
@@ -461,8 +461,8 @@ func TestNATSDetectorSplitsEverywhere(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Logf("split on the other instances at levels %d and %d", f.engines[0].Level("d"), f.engines[1].Level("d"))
+	t.Logf("split on the other instances at levels %d and %d", f.engines[0].levelOf("d"), f.engines[1].levelOf("d"))
 	testkit.For(t, patience, "merged everywhere once cold", func() bool {
-		return f.engines[0].Level("d") == 1 && f.engines[1].Level("d") == 1 && hot.Level("d") == 1
+		return f.engines[0].levelOf("d") == 1 && f.engines[1].levelOf("d") == 1 && hot.levelOf("d") == 1
 	})
 }

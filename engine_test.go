@@ -59,13 +59,13 @@ func TestBadInput(t *testing.T) {
 		{"negative cost", "k", ok, -5, ErrInvalidCost},
 		{"cost over burst", "k", Limit{Rate: 10, Period: time.Second, Burst: 3}, 4, ErrCostExceedsBurst},
 		{"cost over window limit", "k", Limit{Algorithm: FixedWindow, Rate: 10, Period: time.Second}, 11, ErrCostExceedsBurst},
-		{"zero limit", "k", Limit{Period: time.Second}, 1, ErrInvalidLimit},
-		{"negative limit", "k", Limit{Rate: -1, Period: time.Second}, 1, ErrInvalidLimit},
-		{"zero period", "k", Limit{Rate: 1}, 1, ErrInvalidPeriod},
-		{"negative period", "k", Limit{Rate: 1, Period: -time.Second}, 1, ErrInvalidPeriod},
-		{"negative burst", "k", Limit{Rate: 1, Period: time.Second, Burst: -1}, 1, ErrInvalidBurst},
-		{"unknown algorithm", "k", Limit{Algorithm: 9, Rate: 1, Period: time.Second}, 1, ErrUnknownAlgorithm},
-		{"sliding log too large", "k", Limit{Algorithm: SlidingLog, Rate: counter.MaxLogRate + 1, Period: time.Second}, 1, ErrLimitTooLarge},
+		{"zero limit", "k", Limit{Period: time.Second}, 1, counter.ErrInvalidRate},
+		{"negative limit", "k", Limit{Rate: -1, Period: time.Second}, 1, counter.ErrInvalidRate},
+		{"zero period", "k", Limit{Rate: 1}, 1, counter.ErrInvalidPeriod},
+		{"negative period", "k", Limit{Rate: 1, Period: -time.Second}, 1, counter.ErrInvalidPeriod},
+		{"negative burst", "k", Limit{Rate: 1, Period: time.Second, Burst: -1}, 1, counter.ErrInvalidBurst},
+		{"unknown algorithm", "k", Limit{Algorithm: 9, Rate: 1, Period: time.Second}, 1, counter.ErrUnknownAlgorithm},
+		{"sliding log too large", "k", Limit{Algorithm: SlidingLog, Rate: counter.MaxLogRate + 1, Period: time.Second}, 1, counter.ErrLimitTooLarge},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

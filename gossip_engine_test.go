@@ -111,7 +111,7 @@ func TestGossipNeverSplits(t *testing.T) {
 	defer e.Close()
 	p := &Policy{Name: "g", Limit: PerSecond(1_000_000), Sync: SyncGossip}
 	deadline := time.Now().Add(20 * time.Second)
-	for e.Level(CounterName("g", "hot")) == shard.Level1 {
+	for e.levelOf(CounterName("g", "hot")) == shard.Level1 {
 		if time.Now().After(deadline) {
 			t.Fatal("the detector did not find the key hot before the deadline")
 		}
@@ -121,7 +121,7 @@ func TestGossipNeverSplits(t *testing.T) {
 		}
 	}
 	if r, err := e.Allow(context.Background(), "hot", p); err != nil || r.Shards != 1 {
-		t.Errorf("hot key at level %d: %+v, %v: want decided on 1 counter", e.Level(CounterName("g", "hot")), r, err)
+		t.Errorf("hot key at level %d: %+v, %v: want decided on 1 counter", e.levelOf(CounterName("g", "hot")), r, err)
 	}
 	listed := map[string]bool{}
 	for _, h := range e.HotKeys() {
@@ -323,30 +323,6 @@ func TestGossipCoordinator(t *testing.T) {
 	a.Close()
 	if got := a.gossipErrors.Load(); got != 1 {
 		t.Errorf("%d send errors, want 1: the last round refused", got)
-	}
-}
-
-func TestParseSyncGossip(t *testing.T) {
-	for _, c := range []struct {
-		give string
-		want Sync
-		err  string
-	}{
-		{"store", SyncStore, ""},
-		{"reserve", SyncReserve, ""},
-		{"gossip", SyncGossip, ""},
-		{"bogus", 0, `unknown sync mode: "bogus" (want store, reserve or gossip)`},
-	} {
-		got, err := ParseSync(c.give)
-		if c.err != "" {
-			if err == nil || err.Error() != c.err {
-				t.Errorf("ParseSync(%q) = %v, %v: want error %q", c.give, got, err, c.err)
-			}
-			continue
-		}
-		if err != nil || got != c.want || got.String() != c.give {
-			t.Errorf("ParseSync(%q) = %v, %v: want %v", c.give, got, err, c.want)
-		}
 	}
 }
 

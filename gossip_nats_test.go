@@ -91,7 +91,7 @@ func gossipEngines(t *testing.T, f *fleet, n int, clock func() time.Time, opts .
 	}
 	testkit.For(t, patience, "membership", func() bool {
 		for _, e := range f.engines {
-			if e.Instances() != len(f.engines) {
+			if e.liveInstances() != len(f.engines) {
 				return false
 			}
 		}
@@ -226,7 +226,7 @@ func TestGossipNATSPeerKilled(t *testing.T) {
 	defer victim.Close()
 	survivors := f.engines
 	testkit.For(t, patience, "membership", func() bool {
-		return survivors[0].Instances() == 3 && survivors[1].Instances() == 3 && victim.Instances() == 3
+		return survivors[0].liveInstances() == 3 && survivors[1].liveInstances() == 3 && victim.liveInstances() == 3
 	})
 	take := func(e *Engine, n int) int64 {
 		var admitted int64
@@ -250,7 +250,7 @@ func TestGossipNATSPeerKilled(t *testing.T) {
 	}
 	nc.Close() // killed mid-round
 	testkit.For(t, patience, "the survivors count the victim gone", func() bool {
-		return survivors[0].Instances() == 2 && survivors[1].Instances() == 2
+		return survivors[0].liveInstances() == 2 && survivors[1].liveInstances() == 2
 	})
 	charged := []int64{gossipUsed(t, survivors[0], "k", p), gossipUsed(t, survivors[1], "k", p)}
 	if charged[0] != charged[1] || charged[0] < sent || charged[0] > sent+unsent {
@@ -414,7 +414,7 @@ func TestGossipNATSPartition(t *testing.T) {
 	}
 	testkit.For(t, patience, "each side's membership", func() bool {
 		for _, e := range engines {
-			if e.Instances() != perSide {
+			if e.liveInstances() != perSide {
 				return false
 			}
 		}

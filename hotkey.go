@@ -28,9 +28,6 @@ type Limit = counter.Limit
 // Algorithm names a rate-limiting algorithm; see counter.Algorithm.
 type Algorithm = counter.Algorithm
 
-// Store is where counters live; see counter.Store.
-type Store = counter.Store
-
 // The algorithms.
 const (
 	TokenBucket   = counter.TokenBucket
@@ -45,8 +42,8 @@ func PerSecond(rate int64) Limit { return counter.PerSecond(rate) }
 // PerMinute returns a token-bucket limit of rate per minute with a burst of rate.
 func PerMinute(rate int64) Limit { return counter.PerMinute(rate) }
 
-// Errors for bad input. Limit errors (counter.ErrInvalidLimit and the like)
-// are re-exported here; store errors come back wrapped as the store made them.
+// Errors for bad input; store errors come back wrapped as the store made
+// them.
 var (
 	ErrEmptyKey         = errors.New("empty key")
 	ErrKeyTooLong       = errors.New("key too long")
@@ -54,24 +51,16 @@ var (
 	ErrNilPolicy        = errors.New("nil policy")
 	ErrInvalidCost      = counter.ErrInvalidCost
 	ErrCostExceedsBurst = counter.ErrCostExceedsBurst
-	ErrInvalidLimit     = counter.ErrInvalidLimit
-	ErrInvalidPeriod    = counter.ErrInvalidPeriod
-	ErrInvalidBurst     = counter.ErrInvalidBurst
-	ErrUnknownAlgorithm = counter.ErrUnknownAlgorithm
-	ErrLimitTooLarge    = counter.ErrLimitTooLarge
-	ErrBurstTooLarge    = counter.ErrBurstTooLarge
-	ErrPeriodTooLong    = counter.ErrPeriodTooLong
+	// ErrInvalidLimit is in every error for a policy's limit that cannot
+	// be enforced (counter.ErrInvalidLimit); counter's ErrInvalidRate,
+	// ErrInvalidPeriod, ErrLimitTooLarge and the like tell which field is
+	// at fault.
+	ErrInvalidLimit = counter.ErrInvalidLimit
 	// ErrStoreUnavailable wraps the cause when the store cannot answer and
 	// the fallback is FallbackError.
 	ErrStoreUnavailable = errors.New("store unavailable")
 	// ErrBreakerOpen is the cause while the circuit breaker is open.
 	ErrBreakerOpen = errors.New("circuit breaker open")
-	// ErrUnknownFallback is returned by ParseFallback.
-	ErrUnknownFallback = errors.New("unknown fallback")
-	// ErrUnknownSync is returned by ParseSync, and by a decision under a
-	// policy whose Sync the engine cannot keep (SyncReserve on a store
-	// that does not lease).
-	ErrUnknownSync = errors.New("unknown sync mode")
 	// ErrInvalidPolicyName: a policy's name holds '|', which separates it
 	// from the key in counter names.
 	ErrInvalidPolicyName = errors.New("invalid policy name")

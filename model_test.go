@@ -401,7 +401,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 				for _, k := range keys {
 					name := CounterName(p.Name, k)
 					for i, e := range engines[1:] {
-						if a, b := engines[0].Level(name), e.Level(name); a != b {
+						if a, b := engines[0].levelOf(name), e.levelOf(name); a != b {
 							m.violate("op %d: %s at level %d on engine 0, %d on engine %d", op, name, a, b, i+1)
 						}
 					}

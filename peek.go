@@ -9,9 +9,9 @@ import (
 	"github.com/hotkeyd/hotkey/shard"
 )
 
-// ErrNoPeek is returned by Peek when the engine's store cannot answer
-// without taking (it is no counter.Peeker).
-var ErrNoPeek = errors.New("the store cannot peek")
+// errNoPeek is Peek's error for a store that cannot answer without taking
+// (no counter.Peeker).
+var errNoPeek = fmt.Errorf("the store cannot peek: %w", errors.ErrUnsupported)
 
 // Peek reports what a decision of one unit of key under p would find now,
 // without charging the unit or changing any counter: Allowed says whether
@@ -27,9 +27,10 @@ var ErrNoPeek = errors.New("the store cannot peek")
 // decision metrics, and moves no usage. When the store cannot answer,
 // p.OnStoreFailure decides as for AllowN, and its local counters are
 // read, not charged. Bad input returns AllowN's errors; a store that
-// cannot peek returns ErrNoPeek. It blocks only on the store, which reads
-// a split key's subcounters together where it is a counter.BatchPeeker
-// (on Redis, in one round trip per node that holds them), else one each.
+// cannot peek returns an error wrapping errors.ErrUnsupported. It blocks
+// only on the store, which reads a split key's subcounters together where it
+// is a counter.BatchPeeker (on Redis, in one round trip per node that holds
+// them), else one each.
 func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error) {
 	if p == nil {
 		return Result{}, ErrNilPolicy
@@ -43,7 +44,7 @@ func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error
 	}
 	peeker, ok := e.store.(counter.Peeker)
 	if !ok {
-		return Result{}, ErrNoPeek
+		return Result{}, errNoPeek
 	}
 	r, err := e.peekStore(ctx, peeker, name, hash, p.Limit)
 	if err == nil {
@@ -201,7 +202,7 @@ func (e *Engine) peekFallback(ctx context.Context, key, name string, hash uint64
 // enforces on its local counters.
 func (e *Engine) localShare(lim Limit) Limit {
 	share, capacity := lim, lim.Capacity()
-	inst := int64(max(1, e.Instances()))
+	inst := int64(max(1, e.liveInstances()))
 	share.Rate = max(1, lim.Rate/inst)
 	if share.Algorithm == counter.TokenBucket {
 		share.Burst = max(1, capacity/inst)

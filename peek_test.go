@@ -59,8 +59,8 @@ func TestPeek(t *testing.T) {
 		})
 	}
 	e := newEngineOn(t, &testkit.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{})}, testkit.NewClock())
-	if _, err := e.Peek(context.Background(), "k", &Policy{Limit: PerSecond(1)}); !errors.Is(err, ErrNoPeek) {
-		t.Errorf("peek on a store that cannot: %v, want ErrNoPeek", err)
+	if _, err := e.Peek(context.Background(), "k", &Policy{Limit: PerSecond(1)}); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("peek on a store that cannot: %v, want errors.ErrUnsupported", err)
 	}
 }
 

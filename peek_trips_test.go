@@ -221,13 +221,13 @@ func TestPeekSplitStoreDown(t *testing.T) {
 	if r, err := e.Peek(ctx, "k", &Policy{Name: "p", Limit: lim, OnStoreFailure: FallbackOpen}); err != nil || !r.Allowed || !r.Degraded {
 		t.Errorf("fallback open, server down: %+v, %v; want allowed, degraded", r, err)
 	}
-	if got := e.BreakerState(); got != BreakerClosed {
+	if got := e.brk.State(); got != BreakerClosed {
 		t.Errorf("breaker after 2 failed peeks: %v, want closed (it opens at the 3rd failure)", got)
 	}
 	if r, err := e.Peek(ctx, "k", &Policy{Name: "p", Limit: lim, OnStoreFailure: FallbackClosed}); err != nil || r.Allowed || !r.Degraded {
 		t.Errorf("fallback closed, server down: %+v, %v; want denied, degraded", r, err)
 	}
-	if got := e.BreakerState(); got != BreakerOpen {
+	if got := e.brk.State(); got != BreakerOpen {
 		t.Errorf("breaker after 3 failed peeks: %v, want open", got)
 	}
 }

@@ -37,14 +37,26 @@ func (f Fallback) String() string {
 	return fmt.Sprintf("Fallback(%d)", uint8(f))
 }
 
-// ParseFallback returns the fallback named s (see Fallback.String).
-func ParseFallback(s string) (Fallback, error) {
+// MarshalText returns the fallback's name (see String); it fails for a
+// value that is not one of the Fallback constants.
+func (f Fallback) MarshalText() ([]byte, error) {
+	if f >= numFallbacks {
+		return nil, fmt.Errorf("unknown fallback %d", uint8(f))
+	}
+	return []byte(fallbackNames[f]), nil
+}
+
+// UnmarshalText sets f to the fallback named text (see String), so a
+// Fallback reads from encoding/json, YAML and flag.TextVar. An unknown name
+// leaves f as it was.
+func (f *Fallback) UnmarshalText(text []byte) error {
 	for i, n := range fallbackNames {
-		if n == s {
-			return Fallback(i), nil
+		if n == string(text) {
+			*f = Fallback(i)
+			return nil
 		}
 	}
-	return 0, fmt.Errorf("%w: %q (want local, open, closed or error)", ErrUnknownFallback, s)
+	return fmt.Errorf("unknown fallback: %q (want local, open, closed or error)", text)
 }
 
 // Sync is how a policy's counters are kept across the instances that share
@@ -88,14 +100,26 @@ func (s Sync) String() string {
 	return fmt.Sprintf("Sync(%d)", uint8(s))
 }
 
-// ParseSync returns the mode named s (see Sync.String).
-func ParseSync(s string) (Sync, error) {
+// MarshalText returns the mode's name (see String); it fails for a value
+// that is not one of the Sync constants.
+func (s Sync) MarshalText() ([]byte, error) {
+	if s >= numSyncs {
+		return nil, fmt.Errorf("unknown sync mode %d", uint8(s))
+	}
+	return []byte(syncNames[s]), nil
+}
+
+// UnmarshalText sets s to the mode named text (see String), so a Sync reads
+// from encoding/json, YAML and flag.TextVar. An unknown name leaves s as it
+// was.
+func (s *Sync) UnmarshalText(text []byte) error {
 	for i, n := range syncNames {
-		if n == s {
-			return Sync(i), nil
+		if n == string(text) {
+			*s = Sync(i)
+			return nil
 		}
 	}
-	return 0, fmt.Errorf("%w: %q (want store, reserve or gossip)", ErrUnknownSync, s)
+	return fmt.Errorf("unknown sync mode: %q (want store, reserve or gossip)", text)
 }
 
 // Policy is a limit with what to do when the store fails. A Policy must not

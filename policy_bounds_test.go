@@ -29,7 +29,7 @@ func TestPolicyBeyondBounds(t *testing.T) {
 		admitted := 0
 		for range 10 {
 			r, err := e.AllowN(context.Background(), "k", pol(c.lim), c.cost)
-			if err != nil && !errors.Is(err, ErrLimitTooLarge) {
+			if err != nil && !errors.Is(err, counter.ErrLimitTooLarge) {
 				t.Fatalf("%+v: %v, want ErrLimitTooLarge", c.lim, err)
 			}
 			if err == nil && r.Allowed {

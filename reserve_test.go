@@ -148,14 +148,14 @@ func TestReserveNeedsLeases(t *testing.T) {
 	}
 	defer e.Close()
 	p := &Policy{Name: "r", Limit: PerSecond(10), Sync: SyncReserve}
-	if _, err := e.Allow(context.Background(), "k", p); !errors.Is(err, ErrUnknownSync) {
-		t.Errorf("Allow = %v, want ErrUnknownSync", err)
+	if _, err := e.Allow(context.Background(), "k", p); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("Allow = %v, want errors.ErrUnsupported", err)
 	}
 	out := make([]Decision, 2)
 	e.AllowBatch(context.Background(), []Request{{Key: "a", Policy: p, Cost: 1}, {Key: "b", Policy: p, Cost: 1}}, out)
 	for i, d := range out {
-		if !errors.Is(d.Err, ErrUnknownSync) {
-			t.Errorf("batch %d: %v, want ErrUnknownSync", i, d.Err)
+		if !errors.Is(d.Err, errors.ErrUnsupported) {
+			t.Errorf("batch %d: %v, want errors.ErrUnsupported", i, d.Err)
 		}
 	}
 }

@@ -9,9 +9,9 @@ import (
 	"github.com/hotkeyd/hotkey/shard"
 )
 
-// ErrNoReset is returned by Reset when the engine's store cannot delete
-// counters (it is no counter.Deleter).
-var ErrNoReset = errors.New("the store cannot delete counters")
+// errNoReset is Reset's error for a store that cannot delete counters (no
+// counter.Deleter).
+var errNoReset = fmt.Errorf("the store cannot delete counters: %w", errors.ErrUnsupported)
 
 // Reset deletes key's counters under p, so that the key admits its whole
 // limit again: its unsplit counter and its subcounters at every level (4,
@@ -26,8 +26,8 @@ var ErrNoReset = errors.New("the store cannot delete counters")
 // The key's split level is left as it is. Decisions concurrent with Reset
 // land before or after it.
 //
-// Bad input returns Peek's errors; a store that cannot delete returns
-// ErrNoReset; a failed deletion the store's error, wrapping
+// Bad input returns Peek's errors; a store that cannot delete returns an
+// error wrapping errors.ErrUnsupported; a failed deletion the store's error, wrapping
 // ErrStoreUnavailable. It blocks on the store, one call.
 func (e *Engine) Reset(ctx context.Context, key string, p *Policy) error {
 	if p == nil {
@@ -51,7 +51,7 @@ func (e *Engine) Reset(ctx context.Context, key string, p *Policy) error {
 	if rs := e.reserve.Load(); rs != nil {
 		d = rs // drops the blocks of the counters it deletes
 	} else if d, _ = e.store.(counter.Deleter); d == nil {
-		return ErrNoReset
+		return errNoReset
 	}
 	cs := e.counters(name, hash, p.Limit)
 	if err := d.Delete(ctx, cs); err != nil {

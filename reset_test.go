@@ -120,8 +120,8 @@ func TestResetInput(t *testing.T) {
 		}
 	}
 	e = newEngineOn(t, &testkit.Store{Store: counter.NewMemoryStore(counter.MemoryConfig{})}, clock)
-	if err := e.Reset(ctx, "k", p); !errors.Is(err, ErrNoReset) {
-		t.Errorf("reset on a store that cannot: %v, want ErrNoReset", err)
+	if err := e.Reset(ctx, "k", p); !errors.Is(err, errors.ErrUnsupported) {
+		t.Errorf("reset on a store that cannot: %v, want errors.ErrUnsupported", err)
 	}
 }
 

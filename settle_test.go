@@ -57,7 +57,7 @@ func TestRefusalsKeepHighestRanked(t *testing.T) {
 	if has(last) || waiting() != e.refusalsCap() {
 		t.Errorf("%s, ranked last, waits (%v), or the count changed (%d)", last, has(last), waiting())
 	}
-	if e.Level("top") != shard.Level64 {
-		t.Errorf("top at level %d, want 64: it outranks all that wait", e.Level("top"))
+	if e.levelOf("top") != shard.Level64 {
+		t.Errorf("top at level %d, want 64: it outranks all that wait", e.levelOf("top"))
 	}
 }

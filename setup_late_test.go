@@ -53,7 +53,7 @@ func TestClusterStoreSetUpLate(t *testing.T) {
 			t.Fatalf("decision %d before setup: %+v, %v; want the open fallback", i, r, err)
 		}
 	}
-	if s := e.BreakerState(); s != BreakerClosed {
+	if s := e.brk.State(); s != BreakerClosed {
 		t.Errorf("breaker %v before setup, want closed: a store not set up is no failure", s)
 	}
 

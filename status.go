@@ -75,7 +75,7 @@ type Stats struct {
 
 // Stats returns a snapshot of the engine's state.
 func (e *Engine) Stats() Stats {
-	st := Stats{Instances: e.Instances(), Breaker: e.BreakerState(), HotKeys: map[shard.Level]int{}}
+	st := Stats{Instances: e.liveInstances(), Breaker: e.brk.State(), HotKeys: map[shard.Level]int{}}
 	e.table.Range(func(ent *shard.Entry) bool {
 		if level := ent.Level(); level > shard.Level1 {
 			st.HotKeys[level]++

@@ -116,20 +116,33 @@ const (
 	MaxTolerance = (1 << maxSpanLevel) * time.Millisecond
 )
 
-// Errors returned for invalid limits. Store errors are wrapped separately.
+// ErrInvalidLimit is in every error for a limit that cannot be enforced
+// (errors.Is): each of the errors below that names a field of a limit wraps
+// it.
+var ErrInvalidLimit = errors.New("invalid limit")
+
+// Errors returned for invalid limits, each wrapping ErrInvalidLimit, and for
+// invalid costs. Store errors are wrapped separately.
 var (
-	ErrInvalidLimit     = errors.New("limit rate must be positive")
-	ErrInvalidPeriod    = errors.New("limit period must be positive")
-	ErrInvalidBurst     = errors.New("limit burst must not be negative")
-	ErrUnknownAlgorithm = errors.New("unknown algorithm")
-	ErrLimitTooLarge    = errors.New("limit too large for algorithm")
+	ErrInvalidRate      error = &limitError{"limit rate must be positive"}
+	ErrInvalidPeriod    error = &limitError{"limit period must be positive"}
+	ErrInvalidBurst     error = &limitError{"limit burst must not be negative"}
+	ErrUnknownAlgorithm error = &limitError{"unknown algorithm"}
+	ErrLimitTooLarge    error = &limitError{"limit too large for algorithm"}
 	// ErrBurstTooLarge and ErrPeriodTooLong come wrapped with
 	// ErrLimitTooLarge, and tell which field is beyond its bound.
-	ErrBurstTooLarge    = errors.New("burst too large")
-	ErrPeriodTooLong    = errors.New("period too long")
-	ErrInvalidCost      = errors.New("cost must be positive")
-	ErrCostExceedsBurst = errors.New("cost exceeds burst")
+	ErrBurstTooLarge    error = &limitError{"burst too large"}
+	ErrPeriodTooLong    error = &limitError{"period too long"}
+	ErrInvalidCost            = errors.New("cost must be positive")
+	ErrCostExceedsBurst       = errors.New("cost exceeds burst")
 )
+
+// limitError is an error in one field of a limit: its text is its own, and
+// it is ErrInvalidLimit to errors.Is.
+type limitError struct{ msg string }
+
+func (e *limitError) Error() string { return e.msg }
+func (e *limitError) Unwrap() error { return ErrInvalidLimit }
 
 // Limit is a rate limit: Rate requests per Period, enforced by Algorithm.
 // Burst applies to TokenBucket only (0 means Rate); the window algorithms
@@ -177,7 +190,7 @@ func (l Limit) validate() error {
 	case l.Algorithm >= numAlgorithms:
 		return fmt.Errorf("%w: %d", ErrUnknownAlgorithm, l.Algorithm)
 	case l.Rate <= 0:
-		return fmt.Errorf("%w: %d", ErrInvalidLimit, l.Rate)
+		return fmt.Errorf("%w: %d", ErrInvalidRate, l.Rate)
 	case l.Period <= 0:
 		return fmt.Errorf("%w: %v", ErrInvalidPeriod, l.Period)
 	case l.Burst < 0:

@@ -351,7 +351,7 @@ func TestReshardInvalid(t *testing.T) {
 		{"mixed algorithms", one, with(func(l *Limit) { l.Algorithm = FixedWindow }), nil},
 		{"mixed periods", with(func(l *Limit) { l.Period = time.Minute }), one, nil},
 		{"from and to differ", one, []Shard{shardOf(b, Limit{Rate: 10, Period: time.Second})}, nil},
-		{"zero rate", one, with(func(l *Limit) { l.Rate = 0 }), ErrInvalidLimit},
+		{"zero rate", one, with(func(l *Limit) { l.Rate = 0 }), ErrInvalidRate},
 		{"zero period", []Shard{shardOf(a, Limit{Rate: 1})}, one, ErrInvalidPeriod},
 		{"unknown algorithm", with(func(l *Limit) { l.Algorithm = numAlgorithms }), one, ErrUnknownAlgorithm},
 		{"rates overflow", one, []Shard{

@@ -2,6 +2,7 @@ package loadgen_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -123,7 +124,7 @@ func TestCluster(t *testing.T) {
 	})
 	testkit.For(t, testkit.Patience, "every engine has the key split", func() bool {
 		for _, e := range c.Engines {
-			if e.Level(hotkey.CounterName("api", "hot")) < 4 {
+			if !slices.ContainsFunc(e.HotKeys(), func(h hotkey.HotKey) bool { return h.Policy == "api" && h.Key == "hot" && h.Level >= 4 }) {
 				return false
 			}
 		}

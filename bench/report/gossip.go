@@ -141,9 +141,9 @@ func startGossipFleet(cluster *natsserver.Cluster, interval time.Duration, warm 
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for _, e := range f.engines {
-		for e.Instances() < gossipEngines {
+		for e.Stats().Instances < gossipEngines {
 			if time.Now().After(deadline) {
-				return f, fmt.Errorf("an engine counts %d live instances after 30 s, want %d", e.Instances(), gossipEngines)
+				return f, fmt.Errorf("an engine counts %d live instances after 30 s, want %d", e.Stats().Instances, gossipEngines)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

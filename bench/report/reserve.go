@@ -119,9 +119,9 @@ func startFleet(ctx context.Context, addr string) (f *fleet, err error) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for _, e := range f.c.Engines {
-		for e.Instances() < reserveEngines {
+		for e.Stats().Instances < reserveEngines {
 			if time.Now().After(deadline) {
-				return f, fmt.Errorf("an engine counts %d live instances after 30 s, want %d", e.Instances(), reserveEngines)
+				return f, fmt.Errorf("an engine counts %d live instances after 30 s, want %d", e.Stats().Instances, reserveEngines)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}

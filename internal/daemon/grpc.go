@@ -276,7 +276,7 @@ func (s *rls) status(it *rlsItem, out []hotkey.Decision, st *rlsStatus) (_ hotke
 		*st = rlsStatus{code: rlpb.RateLimitResponse_OK, remaining: math.MaxUint32}
 		return hotkey.Result{}, false, nil
 	}
-	if it.refund || errors.Is(it.peekErr, hotkey.ErrNoPeek) {
+	if it.refund || errors.Is(it.peekErr, errors.ErrUnsupported) {
 		// Nothing to charge (a refund, or a store that cannot peek): the
 		// status says only the limit.
 		*st = rlsStatus{code: rlpb.RateLimitResponse_OK, limit: r}

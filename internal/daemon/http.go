@@ -135,7 +135,7 @@ type HotKeys struct {
 
 func (d *Daemon) handleHotKeys(w http.ResponseWriter, r *http.Request) {
 	hot := d.engine.HotKeys()
-	out := HotKeys{Peers: max(0, d.engine.Instances()-1), HotKeys: make([]HotKey, 0, len(hot))}
+	out := HotKeys{Peers: max(0, d.engine.Stats().Instances-1), HotKeys: make([]HotKey, 0, len(hot))}
 	for _, h := range hot {
 		if d.coord == nil { // --nats none: levels this daemon set, with no lease
 			h.Origin = d.id
@@ -191,7 +191,7 @@ func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
 // --nats none; an embedded NATS server with routes configured and none up.
 func (d *Daemon) warnings() []string {
 	var w []string
-	if n, apart := d.engine.Instances(), d.rules.Load().apart; d.redis == nil && n > 1 && len(apart) > 0 {
+	if n, apart := d.engine.Stats().Instances, d.rules.Load().apart; d.redis == nil && n > 1 && len(apart) > 0 {
 		w = append(w, fmt.Sprintf("%d daemons share NATS but each keeps the counters of %s in memory, apart from the others': requests spread over them (hotkey.allow's queue group, a load balancer) are counted apart, so a key may be admitted up to %d times its limit; give them one store with --redis, --redis-cluster or --redis-sentinel, or give those policies sync: gossip to share their counts over NATS",
 			n, plural(apart, "policy ", "policies "), n))
 	}
@@ -252,7 +252,7 @@ func (d *Daemon) degraded(ctx context.Context) []string {
 			reasons = append(reasons, "Redis PING failed: "+err.Error())
 		}
 	}
-	if d.engine.BreakerState() == hotkey.BreakerOpen {
+	if d.engine.Stats().Breaker == hotkey.BreakerOpen {
 		// With no traffic an open breaker would never probe the store:
 		// this decision lets it, when its probe is due.
 		open := !pingOK

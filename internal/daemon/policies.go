@@ -269,8 +269,8 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 			if err != nil {
 				return err
 			}
-			f, err := hotkey.ParseFallback(s)
-			if err != nil || f == hotkey.FallbackError {
+			var f hotkey.Fallback
+			if err := f.UnmarshalText([]byte(s)); err != nil || f == hotkey.FallbackError {
 				return perr(v, field, "unknown value %s: want local, open or closed", yamlerr.Quote(s))
 			}
 			p.OnStoreFailure = f
@@ -285,8 +285,8 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 			if err != nil {
 				return err
 			}
-			m, err := hotkey.ParseSync(s)
-			if err != nil {
+			var m hotkey.Sync
+			if err := m.UnmarshalText([]byte(s)); err != nil {
 				return perr(v, field, "unknown value %s: want store, reserve or gossip", yamlerr.Quote(s))
 			}
 			p.Sync = m

@@ -177,7 +177,7 @@ func TestReadyWarnsMemoryApart(t *testing.T) {
 	}
 	defer shutdown(t, d2)
 	testkit.For(t, time.Minute, "each daemon sees the other", func() bool {
-		return d1.engine.Instances() == 2 && d2.engine.Instances() == 2
+		return d1.engine.Stats().Instances == 2 && d2.engine.Stats().Instances == 2
 	})
 	for _, d := range []*Daemon{d1, d2} {
 		if r := readiness(t, d); len(r.Warnings) != 0 {

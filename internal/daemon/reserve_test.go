@@ -44,7 +44,7 @@ func TestReserveDaemons(t *testing.T) {
 	}
 	t.Cleanup(func() { shutdown(t, d2) })
 	testkit.For(t, time.Minute, "each daemon sees the other", func() bool {
-		return d1.engine.Instances() == 2 && d2.engine.Instances() == 2
+		return d1.engine.Stats().Instances == 2 && d2.engine.Stats().Instances == 2
 	})
 
 	admin := redis.NewClient(&redis.Options{Addr: srv.Addr})

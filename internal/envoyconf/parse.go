@@ -575,7 +575,7 @@ func (p *parser) rateLimit(v *yaml.Node, field *field, r *Rule) error {
 			if s, err = p.str(val, f); err != nil {
 				return err
 			}
-			if fallback, err = hotkey.ParseFallback(s); err != nil || fallback == hotkey.FallbackError {
+			if err = fallback.UnmarshalText([]byte(s)); err != nil || fallback == hotkey.FallbackError {
 				return p.errf(val, f, "unknown value %s: want local, open or closed", yamlerr.Quote(s))
 			}
 		case "sync":
@@ -584,7 +584,7 @@ func (p *parser) rateLimit(v *yaml.Node, field *field, r *Rule) error {
 			if s, err = p.str(val, f); err != nil {
 				return err
 			}
-			if mode, err = hotkey.ParseSync(s); err != nil {
+			if err = mode.UnmarshalText([]byte(s)); err != nil {
 				return p.errf(val, f, "unknown value %s: want store, reserve or gossip", yamlerr.Quote(s))
 			}
 		default:
