@@ -7,6 +7,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/shard"
+	"github.com/hotkeyd/hotkey/split"
 )
 
 // ErrNoPeek is returned by Peek when the engine's store cannot answer
@@ -76,7 +77,7 @@ func (e *Engine) peekStore(ctx context.Context, peeker counter.Peeker, name stri
 
 // peekSplit peeks at each of the level subcounters of ent under pl, and
 // answers for the key whole (see Peek).
-func (e *Engine) peekSplit(ctx context.Context, peeker counter.Peeker, ent *shard.Entry, level shard.Level, pl shard.Placement, lim Limit) (Result, error) {
+func (e *Engine) peekSplit(ctx context.Context, peeker counter.Peeker, ent *split.Entry, level shard.Level, pl shard.Placement, lim Limit) (Result, error) {
 	capacity := lim.Capacity()
 	out := Result{Limit: capacity, Shards: level}
 	var held int64 // units the subcounters hold before the peeked one
