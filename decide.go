@@ -268,42 +268,7 @@ func shards(ent *split.Entry, lim Limit, level shard.Level, p shard.Placement) [
 }
 
 // entry returns the split state of key, or nil if the key is not split.
-func (e *Engine) entry(key string, hash uint64) *split.Entry {
-	if e.splits == nil {
-		return e.table.Lookup(key, hash)
-	}
-	if ent := e.table.Lookup(key, hash); ent != nil {
-		return ent
-	}
-	if ent := e.cached(key, hash); ent != nil {
-		return ent
-	}
-	ent := split.NewEntry(key, hash, e.opt.splitAll, e.opt.splitAll, e.placement())
-	e.splits[hash&(splitCacheSize-1)].Store(ent)
-	return ent
-}
-
-// cached returns key's entry in the split cache (withSplitAll), or nil.
-func (e *Engine) cached(key string, hash uint64) *split.Entry {
-	if ent := e.splits[hash&(splitCacheSize-1)].Load(); ent != nil && ent.Hash == hash && ent.Key == key {
-		return ent
-	}
-	return nil
-}
-
-// heldOutside returns the level and placement whose counters hold the
-// usage of key, not in the table: under withSplitAll, what its entry in the
-// split cache holds (the static level, or the level a limit's shares fit),
-// else the unsplit counter.
-func (e *Engine) heldOutside(key string, hash uint64) (shard.Level, shard.Placement) {
-	if e.splits == nil {
-		return shard.Level1, nil
-	}
-	if ent := e.cached(key, hash); ent != nil {
-		return ent.HeldAt()
-	}
-	return e.opt.splitAll, e.placement()
-}
+func (e *Engine) entry(key string, hash uint64) *split.Entry { return e.table.Find(key, hash) }
 
 // placement returns the store's current placement, nil for one node.
 func (e *Engine) placement() shard.Placement {

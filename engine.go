@@ -39,13 +39,12 @@ type Engine struct {
 	opt      options
 	seed     uint64 // per instance: offsets subcounter choice
 	table    *split.Table
-	splits   []atomic.Pointer[split.Entry] // per-key state under withSplitAll, direct-mapped
-	deny     *denyCache                    // nil: disabled
-	prefetch prefetcher                    // nil: the store has no use for the hint
-	sharer   sharer                        // nil: the store does not say
-	detach   func()                        // ends this engine's Attach; nil if none
-	batcher  counter.Batcher               // nil: a batch's takes go one by one
-	leaser   counter.LeaseStore            // the store, if it leases (SyncReserve); else nil
+	deny     *denyCache         // nil: disabled
+	prefetch prefetcher         // nil: the store has no use for the hint
+	sharer   sharer             // nil: the store does not say
+	detach   func()             // ends this engine's Attach; nil if none
+	batcher  counter.Batcher    // nil: a batch's takes go one by one
+	leaser   counter.LeaseStore // the store, if it leases (SyncReserve); else nil
 
 	reserveMu sync.Mutex                           // guards the making of reserve, and Close's of it
 	reserve   atomic.Pointer[counter.ReserveStore] // made on the first SyncReserve decision
@@ -113,9 +112,6 @@ func New(store Store, opts ...Option) (*Engine, error) {
 		e.reshard = rs
 	}
 	e.table = split.NewTable(e.splitConfig())
-	if o.splitAll > shard.Level1 {
-		e.splits = make([]atomic.Pointer[split.Entry], splitCacheSize)
-	}
 	for k, level := range o.splitKeys {
 		if err := e.checkKey(k); err != nil {
 			return nil, fmt.Errorf("hotkey: split key: %w", err)
@@ -261,7 +257,7 @@ func (e *Engine) closeGossip() {
 // splitConfig configures the split table: its cap, and the store's side of
 // a move and of a placement.
 func (e *Engine) splitConfig() split.Config {
-	c := split.Config{MaxKeys: e.opt.maxHotKeys, MinShare: e.opt.minShare}
+	c := split.Config{MaxKeys: e.opt.maxHotKeys, MinShare: e.opt.minShare, Static: e.opt.splitAll}
 	if e.reshard != nil {
 		c.Mover = mover{e}
 	}
@@ -295,7 +291,7 @@ func (h handler) SetLevel(key string, hash uint64, level shard.Level) {
 	static := e.staticLevel(key)
 	switch {
 	case level > static:
-		held, p := e.heldOutside(key, hash)
+		held, p := e.table.Outside(key, hash)
 		if !e.table.Set(key, hash, level, held, p) {
 			e.refusedLocked(key, hash, level)
 			return
@@ -369,7 +365,7 @@ func (e *Engine) Level(key string) shard.Level {
 // staticLevel returns the level WithSplitKeys and withSplitAll give key: 1
 // if neither splits it.
 func (e *Engine) staticLevel(key string) shard.Level {
-	return max(e.opt.splitKeys[key], e.opt.splitAll, shard.Level1)
+	return max(e.opt.splitKeys[key], e.table.Floor())
 }
 
 // Close stops the engine and waits for its goroutines: later decisions

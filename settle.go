@@ -39,15 +39,11 @@ type refusal struct {
 // and at least 1,024 (a refusal costs its key and 16 bytes).
 func (e *Engine) refusalsCap() int { return max(2*e.opt.maxHotKeys, 1024) }
 
-// floor is the level a cooled key returns to: its static split, the
-// unsplit counter if none.
-func (e *Engine) floor() shard.Level { return max(e.opt.splitAll, shard.Level1) }
-
 // leaving reports whether ent is back at its floor and leaves the table
 // once its usage is there. A key of WithSplitKeys stays: its entry is its
 // static split.
 func (e *Engine) leaving(ent *split.Entry) bool {
-	return ent.Level() == e.floor() && e.opt.splitKeys[ent.Key] == 0
+	return ent.Level() == e.table.Floor() && e.opt.splitKeys[ent.Key] == 0
 }
 
 // refusedLocked notes that the table had no room for key at level; the
@@ -109,7 +105,7 @@ func (e *Engine) settle() (retry bool) {
 		}
 		return true
 	})
-	to, p := e.floor(), e.placement()
+	to, p := e.table.Floor(), e.placement()
 	if to == shard.Level1 {
 		p = nil
 	}
@@ -134,11 +130,7 @@ func (e *Engine) settle() (retry bool) {
 				}
 			}
 		}
-		if e.table.Remove(ent, to) && e.splits != nil {
-			// Under withSplitAll the split cache keeps the key's state: its
-			// entry knows where its usage is.
-			e.splits[ent.Hash&(splitCacheSize-1)].Store(ent)
-		}
+		e.table.Remove(ent, to)
 	}
 
 	e.refuse.mu.Lock()
@@ -155,7 +147,7 @@ func (e *Engine) settle() (retry bool) {
 			}
 			continue // lowered to make room: it waits until it is out
 		}
-		held, p := e.heldOutside(r.Key, r.Hash)
+		held, p := e.table.Outside(r.Key, r.Hash)
 		if !e.table.Set(r.Key, r.Hash, r.Level, held, p) {
 			continue
 		}
@@ -194,9 +186,9 @@ func (e *Engine) rankLocked() {
 	slices.SortFunc(all, split.Outranks)
 	for _, r := range all[max(room, 0):] {
 		if r.Entry != nil {
-			r.Entry.SetLevel(e.floor())
+			r.Entry.SetLevel(e.table.Floor())
 			e.refuse.keys[r.Key] = refusal{r.Hash, r.Level}
-			e.applied(r.Key, e.floor())
+			e.applied(r.Key, e.table.Floor())
 		}
 	}
 }

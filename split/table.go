@@ -40,6 +40,10 @@ type Config struct {
 	MinShare int64
 	// Sharer says whether other engines decide on the store; nil: none do.
 	Sharer Sharer
+	// Static splits every key at this level (4, 16 or 64) when it is not
+	// in the table, the baseline adaptive splitting is measured against;
+	// 0 or 1: keys out of the table are unsplit.
+	Static shard.Level
 }
 
 // moveStripes is the number of stripes of Table.moves.
@@ -57,12 +61,15 @@ type Table struct {
 	m atomic.Pointer[map[uint64]*Entry]
 	// moves counts, per stripe of hashes, the moves off unsplit counters
 	// (nil without a Mover): see Moved.
-	moves  []atomic.Uint32
+	moves []atomic.Uint32
+	// static holds the entries of keys out of the table under a static
+	// split, direct-mapped by hash (nil without one).
+	static []atomic.Pointer[Entry]
+	floor  shard.Level
 	mover  Mover
 	placer Placer
 	sharer Sharer
 	share  int64
-	_      [8]byte
 	mu     sync.Mutex // serialises writers
 	max    int
 	parked int // entries parked (see Park), not counted against max; under mu
@@ -70,9 +77,13 @@ type Table struct {
 
 // NewTable returns an empty table configured by c.
 func NewTable(c Config) *Table {
-	t := &Table{max: c.MaxKeys, mover: c.Mover, placer: c.Placer, sharer: c.Sharer, share: c.MinShare}
+	t := &Table{max: c.MaxKeys, mover: c.Mover, placer: c.Placer, sharer: c.Sharer, share: c.MinShare, floor: shard.Level1}
 	if c.Mover != nil {
 		t.moves = make([]atomic.Uint32, moveStripes)
+	}
+	if c.Static.Split() {
+		t.static = make([]atomic.Pointer[Entry], staticEntries)
+		t.floor = c.Static
 	}
 	return t
 }
@@ -255,6 +266,69 @@ func (t *Table) Lookup(key string, hash uint64) *Entry {
 	return nil
 }
 
+// Find returns the split state of key (with hash): its entry in the table,
+// or under a static split the entry of a key out of it (made if need be);
+// nil if the key is not split.
+func (t *Table) Find(key string, hash uint64) *Entry {
+	if t.static != nil {
+		return t.findStatic(key, hash)
+	}
+	return t.Lookup(key, hash)
+}
+
+// findStatic is Find under a static split.
+func (t *Table) findStatic(key string, hash uint64) *Entry {
+	if e := t.Lookup(key, hash); e != nil {
+		return e
+	}
+	if e := t.outside(key, hash); e != nil {
+		return e
+	}
+	e := NewEntry(key, hash, t.floor, t.floor, t.placement())
+	t.static[hash&(staticEntries-1)].Store(e)
+	return e
+}
+
+// Known is Find without making an entry: the split state kept of key, or
+// nil.
+func (t *Table) Known(key string, hash uint64) *Entry {
+	if e := t.Lookup(key, hash); e != nil || t.static == nil {
+		return e
+	}
+	return t.outside(key, hash)
+}
+
+// outside returns the entry kept of key out of the table under a static
+// split, or nil.
+func (t *Table) outside(key string, hash uint64) *Entry {
+	if e := t.static[hash&(staticEntries-1)].Load(); e != nil && e.Hash == hash && e.Key == key {
+		return e
+	}
+	return nil
+}
+
+// Outside returns the level and placement whose counters hold the usage of
+// key when it is not in the table: under a static split, where its kept
+// entry holds it (the static level, or another a move left it at), else the
+// unsplit counter.
+func (t *Table) Outside(key string, hash uint64) (shard.Level, shard.Placement) {
+	if t.static == nil {
+		return shard.Level1, nil
+	}
+	if e := t.outside(key, hash); e != nil {
+		return e.HeldAt()
+	}
+	return t.floor, t.placement()
+}
+
+// Floor returns the level of a key out of the table: the static split's,
+// else 1.
+func (t *Table) Floor() shard.Level { return t.floor }
+
+// staticEntries bounds the entries kept of keys out of the table under a
+// static split.
+const staticEntries = 1 << 16
+
 // RemoveMerged takes e out of the table if it is merged (at level 1) and its
 // usage is back on the unsplit counter, and reports whether it did.
 func (t *Table) RemoveMerged(e *Entry) bool {
@@ -325,6 +399,9 @@ func (t *Table) Remove(e *Entry, level shard.Level) bool {
 		}
 	}
 	t.store(m)
+	if t.static != nil {
+		t.static[e.Hash&(staticEntries-1)].Store(e) // it knows where the key's usage is
+	}
 	return true
 }
 
