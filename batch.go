@@ -81,7 +81,7 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 			out[i].Result, out[i].Err = e.conclude(ctx, d, e.decideGossip(name, hash, r.Policy.Limit, r.Cost), nil)
 			continue
 		}
-		gen := e.moveGen(hash) // before the lookup: see moved
+		gen := e.table.Gen(hash) // before the lookup: see split.Table.Moved
 		if ent := e.entry(name, hash); ent != nil {
 			if after == nil {
 				after = make(map[string]chan struct{})
@@ -131,7 +131,7 @@ type batch struct {
 	ds   []degraded
 	at   []int
 	ops  []counter.Op
-	gens []uint32 // moveGen before each key was looked up
+	gens []uint32 // the table's Gen before each key was looked up
 }
 
 func (b *batch) add(i int, d degraded, op counter.Op, gen uint32) {
@@ -191,7 +191,7 @@ func (e *Engine) takeBatch(ctx context.Context, b *batch, out []Decision) {
 			if err == nil {
 				e.remember(op.Hash, op.Limit, op.N, op.Result, asked)
 				res = unsplit(op.Result)
-				if res.Allowed && e.moved(d.hash, b.gens[j]) {
+				if res.Allowed && e.table.Moved(d.hash, b.gens[j]) {
 					// A move began while the take was in flight: decide
 					// again where the usage is, as decideStore does.
 					res, err = e.decideStore(ctx, e.store, d.name, d.hash, d.p.Limit, d.n)

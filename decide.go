@@ -8,6 +8,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/shard"
+	"github.com/hotkeyd/hotkey/split"
 )
 
 // The decision path, top to bottom. Allow and AllowN go through allow: it
@@ -15,9 +16,10 @@ import (
 // feeds the detector. A SyncGossip policy is decided on the gossip store's
 // unsplit counter (decideGossip); for the others decideStore picks the
 // counters: the unsplit one (decide), or for a split key one of its
-// subcounters (decideSplit), after moving the key's usage if its level or
-// the store's node map changed (transfer). take asks the deny cache, then the store through the breaker
-// (storeTake). When the store cannot answer, fallback decides as the
+// subcounters (decideSplit), on the counters the split table lets it in to
+// (split.Table.Enter, which moves the key's usage first if its level or the
+// store's node map changed, through mover). take asks the deny cache, then
+// the store through the breaker (storeTake). When the store cannot answer, fallback decides as the
 // policy says.
 
 // Allow is AllowN(ctx, key, p, 1).
@@ -163,134 +165,61 @@ func (e *Engine) fallback(ctx context.Context, d degraded, cause error) (Result,
 	return r, nil
 }
 
-// decideStore decides on the store: the key whole, or split.
+// decideStore decides on the store: the key whole, or split. A decision
+// on the unsplit counter that a move off it may have missed (see
+// split.Table.Moved) is made again where the key's usage is now; had the
+// move read its unit, the key admits less, never more.
 func (e *Engine) decideStore(ctx context.Context, st counter.Store, key string, hash uint64, lim Limit, n int64) (Result, error) {
-	gen := e.moveGen(hash)
-	ent := e.entry(key, hash)
-	if ent == nil {
+	for {
+		gen := e.table.Gen(hash)
+		if ent := e.entry(key, hash); ent != nil {
+			return e.decideEntry(ctx, st, ent, key, hash, lim, n)
+		}
 		r, err := e.decide(ctx, st, key, hash, lim, n)
-		if err != nil || !r.Allowed || !e.moved(hash, gen) {
+		if err != nil || !r.Allowed || !e.table.Moved(hash, gen) {
 			return r, err
 		}
-		return e.decideStore(ctx, st, key, hash, lim, n) // see moved
 	}
-	return e.decideEntry(ctx, st, ent, key, hash, lim, n)
 }
 
-// decideEntry is decideStore for a key with split state ent. It is apart
-// so that an unsplit key's decision pays nothing for its defers.
-func (e *Engine) decideEntry(ctx context.Context, st counter.Store, ent *shard.Entry, key string, hash uint64, lim Limit, n int64) (Result, error) {
-	// The counters that hold the key's usage were last written under the
-	// limit of the decision before: a move reads them under it.
-	prev, ok := ent.Memo().(Limit)
-	if !ok {
-		prev = lim
+// decideEntry is decideStore for a key with split state ent: it decides on
+// the counters the table lets it in to (split.Table.Enter). It is apart so
+// that an unsplit key's decision pays nothing for its defer.
+func (e *Engine) decideEntry(ctx context.Context, st counter.Store, ent *split.Entry, key string, hash uint64, lim Limit, n int64) (Result, error) {
+	at, err := e.table.Enter(ctx, ent, lim)
+	if errors.Is(err, counter.ErrFull) {
+		return fullResult(err, lim, ent.Level()), nil
 	}
-	if !ok || prev != lim {
-		ent.SetMemo(lim) // for settle, should no decision come after a merge
+	if err != nil {
+		return Result{}, err
 	}
-	// The counters of the level a cost of 1 fits, under the store's
-	// current placement, hold the key's usage; a larger cost must fit one
-	// of them (below). The decision is registered on them (Enter) until it
-	// returns, so that a move of the usage waits for it.
-	capacity := lim.Capacity()
-	var p shard.Placement
-	var level shard.Level
-	for {
-		p = e.placement()
-		level = shard.Fit(ent.Level(), lim.Rate, capacity, e.opt.minShare, 1)
-		if e.reshard == nil {
-			break
-		}
-		if !ent.Holds(level, p) {
-			err := ent.Transfer(level, p, func(from shard.Level, fromP shard.Placement, to shard.Level) error {
-				return e.transfer(ctx, ent, prev, lim, from, fromP, to, p)
-			})
-			if errors.Is(err, counter.ErrFull) {
-				// The memory store has no room for the counters to move
-				// to: decide on those that hold the usage until it has,
-				// unless another engine decides on the store too, which
-				// may have moved the usage where this one cannot follow:
-				// then refuse until there is room.
-				if e.sharer != nil && e.sharer.Shared() {
-					return fullResult(err, lim, ent.Level()), nil
-				}
-				if held, heldP, ok := ent.EnterHeld(); ok {
-					level, p = held, heldP
-					defer ent.Exit()
-					break
-				}
-				ent.AwaitTransfer()
-				continue
-			}
-			if err != nil {
-				return Result{}, err
-			}
-		}
-		if ent.Enter(level, p) {
-			defer ent.Exit()
-			break
-		}
-		ent.AwaitTransfer() // another level or placement is being moved to
-	}
-	// Merged back: out of the table once its usage is on the unsplit
-	// counter (a merge that came during this decision's move leaves it to
-	// the next decision or to settle).
-	if ent.Level() == shard.Level1 && (e.reshard == nil || ent.Holds(shard.Level1, nil)) && e.table.Remove(ent, shard.Level1) {
+	defer e.table.Exit(ent)
+	if e.table.RemoveMerged(ent) {
 		e.wakeSettle() // room for a refused key
 	}
-	if level == shard.Level1 {
+	if at.Level == shard.Level1 {
 		return e.decide(ctx, st, key, hash, lim, n)
 	}
-	if n > 1 && shard.Fit(level, lim.Rate, capacity, e.opt.minShare, n) < level {
+	capacity := lim.Capacity()
+	if n > 1 && shard.Fit(at.Level, lim.Rate, capacity, e.opt.minShare, n) < at.Level {
 		// No subcounter holding the key's usage can take n. Fewer, larger
 		// counters would take it from quota nobody has charged: refuse,
 		// as a key whose every subcounter is full would.
-		return Result{Limit: capacity, RetryAfter: lim.Period, ResetAfter: lim.Period, Shards: level}, nil
+		return Result{Limit: capacity, RetryAfter: lim.Period, ResetAfter: lim.Period, Shards: at.Level}, nil
 	}
-	return e.decideSplit(ctx, st, ent, level, p, lim, capacity, n)
+	return e.decideSplit(ctx, st, ent, at.Level, at.P, lim, capacity, n)
 }
 
-// moveStripes is the number of stripes of Engine.moves.
-const moveStripes = 4096
+// mover is the engine's split.Mover: it moves usage on the store.
+type mover struct{ e *Engine }
 
-// moveGen returns the count of moves off the unsplit counters of the
-// stripe of hash, 0 without state transfer.
-func (e *Engine) moveGen(hash uint64) uint32 {
-	if e.moves == nil {
-		return 0
-	}
-	return e.moves[hash&(moveStripes-1)].Load()
-}
-
-// moved reports whether a move off an unsplit counter of the stripe of
-// hash began since moveGen returned gen. A decision reads gen before it
-// looks its key up in the split table; if it finds the key unsplit and its
-// take is admitted, but a move began meanwhile, the take may have landed
-// after the move read the counter, and its unit would be left behind: the
-// decision is made again where the key's usage is now (decideStore). Had
-// the take landed before the read, or was the move another key's, the
-// decision is counted twice: the key admits less, never more.
-//
-// A move that read the counter before the take landed began after gen was
-// read: had it begun before, the key was in the table already (a move
-// begins once a decision or the engine's loop finds the key there), and
-// the lookup would have found it. This holds across a split and a merge
-// back within one take (the key out of the table again by the time the
-// take returns), which a look at the key's entry would miss.
-func (e *Engine) moved(hash uint64, gen uint32) bool {
-	return e.moves != nil && e.moves[hash&(moveStripes-1)].Load() != gen
-}
-
-// transfer moves the usage of ent's key from its counters at level from,
-// named under placement fromP and written under fromLim, to those at level
-// to under toP, under lim (see counter.Resharder). Counters written under
-// another algorithm or period hold no usage lim can read: nothing moves.
-func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Limit, from shard.Level, fromP shard.Placement, to shard.Level, toP shard.Placement) error {
-	if from == shard.Level1 && e.moves != nil {
-		e.moves[ent.Hash&(moveStripes-1)].Add(1) // before the read: see moved
-	}
-	src, dst := shards(ent, fromLim, from, fromP), shards(ent, lim, to, toP)
+// Move moves the usage of ent's key from the counters from, written under
+// fromLim, to those of to, under lim (see counter.Resharder). Counters
+// written under another algorithm or period hold no usage lim can read:
+// nothing moves.
+func (m mover) Move(ctx context.Context, ent *split.Entry, from, to split.Counters, fromLim, lim Limit) error {
+	e := m.e
+	src, dst := shards(ent, fromLim, from.Level, from.P), shards(ent, lim, to.Level, to.P)
 	if len(src) == 0 || len(dst) == 0 || fromLim.Algorithm != lim.Algorithm || fromLim.Period != lim.Period {
 		return nil
 	}
@@ -301,7 +230,7 @@ func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Li
 	err := e.reshard.Reshard(ctx, src, dst)
 	if errors.Is(err, counter.ErrFull) {
 		// The store answered: it is full, not failing. The usage stays
-		// where it is (see decideStore).
+		// where it is (see split.Table.Enter).
 		e.brk.report(ctx, probe, nil)
 		return err
 	}
@@ -309,12 +238,12 @@ func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Li
 		// Not the store's failure, and no retry would do better: leave
 		// the usage behind rather than fail every decision on the key.
 		e.brk.abandon(probe)
-		e.log.Warn("hot key usage not moved", "key", ent.Key, "from", from, "to", to, "error", err)
+		e.log.Warn("hot key usage not moved", "key", ent.Key, "from", from.Level, "to", to.Level, "error", err)
 		return nil
 	}
 	e.brk.report(ctx, probe, err)
 	if err != nil {
-		return fmt.Errorf("hotkey: moving %q from %d to %d counters: %w", ent.Key, from, to, err)
+		return fmt.Errorf("hotkey: moving %q from %d to %d counters: %w", ent.Key, from.Level, to.Level, err)
 	}
 	return nil
 }
@@ -323,7 +252,7 @@ func (e *Engine) transfer(ctx context.Context, ent *shard.Entry, fromLim, lim Li
 // share of lim, less those whose share is nothing (lim too small to split
 // that many ways: no decision ever used them under it). Transfers are rare:
 // the names are not cached.
-func shards(ent *shard.Entry, lim Limit, level shard.Level, p shard.Placement) []counter.Shard {
+func shards(ent *split.Entry, lim Limit, level shard.Level, p shard.Placement) []counter.Shard {
 	out := make([]counter.Shard, 0, level)
 	for i := range int(level) {
 		sub := subLimit(lim, level, i)
@@ -337,42 +266,7 @@ func shards(ent *shard.Entry, lim Limit, level shard.Level, p shard.Placement) [
 }
 
 // entry returns the split state of key, or nil if the key is not split.
-func (e *Engine) entry(key string, hash uint64) *shard.Entry {
-	if e.splits == nil {
-		return e.table.Lookup(key, hash)
-	}
-	if ent := e.table.Lookup(key, hash); ent != nil {
-		return ent
-	}
-	if ent := e.cached(key, hash); ent != nil {
-		return ent
-	}
-	ent := shard.NewEntry(key, hash, e.opt.splitAll, e.opt.splitAll, e.placement())
-	e.splits[hash&(splitCacheSize-1)].Store(ent)
-	return ent
-}
-
-// cached returns key's entry in the split cache (withSplitAll), or nil.
-func (e *Engine) cached(key string, hash uint64) *shard.Entry {
-	if ent := e.splits[hash&(splitCacheSize-1)].Load(); ent != nil && ent.Hash == hash && ent.Key == key {
-		return ent
-	}
-	return nil
-}
-
-// heldOutside returns the level and placement whose counters hold the
-// usage of key, not in the table: under withSplitAll, what its entry in the
-// split cache holds (the static level, or the level a limit's shares fit),
-// else the unsplit counter.
-func (e *Engine) heldOutside(key string, hash uint64) (shard.Level, shard.Placement) {
-	if e.splits == nil {
-		return shard.Level1, nil
-	}
-	if ent := e.cached(key, hash); ent != nil {
-		return ent.HeldAt()
-	}
-	return e.opt.splitAll, e.placement()
-}
+func (e *Engine) entry(key string, hash uint64) *split.Entry { return e.table.Find(key, hash) }
 
 // placement returns the store's current placement, nil for one node.
 func (e *Engine) placement() shard.Placement {
@@ -395,7 +289,7 @@ func (e *Engine) decide(ctx context.Context, st counter.Store, key string, hash 
 
 // decideSplit takes n from one of the level subcounters of ent, named
 // under p, and on a deny probes a second one. capacity is lim's.
-func (e *Engine) decideSplit(ctx context.Context, st counter.Store, ent *shard.Entry, level shard.Level, p shard.Placement, lim Limit, capacity, n int64) (Result, error) {
+func (e *Engine) decideSplit(ctx context.Context, st counter.Store, ent *split.Entry, level shard.Level, p shard.Placement, lim Limit, capacity, n int64) (Result, error) {
 	i := ent.Pick(level, e.opt.selection, e.seed)
 	name, hash := ent.Sub(level, i, p)
 	r, err := e.take(ctx, st, name, hash, share(lim, capacity, level, i), n)

@@ -14,6 +14,7 @@ import (
 	"github.com/hotkeyd/hotkey/detector"
 	"github.com/hotkeyd/hotkey/gossip"
 	"github.com/hotkeyd/hotkey/shard"
+	"github.com/hotkeyd/hotkey/split"
 )
 
 // prefetcher is implemented by stores that can start loading a key's
@@ -37,14 +38,13 @@ type Engine struct {
 	placer   placer // nil: one node
 	opt      options
 	seed     uint64 // per instance: offsets subcounter choice
-	table    *shard.Table
-	splits   []atomic.Pointer[shard.Entry] // per-key state under withSplitAll, direct-mapped
-	deny     *denyCache                    // nil: disabled
-	prefetch prefetcher                    // nil: the store has no use for the hint
-	sharer   sharer                        // nil: the store does not say
-	detach   func()                        // ends this engine's Attach; nil if none
-	batcher  counter.Batcher               // nil: a batch's takes go one by one
-	leaser   counter.LeaseStore            // the store, if it leases (SyncReserve); else nil
+	table    *split.Table
+	deny     *denyCache         // nil: disabled
+	prefetch prefetcher         // nil: the store has no use for the hint
+	sharer   sharer             // nil: the store does not say
+	detach   func()             // ends this engine's Attach; nil if none
+	batcher  counter.Batcher    // nil: a batch's takes go one by one
+	leaser   counter.LeaseStore // the store, if it leases (SyncReserve); else nil
 
 	reserveMu sync.Mutex                           // guards the making of reserve, and Close's of it
 	reserve   atomic.Pointer[counter.ReserveStore] // made on the first SyncReserve decision
@@ -59,22 +59,19 @@ type Engine struct {
 	detect       *detector.Detector // nil: disabled
 	coord        coordinator.Coordinator
 	reshard      counter.Resharder // nil: no state transfer
-	// moves counts, per stripe of hashes, the moves of usage off unsplit
-	// counters (nil without state transfer): see moved.
-	moves     []atomic.Uint32
-	instances atomic.Int32 // live instances, as the coordinator last said
-	brk       *breaker
-	local     *counter.MemoryStore // FallbackLocal's counters
-	metrics   *metrics             // nil: none kept
-	log       *slog.Logger
-	refuse    refusals
-	settleNow chan struct{} // wakes the loop to settle merged and refused keys
-	settling  sync.Mutex    // serialises settle's passes
-	life      context.Context
-	endLife   context.CancelFunc // called by Close: ends the loop's store calls
-	stop      chan struct{}      // closed by Close
-	done      chan struct{}      // closed when the event loop has stopped
-	closed    atomic.Bool
+	instances    atomic.Int32      // live instances, as the coordinator last said
+	brk          *breaker
+	local        *counter.MemoryStore // FallbackLocal's counters
+	metrics      *metrics             // nil: none kept
+	log          *slog.Logger
+	refuse       refusals
+	settleNow    chan struct{} // wakes the loop to settle merged and refused keys
+	settling     sync.Mutex    // serialises settle's passes
+	life         context.Context
+	endLife      context.CancelFunc // called by Close: ends the loop's store calls
+	stop         chan struct{}      // closed by Close
+	done         chan struct{}      // closed when the event loop has stopped
+	closed       atomic.Bool
 }
 
 // New returns an engine deciding on store. The engine does not own store:
@@ -89,7 +86,7 @@ func New(store counter.Store, opts ...Option) (*Engine, error) {
 			return nil, fmt.Errorf("hotkey: %w: %w", ErrInvalidConfig, err)
 		}
 	}
-	e := &Engine{store: store, opt: o, seed: rand.Uint64(), table: shard.NewTable(o.maxHotKeys), log: o.logger, settleNow: make(chan struct{}, 1)}
+	e := &Engine{store: store, opt: o, seed: rand.Uint64(), log: o.logger, settleNow: make(chan struct{}, 1)}
 	e.local = counter.NewMemoryStore(counter.MemoryConfig{MaxKeys: o.localKeys, Clock: o.clock})
 	e.brk = newBreaker(o.breakerFailures, o.breakerProbe, o.breakerMaxProbe, o.clock, e.breakerChanged)
 	if o.registerer != nil {
@@ -111,9 +108,10 @@ func New(store counter.Store, opts ...Option) (*Engine, error) {
 	if _, inProcess := store.(*counter.MemoryStore); o.denyCache > 0 && !inProcess {
 		e.deny = newDenyCache(o.denyCache)
 	}
-	if o.splitAll > shard.Level1 {
-		e.splits = make([]atomic.Pointer[shard.Entry], splitCacheSize)
+	if rs, ok := store.(counter.Resharder); ok && o.transfer {
+		e.reshard = rs
 	}
+	e.table = split.NewTable(e.splitConfig())
 	for k, level := range o.splitKeys {
 		if err := e.checkKey(k); err != nil {
 			return nil, fmt.Errorf("hotkey: split key: %w", err)
@@ -121,10 +119,6 @@ func New(store counter.Store, opts ...Option) (*Engine, error) {
 		if !e.table.Set(k, hashKey(k), level, shard.Level1, nil) {
 			return nil, fmt.Errorf("hotkey: %w: more split keys than max hot keys (%d)", ErrInvalidConfig, o.maxHotKeys)
 		}
-	}
-	if rs, ok := store.(counter.Resharder); ok && o.transfer {
-		e.reshard = rs
-		e.moves = make([]atomic.Uint32, moveStripes)
 	}
 	e.instances.Store(1)
 	if o.detect {
@@ -260,6 +254,27 @@ func (e *Engine) closeGossip() {
 	}
 }
 
+// splitConfig configures the split table: its cap, and the store's side of
+// a move and of a placement.
+func (e *Engine) splitConfig() split.Config {
+	c := split.Config{MaxKeys: e.opt.maxHotKeys, MinShare: e.opt.minShare, Static: e.opt.splitAll}
+	if e.reshard != nil {
+		c.Mover = mover{e}
+	}
+	if e.placer != nil {
+		c.Placer = nodeMap{e.placer}
+	}
+	if e.sharer != nil {
+		c.Sharer = e.sharer
+	}
+	return c
+}
+
+// nodeMap is the store's placer as the split table asks it.
+type nodeMap struct{ placer }
+
+func (m nodeMap) Placement() shard.Placement { return m.placer.Placement() }
+
 // handler applies the coordinator's decisions to the engine.
 type handler struct{ e *Engine }
 
@@ -276,7 +291,7 @@ func (h handler) SetLevel(key string, hash uint64, level shard.Level) {
 	static := e.staticLevel(key)
 	switch {
 	case level > static:
-		held, p := e.heldOutside(key, hash)
+		held, p := e.table.Outside(key, hash)
 		if !e.table.Set(key, hash, level, held, p) {
 			e.refusedLocked(key, hash, level)
 			return
@@ -347,7 +362,7 @@ func (e *Engine) levelOf(key string) shard.Level {
 // staticLevel returns the level WithSplitKeys and withSplitAll give key: 1
 // if neither splits it.
 func (e *Engine) staticLevel(key string) shard.Level {
-	return max(e.opt.splitKeys[key], e.opt.splitAll, shard.Level1)
+	return max(e.opt.splitKeys[key], e.table.Floor())
 }
 
 // Close stops the engine and waits for its goroutines: later decisions

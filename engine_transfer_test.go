@@ -10,6 +10,7 @@ import (
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
+	"github.com/hotkeyd/hotkey/split"
 )
 
 // phase is one stretch of a transition run: the key at level for a number
@@ -334,7 +335,7 @@ func TestShardsAtToleranceBound(t *testing.T) {
 	if err := lim.Validate(); err != nil {
 		t.Fatalf("Validate: %v", err)
 	}
-	ent := shard.NewEntry("k", hashKey("k"), shard.Level4, shard.Level4, nil)
+	ent := split.NewEntry("k", hashKey("k"), shard.Level4, shard.Level4, nil)
 	if got := len(shards(ent, lim, shard.Level4, nil)); got != 4 {
 		t.Errorf("a move of %+v at level 4 covers %d counters, want 4", lim, got)
 	}

@@ -50,8 +50,6 @@ const (
 	defaultMaxHotKeys = 10_000
 	// defaultLocalKeys bounds the counters FallbackLocal keeps in memory.
 	defaultLocalKeys = 1 << 20
-	// splitCacheSize bounds the per-key state kept by withSplitAll.
-	splitCacheSize = 1 << 16
 )
 
 func defaultOptions() options {

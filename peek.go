@@ -7,6 +7,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/shard"
+	"github.com/hotkeyd/hotkey/split"
 )
 
 // errNoPeek is Peek's error for a store that cannot answer without taking
@@ -78,7 +79,7 @@ func (e *Engine) peekStore(ctx context.Context, peeker counter.Peeker, name stri
 
 // peekSplit peeks at each of the level subcounters of ent under pl, and
 // answers for the key whole (see Peek).
-func (e *Engine) peekSplit(ctx context.Context, peeker counter.Peeker, ent *shard.Entry, level shard.Level, pl shard.Placement, lim Limit) (Result, error) {
+func (e *Engine) peekSplit(ctx context.Context, peeker counter.Peeker, ent *split.Entry, level shard.Level, pl shard.Placement, lim Limit) (Result, error) {
 	ops := make([]counter.PeekOp, 0, int(level))
 	for i := range int(level) {
 		sub := subLimit(lim, level, i)

@@ -11,6 +11,7 @@ import (
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
+	"github.com/hotkeyd/hotkey/split"
 )
 
 // peekStores returns a memory store and a store on the test binary's
@@ -95,7 +96,7 @@ func TestPeekSplitSum(t *testing.T) {
 					name := CounterName(p.Name, "k")
 					e := newSplitEngine(t, st.store, clock, name, level)
 					ctx := context.Background()
-					ent := shard.NewEntry(name, hashKey(name), level, level, nil)
+					ent := split.NewEntry(name, hashKey(name), level, level, nil)
 					take := func(i int, n int64) {
 						t.Helper()
 						sub, hash := ent.Sub(level, i, nil)

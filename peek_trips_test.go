@@ -16,6 +16,7 @@ import (
 	"github.com/hotkeyd/hotkey/internal/redistest"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
+	"github.com/hotkeyd/hotkey/split"
 )
 
 // TestPeekSplitRoundTrips: a peek of a key split 64 ways on Redis reads its
@@ -56,7 +57,7 @@ func TestPeekSplitRoundTrips(t *testing.T) {
 					p := &Policy{Name: fmt.Sprintf("p%x", rand.Uint64()), Limit: Limit{Algorithm: alg, Rate: 640, Period: longPeriod}}
 					name := CounterName(p.Name, "k")
 					e := newSplitEngine(t, store, clock, name, level)
-					ent := shard.NewEntry(name, hashKey(name), level, level, nil)
+					ent := split.NewEntry(name, hashKey(name), level, level, nil)
 					// Subcounter i spends i units of its 10, so a few
 					// are spent and deny, the others hold what is left.
 					for i := range int(level) {
@@ -103,7 +104,7 @@ func TestPeekSplitRoundTrips(t *testing.T) {
 
 // peekOneByOne answers a peek of the key ent split at level under lim as
 // Engine.Peek does, from a Peek of each subcounter in turn.
-func peekOneByOne(t *testing.T, store counter.Peeker, ent *shard.Entry, level shard.Level, lim Limit) Result {
+func peekOneByOne(t *testing.T, store counter.Peeker, ent *split.Entry, level shard.Level, lim Limit) Result {
 	t.Helper()
 	out := Result{Limit: lim.Capacity(), Shards: level}
 	var held int64

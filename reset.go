@@ -73,11 +73,7 @@ func (e *Engine) counters(name string, hash uint64, lim Limit) []counter.Shard {
 	if p := e.placement(); p != nil {
 		places = append(places, p)
 	}
-	ent := e.table.Lookup(name, hash)
-	if ent == nil && e.splits != nil {
-		ent = e.cached(name, hash)
-	}
-	if ent != nil {
+	if ent := e.table.Known(name, hash); ent != nil {
 		places = append(places, ent.Placements()...)
 	}
 	stored, sh := unsplitCounter(name, hash)

@@ -1,14 +1,13 @@
 package hotkey
 
 import (
-	"cmp"
 	"context"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/hotkeyd/hotkey/shard"
+	"github.com/hotkeyd/hotkey/split"
 )
 
 // settleRetry is how often the engine tries again to settle what it could
@@ -40,38 +39,11 @@ type refusal struct {
 // and at least 1,024 (a refusal costs its key and 16 bytes).
 func (e *Engine) refusalsCap() int { return max(2*e.opt.maxHotKeys, 1024) }
 
-// ranked is a key the table holds or was refused, for ranking.
-type ranked struct {
-	key   string
-	hash  uint64
-	level shard.Level
-	ent   *shard.Entry // its entry if the table holds it, else nil
-}
-
-// floor is the level a cooled key returns to: its static split, the
-// unsplit counter if none.
-func (e *Engine) floor() shard.Level { return max(e.opt.splitAll, shard.Level1) }
-
 // leaving reports whether ent is back at its floor and leaves the table
 // once its usage is there. A key of WithSplitKeys stays: its entry is its
 // static split.
-func (e *Engine) leaving(ent *shard.Entry) bool {
-	return ent.Level() == e.floor() && e.opt.splitKeys[ent.Key] == 0
-}
-
-// outranks orders keys competing for a full table: the higher level first,
-// then the lower hash, then the key. Every instance ranks alike, so instances
-// told the same levels, in whatever order, hold the same keys: otherwise
-// one would decide a key on its subcounters while another decides it on the
-// unsplit counter, and together they would admit up to twice its limit.
-func outranks(a, b ranked) int {
-	if c := cmp.Compare(b.level, a.level); c != 0 {
-		return c
-	}
-	if c := cmp.Compare(a.hash, b.hash); c != 0 {
-		return c
-	}
-	return strings.Compare(a.key, b.key)
+func (e *Engine) leaving(ent *split.Entry) bool {
+	return ent.Level() == e.table.Floor() && e.opt.splitKeys[ent.Key] == 0
 }
 
 // refusedLocked notes that the table had no room for key at level; the
@@ -85,16 +57,16 @@ func (e *Engine) refusedLocked(key string, hash uint64, level shard.Level) {
 		e.refuse.keys = map[string]refusal{}
 	}
 	if _, ok := e.refuse.keys[key]; !ok && len(e.refuse.keys) >= e.refusalsCap() {
-		last := ranked{key: key, hash: hash, level: level}
+		last := split.Ranked{Key: key, Hash: hash, Level: level}
 		for k, r := range e.refuse.keys {
-			if c := (ranked{key: k, hash: r.hash, level: r.level}); outranks(c, last) > 0 {
+			if c := (split.Ranked{Key: k, Hash: r.hash, Level: r.level}); split.Outranks(c, last) > 0 {
 				last = c
 			}
 		}
-		if last.key == key {
+		if last.Key == key {
 			return
 		}
-		delete(e.refuse.keys, last.key)
+		delete(e.refuse.keys, last.Key)
 	}
 	e.refuse.keys[key] = refusal{hash, level}
 }
@@ -108,7 +80,7 @@ func (e *Engine) wakeSettle() {
 }
 
 // settle makes the table hold the highest-ranked keys it was told of (see
-// outranks): when refused keys outrank keys it holds, it merges those.
+// split.Outranks): when refused keys outrank keys it holds, it merges those.
 // Then it moves the usage of merged keys back to their unsplit counters,
 // under the limit they were last decided with, and takes them out of the
 // table; then it applies the refused levels, highest-ranked first, as far
@@ -125,15 +97,15 @@ func (e *Engine) settle() (retry bool) {
 	e.rankLocked()
 	e.refuse.mu.Unlock()
 
-	var cooled []*shard.Entry
-	e.table.Range(func(ent *shard.Entry) bool {
+	var cooled []*split.Entry
+	e.table.Range(func(ent *split.Entry) bool {
 		// A parked entry waits for a decision on its key, not for settle.
 		if e.leaving(ent) && !ent.Parked() {
 			cooled = append(cooled, ent)
 		}
 		return true
 	})
-	to, p := e.floor(), e.placement()
+	to, p := e.table.Floor(), e.placement()
 	if to == shard.Level1 {
 		p = nil
 	}
@@ -144,15 +116,13 @@ func (e *Engine) settle() (retry bool) {
 			// while it was split, but others may have, on the counters
 			// of the levels the key was at: the key stays, parked, for
 			// its next decision to move the usage under its limit.
-			lim, ok := ent.Memo().(Limit)
+			lim, ok := ent.Limit()
 			if !ok && to == shard.Level1 && e.table.Park(ent) {
 				continue
 			}
 			if ok {
 				ctx, cancel := context.WithTimeout(e.life, settleTimeout)
-				err := ent.Transfer(to, p, func(from shard.Level, fromP shard.Placement, to shard.Level) error {
-					return e.transfer(ctx, ent, lim, lim, from, fromP, to, p)
-				})
+				err := e.table.Transfer(ctx, ent, split.Counters{Level: to, P: p}, lim, lim)
 				cancel()
 				if err != nil {
 					retry = true
@@ -160,33 +130,29 @@ func (e *Engine) settle() (retry bool) {
 				}
 			}
 		}
-		if e.table.Remove(ent, to) && e.splits != nil {
-			// Under withSplitAll the split cache keeps the key's state: its
-			// entry knows where its usage is.
-			e.splits[ent.Hash&(splitCacheSize-1)].Store(ent)
-		}
+		e.table.Remove(ent, to)
 	}
 
 	e.refuse.mu.Lock()
 	defer e.refuse.mu.Unlock()
-	waiting := make([]ranked, 0, len(e.refuse.keys))
+	waiting := make([]split.Ranked, 0, len(e.refuse.keys))
 	for key, r := range e.refuse.keys {
-		waiting = append(waiting, ranked{key, r.hash, r.level, nil})
+		waiting = append(waiting, split.Ranked{Key: key, Hash: r.hash, Level: r.level})
 	}
-	slices.SortFunc(waiting, outranks)
+	slices.SortFunc(waiting, split.Outranks)
 	for _, r := range waiting {
-		if ent := e.table.Lookup(r.key, r.hash); ent != nil && !ent.Parked() {
+		if ent := e.table.Lookup(r.Key, r.Hash); ent != nil && !ent.Parked() {
 			if !e.leaving(ent) {
-				delete(e.refuse.keys, r.key) // split since, at a newer level
+				delete(e.refuse.keys, r.Key) // split since, at a newer level
 			}
 			continue // lowered to make room: it waits until it is out
 		}
-		held, p := e.heldOutside(r.key, r.hash)
-		if !e.table.Set(r.key, r.hash, r.level, held, p) {
+		held, p := e.table.Outside(r.Key, r.Hash)
+		if !e.table.Set(r.Key, r.Hash, r.Level, held, p) {
 			continue
 		}
-		delete(e.refuse.keys, r.key)
-		e.applied(r.key, r.level)
+		delete(e.refuse.keys, r.Key)
+		e.applied(r.Key, r.Level)
 	}
 	return retry
 }
@@ -201,28 +167,28 @@ func (e *Engine) rankLocked() {
 		return
 	}
 	room := e.opt.maxHotKeys
-	var all []ranked
-	e.table.Range(func(ent *shard.Entry) bool {
+	var all []split.Ranked
+	e.table.Range(func(ent *split.Entry) bool {
 		switch {
 		case e.opt.splitKeys[ent.Key] > 0:
 			room--
 		case !e.leaving(ent):
-			all = append(all, ranked{ent.Key, ent.Hash, ent.Level(), ent})
+			all = append(all, split.Ranked{Key: ent.Key, Hash: ent.Hash, Level: ent.Level(), Entry: ent})
 		}
 		return true
 	})
 	for key, r := range e.refuse.keys {
-		all = append(all, ranked{key, r.hash, r.level, nil})
+		all = append(all, split.Ranked{Key: key, Hash: r.hash, Level: r.level})
 	}
 	if len(all) <= room {
 		return // all fit once the merged keys are out
 	}
-	slices.SortFunc(all, outranks)
+	slices.SortFunc(all, split.Outranks)
 	for _, r := range all[max(room, 0):] {
-		if r.ent != nil {
-			r.ent.SetLevel(e.floor())
-			e.refuse.keys[r.key] = refusal{r.hash, r.level}
-			e.applied(r.key, e.floor())
+		if r.Entry != nil {
+			r.Entry.SetLevel(e.table.Floor())
+			e.refuse.keys[r.Key] = refusal{r.Hash, r.Level}
+			e.applied(r.Key, e.table.Floor())
 		}
 	}
 }

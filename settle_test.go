@@ -6,6 +6,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/shard"
+	"github.com/hotkeyd/hotkey/split"
 )
 
 // TestRefusalsKeepHighestRanked: the levels that wait for room in a full
@@ -19,11 +20,11 @@ func TestRefusalsKeepHighestRanked(t *testing.T) {
 	defer e.Close()
 	h := handler{e}
 	h.SetLevel("top", hashKey("top"), shard.Level64)
-	lowest := ranked{level: shard.Level64} // ranks before every level-4 key
+	lowest := split.Ranked{Level: shard.Level64} // ranks before every level-4 key
 	for i := range e.refusalsCap() {
 		key := fmt.Sprintf("k%d", i)
 		h.SetLevel(key, hashKey(key), shard.Level4)
-		if r := (ranked{key: key, hash: hashKey(key), level: shard.Level4}); outranks(r, lowest) > 0 {
+		if r := (split.Ranked{Key: key, Hash: hashKey(key), Level: shard.Level4}); split.Outranks(r, lowest) > 0 {
 			lowest = r
 		}
 	}
@@ -42,14 +43,14 @@ func TestRefusalsKeepHighestRanked(t *testing.T) {
 		t.Fatalf("%d levels wait, want %d", n, e.refusalsCap())
 	}
 	h.SetLevel("warm", hashKey("warm"), shard.Level16) // outranks every level-4 key
-	if n := waiting(); n != e.refusalsCap() || !has("warm") || has(lowest.key) {
-		t.Errorf("%d wait, warm among them %v, %s (ranked last) among them %v; want %d, true, false", n, has("warm"), lowest.key, has(lowest.key), e.refusalsCap())
+	if n := waiting(); n != e.refusalsCap() || !has("warm") || has(lowest.Key) {
+		t.Errorf("%d wait, warm among them %v, %s (ranked last) among them %v; want %d, true, false", n, has("warm"), lowest.Key, has(lowest.Key), e.refusalsCap())
 	}
 	// A level-4 key with a higher hash than all that wait ranks last: dropped.
 	var last string
 	for i := 0; last == ""; i++ {
 		key := fmt.Sprintf("late%d", i)
-		if r := (ranked{key: key, hash: hashKey(key), level: shard.Level4}); outranks(r, lowest) > 0 {
+		if r := (split.Ranked{Key: key, Hash: hashKey(key), Level: shard.Level4}); split.Outranks(r, lowest) > 0 {
 			last = key
 		}
 	}

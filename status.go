@@ -8,6 +8,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/shard"
+	"github.com/hotkeyd/hotkey/split"
 )
 
 // HotKey is a key split on this instance now.
@@ -38,7 +39,7 @@ func (e *Engine) HotKeys() []HotKey {
 		}
 	}
 	var out []HotKey
-	e.table.Range(func(ent *shard.Entry) bool {
+	e.table.Range(func(ent *split.Entry) bool {
 		if level := ent.Level(); level > shard.Level1 {
 			policy, key, ok := strings.Cut(ent.Key, "|")
 			if !ok {
@@ -76,7 +77,7 @@ type Stats struct {
 // Stats returns a snapshot of the engine's state.
 func (e *Engine) Stats() Stats {
 	st := Stats{Instances: e.liveInstances(), Breaker: e.brk.State(), HotKeys: map[shard.Level]int{}}
-	e.table.Range(func(ent *shard.Entry) bool {
+	e.table.Range(func(ent *split.Entry) bool {
 		if level := ent.Level(); level > shard.Level1 {
 			st.HotKeys[level]++
 		}

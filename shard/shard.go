@@ -1,7 +1,7 @@
 // Package shard holds the arithmetic of splitting one rate-limited key into
 // subcounters: the levels a key can be split to, the share of the limit each
-// subcounter enforces, the subcounters' names and how a decision picks one,
-// and the table of keys currently split.
+// subcounter enforces, the subcounters' names and how a decision picks one.
+// Which keys are split, and the moves of their usage, are package split's.
 //
 // A key split N ways becomes N counters, each enforcing limit/N with the
 // remainder limit%N given one each to the first subcounters, so the shares sum
@@ -123,3 +123,22 @@ func Mix(x uint64) uint64 {
 // NameHash is the hash stores and the deny cache know a counter name by,
 // the counter package's Hash: seeded per process, so it never leaves it.
 func NameHash(name string) uint64 { return keyhash.Sum(name) }
+
+// Selection is how a decision picks one of a split key's subcounters.
+type Selection uint8
+
+const (
+	// RoundRobin walks the subcounters in turn, from a per-instance offset.
+	// Each subcounter gets exactly 1/N of an instance's decisions for the
+	// key, so none runs dry while another has room.
+	RoundRobin Selection = iota
+	// Random picks by hashing the key hash with a per-key sequence: the
+	// classic probabilistic split. Subcounters see binomially uneven load.
+	Random
+)
+
+// SecondChance returns the subcounter to probe after subcounter i of n denied:
+// another one, chosen by r (a random value).
+func SecondChance(i, n int, r uint64) int {
+	return (i + 1 + int(r%uint64(n-1))) % n
+}
