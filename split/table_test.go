@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/cespare/xxhash/v2"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/shard"
 )
@@ -88,7 +87,7 @@ func TestPickRoundRobinIsEven(t *testing.T) {
 
 func TestTable(t *testing.T) {
 	tb := NewTable(Config{MaxKeys: 2})
-	h := func(k string) uint64 { return xxhash.Sum64String(k) }
+	h := func(k string) uint64 { return shard.NameHash(k) }
 	if tb.Lookup("a", h("a")) != nil {
 		t.Fatal("empty table found a key")
 	}
@@ -125,8 +124,8 @@ func TestTableConcurrent(t *testing.T) {
 		wg.Go(func() {
 			for i := range 200 {
 				k := fmt.Sprintf("k%d-%d", g, i)
-				tb.Set(k, xxhash.Sum64String(k), shard.Level4, shard.Level1, nil)
-				if tb.Lookup(k, xxhash.Sum64String(k)) == nil {
+				tb.Set(k, shard.NameHash(k), shard.Level4, shard.Level1, nil)
+				if tb.Lookup(k, shard.NameHash(k)) == nil {
 					t.Errorf("lost %s", k)
 				}
 			}
@@ -155,10 +154,10 @@ func BenchmarkTableLookup(b *testing.B) {
 	tb := NewTable(Config{})
 	for i := range 1000 {
 		k := fmt.Sprintf("hot%d", i)
-		tb.Set(k, xxhash.Sum64String(k), shard.Level16, shard.Level1, nil)
+		tb.Set(k, shard.NameHash(k), shard.Level16, shard.Level1, nil)
 	}
 	key := "hot500"
-	h := xxhash.Sum64String(key)
+	h := shard.NameHash(key)
 	b.ReportAllocs()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
