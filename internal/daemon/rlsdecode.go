@@ -12,7 +12,6 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hotkeyd/hotkey/internal/envoyconf"
@@ -55,152 +54,22 @@ type rlsWire struct{ b []byte }
 var errWire = errors.New("malformed protobuf wire data")
 
 // unmarshalRLSRequest decodes b into req: as proto.Unmarshal does, but
-// with string fields that need not be UTF-8 (decodeRLSRequest). Envoy
-// copies header bytes into descriptor values unchecked, and a request
-// refused for one such value would be admitted whole by Envoy's default
-// failure_mode_deny: false. b is not kept.
+// with string fields that need not be UTF-8. Envoy copies header bytes
+// into descriptor values unchecked, and a request refused for one such
+// value would be admitted whole by Envoy's default failure_mode_deny:
+// false. Such a request is decoded by decodeRLSWire, which keeps every
+// field the messages know and drops unknown ones. b is not kept.
 func unmarshalRLSRequest(b []byte, req *rlpb.RateLimitRequest) error {
 	if proto.Unmarshal(b, req) == nil {
 		return nil
 	}
-	return decodeRLSRequest(b, req)
-}
-
-// decodeRLSRequest decodes b into req, reset first, as proto.Unmarshal
-// would, except that string fields need not be UTF-8: a Go string holds
-// their bytes as they came. Fields it does not know are kept as unknown
-// fields; a field of a wire type other than its own is one of those, as
-// in proto.Unmarshal. Malformed wire data is refused with errWire. b is
-// not kept.
-func decodeRLSRequest(b []byte, req *rlpb.RateLimitRequest) error {
+	var r rlsRequest
+	if err := decodeRLSWire(b, &r); err != nil {
+		return err
+	}
+	m := protoRequest(&r)
 	proto.Reset(req)
-	return decodeFields(b, req, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) (bool, error) {
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			req.Domain = string(v)
-		case num == 2 && typ == protowire.BytesType:
-			d := &ratelimit.RateLimitDescriptor{}
-			req.Descriptors = append(req.Descriptors, d)
-			return true, decodeDescriptor(v, d)
-		case num == 3 && typ == protowire.VarintType:
-			req.HitsAddend = uint32(x)
-		default:
-			return false, nil
-		}
-		return true, nil
-	})
-}
-
-func decodeDescriptor(b []byte, d *ratelimit.RateLimitDescriptor) error {
-	return decodeFields(b, d, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) (bool, error) {
-		switch {
-		case num == 1 && typ == protowire.BytesType:
-			e := &ratelimit.RateLimitDescriptor_Entry{}
-			d.Entries = append(d.Entries, e)
-			return true, decodeFields(v, e, func(num protowire.Number, typ protowire.Type, v []byte, _ uint64) (bool, error) {
-				switch {
-				case num == 1 && typ == protowire.BytesType:
-					e.Key = string(v)
-				case num == 2 && typ == protowire.BytesType:
-					e.Value = string(v)
-				default:
-					return false, nil
-				}
-				return true, nil
-			})
-		case num == 2 && typ == protowire.BytesType:
-			if d.Limit == nil { // a message field seen twice is merged
-				d.Limit = &ratelimit.RateLimitDescriptor_RateLimitOverride{}
-			}
-			return true, decodeOverride(v, d.Limit)
-		case num == 3 && typ == protowire.BytesType:
-			if d.HitsAddend == nil {
-				d.HitsAddend = &wrapperspb.UInt64Value{}
-			}
-			h := d.HitsAddend
-			return true, decodeFields(v, h, func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) (bool, error) {
-				if num != 1 || typ != protowire.VarintType {
-					return false, nil
-				}
-				h.Value = x
-				return true, nil
-			})
-		case num == 4 && typ == protowire.VarintType:
-			d.IsNegativeHits = protowire.DecodeBool(x)
-		default:
-			return false, nil
-		}
-		return true, nil
-	})
-}
-
-func decodeOverride(b []byte, o *ratelimit.RateLimitDescriptor_RateLimitOverride) error {
-	return decodeFields(b, o, func(num protowire.Number, typ protowire.Type, v []byte, x uint64) (bool, error) {
-		switch {
-		case num == 1 && typ == protowire.VarintType:
-			o.RequestsPerUnit = uint32(x)
-		case num == 2 && typ == protowire.VarintType:
-			o.Unit = typev3.RateLimitUnit(int32(x))
-		case num == 3 && typ == protowire.BytesType:
-			if o.UnitMultiplier == nil {
-				o.UnitMultiplier = &wrapperspb.UInt32Value{}
-			}
-			m := o.UnitMultiplier
-			return true, decodeFields(v, m, func(num protowire.Number, typ protowire.Type, _ []byte, x uint64) (bool, error) {
-				if num != 1 || typ != protowire.VarintType {
-					return false, nil
-				}
-				m.Value = uint32(x)
-				return true, nil
-			})
-		default:
-			return false, nil
-		}
-		return true, nil
-	})
-}
-
-// decodeFields walks the fields of one message's wire data b, handing each
-// to field: v is a length-delimited field's bytes, x a varint's value.
-// field reports whether it knew the field; the ones it did not know are
-// kept as m's unknown fields.
-func decodeFields(b []byte, m proto.Message, field func(num protowire.Number, typ protowire.Type, v []byte, x uint64) (bool, error)) error {
-	var unknown protoreflect.RawFields
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return fmt.Errorf("%w: %w", errWire, protowire.ParseError(n))
-		}
-		rest := b[n:]
-		var (
-			v []byte
-			x uint64
-		)
-		switch typ {
-		case protowire.BytesType:
-			v, n = protowire.ConsumeBytes(rest)
-		case protowire.VarintType:
-			x, n = protowire.ConsumeVarint(rest)
-		default:
-			n = protowire.ConsumeFieldValue(num, typ, rest)
-		}
-		if n < 0 {
-			return fmt.Errorf("%w: field %d: %w", errWire, num, protowire.ParseError(n))
-		}
-		known, err := field(num, typ, v, x)
-		if err != nil {
-			return err
-		}
-		if !known { // the tag written anew, as proto.Unmarshal keeps it
-			unknown = protowire.AppendTag(unknown, num, typ)
-			unknown = append(unknown, rest[:n]...)
-		}
-		b = rest[n:]
-	}
-	if len(unknown) > 0 { // appended: a message field seen twice is merged
-		r := m.ProtoReflect()
-		r.SetUnknown(append(r.GetUnknown(), unknown...))
-	}
+	req.Domain, req.Descriptors, req.HitsAddend = m.Domain, m.Descriptors, m.HitsAddend
 	return nil
 }
 
@@ -260,10 +129,35 @@ func rlsRequestOf(req *rlpb.RateLimitRequest) *rlsRequest {
 	return r
 }
 
+// protoRequest is r as a RateLimitRequest, the inverse of rlsRequestOf.
+// It shares r's strings.
+func protoRequest(r *rlsRequest) *rlpb.RateLimitRequest {
+	req := &rlpb.RateLimitRequest{Domain: r.domain, HitsAddend: r.hits}
+	for i := range r.descs {
+		rd := &r.descs[i]
+		d := &ratelimit.RateLimitDescriptor{IsNegativeHits: rd.negative}
+		for _, e := range rd.entries {
+			d.Entries = append(d.Entries, &ratelimit.RateLimitDescriptor_Entry{Key: e.Key, Value: e.Value})
+		}
+		if o := rd.limit; o != nil {
+			d.Limit = &ratelimit.RateLimitDescriptor_RateLimitOverride{RequestsPerUnit: o.rpu, Unit: typev3.RateLimitUnit(int32(o.unit))}
+			if o.multSet {
+				d.Limit.UnitMultiplier = wrapperspb.UInt32(o.multiplier)
+			}
+		}
+		if rd.hasHits {
+			d.HitsAddend = wrapperspb.UInt64(rd.hits)
+		}
+		req.Descriptors = append(req.Descriptors, d)
+	}
+	return req
+}
+
 // decodeRLSWire decodes the wire data b of a RateLimitRequest into req, as
-// decodeRLSRequest and rlsRequestOf would: string fields need not be
-// UTF-8, fields it does not act on are skipped, and malformed wire data is
-// refused with errWire. b is not kept.
+// rlsRequestOf reads proto.Unmarshal's message, except that string fields
+// need not be UTF-8: a Go string holds their bytes as they came. Fields it
+// does not know, or of a wire type other than their own, are skipped, and
+// malformed wire data is refused with errWire. b is not kept.
 func decodeRLSWire(b []byte, req *rlsRequest) error {
 	for len(b) > 0 {
 		f, rest, err := nextField(b)

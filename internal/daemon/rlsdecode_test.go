@@ -2,8 +2,8 @@ package daemon
 
 import (
 	"errors"
-	"reflect"
 	"testing"
+	"unicode/utf8"
 
 	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -13,8 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 )
 
-// rlsSeeds are wire data for FuzzDecodeRLSRequest and
-// TestDecodeRLSRequest: every field, unknown fields, fields seen twice,
+// rlsSeeds are wire data for FuzzDecodeRLSWire: every field, unknown fields, fields seen twice,
 // a field of another wire type, strings that are not UTF-8, and malformed
 // data.
 func rlsSeeds(t testing.TB) [][]byte {
@@ -66,31 +65,6 @@ func rlsSeeds(t testing.TB) [][]byte {
 	return seeds
 }
 
-// FuzzDecodeRLSRequest: decodeRLSRequest never panics, and on wire data
-// proto.Unmarshal accepts it decodes the same message.
-func FuzzDecodeRLSRequest(f *testing.F) {
-	for _, s := range rlsSeeds(f) {
-		f.Add(s)
-	}
-	f.Fuzz(func(t *testing.T, b []byte) {
-		var got rlpb.RateLimitRequest
-		err := decodeRLSRequest(b, &got)
-		var want rlpb.RateLimitRequest
-		if proto.Unmarshal(b, &want) != nil {
-			if err != nil && !errors.Is(err, errWire) {
-				t.Fatalf("%x: error %v is not errWire", b, err)
-			}
-			return
-		}
-		if err != nil {
-			t.Fatalf("%x: proto.Unmarshal decodes it, decodeRLSRequest: %v", b, err)
-		}
-		if !proto.Equal(&got, &want) {
-			t.Fatalf("%x: decoded %v, proto.Unmarshal %v", b, &got, &want)
-		}
-	})
-}
-
 // TestDecodeRLSRequest: strings that are not UTF-8 come through as their
 // bytes; malformed data is refused.
 func TestDecodeRLSRequest(t *testing.T) {
@@ -110,9 +84,11 @@ func TestDecodeRLSRequest(t *testing.T) {
 	}
 }
 
-// FuzzDecodeRLSWire: decodeRLSWire refuses what decodeRLSRequest refuses,
-// with errWire, and decodes the rest as rlsRequestOf reads
-// decodeRLSRequest's message.
+// FuzzDecodeRLSWire: decodeRLSWire never panics; what proto.Unmarshal
+// decodes, it decodes with the same fields (unknown ones aside); what it
+// refuses, with errWire, proto.Unmarshal refuses too; and what it decodes
+// where proto.Unmarshal refuses holds a string that is not UTF-8, and
+// reaches an interceptor as it decodes it (unmarshalRLSRequest).
 func FuzzDecodeRLSWire(f *testing.F) {
 	for _, s := range rlsSeeds(f) {
 		f.Add(s)
@@ -120,22 +96,40 @@ func FuzzDecodeRLSWire(f *testing.F) {
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var got rlsRequest
 		err := decodeRLSWire(b, &got)
-		var msg rlpb.RateLimitRequest
-		if decodeRLSRequest(b, &msg) != nil {
-			if !errors.Is(err, errWire) {
-				t.Fatalf("%x: decodeRLSRequest refuses it, decodeRLSWire: %v", b, err)
+		var want rlpb.RateLimitRequest
+		werr := proto.UnmarshalOptions{DiscardUnknown: true}.Unmarshal(b, &want)
+		switch {
+		case err != nil && !errors.Is(err, errWire):
+			t.Fatalf("%x: error %v is not errWire", b, err)
+		case err != nil && werr == nil:
+			t.Fatalf("%x: proto.Unmarshal decodes it, decodeRLSWire: %v", b, err)
+		case err != nil:
+			return
+		}
+		m := protoRequest(&got)
+		if werr == nil {
+			if !proto.Equal(m, &want) {
+				t.Fatalf("%x: decoded %v, proto.Unmarshal %v", b, m, &want)
 			}
 			return
 		}
-		if err != nil {
-			t.Fatalf("%x: decodeRLSRequest decodes it, decodeRLSWire: %v", b, err)
+		if validUTF8(m) {
+			t.Fatalf("%x: decodeRLSWire decodes %v, all UTF-8, proto.Unmarshal: %v", b, m, werr)
 		}
-		want := rlsRequestOf(&msg)
-		if len(want.descs) == 0 {
-			want.descs = nil
-		}
-		if !reflect.DeepEqual(&got, want) {
-			t.Fatalf("%x: decoded %+v, want %+v", b, got, *want)
+		var req rlpb.RateLimitRequest
+		if err := unmarshalRLSRequest(b, &req); err != nil || !proto.Equal(&req, m) {
+			t.Fatalf("%x: unmarshalRLSRequest %v, %v; decodeRLSWire %v", b, &req, err, m)
 		}
 	})
+}
+
+// validUTF8 reports whether every string of req is UTF-8.
+func validUTF8(req *rlpb.RateLimitRequest) bool {
+	ok := utf8.ValidString(req.Domain)
+	for _, d := range req.Descriptors {
+		for _, e := range d.Entries {
+			ok = ok && utf8.ValidString(e.Key) && utf8.ValidString(e.Value)
+		}
+	}
+	return ok
 }
