@@ -279,6 +279,9 @@ func nextField(b []byte) (wireField, []byte, error) {
 	if n < 0 {
 		return wireField{}, nil, fmt.Errorf("%w: %w", errWire, protowire.ParseError(n))
 	}
+	if !num.IsValid() { // over protowire.MaxValidNumber, as proto.Unmarshal refuses
+		return wireField{}, nil, fmt.Errorf("%w: field number %d", errWire, num)
+	}
 	f := wireField{num: num, typ: typ}
 	rest := b[n:]
 	switch typ {
