@@ -1,7 +1,7 @@
 package loadgen
 
 import (
-	"errors"
+	"fmt"
 	"net/http"
 
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
@@ -60,41 +60,27 @@ type envoyStatus struct {
 	hasReset        bool
 }
 
-// errWire is the error of a RateLimitResponse that is not protobuf.
-var errWire = errors.New("RateLimitResponse: malformed wire data")
-
-// The field numbers read (rls.proto, base.proto, duration.proto).
-const (
-	respOverallCode  = 1
-	respStatuses     = 2
-	respHeadersToAdd = 3
-	statusCode       = 1
-	statusLimit      = 2
-	statusRemaining  = 3
-	statusReset      = 4
-	limitRPU         = 1
-	limitUnit        = 2
-	headerKey        = 1
-	headerValue      = 2
-	durationSeconds  = 1
-	durationNanos    = 2
-)
-
 // read sets a from b, a RateLimitResponse's wire data. Fields are read as
 // proto.Unmarshal reads them: the last of a scalar wins, a message field
 // met twice is merged, and a field of an unexpected wire type is skipped.
+// Malformed data is refused with an error wrapping rlswire.ErrMalformed.
 func (a *envoyAnswer) read(b []byte) error {
 	*a = envoyAnswer{}
 	var pick envoyStatus
 	picked, over, headers := false, false, false
-	err := eachField(b, func(num protowire.Number, typ protowire.Type, v uint64, m []byte) bool {
+	for m := b; len(m) > 0; {
+		f, rest, err := rlswire.Next(m)
+		if err != nil {
+			return fmt.Errorf("RateLimitResponse: %w", err)
+		}
+		m = rest
 		switch {
-		case num == respOverallCode && typ == protowire.VarintType:
-			a.overall = rlpb.RateLimitResponse_Code(int32(v))
-		case num == respStatuses && typ == protowire.BytesType:
+		case f.Num == rlswire.ResponseOverallCode && f.Typ == protowire.VarintType:
+			a.overall = rlpb.RateLimitResponse_Code(int32(f.X))
+		case f.Num == rlswire.ResponseStatuses && f.Typ == protowire.BytesType:
 			var st envoyStatus
-			if !st.read(m) {
-				return false
+			if err := st.read(f.V); err != nil {
+				return fmt.Errorf("RateLimitResponse: %w", err)
 			}
 			if !st.hasLimit || over {
 				break
@@ -104,13 +90,9 @@ func (a *envoyAnswer) read(b []byte) error {
 			} else if !picked || st.remaining < pick.remaining {
 				pick, picked = st, true
 			}
-		case num == respHeadersToAdd && typ == protowire.BytesType:
+		case f.Num == rlswire.ResponseHeadersToAdd && f.Typ == protowire.BytesType:
 			headers = true
 		}
-		return true
-	})
-	if err != nil {
-		return err
 	}
 	if picked {
 		reset := durationpb.Duration{Seconds: pick.resetSecs, Nanos: pick.resetNanos}
@@ -129,96 +111,83 @@ func (a *envoyAnswer) read(b []byte) error {
 	return nil
 }
 
-// read sets st from m, a DescriptorStatus's wire data, and reports whether
-// m is well formed.
-func (st *envoyStatus) read(m []byte) bool {
-	err := eachField(m, func(num protowire.Number, typ protowire.Type, v uint64, m []byte) bool {
-		switch {
-		case num == statusCode && typ == protowire.VarintType:
-			st.code = rlpb.RateLimitResponse_Code(int32(v))
-		case num == statusRemaining && typ == protowire.VarintType:
-			st.remaining = uint32(v)
-		case num == statusLimit && typ == protowire.BytesType:
-			st.hasLimit = true
-			return eachField(m, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) bool {
-				switch {
-				case num == limitRPU && typ == protowire.VarintType:
-					st.requestsPerUnit = uint32(v)
-				case num == limitUnit && typ == protowire.VarintType:
-					st.unit = rlpb.RateLimitResponse_RateLimit_Unit(int32(v))
-				}
-				return true
-			}) == nil
-		case num == statusReset && typ == protowire.BytesType:
-			st.hasReset = true
-			return eachField(m, func(num protowire.Number, typ protowire.Type, v uint64, _ []byte) bool {
-				switch {
-				case num == durationSeconds && typ == protowire.VarintType:
-					st.resetSecs = int64(v)
-				case num == durationNanos && typ == protowire.VarintType:
-					st.resetNanos = int32(v)
-				}
-				return true
-			}) == nil
+// read sets st from m, a DescriptorStatus's wire data, and refuses
+// malformed data.
+func (st *envoyStatus) read(m []byte) error {
+	for len(m) > 0 {
+		f, rest, err := rlswire.Next(m)
+		if err != nil {
+			return err
 		}
-		return true
-	})
-	return err == nil
+		m = rest
+		switch {
+		case f.Num == rlswire.StatusCode && f.Typ == protowire.VarintType:
+			st.code = rlpb.RateLimitResponse_Code(int32(f.X))
+		case f.Num == rlswire.StatusLimitRemaining && f.Typ == protowire.VarintType:
+			st.remaining = uint32(f.X)
+		case f.Num == rlswire.StatusCurrentLimit && f.Typ == protowire.BytesType:
+			st.hasLimit = true
+			for v := f.V; len(v) > 0; {
+				g, rest, err := rlswire.Next(v)
+				if err != nil {
+					return err
+				}
+				v = rest
+				switch {
+				case g.Num == rlswire.LimitRequestsPerUnit && g.Typ == protowire.VarintType:
+					st.requestsPerUnit = uint32(g.X)
+				case g.Num == rlswire.LimitUnit && g.Typ == protowire.VarintType:
+					st.unit = rlpb.RateLimitResponse_RateLimit_Unit(int32(g.X))
+				}
+			}
+		case f.Num == rlswire.StatusDurationUntilReset && f.Typ == protowire.BytesType:
+			st.hasReset = true
+			for v := f.V; len(v) > 0; {
+				g, rest, err := rlswire.Next(v)
+				if err != nil {
+					return err
+				}
+				v = rest
+				switch {
+				case g.Num == rlswire.DurationSeconds && g.Typ == protowire.VarintType:
+					st.resetSecs = int64(g.X)
+				case g.Num == rlswire.DurationNanos && g.Typ == protowire.VarintType:
+					st.resetNanos = int32(g.X)
+				}
+			}
+		}
+	}
+	return nil
 }
 
 // readHeaders returns the response_headers_to_add of b, a well-formed
 // RateLimitResponse's wire data.
 func readHeaders(b []byte) http.Header {
 	h := http.Header{}
-	eachField(b, func(num protowire.Number, typ protowire.Type, _ uint64, m []byte) bool {
-		if num != respHeadersToAdd || typ != protowire.BytesType {
-			return true
+	for len(b) > 0 {
+		f, rest, err := rlswire.Next(b)
+		if err != nil {
+			break
+		}
+		b = rest
+		if f.Num != rlswire.ResponseHeadersToAdd || f.Typ != protowire.BytesType {
+			continue
 		}
 		var k, v []byte
-		eachField(m, func(num protowire.Number, typ protowire.Type, _ uint64, s []byte) bool {
-			switch {
-			case num == headerKey && typ == protowire.BytesType:
-				k = s
-			case num == headerValue && typ == protowire.BytesType:
-				v = s
+		for m := f.V; len(m) > 0; {
+			g, rest, err := rlswire.Next(m)
+			if err != nil {
+				break
 			}
-			return true
-		})
+			m = rest
+			switch {
+			case g.Num == rlswire.HeaderKey && g.Typ == protowire.BytesType:
+				k = g.V
+			case g.Num == rlswire.HeaderValue && g.Typ == protowire.BytesType:
+				v = g.V
+			}
+		}
 		h.Add(string(k), string(v))
-		return true
-	})
-	return h
-}
-
-// eachField calls f with each field of b, a message's wire data: its
-// number and type, and its value, a varint's in v, a length-delimited
-// field's in m (aliasing b); fixed-width fields and groups are skipped.
-// It stops at f's false, and returns errWire if b is malformed or f said
-// false.
-func eachField(b []byte, f func(num protowire.Number, typ protowire.Type, v uint64, m []byte) bool) error {
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			return errWire
-		}
-		b = b[n:]
-		var v uint64
-		var m []byte
-		switch typ {
-		case protowire.VarintType:
-			v, n = protowire.ConsumeVarint(b)
-		case protowire.BytesType:
-			m, n = protowire.ConsumeBytes(b)
-		default:
-			n = protowire.ConsumeFieldValue(num, typ, b)
-		}
-		if n < 0 {
-			return errWire
-		}
-		b = b[n:]
-		if !f(num, typ, v, m) {
-			return errWire
-		}
 	}
-	return nil
+	return h
 }

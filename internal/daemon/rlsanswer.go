@@ -14,6 +14,7 @@ import (
 
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/internal/envoyconf"
+	"github.com/hotkeyd/hotkey/internal/rlswire"
 )
 
 // rlsAnswer is a RateLimitResponse as decide writes it: the fields hotkeyd
@@ -100,41 +101,25 @@ func (a *rlsAnswer) proto() *rlpb.RateLimitResponse {
 	return resp
 }
 
-// The field numbers of the messages appendWire writes (rls.proto,
-// base.proto, duration.proto).
-const (
-	respOverallCode   = 1
-	respStatuses      = 2
-	respHeadersToAdd  = 3
-	statusCode        = 1
-	statusLimit       = 2
-	statusRemaining   = 3
-	statusReset       = 4
-	limitRPU          = 1
-	limitUnit         = 2
-	limitName         = 3
-	headerKey         = 1
-	headerValue       = 2
-	durationSeconds   = 1
-	durationNanos     = 2
-	oneByteTagMaxSize = 1 // every tag here is of a field number under 16
-)
+// oneByteTagMaxSize is the size of every tag appendWire writes: of a field
+// number under 16.
+const oneByteTagMaxSize = 1
 
 // appendWire appends a's wire data, as proto.Marshal writes a.proto():
 // fields in number order, zero scalars left out.
 func (a *rlsAnswer) appendWire(b []byte) []byte {
-	b = appendVarintField(b, respOverallCode, uint64(a.overall))
+	b = appendVarintField(b, rlswire.ResponseOverallCode, uint64(a.overall))
 	for i := range a.statuses {
 		st := &a.statuses[i]
-		b = protowire.AppendTag(b, respStatuses, protowire.BytesType)
+		b = protowire.AppendTag(b, rlswire.ResponseStatuses, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(st.size()))
 		b = st.appendWire(b)
 	}
 	for _, h := range a.headers {
-		b = protowire.AppendTag(b, respHeadersToAdd, protowire.BytesType)
+		b = protowire.AppendTag(b, rlswire.ResponseHeadersToAdd, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(stringFieldSize(h.key)+stringFieldSize(h.value)))
-		b = appendStringField(b, headerKey, h.key)
-		b = appendStringField(b, headerValue, h.value)
+		b = appendStringField(b, rlswire.HeaderKey, h.key)
+		b = appendStringField(b, rlswire.HeaderValue, h.value)
 	}
 	return b
 }
@@ -152,21 +137,21 @@ func (a *rlsAnswer) size() int {
 }
 
 func (st *rlsStatus) appendWire(b []byte) []byte {
-	b = appendVarintField(b, statusCode, uint64(st.code))
+	b = appendVarintField(b, rlswire.StatusCode, uint64(st.code))
 	if r := st.limit; r != nil {
-		b = protowire.AppendTag(b, statusLimit, protowire.BytesType)
+		b = protowire.AppendTag(b, rlswire.StatusCurrentLimit, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(limitSize(r)))
-		b = appendVarintField(b, limitRPU, uint64(r.RequestsPerUnit))
-		b = appendVarintField(b, limitUnit, uint64(int64(r.Unit)))
-		b = appendStringField(b, limitName, r.Name)
+		b = appendVarintField(b, rlswire.LimitRequestsPerUnit, uint64(r.RequestsPerUnit))
+		b = appendVarintField(b, rlswire.LimitUnit, uint64(int64(r.Unit)))
+		b = appendStringField(b, rlswire.LimitName, r.Name)
 	}
-	b = appendVarintField(b, statusRemaining, uint64(st.remaining))
+	b = appendVarintField(b, rlswire.StatusLimitRemaining, uint64(st.remaining))
 	if st.hasReset {
 		secs, nanos := durationParts(st.reset)
-		b = protowire.AppendTag(b, statusReset, protowire.BytesType)
+		b = protowire.AppendTag(b, rlswire.StatusDurationUntilReset, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(varintFieldSize(uint64(secs))+varintFieldSize(uint64(nanos))))
-		b = appendVarintField(b, durationSeconds, uint64(secs))
-		b = appendVarintField(b, durationNanos, uint64(nanos))
+		b = appendVarintField(b, rlswire.DurationSeconds, uint64(secs))
+		b = appendVarintField(b, rlswire.DurationNanos, uint64(nanos))
 	}
 	return b
 }

@@ -1,9 +1,6 @@
 package daemon
 
 import (
-	"errors"
-	"fmt"
-
 	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -15,6 +12,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hotkeyd/hotkey/internal/envoyconf"
+	"github.com/hotkeyd/hotkey/internal/rlswire"
 )
 
 // rlsCodec is the gRPC server's codec: the standard proto codec, except
@@ -51,7 +49,7 @@ func (c rlsCodec) Unmarshal(data mem.BufferSlice, v any) error {
 type rlsWire struct{ b []byte }
 
 // errWire is the error of a RateLimitRequest whose wire data is malformed.
-var errWire = errors.New("malformed protobuf wire data")
+var errWire = rlswire.ErrMalformed
 
 // unmarshalRLSRequest decodes b into req: as proto.Unmarshal does, but
 // with string fields that need not be UTF-8. Envoy copies header bytes
@@ -160,21 +158,21 @@ func protoRequest(r *rlsRequest) *rlpb.RateLimitRequest {
 // malformed wire data is refused with errWire. b is not kept.
 func decodeRLSWire(b []byte, req *rlsRequest) error {
 	for len(b) > 0 {
-		f, rest, err := nextField(b)
+		f, rest, err := rlswire.Next(b)
 		if err != nil {
 			return err
 		}
 		b = rest
 		switch {
-		case f.num == 1 && f.typ == protowire.BytesType:
-			req.domain = string(f.v)
-		case f.num == 2 && f.typ == protowire.BytesType:
+		case f.Num == rlswire.RequestDomain && f.Typ == protowire.BytesType:
+			req.domain = string(f.V)
+		case f.Num == rlswire.RequestDescriptors && f.Typ == protowire.BytesType:
 			req.descs = append(req.descs, rlsDescriptor{})
-			if err := decodeDescriptorWire(f.v, &req.descs[len(req.descs)-1]); err != nil {
+			if err := decodeDescriptorWire(f.V, &req.descs[len(req.descs)-1]); err != nil {
 				return err
 			}
-		case f.num == 3 && f.typ == protowire.VarintType:
-			req.hits = uint32(f.x)
+		case f.Num == rlswire.RequestHitsAddend && f.Typ == protowire.VarintType:
+			req.hits = uint32(f.X)
 		}
 	}
 	return nil
@@ -182,43 +180,43 @@ func decodeRLSWire(b []byte, req *rlsRequest) error {
 
 func decodeDescriptorWire(b []byte, d *rlsDescriptor) error {
 	for len(b) > 0 {
-		f, rest, err := nextField(b)
+		f, rest, err := rlswire.Next(b)
 		if err != nil {
 			return err
 		}
 		b = rest
 		switch {
-		case f.num == 1 && f.typ == protowire.BytesType:
+		case f.Num == rlswire.DescriptorEntries && f.Typ == protowire.BytesType:
 			var e envoyconf.Entry
-			for v := f.v; len(v) > 0; {
-				g, rest, err := nextField(v)
+			for v := f.V; len(v) > 0; {
+				g, rest, err := rlswire.Next(v)
 				if err != nil {
 					return err
 				}
 				v = rest
 				switch {
-				case g.num == 1 && g.typ == protowire.BytesType:
-					e.Key = string(g.v)
-				case g.num == 2 && g.typ == protowire.BytesType:
-					e.Value = string(g.v)
+				case g.Num == rlswire.EntryKey && g.Typ == protowire.BytesType:
+					e.Key = string(g.V)
+				case g.Num == rlswire.EntryValue && g.Typ == protowire.BytesType:
+					e.Value = string(g.V)
 				}
 			}
 			d.entries = append(d.entries, e)
-		case f.num == 2 && f.typ == protowire.BytesType:
+		case f.Num == rlswire.DescriptorLimit && f.Typ == protowire.BytesType:
 			if d.limit == nil { // a message field seen twice is merged
 				d.limit = &rlsOverride{}
 			}
-			if err := decodeOverrideWire(f.v, d.limit); err != nil {
+			if err := decodeOverrideWire(f.V, d.limit); err != nil {
 				return err
 			}
-		case f.num == 3 && f.typ == protowire.BytesType:
-			x, err := wrapperValue(f.v, d.hits)
+		case f.Num == rlswire.DescriptorHitsAddend && f.Typ == protowire.BytesType:
+			x, err := wrapperValue(f.V, d.hits)
 			if err != nil {
 				return err
 			}
 			d.hits, d.hasHits = x, true
-		case f.num == 4 && f.typ == protowire.VarintType:
-			d.negative = protowire.DecodeBool(f.x)
+		case f.Num == rlswire.DescriptorIsNegativeHits && f.Typ == protowire.VarintType:
+			d.negative = protowire.DecodeBool(f.X)
 		}
 	}
 	return nil
@@ -226,18 +224,18 @@ func decodeDescriptorWire(b []byte, d *rlsDescriptor) error {
 
 func decodeOverrideWire(b []byte, o *rlsOverride) error {
 	for len(b) > 0 {
-		f, rest, err := nextField(b)
+		f, rest, err := rlswire.Next(b)
 		if err != nil {
 			return err
 		}
 		b = rest
 		switch {
-		case f.num == 1 && f.typ == protowire.VarintType:
-			o.rpu = uint32(f.x)
-		case f.num == 2 && f.typ == protowire.VarintType:
-			o.unit = envoyconf.Unit(int32(f.x))
-		case f.num == 3 && f.typ == protowire.BytesType:
-			x, err := wrapperValue(f.v, uint64(o.multiplier))
+		case f.Num == rlswire.OverrideRequestsPerUnit && f.Typ == protowire.VarintType:
+			o.rpu = uint32(f.X)
+		case f.Num == rlswire.OverrideUnit && f.Typ == protowire.VarintType:
+			o.unit = envoyconf.Unit(int32(f.X))
+		case f.Num == rlswire.OverrideUnitMultiplier && f.Typ == protowire.BytesType:
+			x, err := wrapperValue(f.V, uint64(o.multiplier))
 			if err != nil {
 				return err
 			}
@@ -251,49 +249,14 @@ func decodeOverrideWire(b []byte, o *rlsOverride) error {
 // UInt32Value whose wire data is b, merged into one whose value was x.
 func wrapperValue(b []byte, x uint64) (uint64, error) {
 	for len(b) > 0 {
-		f, rest, err := nextField(b)
+		f, rest, err := rlswire.Next(b)
 		if err != nil {
 			return 0, err
 		}
 		b = rest
-		if f.num == 1 && f.typ == protowire.VarintType {
-			x = f.x
+		if f.Num == rlswire.WrapperValue && f.Typ == protowire.VarintType {
+			x = f.X
 		}
 	}
 	return x, nil
-}
-
-// wireField is one field of a message's wire data: v is a length-delimited
-// field's bytes, x a varint's value.
-type wireField struct {
-	num protowire.Number
-	typ protowire.Type
-	v   []byte
-	x   uint64
-}
-
-// nextField reads the first field of the wire data b, and returns it and
-// the rest of b; malformed data is refused with errWire.
-func nextField(b []byte) (wireField, []byte, error) {
-	num, typ, n := protowire.ConsumeTag(b)
-	if n < 0 {
-		return wireField{}, nil, fmt.Errorf("%w: %w", errWire, protowire.ParseError(n))
-	}
-	if !num.IsValid() { // over protowire.MaxValidNumber, as proto.Unmarshal refuses
-		return wireField{}, nil, fmt.Errorf("%w: field number %d", errWire, num)
-	}
-	f := wireField{num: num, typ: typ}
-	rest := b[n:]
-	switch typ {
-	case protowire.BytesType:
-		f.v, n = protowire.ConsumeBytes(rest)
-	case protowire.VarintType:
-		f.x, n = protowire.ConsumeVarint(rest)
-	default:
-		n = protowire.ConsumeFieldValue(num, typ, rest)
-	}
-	if n < 0 {
-		return wireField{}, nil, fmt.Errorf("%w: field %d: %w", errWire, num, protowire.ParseError(n))
-	}
-	return f, rest[n:], nil
 }

@@ -1,5 +1,7 @@
-// Package rlswire hand-encodes Envoy's RateLimitRequest as raw bytes go on
-// the wire: keys and values need not be UTF-8, as Envoy sends them and as
+// Package rlswire is the wire format of Envoy's rate-limit service, by
+// hand: the messages' field numbers, a reader of one field at a time
+// (Next), and an encoder of RateLimitRequest as raw bytes go on the wire:
+// keys and values need not be UTF-8, as Envoy sends them and as
 // proto.Marshal refuses them, and a request is written into a buffer the
 // caller reuses (AppendRequest), with no message built. Codec sends such
 // bytes over a gRPC connection and decodes the answers as protobuf.
@@ -34,14 +36,14 @@ func Request(domain string, hits uint32, descs ...Descriptor) []byte {
 // AppendRequest appends Request(domain, hits, descs...) to b. It allocates
 // nothing where b has RequestSize bytes to spare.
 func AppendRequest(b []byte, domain string, hits uint32, descs ...Descriptor) []byte {
-	b = protowire.AppendTag(b, 1, protowire.BytesType)
+	b = protowire.AppendTag(b, RequestDomain, protowire.BytesType)
 	b = protowire.AppendString(b, domain)
 	for i := range descs {
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendTag(b, RequestDescriptors, protowire.BytesType)
 		b = descs[i].append(b)
 	}
 	if hits > 0 {
-		b = protowire.AppendTag(b, 3, protowire.VarintType)
+		b = protowire.AppendTag(b, RequestHitsAddend, protowire.VarintType)
 		b = protowire.AppendVarint(b, uint64(hits))
 	}
 	return b
@@ -63,27 +65,27 @@ func RequestSize(domain string, hits uint32, descs ...Descriptor) int {
 func (d *Descriptor) append(b []byte) []byte {
 	b = protowire.AppendVarint(b, uint64(d.size()))
 	for i := 0; i+1 < len(d.KV); i += 2 {
-		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendTag(b, DescriptorEntries, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(entrySize(d.KV[i], d.KV[i+1])))
-		b = protowire.AppendTag(b, 1, protowire.BytesType)
+		b = protowire.AppendTag(b, EntryKey, protowire.BytesType)
 		b = protowire.AppendString(b, d.KV[i])
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendTag(b, EntryValue, protowire.BytesType)
 		b = protowire.AppendString(b, d.KV[i+1])
 	}
 	if d.Unit != 0 {
-		b = protowire.AppendTag(b, 2, protowire.BytesType)
+		b = protowire.AppendTag(b, DescriptorLimit, protowire.BytesType)
 		b = protowire.AppendVarint(b, uint64(d.limitSize()))
-		b = protowire.AppendTag(b, 1, protowire.VarintType)
+		b = protowire.AppendTag(b, OverrideRequestsPerUnit, protowire.VarintType)
 		b = protowire.AppendVarint(b, uint64(d.RequestsPerUnit))
-		b = protowire.AppendTag(b, 2, protowire.VarintType)
+		b = protowire.AppendTag(b, OverrideUnit, protowire.VarintType)
 		b = protowire.AppendVarint(b, uint64(d.Unit))
 		if d.Multiplier > 0 {
-			b = protowire.AppendTag(b, 3, protowire.BytesType)
+			b = protowire.AppendTag(b, OverrideUnitMultiplier, protowire.BytesType)
 			b = appendUint64Value(b, uint64(d.Multiplier))
 		}
 	}
 	if d.Hits != nil {
-		b = protowire.AppendTag(b, 3, protowire.BytesType)
+		b = protowire.AppendTag(b, DescriptorHitsAddend, protowire.BytesType)
 		b = appendUint64Value(b, *d.Hits)
 	}
 	return b
@@ -125,7 +127,7 @@ func appendUint64Value(b []byte, v uint64) []byte {
 		return protowire.AppendVarint(b, 0)
 	}
 	b = protowire.AppendVarint(b, uint64(uint64ValueSize(v)))
-	return protowire.AppendVarint(protowire.AppendTag(b, 1, protowire.VarintType), v)
+	return protowire.AppendVarint(protowire.AppendTag(b, WrapperValue, protowire.VarintType), v)
 }
 
 func uint64ValueSize(v uint64) int {
