@@ -130,7 +130,7 @@ func perfect(w loadgen.Workload, key string, lim hotkey.Limit, rate float64, d, 
 			continue
 		}
 		now = start.Add(at)
-		r, err := store.Take(context.Background(), key, 1, lim, 1)
+		r, err := store.Take(context.Background(), key, counter.Hash(key), lim, 1)
 		if err != nil {
 			return nil, nil, err
 		}
