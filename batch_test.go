@@ -58,7 +58,7 @@ func (s *batchStore) TakeBatch(ctx context.Context, ops []counter.Op) {
 type batchModel map[string]int64
 
 func (m batchModel) allow(r Request) bool {
-	name := CounterName(r.Policy.Name, r.Key)
+	name := nameOf(r.Policy.Name, r.Key)
 	if m[name]+r.Cost > r.Policy.Limit.Capacity() {
 		return false
 	}
@@ -155,7 +155,7 @@ func TestAllowBatchSplitKeys(t *testing.T) {
 	clock := testkit.NewClock()
 	bs := &batchStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
 	p := &Policy{Name: "p", Limit: Limit{Algorithm: SlidingWindow, Rate: 400, Period: time.Hour}}
-	e, err := New(bs, withClock(clock.Now), WithoutDetector(), WithSplitKeys(shard.Level4, CounterName("p", "hot")))
+	e, err := New(bs, withClock(clock.Now), WithoutDetector(), WithSplitKeys(shard.Level4, p, "hot"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +248,7 @@ func TestAllowBatchRedis(t *testing.T) {
 	prefix := fmt.Sprintf("batch%d:", time.Now().UnixNano())
 	a := &Policy{Name: "a", Limit: Limit{Algorithm: SlidingWindow, Rate: 50, Period: longPeriod}}
 	b := &Policy{Name: "b", Limit: Limit{Algorithm: TokenBucket, Rate: 30, Period: longPeriod}}
-	e, err := New(store, WithoutDetector(), WithSplitKeys(shard.Level4, CounterName("a", prefix+"3")))
+	e, err := New(store, WithoutDetector(), WithSplitKeys(shard.Level4, a, prefix+"3"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -275,7 +275,7 @@ func TestAllowBatchRedis(t *testing.T) {
 		}
 		if d.Result.Allowed {
 			mu.Lock()
-			used[CounterName(r.Policy.Name, r.Key)] += r.Cost
+			used[nameOf(r.Policy.Name, r.Key)] += r.Cost
 			mu.Unlock()
 		}
 	}

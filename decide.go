@@ -31,10 +31,12 @@ func (e *Engine) Allow(ctx context.Context, key string, p *Policy) (Result, erro
 // if so. It blocks only on the store.
 //
 // The counter is the policy's own: named p.Name + "|" + key when p.Name is
-// set, key alone when it is not (see CounterName), so two named policies on
-// one key never share state; the hot-key detector, the split table and the
-// coordinator see that name, and the store counts under shard.Name of it
-// (the name itself, but for keys that end like a subcounter's name).
+// set, key alone when it is not, so two named policies on one key never
+// share state (but an unnamed policy's key "login|bob" names the counter of
+// key "bob" under the policy "login"); the hot-key detector, the split
+// table and the coordinator see that name, and the store counts under
+// shard.Name of it (the name itself, but for keys that end like a
+// subcounter's name).
 //
 // Bad input returns a typed error (ErrEmptyKey, ErrKeyTooLong,
 // ErrInvalidCost, ErrCostExceedsBurst, ErrInvalidPolicyName, or a limit
@@ -93,7 +95,7 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 			e.metrics.rejectInput(p)
 			return "", 0, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
 		}
-		name = CounterName(p.Name, key)
+		name = nameOf(p.Name, key)
 	}
 	hash := hashKey(name)
 	// The hint is for the unsplit counter, named name unless the name is

@@ -85,7 +85,7 @@ func TestCoordinatorLevels(t *testing.T) {
 // static level.
 func TestCoordinatorStaticFloor(t *testing.T) {
 	checkLeaks(t)
-	e, _ := newMemoryEngine(t, testkit.NewClock(), WithSplitKeys(16, "pinned"), WithCoordinator(&coordinator.Local{}))
+	e, _ := newMemoryEngine(t, testkit.NewClock(), WithSplitKeys(16, nil, "pinned"), WithCoordinator(&coordinator.Local{}))
 	h := handler{e}
 	h.SetLevel("pinned", hashKey("pinned"), 64)
 	if e.levelOf("pinned") != 64 {

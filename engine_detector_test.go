@@ -62,7 +62,7 @@ func TestDetectorSplitsAndMergesHotKey(t *testing.T) {
 
 func TestDetectorKeepsStaticLevel(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	e := hotEngine(t, 100*time.Millisecond, WithSplitKeys(16, "pinned"))
+	e := hotEngine(t, 100*time.Millisecond, WithSplitKeys(16, nil, "pinned"))
 	defer e.Close()
 	drive(t, e, "pinned", 0, func(r Result) bool { return r.Shards == 64 })
 	// It cools back to its static level and stays there.

@@ -137,7 +137,7 @@ func TestPlacementChangeBetweenVisits(t *testing.T) {
 			set := func(l shard.Level) {
 				for _, e := range []*Engine{a, b} {
 					for _, p := range pols {
-						name := CounterName(p.Name, key)
+						name := nameOf(p.Name, key)
 						handler{e}.SetLevel(name, hashKey(name), l)
 					}
 					e.settle()

@@ -81,7 +81,7 @@ func TestBadInput(t *testing.T) {
 	if _, err := New(nil); !errors.Is(err, ErrInvalidConfig) {
 		t.Errorf("New(nil store): %v, want ErrInvalidConfig", err)
 	}
-	for _, opt := range []Option{withSplitAll(3), WithSplitKeys(1, "a"), WithMaxKeyLen(0), withMinShare(0), withDenyCache(-1), withClock(nil), WithMaxHotKeys(0), withSelection(9), WithDetector(detector.Config{Threshold: -1})} {
+	for _, opt := range []Option{withSplitAll(3), WithSplitKeys(1, nil, "a"), WithMaxKeyLen(0), withMinShare(0), withDenyCache(-1), withClock(nil), WithMaxHotKeys(0), withSelection(9), WithDetector(detector.Config{Threshold: -1})} {
 		if _, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), opt); !errors.Is(err, ErrInvalidConfig) {
 			t.Errorf("New with an invalid option: %v, want ErrInvalidConfig", err)
 		}
@@ -137,7 +137,7 @@ func TestSplitAllAdmitsTheLimit(t *testing.T) {
 }
 
 func TestSplitKeysOnlyThoseKeys(t *testing.T) {
-	e, _ := newMemoryEngine(t, testkit.NewClock(), WithSplitKeys(4, "hot"))
+	e, _ := newMemoryEngine(t, testkit.NewClock(), WithSplitKeys(4, nil, "hot"))
 	ctx := context.Background()
 	if r, _ := e.Allow(ctx, "hot", pol(PerSecond(100))); r.Shards != 4 {
 		t.Errorf("hot key: %d shards", r.Shards)
@@ -173,7 +173,7 @@ func TestKeyLikeSubcounter(t *testing.T) {
 	} {
 		t.Run(st.name, func(t *testing.T) {
 			p := &Policy{Name: fmt.Sprintf("p%d", time.Now().UnixNano()), Limit: Limit{Rate: 400, Period: longPeriod}}
-			e, err := New(st.store, withClock(clock.Now), WithoutDetector(), WithSplitKeys(4, CounterName(p.Name, "bob")))
+			e, err := New(st.store, withClock(clock.Now), WithoutDetector(), WithSplitKeys(4, p, "bob"))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -246,7 +246,7 @@ func TestSecondChance(t *testing.T) {
 		want  int
 	}{{true, 4}, {false, 3}} {
 		clock := testkit.NewClock()
-		e, store := newMemoryEngine(t, clock, WithSplitKeys(4, "k"), withSecondChance(tt.probe), withMinShare(1))
+		e, store := newMemoryEngine(t, clock, WithSplitKeys(4, nil, "k"), withSecondChance(tt.probe), withMinShare(1))
 		lim := Limit{Rate: 8, Period: time.Hour}
 		// Drain one subcounter behind the engine's back; the others keep 2 each.
 		names := e.table.Lookup("k", hashKey("k")).Names(4, nil)

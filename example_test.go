@@ -61,20 +61,25 @@ func ExamplePolicy_shadow() {
 }
 
 func ExampleWithSplitKeys() {
+	api := &hotkey.Policy{Name: "api", Limit: hotkey.PerSecond(1600)}
 	store := counter.NewMemoryStore(counter.MemoryConfig{})
-	engine, err := hotkey.New(store, hotkey.WithSplitKeys(16, "tenant:acme"))
+	engine, err := hotkey.New(store, hotkey.WithSplitKeys(16, api, "tenant:acme"))
 	if err != nil {
 		panic(err)
 	}
 	defer engine.Close()
 
-	p := &hotkey.Policy{Limit: hotkey.PerSecond(1600)}
-	res, _ := engine.Allow(context.Background(), "tenant:acme", p)
+	res, _ := engine.Allow(context.Background(), "tenant:acme", api)
 	fmt.Println(res.Allowed, res.Shards, res.Limit)
-	res, _ = engine.Allow(context.Background(), "tenant:other", p)
+	res, _ = engine.Allow(context.Background(), "tenant:other", api)
+	fmt.Println(res.Allowed, res.Shards)
+	// Another policy's counter for the same key is not split.
+	login := &hotkey.Policy{Name: "login", Limit: hotkey.PerSecond(1600)}
+	res, _ = engine.Allow(context.Background(), "tenant:acme", login)
 	fmt.Println(res.Allowed, res.Shards)
 	// Output:
 	// true 16 1600
+	// true 1
 	// true 1
 }
 

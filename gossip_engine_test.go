@@ -107,11 +107,11 @@ func TestGossipEngines(t *testing.T) {
 // this instance. The detector still sees it, and HotKeys lists it.
 func TestGossipNeverSplits(t *testing.T) {
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	e := hotEngine(t, time.Minute, WithSplitKeys(4, "g|static"))
+	e := hotEngine(t, time.Minute, WithSplitKeys(4, &Policy{Name: "g"}, "static"))
 	defer e.Close()
 	p := &Policy{Name: "g", Limit: PerSecond(1_000_000), Sync: SyncGossip}
 	deadline := time.Now().Add(20 * time.Second)
-	for e.levelOf(CounterName("g", "hot")) == shard.Level1 {
+	for e.levelOf(nameOf("g", "hot")) == shard.Level1 {
 		if time.Now().After(deadline) {
 			t.Fatal("the detector did not find the key hot before the deadline")
 		}
@@ -121,7 +121,7 @@ func TestGossipNeverSplits(t *testing.T) {
 		}
 	}
 	if r, err := e.Allow(context.Background(), "hot", p); err != nil || r.Shards != 1 {
-		t.Errorf("hot key at level %d: %+v, %v: want decided on 1 counter", e.levelOf(CounterName("g", "hot")), r, err)
+		t.Errorf("hot key at level %d: %+v, %v: want decided on 1 counter", e.levelOf(nameOf("g", "hot")), r, err)
 	}
 	listed := map[string]bool{}
 	for _, h := range e.HotKeys() {

@@ -96,14 +96,14 @@ type Result struct {
 	Degraded bool
 }
 
-// CounterName returns the name of the counter that AllowN charges for key
-// under a policy named policy: policy + "|" + key, or key alone for an
-// unnamed policy. A policy name must not hold '|', so that two named
+// nameOf returns the name of the counter that AllowN charges for key under a
+// policy named policy: policy + "|" + key, or key alone for an unnamed
+// policy. A policy name must not hold '|', so that two named
 // policies' counters never share a name. Under an unnamed policy, a key that
 // holds '|' (say "login|bob") names the same counter as key "bob" under the
 // policy "login": keep unnamed policies to keys without '|' where named ones
 // are in use.
-func CounterName(policy, key string) string {
+func nameOf(policy, key string) string {
 	if policy == "" {
 		return key
 	}

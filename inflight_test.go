@@ -65,7 +65,7 @@ func TestTakeInFlightWhileSplit(t *testing.T) {
 			key := "k"
 			gs := &gateStore{
 				MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now}),
-				hold:        CounterName(p.Name, key),
+				hold:        nameOf(p.Name, key),
 				entered:     make(chan struct{}),
 				release:     make(chan struct{}),
 				reshards:    make(chan struct{}, 1),
@@ -172,7 +172,7 @@ func TestTakeInFlightWhileSplitAndMerged(t *testing.T) {
 	key := "k"
 	s := &splitMergeStore{
 		MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now}),
-		hold:        CounterName(p.Name, key),
+		hold:        nameOf(p.Name, key),
 		entered:     make(chan struct{}),
 		land:        make(chan struct{}),
 		back:        make(chan struct{}),

@@ -146,7 +146,7 @@ func TestMemoryFullSplit(t *testing.T) {
 			clock.Advance(time.Minute)
 			flood(ctx, e, "flood:", day)
 			refusals := mem.Full()
-			handler{e}.SetLevel(CounterName(hot.Name, "k"), hashKey(CounterName(hot.Name, "k")), 16)
+			handler{e}.SetLevel(nameOf(hot.Name, "k"), hashKey(nameOf(hot.Name, "k")), 16)
 			allow(30)
 			if admitted != 40 {
 				t.Errorf("hot key admitted %d, want its limit of 40", admitted)
@@ -175,7 +175,7 @@ func TestMemoryFullSplit(t *testing.T) {
 			// subcounters keep deciding.
 			flood(ctx, e, "flood2:", day)
 			refusals = mem.Full()
-			handler{e}.SetLevel(CounterName(hot.Name, "k"), hashKey(CounterName(hot.Name, "k")), 1)
+			handler{e}.SetLevel(nameOf(hot.Name, "k"), hashKey(nameOf(hot.Name, "k")), 1)
 			admitted = 1
 			allow(60)
 			if admitted > 40 {

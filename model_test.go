@@ -295,7 +295,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			p := policies[pi]
 			key := keys[rng.IntN(len(keys))]
 			n := modelCost(rng, p, pi)
-			name := CounterName(p.Name, key)
+			name := nameOf(p.Name, key)
 			ei := rng.IntN(len(engines))
 			e := engines[ei]
 			from := now()
@@ -368,7 +368,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			batch := make([]change, 1+rng.IntN(3))
 			for i := range batch {
 				p := policies[rng.IntN(len(policies))]
-				batch[i] = change{CounterName(p.Name, keys[rng.IntN(len(keys))]), []shard.Level{1, 4, 16, 64}[rng.IntN(4)]}
+				batch[i] = change{nameOf(p.Name, keys[rng.IntN(len(keys))]), []shard.Level{1, 4, 16, 64}[rng.IntN(4)]}
 				m.moves[batch[i].name]++
 			}
 			// Each engine hears the batch in an order of its own, as
@@ -399,7 +399,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			// the order they heard them in (a full table ranks its keys).
 			for _, p := range policies {
 				for _, k := range keys {
-					name := CounterName(p.Name, k)
+					name := nameOf(p.Name, k)
 					for i, e := range engines[1:] {
 						if a, b := engines[0].levelOf(name), e.levelOf(name); a != b {
 							m.violate("op %d: %s at level %d on engine 0, %d on engine %d", op, name, a, b, i+1)

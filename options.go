@@ -87,21 +87,25 @@ func WithMaxKeyLen(n int) Option {
 	}
 }
 
-// WithSplitKeys splits the given counters at level (4, 16 or 64), always.
-// A counter is named as CounterName names it: "api|tenant:acme" for key
-// tenant:acme under a policy named api, the key alone under an unnamed one.
-// A cost over one subcounter's share (its burst over the level) is refused:
-// see the README's guarantees.
-func WithSplitKeys(level shard.Level, keys ...string) Option {
+// WithSplitKeys splits the counters of keys under p at level (4, 16 or 64),
+// always: the counters AllowN charges for those keys under p, and under no
+// other policy. A nil p, or one with no Name, means the keys under unnamed
+// policies. A cost over one subcounter's share (its burst over the level)
+// is refused: see the README's guarantees.
+func WithSplitKeys(level shard.Level, p *Policy, keys ...string) Option {
 	return func(o *options) error {
 		if err := shard.CheckSplit(level); err != nil {
 			return fmt.Errorf("split keys: %w", err)
+		}
+		var policy string
+		if p != nil {
+			policy = p.Name
 		}
 		if o.splitKeys == nil {
 			o.splitKeys = make(map[string]shard.Level)
 		}
 		for _, k := range keys {
-			o.splitKeys[k] = level
+			o.splitKeys[nameOf(policy, k)] = level
 		}
 		return nil
 	}

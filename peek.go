@@ -223,7 +223,7 @@ func (e *Engine) counterName(key string, p *Policy) (string, uint64, error) {
 		if !known.nameOK {
 			return "", 0, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
 		}
-		name = CounterName(p.Name, key)
+		name = nameOf(p.Name, key)
 	}
 	return name, hashKey(name), nil
 }

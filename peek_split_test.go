@@ -49,7 +49,7 @@ func TestPeekChargesNothing(t *testing.T) {
 			for _, level := range []shard.Level{shard.Level1, shard.Level4, shard.Level16} {
 				t.Run(fmt.Sprintf("%s/%v/%d", st.name, alg, level), func(t *testing.T) {
 					p := &Policy{Name: fmt.Sprintf("p%x", rand.Uint64()), Limit: Limit{Algorithm: alg, Rate: 160, Period: longPeriod}}
-					e := newSplitEngine(t, st.store, clock, CounterName(p.Name, "k"), level)
+					e := newSplitEngine(t, st.store, clock, nameOf(p.Name, "k"), level)
 					key := "k"
 					ctx := context.Background()
 					for range 30 {
@@ -93,7 +93,7 @@ func TestPeekSplitSum(t *testing.T) {
 			for _, level := range []shard.Level{shard.Level4, shard.Level16} {
 				t.Run(fmt.Sprintf("%s/%v/%d", st.name, alg, level), func(t *testing.T) {
 					p := &Policy{Name: fmt.Sprintf("p%x", rand.Uint64()), Limit: Limit{Algorithm: alg, Rate: 160, Period: longPeriod}}
-					name := CounterName(p.Name, "k")
+					name := nameOf(p.Name, "k")
 					e := newSplitEngine(t, st.store, clock, name, level)
 					ctx := context.Background()
 					ent := split.NewEntry(name, hashKey(name), level, level, nil)

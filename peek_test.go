@@ -20,7 +20,7 @@ func TestPeek(t *testing.T) {
 		opts []Option
 	}{
 		{"whole", "k", nil},
-		{"split", "k", []Option{WithSplitKeys(shard.Level4, CounterName("p", "k"))}},
+		{"split", "k", []Option{WithSplitKeys(shard.Level4, &Policy{Name: "p"}, "k")}},
 		// A key that ends like a subcounter's name, whose counter's name
 		// is escaped: the peek reads the counter the take charges.
 		{"escaped", "k|4|0", nil},

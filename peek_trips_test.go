@@ -55,7 +55,7 @@ func TestPeekSplitRoundTrips(t *testing.T) {
 			for _, alg := range allAlgorithms {
 				t.Run(alg.String(), func(t *testing.T) {
 					p := &Policy{Name: fmt.Sprintf("p%x", rand.Uint64()), Limit: Limit{Algorithm: alg, Rate: 640, Period: longPeriod}}
-					name := CounterName(p.Name, "k")
+					name := nameOf(p.Name, "k")
 					e := newSplitEngine(t, store, clock, name, level)
 					ent := split.NewEntry(name, hashKey(name), level, level, nil)
 					// Subcounter i spends i units of its 10, so a few
@@ -209,7 +209,7 @@ func TestPeekSplitStoreDown(t *testing.T) {
 	}
 	t.Cleanup(func() { store.Close() })
 	lim := Limit{Algorithm: counter.SlidingWindow, Rate: 160, Period: longPeriod}
-	e := newSplitEngine(t, store, testkit.NewClock(), CounterName("p", "k"), shard.Level16)
+	e := newSplitEngine(t, store, testkit.NewClock(), nameOf("p", "k"), shard.Level16)
 	if r, err := e.Peek(ctx, "k", &Policy{Name: "p", Limit: lim}); err != nil || !r.Allowed || r.Degraded || r.Shards != shard.Level16 {
 		t.Fatalf("peek, server up: %+v, %v; want allowed on 16 subcounters", r, err)
 	}

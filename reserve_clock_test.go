@@ -115,7 +115,7 @@ func TestReserveClockStep(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer probe.Close()
-	r, err := probe.Take(ctx, CounterName(p.Name, "k"), 0, lim, 1)
+	r, err := probe.Take(ctx, nameOf(p.Name, "k"), 0, lim, 1)
 	probed := window()
 	if err != nil {
 		t.Fatal(err)

@@ -122,7 +122,7 @@ func TestReserveCloseReturns(t *testing.T) {
 		}
 		clock.Advance(time.Microsecond)
 	}
-	name := CounterName("r", "k")
+	name := nameOf("r", "k")
 	// The store's view while the block is out: the block holds what is
 	// left, so a probe is denied (and charges nothing).
 	if r := store.TakeAt(clock.Now(), name, 0, lim, 1); r.Allowed {

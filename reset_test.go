@@ -31,7 +31,7 @@ func TestReset(t *testing.T) {
 				p := &Policy{Name: fmt.Sprintf("p%x", rand.Uint64()), Limit: Limit{Algorithm: alg, Rate: 160, Period: longPeriod}}
 				e := newSplitEngine(t, st.store, clock, "", shard.Level1)
 				ctx := context.Background()
-				name := CounterName(p.Name, "k")
+				name := nameOf(p.Name, "k")
 				decide := func(key string, n int) (admitted int) {
 					t.Helper()
 					for range n {
@@ -191,7 +191,7 @@ func TestResetCluster(t *testing.T) {
 	clock := testkit.NewClock()
 	e := newSplitEngine(t, store, clock, "", shard.Level1)
 	p := &Policy{Name: "p", Limit: Limit{Algorithm: SlidingLog, Rate: 640, Period: longPeriod}}
-	name := CounterName(p.Name, "k")
+	name := nameOf(p.Name, "k")
 	for _, level := range []shard.Level{shard.Level16, shard.Level64, shard.Level4} {
 		handler{e}.SetLevel(name, hashKey(name), level)
 		for range 100 {

@@ -41,7 +41,7 @@ func TestClusterStoreSetUpLate(t *testing.T) {
 		t.Fatal("the store is set up through a cut proxy")
 	}
 	key := fmt.Sprintf("late-%x", rand.Uint64()) // the servers outlive a run
-	e, err := New(store, WithoutDetector(), WithSplitKeys(shard.Level16, CounterName("late", key)))
+	e, err := New(store, WithoutDetector(), WithSplitKeys(shard.Level16, &Policy{Name: "late"}, key))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,7 +87,7 @@ func TestClusterStoreSetUpLate(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ref.Close()
-	name := CounterName("late", key)
+	name := nameOf("late", key)
 	want := map[string]bool{}
 	for _, n := range shard.Names(name, hashKey(name), shard.Level16, ref.Placement()) {
 		want["hk:"+n] = true

@@ -13,8 +13,8 @@ import (
 
 // HotKey is a key split on this instance now.
 type HotKey struct {
-	// Policy and Key name the counter (CounterName): Policy is empty for
-	// a decision without a named policy.
+	// Policy and Key name the counter (the counter name, policy|key):
+	// Policy is empty for a decision without a named policy.
 	Policy, Key string
 	// Level is the number of subcounters the key is decided on.
 	Level shard.Level

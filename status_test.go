@@ -1,12 +1,14 @@
 package hotkey
 
 import (
+	"context"
 	"reflect"
 	"testing"
 	"time"
 
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -26,7 +28,7 @@ func (r *reporting) Stats() coordinator.Stats    { return coordinator.Stats{Publ
 func TestHotKeysAndStats(t *testing.T) {
 	checkLeaks(t)
 	co := &reporting{leases: []coordinator.Lease{{Key: "login|u1", Level: shard.Level16, ExpiresIn: 2 * time.Second, Origin: "peer-a"}}}
-	e, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector(), WithCoordinator(co), WithSplitKeys(shard.Level4, "static"))
+	e, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector(), WithCoordinator(co), WithSplitKeys(shard.Level4, nil, "static"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -56,5 +58,37 @@ func TestHotKeysAndStats(t *testing.T) {
 	defer lone.Close()
 	if got, st := lone.HotKeys(), lone.Stats(); len(got) != 0 || st.Coordinator != nil || len(st.HotKeys) != 0 {
 		t.Errorf("an idle lone engine: HotKeys %+v, Stats %+v", got, st)
+	}
+}
+
+// TestSplitKeysByPolicy: WithSplitKeys splits the counter of each key under
+// the policy it names, and no other policy's counter of that key; HotKeys
+// lists it under that policy and key.
+func TestSplitKeysByPolicy(t *testing.T) {
+	api := &Policy{Name: "api", Limit: PerSecond(1600)}
+	web := &Policy{Name: "web", Limit: PerSecond(1600)}
+	bare := &Policy{Limit: PerSecond(1600)}
+	e, _ := newMemoryEngine(t, testkit.NewClock(), WithSplitKeys(shard.Level16, api, "k"), WithSplitKeys(shard.Level4, nil, "k"))
+	want := []HotKey{
+		{Policy: "api", Key: "k", Level: shard.Level16},
+		{Key: "k", Level: shard.Level4},
+	}
+	if got := e.HotKeys(); !reflect.DeepEqual(got, want) {
+		t.Errorf("HotKeys() = %+v\nwant %+v", got, want)
+	}
+	for _, tt := range []struct {
+		give *Policy
+		key  string
+		want shard.Level
+	}{
+		{api, "k", shard.Level16},
+		{web, "k", shard.Level1},
+		{bare, "k", shard.Level4},
+		{api, "other", shard.Level1},
+	} {
+		res, err := e.Allow(context.Background(), tt.key, tt.give)
+		if err != nil || !res.Allowed || res.Shards != tt.want {
+			t.Errorf("Allow(%q) under %q: %+v, %v: want allowed on %d counters", tt.key, tt.give.Name, res, err, tt.want)
+		}
 	}
 }

@@ -78,7 +78,7 @@ func (s *hashStore) Delete(ctx context.Context, cs []counter.Shard) error {
 func TestStoreHash(t *testing.T) {
 	clock := testkit.NewClock()
 	store := &hashStore{MemoryStore: counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})}
-	e, err := New(store, withClock(clock.Now), WithoutDetector(), withMinShare(1), WithSplitKeys(shard.Level4, "split", "split|4|1"))
+	e, err := New(store, withClock(clock.Now), WithoutDetector(), withMinShare(1), WithSplitKeys(shard.Level4, nil, "split", "split|4|1"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -111,7 +111,7 @@ func TestStoreHash(t *testing.T) {
 		// Split "moved" and merge it back: its usage moves both ways.
 		for _, level := range []shard.Level{shard.Level16, shard.Level1} {
 			for _, key := range keys[5:] {
-				name := CounterName(p.Name, key)
+				name := nameOf(p.Name, key)
 				handler{e}.SetLevel(name, hashKey(name), level)
 				if _, err := e.Allow(ctx, key, p); err != nil {
 					t.Fatalf("%q at level %d: %v", key, level, err)

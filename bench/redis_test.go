@@ -118,7 +118,7 @@ func benchHotKeyCluster(b *testing.B, level shard.Level) {
 			key := fmt.Sprintf("hot:%d:%x", k, rand.Uint64())
 			opts := []hotkey.Option{hotkey.WithoutDetector()} // the level is the variable here
 			if level > 1 {
-				opts = append(opts, hotkey.WithSplitKeys(level, key))
+				opts = append(opts, hotkey.WithSplitKeys(level, hotPolicy, key))
 			}
 			e, err := hotkey.New(store, opts...)
 			if err != nil {

@@ -440,7 +440,7 @@ func gossipBytes(cluster *natsserver.Cluster, s *setup, sec *scenario.Section) e
 	perRound := float64(bytes) / float64(rounds)
 	msgsPerRound := float64(msgs) / float64(rounds)
 	perSecond := float64(time.Second / hotkey.DefaultGossipInterval)
-	keyLen := len(hotkey.CounterName(p.Name, names[len(names)/2]))
+	keyLen := len(p.Name + "|" + names[len(names)/2]) // the counter name, policy|key
 	sec.Printf("**Bytes on NATS at 100,000 active keys.** Each of the %d instances admits on 100,000 distinct keys (\"user:N\" under policy \"api\": counter names of about %d bytes) in one round, one unit each; bytes and messages are the coordinators' count of what they published (envelopes and signatures included), %d round(s) per instance. Ten instances deciding 100,000 keys every %v would be 10M decisions/s, and each charging its 9 peers' rounds 9M charges/s: more than this machine does, so the rounds were filled at the machine's pace under a gossip interval of a minute and sent by Close, and the per-second figures are a round's × %.0f rounds/s.\n\n",
 		gossipEngines, keyLen, reps, hotkey.DefaultGossipInterval, perSecond)
 	sec.Printf("| bytes per round per instance | bytes per key | messages per round | sent per instance at %v | messages/s per instance | received per instance (9 peers) |\n|---|---|---|---|---|---|\n", hotkey.DefaultGossipInterval)

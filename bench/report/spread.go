@@ -55,13 +55,13 @@ func runSpread(ctx context.Context, s *setup) (*scenario.Section, error) {
 	var plots strings.Builder
 	for _, mode := range []struct {
 		name, file string
-		opts       func(counterName string) []hotkey.Option
+		opts       func(p *hotkey.Policy, key string) []hotkey.Option
 	}{
-		{"static level 1 (never split)", "spread-static1", func(string) []hotkey.Option { return []hotkey.Option{hotkey.WithoutDetector()} }},
-		{"static level 64", "spread-static64", func(k string) []hotkey.Option {
-			return []hotkey.Option{hotkey.WithoutDetector(), hotkey.WithSplitKeys(64, k)}
+		{"static level 1 (never split)", "spread-static1", func(*hotkey.Policy, string) []hotkey.Option { return []hotkey.Option{hotkey.WithoutDetector()} }},
+		{"static level 64", "spread-static64", func(p *hotkey.Policy, k string) []hotkey.Option {
+			return []hotkey.Option{hotkey.WithoutDetector(), hotkey.WithSplitKeys(64, p, k)}
 		}},
-		{"adaptive", "spread-adaptive", func(string) []hotkey.Option {
+		{"adaptive", "spread-adaptive", func(*hotkey.Policy, string) []hotkey.Option {
 			cfg := detector.DefaultConfig()
 			cfg.Threshold = threshold
 			return []hotkey.Option{hotkey.WithDetector(cfg)}
@@ -72,7 +72,7 @@ func runSpread(ctx context.Context, s *setup) (*scenario.Section, error) {
 		c, err := embedded.Start(embedded.Config{
 			Instances: 2,
 			Store:     func(int) (counter.Store, error) { return store, nil },
-			Options:   mode.opts(hotkey.CounterName(p.Name, hot)),
+			Options:   mode.opts(p, hot),
 		})
 		if err != nil {
 			return nil, err

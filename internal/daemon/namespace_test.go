@@ -16,7 +16,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/internal/namespace"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
@@ -153,7 +152,7 @@ func TestNamespacesApart(t *testing.T) {
 		if err := c.Start(nopHandler{}); err != nil {
 			t.Fatal(err)
 		}
-		c.Announce(hotkey.CounterName("default", key), 0, 4)
+		c.Announce("default|"+key, 0, 4) // the counter name, policy|key
 		testkit.For(t, testkit.Patience, key+" split on both daemons of its fleet", func() bool {
 			has := func(d *Daemon) bool {
 				return slices.ContainsFunc(hotKeys(d).HotKeys, func(h HotKey) bool { return h.Key == key })

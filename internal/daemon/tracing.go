@@ -427,8 +427,8 @@ func endStoreSpan(span trace.Span, allowed bool, err error) {
 	span.End()
 }
 
-// policyOf is the policy of a counter name (hotkey.CounterName), "" for
-// an unnamed policy's.
+// policyOf is the policy of a counter name (the counter name, policy|key),
+// "" for an unnamed policy's.
 func policyOf(name string) string {
 	if i := strings.IndexByte(name, '|'); i >= 0 {
 		return name[:i]
