@@ -112,10 +112,14 @@ func New(store counter.Store, opts ...Option) (*Engine, error) {
 		e.reshard = rs
 	}
 	e.table = split.NewTable(e.splitConfig())
-	for k, level := range o.splitKeys {
-		if err := e.checkKey(k); err != nil {
-			return nil, fmt.Errorf("hotkey: split key: %w", err)
+	e.opt.splitKeys = make(map[string]shard.Level, len(o.staticKeys))
+	for _, sk := range o.staticKeys {
+		if err := e.checkKey(sk.key); err != nil {
+			return nil, fmt.Errorf("hotkey: %w: split key: %w", ErrInvalidConfig, err)
 		}
+		e.opt.splitKeys[nameOf(sk.policy, sk.key)] = sk.level
+	}
+	for k, level := range e.opt.splitKeys {
 		if !e.table.Set(k, hashKey(k), level, shard.Level1, nil) {
 			return nil, fmt.Errorf("hotkey: %w: more split keys than max hot keys (%d)", ErrInvalidConfig, o.maxHotKeys)
 		}

@@ -3,6 +3,7 @@ package hotkey
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -18,7 +19,8 @@ type Option func(*options) error
 type options struct {
 	maxKeyLen                     int
 	splitAll                      shard.Level
-	splitKeys                     map[string]shard.Level
+	staticKeys                    []staticKey
+	splitKeys                     map[string]shard.Level // counter name to static level, made by New from staticKeys
 	minShare                      int64
 	denyCache                     int
 	secondChance                  bool
@@ -90,8 +92,10 @@ func WithMaxKeyLen(n int) Option {
 // WithSplitKeys splits the counters of keys under p at level (4, 16 or 64),
 // always: the counters AllowN charges for those keys under p, and under no
 // other policy. A nil p, or one with no Name, means the keys under unnamed
-// policies. A cost over one subcounter's share (its burst over the level)
-// is refused: see the README's guarantees.
+// policies. New refuses a p whose Name holds '|' (ErrInvalidPolicyName) and
+// a key AllowN would refuse (ErrEmptyKey, ErrKeyTooLong). A cost over one
+// subcounter's share (its burst over the level) is refused: see the
+// README's guarantees.
 func WithSplitKeys(level shard.Level, p *Policy, keys ...string) Option {
 	return func(o *options) error {
 		if err := shard.CheckSplit(level); err != nil {
@@ -101,14 +105,21 @@ func WithSplitKeys(level shard.Level, p *Policy, keys ...string) Option {
 		if p != nil {
 			policy = p.Name
 		}
-		if o.splitKeys == nil {
-			o.splitKeys = make(map[string]shard.Level)
+		if strings.IndexByte(policy, '|') >= 0 {
+			return fmt.Errorf("split keys: %w: %q holds '|'", ErrInvalidPolicyName, policy)
 		}
 		for _, k := range keys {
-			o.splitKeys[nameOf(policy, k)] = level
+			o.staticKeys = append(o.staticKeys, staticKey{policy, k, level})
 		}
 		return nil
 	}
+}
+
+// staticKey is a key WithSplitKeys splits: New checks the key as a
+// decision does, under the options all given.
+type staticKey struct {
+	policy, key string
+	level       shard.Level
 }
 
 // WithMaxHotKeys caps the number of split keys tracked (default 10000).

@@ -2,7 +2,9 @@ package hotkey
 
 import (
 	"context"
+	"errors"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
@@ -89,6 +91,35 @@ func TestSplitKeysByPolicy(t *testing.T) {
 		res, err := e.Allow(context.Background(), tt.key, tt.give)
 		if err != nil || !res.Allowed || res.Shards != tt.want {
 			t.Errorf("Allow(%q) under %q: %+v, %v: want allowed on %d counters", tt.key, tt.give.Name, res, err, tt.want)
+		}
+	}
+}
+
+// TestSplitKeysChecked: New refuses the keys of WithSplitKeys that AllowN
+// refuses under their policy, with ErrInvalidConfig, and only those: the
+// length bound is the key's, not the counter name's.
+func TestSplitKeysChecked(t *testing.T) {
+	longest := strings.Repeat("k", DefaultMaxKeyLen)
+	for _, tt := range []struct {
+		give Option
+		want error
+	}{
+		{WithSplitKeys(shard.Level4, &Policy{Name: "a|b"}, "c"), ErrInvalidPolicyName},
+		{WithSplitKeys(shard.Level4, nil, "k", ""), ErrEmptyKey},
+		{WithSplitKeys(shard.Level4, &Policy{Name: "api"}, ""), ErrEmptyKey},
+		{WithSplitKeys(shard.Level4, &Policy{Name: "api"}, longest+"k"), ErrKeyTooLong},
+		{WithSplitKeys(shard.Level4, &Policy{Name: "api"}, longest), nil},
+		{WithSplitKeys(shard.Level4, nil, longest), nil},
+	} {
+		e, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector(), tt.give)
+		if tt.want == nil {
+			if err != nil {
+				t.Errorf("New: %v, want an engine", err)
+				continue
+			}
+			e.Close()
+		} else if !errors.Is(err, tt.want) || !errors.Is(err, ErrInvalidConfig) {
+			t.Errorf("New: %v, want %v and ErrInvalidConfig", err, tt.want)
 		}
 	}
 }
