@@ -107,7 +107,7 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 		e.prefetch.Prefetch(hash) // its miss overlaps the detector's
 	}
 	if e.detect != nil {
-		e.detect.Observe(hash, name)
+		e.detect.Observe(name, hash)
 	}
 	return name, hash, nil
 }

@@ -1,5 +1,7 @@
 package counter
 
+import "github.com/hotkeyd/hotkey/shard"
+
 // numSlots is the number of hash slots of a Redis Cluster.
 const numSlots = 16384
 
@@ -48,27 +50,10 @@ func crc16(crc uint16, s string) uint16 {
 	return crc
 }
 
-// hashTag returns the part of key Redis hashes to pick a slot: the text
-// between the first '{' and the next '}' when that is not empty, and ok
-// false (hash the whole key) otherwise. Ring shards use the same rule.
-func hashTag(key string) (tag string, ok bool) {
-	for i := 0; i < len(key); i++ {
-		if key[i] == '{' {
-			for j := i + 1; j < len(key); j++ {
-				if key[j] == '}' {
-					return key[i+1 : j], j > i+1
-				}
-			}
-			return "", false
-		}
-	}
-	return "", false
-}
-
 // keySlot is the Redis Cluster slot of the key prefix+name, computed without
 // building the key. prefix must not contain '{' or '}'.
 func keySlot(prefix, name string) int {
-	if tag, ok := hashTag(name); ok {
+	if tag, ok := shard.HashTag(name); ok {
 		return int(crc16(0, tag) % numSlots)
 	}
 	return int(crc16(crc16(0, prefix), name) % numSlots)

@@ -3,6 +3,7 @@ package counter
 import (
 	"context"
 	"fmt"
+	"github.com/hotkeyd/hotkey/shard"
 	"slices"
 	"strconv"
 	"sync"
@@ -11,17 +12,10 @@ import (
 	"github.com/redis/go-redis/v9"
 )
 
-// Placement maps counter names to the store's nodes. A Placement is an
-// immutable snapshot, safe for concurrent use.
-type Placement interface {
-	// Nodes is the number of nodes, at least 1.
-	Nodes() int
-	// Node is the index in [0, Nodes()) of the node holding counter name.
-	// The store adds its Prefix itself before hashing.
-	Node(name string) int
-	// Version differs between snapshots whose mapping differs.
-	Version() uint64
-}
+// Placement maps counter names to the store's nodes (see shard.Placement).
+// Node is given a counter's name without the store's Prefix, which the
+// store adds itself before hashing.
+type Placement = shard.Placement
 
 // readPlacement builds the snapshot of client's node map as of now, with the
 // given version:
@@ -139,7 +133,7 @@ func (p *ringPlacement) Node(name string) int {
 	}
 	if p.custom != nil {
 		key := p.prefix + name
-		if tag, ok := hashTag(key); ok {
+		if tag, ok := shard.HashTag(key); ok {
 			key = tag
 		}
 		if i, ok := slices.BinarySearch(p.names, p.custom.Get(key)); ok {
@@ -148,7 +142,7 @@ func (p *ringPlacement) Node(name string) int {
 		return 0
 	}
 	var h uint64
-	if tag, ok := hashTag(name); ok { // the prefix has no braces
+	if tag, ok := shard.HashTag(name); ok { // the prefix has no braces
 		h = xxhash.Sum64String(tag)
 	} else {
 		var d xxhash.Digest

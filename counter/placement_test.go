@@ -3,6 +3,7 @@ package counter
 import (
 	"context"
 	"fmt"
+	"github.com/hotkeyd/hotkey/shard"
 	"hash/crc32"
 	"slices"
 	"strconv"
@@ -95,8 +96,8 @@ func TestHashTag(t *testing.T) {
 		{"a{b", "", false},
 		{"a}b{c}", "c", true},
 	} {
-		if got, ok := hashTag(tt.give); got != tt.want || ok != tt.ok {
-			t.Errorf("hashTag(%q) = %q, %v; want %q, %v", tt.give, got, ok, tt.want, tt.ok)
+		if got, ok := shard.HashTag(tt.give); got != tt.want || ok != tt.ok {
+			t.Errorf("shard.HashTag(%q) = %q, %v; want %q, %v", tt.give, got, ok, tt.want, tt.ok)
 		}
 	}
 }

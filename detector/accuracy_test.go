@@ -130,14 +130,14 @@ func runAccuracy(t *testing.T, crowd bool) accuracy {
 		for range perStep {
 			id := int32(zipf.Uint64())
 			h, k := keyOf(int(id))
-			s.d.Observe(h, k)
+			s.d.Observe(k, h)
 			ids = append(ids, id)
-			s.d.Observe(r.Uint64(), "u")
+			s.d.Observe("u", r.Uint64())
 		}
 		for i := range crowdKeys * crowdPerStep {
 			id := int32(zipfKeys + i%crowdKeys)
 			h, k := keyOf(int(id))
-			s.d.Observe(h, k)
+			s.d.Observe(k, h)
 			ids = append(ids, id)
 		}
 		ring[step%K] = ids
@@ -221,11 +221,11 @@ func TestLatency(t *testing.T) {
 					due = int(math.Ceil(end.Sub(tr.start).Seconds() * rate))
 				}
 				for ; tr.sent < due; tr.sent++ {
-					s.d.Observe(tr.hash, tr.key)
+					s.d.Observe(tr.key, tr.hash)
 				}
 			}
 			for range 1000 {
-				s.d.Observe(r.Uint64(), "u")
+				s.d.Observe("u", r.Uint64())
 			}
 			s.tick()
 		}

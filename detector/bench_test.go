@@ -60,7 +60,7 @@ func BenchmarkObserve(b *testing.B) {
 	}
 	d.Start()
 	defer d.Close()
-	walk(b, func(key string) { d.Observe(xxhash.Sum64String(key), key) })
+	walk(b, func(key string) { d.Observe(key, xxhash.Sum64String(key)) })
 }
 
 // BenchmarkObserveHashOnly is the floor: hashing the key, as the engine
@@ -102,13 +102,13 @@ func BenchmarkObserveHot(b *testing.B) {
 	const key = "hot"
 	h := xxhash.Sum64String(key)
 	for range 1000 {
-		d.Observe(h, key)
+		d.Observe(key, h)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			d.Observe(xxhash.Sum64String(key), key)
+			d.Observe(key, xxhash.Sum64String(key))
 		}
 	})
 }

@@ -314,19 +314,19 @@ func New(cfg Config, now time.Time) (*Detector, error) {
 // hash of key such as the engine's seeded counter.Hash(key): the detector never hashes the
 // key itself, and keys with the same hash count as one. Observe does not keep
 // key; a key entering the exact table is copied.
-func (d *Detector) Observe(hash uint64, key string) {
-	d.observe(procID(), hash, key)
+func (d *Detector) Observe(key string, hash uint64) {
+	d.observe(procID(), key, hash)
 }
 
 // observe is Observe on the processor numbered p.
-func (d *Detector) observe(p int, hash uint64, key string) {
+func (d *Detector) observe(p int, key string, hash uint64) {
 	if n := d.table.Load().find(hash, d.hashes); n >= 0 {
 		d.hits[n].n.Add(1)
 		return
 	}
 	s := 3*(p&d.smask) + int(d.cur.Load())
 	if est := d.sk.add(s, hash); est >= d.stripeAt.Load() {
-		d.promote(hash, key, est)
+		d.promote(key, hash, est)
 	}
 }
 
@@ -342,7 +342,7 @@ func (d *Detector) estimate(slot int, hash uint64) uint32 {
 
 // promote enters key into the exact table, crediting it with its sketch
 // estimates for the current and previous sub-windows.
-func (d *Detector) promote(hash uint64, key string, est uint32) {
+func (d *Detector) promote(key string, hash uint64, est uint32) {
 	if d.full.Load() {
 		if est == d.stripeAt.Load() { // once per key, stripe and sub-window, about
 			d.rejected.Add(1)

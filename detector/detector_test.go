@@ -338,9 +338,9 @@ func TestConcurrent(t *testing.T) {
 		for w := range workers {
 			wg.Go(func() {
 				for i := range perStep {
-					s.d.Observe(hot.hash, hot.key)
+					s.d.Observe(hot.key, hot.hash)
 					k := keyName("cold", (step*workers+w)*perStep+i)
-					s.d.Observe(xxhash.Sum64String(k), k)
+					s.d.Observe(k, xxhash.Sum64String(k))
 				}
 			})
 		}
@@ -383,7 +383,7 @@ func TestStart(t *testing.T) {
 	deadline := time.After(time.Minute)
 	for level := shard.Level1; level < shard.Level64; {
 		for range 1000 {
-			d.Observe(h, k)
+			d.Observe(k, h)
 		}
 		select {
 		case ev := <-d.Events():
@@ -403,7 +403,7 @@ func TestStart(t *testing.T) {
 		t.Error("Events not closed by Close")
 	}
 	d.Tick(time.Now().Add(time.Hour)) // a no-op after Close
-	d.Observe(h, k)
+	d.Observe(k, h)
 	for _, start := range []func(){d.Start} {
 		func() {
 			defer func() {
@@ -446,9 +446,9 @@ func TestConcurrentTick(t *testing.T) {
 					return
 				default:
 				}
-				s.d.Observe(hot.hash, hot.key)
+				s.d.Observe(hot.key, hot.hash)
 				k := keyName("warm", w*100+i%100) // come and go from the table
-				s.d.Observe(xxhash.Sum64String(k), k)
+				s.d.Observe(k, xxhash.Sum64String(k))
 				done.Add(1)
 			}
 		})
@@ -491,13 +491,13 @@ func TestStripes(t *testing.T) {
 				for _, src := range []*source{hot, cold} {
 					src.acc += src.rate * s.step.Seconds()
 					for ; src.acc >= 1; src.acc-- {
-						s.d.observe(spread.stripe(i), src.hash, src.key)
+						s.d.observe(spread.stripe(i), src.key, src.hash)
 						i++
 					}
 				}
 				for range 200 { // distinct keys, so that the sketches are not empty
 					noise++
-					s.d.observe(int(noise), noise*0x9e3779b97f4a7c15, "noise")
+					s.d.observe(int(noise), "noise", noise*0x9e3779b97f4a7c15)
 				}
 				s.tick()
 			}

@@ -25,7 +25,7 @@ func Example() {
 	now := start
 	for range 10 { // 100 ms in steps of 10 ms, 20 requests each
 		for range 20 {
-			d.Observe(hash, key)
+			d.Observe(key, hash)
 		}
 		now = now.Add(10 * time.Millisecond)
 		d.Tick(now)

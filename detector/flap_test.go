@@ -46,7 +46,7 @@ func TestNoFlapping(t *testing.T) {
 					k.send(s.d, s.step)
 				} else {
 					for range poisson(r, rate*s.step.Seconds()) {
-						s.d.Observe(k.hash, k.key)
+						s.d.Observe(k.key, k.hash)
 					}
 				}
 				s.tick()

@@ -39,10 +39,10 @@ func TestMemory(t *testing.T) {
 		// Observe does not keep key, so it may alias buf. One stripe: the
 		// count of keys in the table below depends on how the goroutine
 		// moves between processors on a loaded machine, not the memory.
-		s.d.observe(0, xxhash.Sum64(buf), unsafe.String(unsafe.SliceData(buf), len(buf)))
+		s.d.observe(0, unsafe.String(unsafe.SliceData(buf), len(buf)), xxhash.Sum64(buf))
 		if i%5 == 0 { // 100 hot keys, at 20T each
 			buf = strconv.AppendInt(append(buf[:0], "hot:"...), int64(r.IntN(100)), 10)
-			s.d.observe(0, xxhash.Sum64(buf), unsafe.String(unsafe.SliceData(buf), len(buf)))
+			s.d.observe(0, unsafe.String(unsafe.SliceData(buf), len(buf)), xxhash.Sum64(buf))
 		}
 		if (i+1)%perStep == 0 {
 			s.tick()
@@ -80,7 +80,7 @@ func TestObserveAllocs(t *testing.T) {
 	s := newSim(t, DefaultConfig())
 	hot := newSource("hot")
 	for range 1000 {
-		s.d.Observe(hot.hash, hot.key)
+		s.d.Observe(hot.key, hot.hash)
 	}
 	if s.d.table.Load().find(hot.hash, s.d.hashes) < 0 {
 		t.Fatal("hot key not in the table")
@@ -91,9 +91,9 @@ func TestObserveAllocs(t *testing.T) {
 		name string
 		f    func()
 	}{
-		{"cold key", func() { s.d.Observe(cold.hash, cold.key) }},
-		{"distinct keys", func() { i++; s.d.Observe(i*0x9e3779b97f4a7c15, cold.key) }},
-		{"key in the table", func() { s.d.Observe(hot.hash, hot.key) }},
+		{"cold key", func() { s.d.Observe(cold.key, cold.hash) }},
+		{"distinct keys", func() { i++; s.d.Observe(cold.key, i*0x9e3779b97f4a7c15) }},
+		{"key in the table", func() { s.d.Observe(hot.key, hot.hash) }},
 	} {
 		if n := testing.AllocsPerRun(1000, tt.f); n != 0 {
 			t.Errorf("%s: %v allocations per Observe, want 0", tt.name, n)

@@ -71,7 +71,7 @@ func (src *source) send(d *Detector, dt time.Duration) {
 	n := int(src.acc)
 	src.acc -= float64(n)
 	for range n {
-		d.Observe(src.hash, src.key)
+		d.Observe(src.key, src.hash)
 	}
 }
 

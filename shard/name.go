@@ -51,7 +51,7 @@ func Names(key string, hash uint64, n Level, p Placement) []string {
 		return []string{Name(key)}
 	}
 	base := make([]byte, 0, len(key)+16)
-	if hasHashTag(key) || strings.HasPrefix(key, "{}") {
+	if _, tagged := HashTag(key); tagged || strings.HasPrefix(key, "{}") {
 		base = append(base, "{}"...)
 	}
 	if strings.IndexByte(key, escape) >= 0 || levelAt(key, len(key)) > 0 {
@@ -145,18 +145,20 @@ func levelAt(s string, end int) Level {
 	return 0
 }
 
-// hasHashTag reports whether Redis Cluster would hash only part of key: a
-// '{' followed later by a '}' with at least one byte between.
-func hasHashTag(key string) bool {
+// HashTag returns the part of key Redis Cluster hashes to pick a slot: the
+// text between the first '{' and the next '}' when that is not empty, and
+// ok false (the whole key is hashed) otherwise. go-redis's Ring shards by
+// the same rule.
+func HashTag(key string) (tag string, ok bool) {
 	for i := 0; i < len(key); i++ {
 		if key[i] == '{' {
 			for j := i + 1; j < len(key); j++ {
 				if key[j] == '}' {
-					return j > i+1
+					return key[i+1 : j], j > i+1
 				}
 			}
-			return false
+			return "", false
 		}
 	}
-	return false
+	return "", false
 }

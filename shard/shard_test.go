@@ -140,11 +140,11 @@ func TestNamesBreakHashTags(t *testing.T) {
 		{"plain", false}, {"a{b}c", true}, {"a{}b", false}, {"{x}", true}, {"a{b", false}, {"}{a}", true}, {"{}{a}", false},
 	}
 	for _, tt := range tests {
-		if got := hasHashTag(tt.give); got != tt.wantTag {
-			t.Errorf("hasHashTag(%q) = %v", tt.give, got)
+		if _, got := HashTag(tt.give); got != tt.wantTag {
+			t.Errorf("HashTag(%q) ok = %v", tt.give, got)
 		}
 		for _, name := range Names(tt.give, 1, 4, nil) {
-			if hasHashTag(name) {
+			if _, tagged := HashTag(name); tagged {
 				t.Errorf("Names(%q) gave %q, which has a hash tag", tt.give, name)
 			}
 		}

@@ -54,9 +54,9 @@ func runDetector(ctx context.Context, s *setup) (*scenario.Section, error) {
 		for range perStep {
 			id := int32(zipf.Uint64())
 			buf = strconv.AppendInt(append(buf[:0], 'z'), int64(id), 10)
-			d.Observe(xxhash.Sum64(buf), string(buf))
+			d.Observe(string(buf), xxhash.Sum64(buf))
 			ids = append(ids, id)
-			d.Observe(r.Uint64(), "flood") // a new key each time: its own hash
+			d.Observe("flood", r.Uint64()) // a new key each time: its own hash
 		}
 		ring[st%k] = ids
 		now = now.Add(step)
