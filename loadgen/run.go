@@ -24,6 +24,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,6 +50,10 @@ type Config struct {
 	Target   Target
 	Workload Workload
 	// Rate is the requests per second sent, whatever the target answers.
+	// 0 runs a closed loop instead: each sender sends its next request as
+	// soon as its last is answered, so the run measures how many the
+	// target answers a second with Concurrency in flight, and a latency
+	// counts from the send.
 	Rate float64
 	// Duration is how long requests are sent for; the run then waits for
 	// the answers in flight.
@@ -151,8 +156,8 @@ func Run(ctx context.Context, cfg Config, progress func(Snapshot), interval time
 	if cfg.Target == nil || cfg.Workload == nil {
 		return nil, errors.New("loadgen: a run needs a target and a workload")
 	}
-	if !(cfg.Rate > 0) || cfg.Duration <= 0 {
-		return nil, fmt.Errorf("loadgen: rate %v and duration %v must be positive", cfg.Rate, cfg.Duration)
+	if !(cfg.Rate >= 0) || math.IsInf(cfg.Rate, 1) || cfg.Duration <= 0 {
+		return nil, fmt.Errorf("loadgen: rate %v must be finite and at least 0 (0: a closed loop), and duration %v positive", cfg.Rate, cfg.Duration)
 	}
 	cfg.Concurrency = max(cfg.Concurrency, 0)
 	if cfg.Concurrency == 0 {
@@ -170,6 +175,9 @@ func Run(ctx context.Context, cfg Config, progress func(Snapshot), interval time
 	}
 	r := newRun(cfg)
 	jobs := make(chan job, cfg.Concurrency)
+	if cfg.Rate == 0 {
+		jobs = make(chan job) // handed to a free sender, never queued
+	}
 	var wg sync.WaitGroup
 	for range cfg.Concurrency {
 		wg.Go(func() { r.send(ctx, jobs) })
@@ -183,7 +191,8 @@ func Run(ctx context.Context, cfg Config, progress func(Snapshot), interval time
 	return res, err
 }
 
-// job is one request: its key and the instant it is meant for.
+// job is one request: its key and the instant it is meant for, zero in a
+// closed loop, where it is meant for the instant a sender takes it.
 type job struct {
 	key      string
 	intended time.Time
@@ -220,6 +229,9 @@ func newRun(cfg Config) *run {
 // whose instant has passed (the senders were all busy, or this goroutine
 // slept late) goes at once: the pace never slows to the target's.
 func (r *run) pace(ctx context.Context, jobs chan<- job) error {
+	if r.cfg.Rate == 0 {
+		return r.loop(ctx, jobs)
+	}
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for i := int64(0); ; i++ {
@@ -236,6 +248,27 @@ func (r *run) pace(ctx context.Context, jobs chan<- job) error {
 			}
 		}
 		j := job{key: r.cfg.Workload.Key(i, at), intended: r.start.Add(at)}
+		select {
+		case jobs <- j:
+			r.sent.Add(1)
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		if r.ideal != nil && j.key == r.cfg.Watch {
+			r.ideal.take(at, r.cfg.Cost)
+		}
+	}
+}
+
+// loop hands out requests as fast as the senders take them (a closed loop)
+// until Duration has passed.
+func (r *run) loop(ctx context.Context, jobs chan<- job) error {
+	for i := int64(0); ; i++ {
+		at := time.Since(r.start)
+		if at >= r.cfg.Duration {
+			return nil
+		}
+		j := job{key: r.cfg.Workload.Key(i, at)}
 		select {
 		case jobs <- j:
 			r.sent.Add(1)
@@ -273,6 +306,9 @@ func (r *run) send(ctx context.Context, jobs <-chan job) {
 		if ctx.Err() != nil { // the run was stopped: this one is not sent
 			r.sent.Add(-1)
 			continue
+		}
+		if j.intended.IsZero() { // a closed loop's: meant for now
+			j.intended = time.Now()
 		}
 		dctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
 		out, err := r.cfg.Target.Decide(dctx, j.key, r.cfg.Cost)

@@ -3,6 +3,7 @@ package loadgen
 import (
 	"context"
 	"errors"
+	"math"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -133,11 +134,54 @@ func TestRunRefusesBadConfig(t *testing.T) {
 	for _, cfg := range []Config{
 		{Workload: Uniform("k", 1, 1), Rate: 1, Duration: time.Second},
 		{Target: ok, Rate: 1, Duration: time.Second},
-		{Target: ok, Workload: Uniform("k", 1, 1), Rate: 0, Duration: time.Second},
+		{Target: ok, Workload: Uniform("k", 1, 1), Rate: -1, Duration: time.Second},
+		{Target: ok, Workload: Uniform("k", 1, 1), Rate: math.NaN(), Duration: time.Second},
+		{Target: ok, Workload: Uniform("k", 1, 1), Rate: math.Inf(1), Duration: time.Second},
 		{Target: ok, Workload: Uniform("k", 1, 1), Rate: 1},
 	} {
 		if _, err := Run(context.Background(), cfg, nil, 0); err == nil {
 			t.Errorf("%+v: no error", cfg)
 		}
+	}
+}
+
+// TestClosedLoop: with Rate 0 each of Concurrency senders sends its next
+// request once its last is answered: as many are in flight as there are
+// senders, never more, every request sent is answered and timed, and the
+// run ends once Duration has passed.
+func TestClosedLoop(t *testing.T) {
+	const senders = 3
+	var inFlight, most atomic.Int64
+	arrived := make(chan struct{})
+	var once sync.Once
+	target := funcTarget(func(ctx context.Context, key string, cost int64) (Outcome, error) {
+		n := inFlight.Add(1)
+		defer inFlight.Add(-1)
+		for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+		}
+		if n == senders {
+			once.Do(func() { close(arrived) })
+		}
+		select { // the first calls wait until all senders are in
+		case <-arrived:
+		case <-ctx.Done():
+			return Outcome{}, ctx.Err()
+		}
+		return Outcome{Allowed: true}, nil
+	})
+	res, err := Run(context.Background(), Config{
+		Target: target, Workload: Uniform("k", 10, 1), Duration: 200 * time.Millisecond, Concurrency: senders,
+	}, nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m := most.Load(); m != senders {
+		t.Errorf("at most %d in flight, want %d", m, senders)
+	}
+	if res.Sent < senders || res.Allowed != res.Sent || res.Errors != 0 || res.Latency.Count() != uint64(res.Sent) {
+		t.Fatalf("sent %d, allowed %d, errors %d, timed %d: want every one sent answered and timed", res.Sent, res.Allowed, res.Errors, res.Latency.Count())
+	}
+	if res.Elapsed < 200*time.Millisecond {
+		t.Errorf("elapsed %v, want at least the run's 200 ms", res.Elapsed)
 	}
 }
