@@ -45,6 +45,7 @@ var scenarios = []named{
 	{"reserve", "sync: reserve against sync: store: 3 engines on one redis-server", runReserve},
 	{"gossip", "sync: gossip: 10 engines on a 3-node NATS cluster", runGossip},
 	{"ratelimit", "hotkeyd against envoyproxy/ratelimit: the same rules, the same load", runRatelimit},
+	{"rlscap", "hotkeyd against envoyproxy/ratelimit at capacity: calls/s from one client", runRatelimitCapacity},
 }
 
 // setup is what every scenario runs on.

@@ -298,9 +298,9 @@ type rlsProcess struct {
 
 // startRatelimit starts bin on loopback ports of its own, with the rules
 // in root/sub/config and its counters on the redis-server at redisAddr, and
-// returns once it answers a ShouldRateLimit of the rules' domain. The
-// caller must call stop.
-func startRatelimit(ctx context.Context, bin, root, sub, redisAddr string) (*rlsProcess, error) {
+// returns once it answers a ShouldRateLimit of the rules' domain. env adds
+// to its settings. The caller must call stop.
+func startRatelimit(ctx context.Context, bin, root, sub, redisAddr string, env ...string) (*rlsProcess, error) {
 	var ports [3]int
 	for i := range ports {
 		p, err := freeLoopbackPort()
@@ -319,6 +319,7 @@ func startRatelimit(ctx context.Context, bin, root, sub, redisAddr string) (*rls
 		"GRPC_HOST=127.0.0.1", "GRPC_PORT=" + strconv.Itoa(ports[1]),
 		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + strconv.Itoa(ports[2]),
 	}
+	p.cmd.Env = append(p.cmd.Env, env...)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
 		return nil, fmt.Errorf("envoyproxy/ratelimit: start: %w", err)
@@ -405,4 +406,14 @@ func tailOf(b []byte, n int) string {
 		return "(no output)"
 	}
 	return s
+}
+
+// dialRLS returns a client connection to the rate-limit service at addr,
+// and what closes it.
+func dialRLS(addr string) (grpc.ClientConnInterface, func(), error) {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, nil, err
+	}
+	return conn, func() { conn.Close() }, nil
 }

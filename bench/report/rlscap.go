@@ -1,0 +1,207 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/hotkeyd/hotkey/bench/internal/scenario"
+	"github.com/hotkeyd/hotkey/internal/redistest"
+	"github.com/hotkeyd/hotkey/loadgen"
+)
+
+// rlsCacheBytes is the over-limit cache envoyproxy/ratelimit is given when
+// its cache is on (LOCAL_CACHE_SIZE_IN_BYTES).
+const rlsCacheBytes = 64 << 20
+
+// rlsCapSystem is one rate-limit service of the capacity runs: a process of
+// its own, on a redis-server of its own, and the loadgen target that asks
+// it.
+type rlsCapSystem struct {
+	name   string
+	proc   *rlsProcess
+	target loadgen.Target
+	close  func()
+}
+
+// runRatelimitCapacity measures how many ShouldRateLimit calls a second
+// hotkeyd and envoyproxy/ratelimit answer from one client that keeps 64 in
+// flight, each service a process of its own on a redis-server of its own,
+// given the same rules file: on one hot value far over its limit, and on
+// 10,000 values under theirs. envoyproxy/ratelimit runs twice: with its
+// defaults, and with its local over-limit cache on.
+func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, error) {
+	const keys = 10_000
+	d := s.scale(5*time.Second, 2*time.Second)
+	k := s.rounds(3, 1)
+	dir, err := os.MkdirTemp("", "hotkey-report-rlscap-")
+	if err != nil {
+		return nil, err
+	}
+	defer os.RemoveAll(dir)
+
+	rlBin, err := buildRatelimit(ctx, dir)
+	if err != nil {
+		return nil, err
+	}
+	hkBin := filepath.Join(dir, "hotkeyd")
+	if out, err := exec.CommandContext(ctx, "go", "build", "-o", hkBin, "github.com/hotkeyd/hotkey/cmd/hotkeyd").CombinedOutput(); err != nil {
+		return nil, fmt.Errorf("go build hotkeyd: %w: %s", err, tailOf(out, 2000))
+	}
+	rulesDir := filepath.Join(dir, "runtime", "rls", "config")
+	if err := os.MkdirAll(rulesDir, 0o755); err != nil {
+		return nil, err
+	}
+	rules := filepath.Join(rulesDir, "bench.yaml")
+	if err := os.WriteFile(rules, []byte(rlsRules), 0o644); err != nil {
+		return nil, err
+	}
+
+	var systems []*rlsCapSystem
+	defer func() {
+		for _, sys := range systems {
+			sys.close()
+			sys.proc.stop()
+		}
+	}()
+	for _, sys := range []struct {
+		name  string
+		start func(redisAddr string) (*rlsProcess, error)
+	}{
+		{"hotkeyd", func(addr string) (*rlsProcess, error) {
+			return startHotkeyd(ctx, hkBin, rules, addr)
+		}},
+		{"envoyproxy/ratelimit", func(addr string) (*rlsProcess, error) {
+			return startRatelimit(ctx, rlBin, filepath.Join(dir, "runtime"), "rls", addr)
+		}},
+		{"envoyproxy/ratelimit, local cache on", func(addr string) (*rlsProcess, error) {
+			return startRatelimit(ctx, rlBin, filepath.Join(dir, "runtime"), "rls", addr, "LOCAL_CACHE_SIZE_IN_BYTES="+strconv.Itoa(rlsCacheBytes))
+		}},
+	} {
+		rd, err := redistest.Start(s.env.Dir)
+		if err != nil {
+			return nil, err
+		}
+		p, err := sys.start(rd.Addr)
+		if err != nil {
+			rd.Close()
+			return nil, fmt.Errorf("%s: %w", sys.name, err)
+		}
+		conn, closeConn, err := dialRLS(p.grpcAddr)
+		if err != nil {
+			p.stop()
+			rd.Close()
+			return nil, err
+		}
+		systems = append(systems, &rlsCapSystem{
+			name: sys.name, proc: p,
+			target: loadgen.Envoy(conn, rlsDomain, [][]loadgen.Entry{{{Key: "user", Value: loadgen.KeyPlaceholder}}}),
+			close:  func() { closeConn(); rd.Close() },
+		})
+	}
+
+	prefix := fmt.Sprintf("cap-%x-", time.Now().UnixNano())
+	run := func(sys *rlsCapSystem, w loadgen.Workload, d time.Duration) (float64, error) {
+		// A closed loop: 64 calls always in flight.
+		res, err := loadgen.Run(ctx, loadgen.Config{Target: sys.target, Workload: w, Duration: d, Concurrency: 64}, nil, 0)
+		if err != nil {
+			return 0, fmt.Errorf("%s: %w", sys.name, err)
+		}
+		if res.Errors > 0 {
+			return 0, fmt.Errorf("%s: %d errors, the first: %v", sys.name, res.Errors, res.FirstError)
+		}
+		return res.Rate(), nil
+	}
+	for i, sys := range systems { // connections, scripts, first counters
+		if _, err := run(sys, loadgen.Uniform(fmt.Sprintf("%swarm-%d-", prefix, i), keys, uint64(i)), s.scale(time.Second, 500*time.Millisecond)); err != nil {
+			return nil, err
+		}
+	}
+	workloads := []struct {
+		name string
+		w    func(round, sys int) loadgen.Workload
+	}{
+		{"one hot value (100/s allowed)", func(round, sys int) loadgen.Workload {
+			return loadgen.Fixed(fmt.Sprintf("%shot-r%d-%d", prefix, round, sys))
+		}},
+		{"10,000 values, each under its limit", func(round, sys int) loadgen.Workload {
+			return loadgen.Uniform(fmt.Sprintf("%sr%d-%d-", prefix, round, sys), keys, uint64(round*len(systems)+sys))
+		}},
+	}
+	// calls[workload][system] holds each round's calls/s.
+	calls := make([][][]float64, len(workloads))
+	for wi, wl := range workloads {
+		calls[wi] = make([][]float64, len(systems))
+		for round := range k {
+			for j := range systems { // each round starts with another system
+				i := (round + j) % len(systems)
+				r, err := run(systems[i], wl.w(round, i), d)
+				if err != nil {
+					return nil, err
+				}
+				calls[wi][i] = append(calls[wi][i], r)
+			}
+		}
+	}
+
+	med := func(v []float64) float64 {
+		c := slices.Clone(v)
+		slices.Sort(c)
+		return c[len(c)/2]
+	}
+	sec := &scenario.Section{Setup: fmt.Sprintf("hotkeyd (this tree, built for the run, `--nats none`, `--envoy-config`, sync: store) and envoyproxy/ratelimit %s@%s, each a process of its own on a redis-server of its own, given the same rules file (domain `%s`, descriptor key `user`, %d requests per second per value); envoyproxy/ratelimit with its defaults (REDIS_POOL_SIZE 10, no local cache, no pipelining) and again with LOCAL_CACHE_SIZE_IN_BYTES %d. One client, this process: loadgen's Envoy target (descriptor `user={key}`) on one connection per service, in a closed loop of 64 senders (each sends its next call when its last is answered), so that each service answers as fast as it can; %v per run, the services in turn (each round starting with the next), %d round(s), medians; ratios are the median of the per-round ratios. The client shares the machine's %d cores with the services and their redis-servers.",
+		rlsModule, rlsVersion, rlsDomain, rlsLimit, rlsCacheBytes, d, k, runtime.NumCPU())}
+	sec.Printf("| workload | service | calls/s | hotkeyd ÷ it |\n|---|---|---|---|\n")
+	for wi, wl := range workloads {
+		for i, sys := range systems {
+			ratios := make([]float64, k)
+			for r := range k {
+				ratios[r] = calls[wi][0][r] / calls[wi][i][r]
+			}
+			sec.Printf("| %s | %s | %.0f | %.2f |\n", wl.name, sys.name, med(calls[wi][i]), med(ratios))
+		}
+	}
+	sec.Printf("\nThe targets are hotkeyd at 2.5× envoyproxy/ratelimit's calls/s with its defaults and 2× with its local cache on, on both workloads.\n")
+	return sec, nil
+}
+
+// startHotkeyd starts the hotkeyd binary bin on loopback ports of its own,
+// deciding by the Envoy rules file rules on the redis-server at redisAddr,
+// and returns once it answers a ShouldRateLimit of the rules' domain. The
+// caller must call stop.
+func startHotkeyd(ctx context.Context, bin, rules, redisAddr string) (*rlsProcess, error) {
+	var ports [3]int
+	for i := range ports {
+		p, err := freeLoopbackPort()
+		if err != nil {
+			return nil, err
+		}
+		ports[i] = p
+	}
+	addr := func(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
+	p := &rlsProcess{done: make(chan struct{}), out: new(bytes.Buffer), grpcAddr: addr(ports[1])}
+	p.cmd = exec.Command(bin, "--listen", addr(ports[0]), "--grpc-listen", p.grpcAddr, "--admin-listen", addr(ports[2]),
+		"--nats", "none", "--redis", "redis://"+redisAddr, "--envoy-config", rules, "--log-level", "error")
+	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
+	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
+	if err := p.cmd.Start(); err != nil {
+		return nil, fmt.Errorf("hotkeyd: start: %w", err)
+	}
+	go func() {
+		p.cmd.Wait()
+		close(p.done)
+	}()
+	if err := p.ready(ctx); err != nil {
+		p.stop()
+		return nil, fmt.Errorf("hotkeyd: %w; its output: %s", err, tailOf(p.out.Bytes(), 2000))
+	}
+	return p, nil
+}
