@@ -36,11 +36,12 @@ func (e *Engine) Allow(ctx context.Context, key string, p *Policy) (Result, erro
 // coordinator see that name, and the store counts under shard.Name of it
 // (the name itself, but for keys that end like a subcounter's name).
 //
-// Bad input returns a typed error (ErrEmptyKey, ErrKeyTooLong,
-// ErrInvalidCost, ErrCostExceedsBurst, ErrInvalidPolicyName, or a limit
-// error such as ErrInvalidLimit). When the store cannot answer (the call
-// fails, ctx's deadline passes first, or the circuit breaker around it is
-// open), p.OnStoreFailure decides, and the result says Degraded; only
+// Bad input returns a typed error, the first that applies of: ErrEmptyKey
+// or ErrKeyTooLong, a limit error such as ErrInvalidLimit, ErrInvalidCost
+// or ErrCostExceedsBurst, ErrInvalidPolicyName, and an error wrapping
+// errors.ErrUnsupported for a Sync the engine cannot keep. When the store
+// cannot answer (the call fails, ctx's deadline passes first, or the circuit
+// breaker around it is open), p.OnStoreFailure decides, and the result says Degraded; only
 // FallbackError returns the store's error (wrapping ErrStoreUnavailable). A
 // call cut by ctx's deadline counts as a failure of the store toward the
 // breaker; one cut by ctx's cancellation returns ctx's error and counts as
@@ -75,27 +76,18 @@ func (e *Engine) allow(ctx context.Context, key string, p *Policy, n int64) (Res
 	return e.conclude(ctx, d, r, err)
 }
 
-// admit checks a decision's input and names its counter: the counter name
-// and its hash, which it feeds to the detector.
+// admit checks a decision's input and names its counter (counterName), then
+// checks that the engine keeps p's Sync, and returns the counter name and its
+// hash, which it feeds to the detector. A refusal counts in the metrics.
 func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
-	known, err := e.check(key, p, n)
+	name, hash, err := e.counterName(key, p, n)
+	if err == nil && p.Sync != SyncStore && p.Sync != SyncGossip && (p.Sync != SyncReserve || e.leaser == nil) {
+		err = fmt.Errorf("policy %q: sync %v on a store that cannot keep it: %w", p.Name, p.Sync, errors.ErrUnsupported)
+	}
 	if err != nil {
 		e.metrics.rejectInput(p)
 		return "", 0, err
 	}
-	if p.Sync != SyncStore && p.Sync != SyncGossip && (p.Sync != SyncReserve || e.leaser == nil) {
-		e.metrics.rejectInput(p)
-		return "", 0, fmt.Errorf("policy %q: sync %v on a store that cannot keep it: %w", p.Name, p.Sync, errors.ErrUnsupported)
-	}
-	name := key
-	if p.Name != "" {
-		if !known.nameOK {
-			e.metrics.rejectInput(p)
-			return "", 0, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
-		}
-		name = CounterName(p.Name, key)
-	}
-	hash := hashKey(name)
 	// The hint is for the unsplit counter, named name unless the name is
 	// escaped, when it is wasted.
 	switch {
@@ -108,6 +100,26 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 		e.detect.Observe(hash, name)
 	}
 	return name, hash, nil
+}
+
+// counterName checks a request of n units of key under p (not nil), and
+// returns the name of the key's counter under p (CounterName) and its hash.
+// Of the errors, the first that applies is returned: ErrClosed, the key's
+// (ErrEmptyKey, ErrKeyTooLong), the limit's (ErrInvalidLimit), the cost's
+// (ErrInvalidCost, ErrCostExceedsBurst), ErrInvalidPolicyName.
+func (e *Engine) counterName(key string, p *Policy, n int64) (string, uint64, error) {
+	known, err := e.check(key, p, n)
+	if err != nil {
+		return "", 0, err
+	}
+	name := key
+	if p.Name != "" {
+		if !known.nameOK {
+			return "", 0, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
+		}
+		name = CounterName(p.Name, key)
+	}
+	return name, hashKey(name), nil
 }
 
 // conclude ends decision d, which the store answered with r or err: it

@@ -36,7 +36,7 @@ func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error
 	if p == nil {
 		return Result{}, ErrNilPolicy
 	}
-	name, hash, err := e.counterName(key, p)
+	name, hash, err := e.counterName(key, p, 1)
 	if err != nil {
 		return Result{}, err
 	}
@@ -209,21 +209,4 @@ func (e *Engine) localShare(lim Limit) Limit {
 		share.Burst = max(1, capacity/inst)
 	}
 	return share
-}
-
-// counterName checks key and p as a decision of one unit does, and returns
-// the name of the key's counter under p and its hash.
-func (e *Engine) counterName(key string, p *Policy) (string, uint64, error) {
-	known, err := e.check(key, p, 1)
-	if err != nil {
-		return "", 0, err
-	}
-	name := key
-	if p.Name != "" {
-		if !known.nameOK {
-			return "", 0, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
-		}
-		name = CounterName(p.Name, key)
-	}
-	return name, hashKey(name), nil
 }
