@@ -260,19 +260,12 @@ func (m mover) Move(ctx context.Context, ent *split.Entry, from, to split.Counte
 	return nil
 }
 
-// shards returns ent's counters at level under placement p, each with its
-// share of lim, less those whose share is nothing (lim too small to split
-// that many ways: no decision ever used them under it). Transfers are rare:
-// the names are not cached.
+// shards returns ent's counters at level under placement p that have a
+// share of lim, each with its share (split.Entry.Shards).
 func shards(ent *split.Entry, lim Limit, level shard.Level, p shard.Placement) []counter.Shard {
 	out := make([]counter.Shard, 0, level)
-	for i := range int(level) {
-		sub := subLimit(lim, level, i)
-		if sub.Rate == 0 { // not Validate: a share's tolerance may pass the bound by its rounding
-			continue
-		}
-		name, hash := ent.Sub(level, i, p)
-		out = append(out, counter.Shard{Name: name, Hash: hash, Limit: sub})
+	for _, c := range ent.Shards(level, p, lim) {
+		out = append(out, c)
 	}
 	return out
 }
@@ -304,7 +297,7 @@ func (e *Engine) decide(ctx context.Context, st counter.Store, key string, hash 
 func (e *Engine) decideSplit(ctx context.Context, st counter.Store, ent *split.Entry, level shard.Level, p shard.Placement, lim Limit, capacity, n int64) (Result, error) {
 	i := ent.Pick(level, e.opt.selection, e.seed)
 	name, hash := ent.Sub(level, i, p)
-	r, err := e.take(ctx, st, name, hash, share(lim, capacity, level, i), n)
+	r, err := e.take(ctx, st, name, hash, split.Share(lim, capacity, level, i), n)
 	if err != nil {
 		return Result{}, err
 	}
@@ -314,7 +307,7 @@ func (e *Engine) decideSplit(ctx context.Context, st counter.Store, ent *split.E
 		j := shard.SecondChance(i, int(level), shard.Mix(e.seed^ent.Hash^uint64(r.RetryAfter)))
 		// A failed probe leaves the first answer standing.
 		name, hash = ent.Sub(level, j, p)
-		if r2, err := e.take(ctx, st, name, hash, share(lim, capacity, level, j), n); err == nil &&
+		if r2, err := e.take(ctx, st, name, hash, split.Share(lim, capacity, level, j), n); err == nil &&
 			(r2.Allowed || r2.RetryAfter < r.RetryAfter) {
 			r = r2
 		}
@@ -414,19 +407,9 @@ func (e *Engine) storeTake(ctx context.Context, st counter.Store, name string, h
 	return r, err
 }
 
-// subLimit is subcounter i's share of lim split n ways: rate and burst are
-// each split with remainders to the first subcounters.
+// subLimit is subcounter i's share of lim split n ways (split.Share).
 func subLimit(lim Limit, n shard.Level, i int) Limit {
-	return share(lim, lim.Capacity(), n, i)
-}
-
-// share is subLimit for a caller that has lim's capacity.
-func share(lim Limit, capacity int64, n shard.Level, i int) Limit {
-	lim.Rate = shard.Share(lim.Rate, int(n), i)
-	if lim.Algorithm == counter.TokenBucket {
-		lim.Burst = shard.Share(capacity, int(n), i)
-	}
-	return lim
+	return split.Share(lim, lim.Capacity(), n, i)
 }
 
 // storeFor returns the store p's decisions are taken on: the engine's,

@@ -81,13 +81,8 @@ func (e *Engine) peekStore(ctx context.Context, peeker counter.Peeker, name stri
 // answers for the key whole (see Peek).
 func (e *Engine) peekSplit(ctx context.Context, peeker counter.Peeker, ent *split.Entry, level shard.Level, pl shard.Placement, lim Limit) (Result, error) {
 	ops := make([]counter.PeekOp, 0, int(level))
-	for i := range int(level) {
-		sub := subLimit(lim, level, i)
-		if sub.Rate == 0 { // no share: no decision takes from it
-			continue
-		}
-		name, hash := ent.Sub(level, i, pl)
-		ops = append(ops, counter.PeekOp{Key: name, Hash: hash, Limit: sub})
+	for _, c := range ent.Shards(level, pl, lim) {
+		ops = append(ops, counter.PeekOp{Key: c.Name, Hash: c.Hash, Limit: c.Limit})
 	}
 	if err := e.peekMany(ctx, peeker, ops); err != nil {
 		return Result{}, err
