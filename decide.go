@@ -38,11 +38,12 @@ func (e *Engine) Allow(ctx context.Context, key string, p *Policy) (Result, erro
 // shard.Name of it (the name itself, but for keys that end like a
 // subcounter's name).
 //
-// Bad input returns a typed error (ErrEmptyKey, ErrKeyTooLong,
-// ErrInvalidCost, ErrCostExceedsBurst, ErrInvalidPolicyName, or a limit
-// error such as ErrInvalidLimit). When the store cannot answer (the call
-// fails, ctx's deadline passes first, or the circuit breaker around it is
-// open), p.OnStoreFailure decides, and the result says Degraded; only
+// Bad input returns a typed error, the first that applies of: ErrEmptyKey
+// or ErrKeyTooLong, a limit error such as ErrInvalidLimit, ErrInvalidCost
+// or ErrCostExceedsBurst, ErrInvalidPolicyName, and an error wrapping
+// errors.ErrUnsupported for a Sync the engine cannot keep. When the store
+// cannot answer (the call fails, ctx's deadline passes first, or the circuit
+// breaker around it is open), p.OnStoreFailure decides, and the result says Degraded; only
 // FallbackError returns the store's error (wrapping ErrStoreUnavailable). A
 // call cut by ctx's deadline counts as a failure of the store toward the
 // breaker; one cut by ctx's cancellation returns ctx's error and counts as
@@ -77,27 +78,18 @@ func (e *Engine) allow(ctx context.Context, key string, p *Policy, n int64) (Res
 	return e.conclude(ctx, d, r, err)
 }
 
-// admit checks a decision's input and names its counter: the counter name
-// and its hash, which it feeds to the detector.
+// admit checks a decision's input and names its counter (counterName), then
+// checks that the engine keeps p's Sync, and returns the counter name and its
+// hash, which it feeds to the detector. A refusal counts in the metrics.
 func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
-	known, err := e.check(key, p, n)
+	name, hash, err := e.counterName(key, p, n)
+	if err == nil && p.Sync != SyncStore && p.Sync != SyncGossip && (p.Sync != SyncReserve || e.leaser == nil) {
+		err = fmt.Errorf("policy %q: sync %v on a store that cannot keep it: %w", p.Name, p.Sync, errors.ErrUnsupported)
+	}
 	if err != nil {
 		e.metrics.rejectInput(p)
 		return "", 0, err
 	}
-	if p.Sync != SyncStore && p.Sync != SyncGossip && (p.Sync != SyncReserve || e.leaser == nil) {
-		e.metrics.rejectInput(p)
-		return "", 0, fmt.Errorf("policy %q: sync %v on a store that cannot keep it: %w", p.Name, p.Sync, errors.ErrUnsupported)
-	}
-	name := key
-	if p.Name != "" {
-		if !known.nameOK {
-			e.metrics.rejectInput(p)
-			return "", 0, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
-		}
-		name = nameOf(p.Name, key)
-	}
-	hash := hashKey(name)
 	// The hint is for the unsplit counter, named name unless the name is
 	// escaped, when it is wasted.
 	switch {
@@ -110,6 +102,26 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 		e.detect.Observe(name, hash)
 	}
 	return name, hash, nil
+}
+
+// counterName checks a request of n units of key under p (not nil), and
+// returns the name of the key's counter under p (policy|key, nameOf) and its hash.
+// Of the errors, the first that applies is returned: ErrClosed, the key's
+// (ErrEmptyKey, ErrKeyTooLong), the limit's (ErrInvalidLimit), the cost's
+// (ErrInvalidCost, ErrCostExceedsBurst), ErrInvalidPolicyName.
+func (e *Engine) counterName(key string, p *Policy, n int64) (string, uint64, error) {
+	known, err := e.check(key, p, n)
+	if err != nil {
+		return "", 0, err
+	}
+	name := key
+	if p.Name != "" {
+		if !known.nameOK {
+			return "", 0, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
+		}
+		name = nameOf(p.Name, key)
+	}
+	return name, hashKey(name), nil
 }
 
 // conclude ends decision d, which the store answered with r or err: it
@@ -250,19 +262,12 @@ func (m mover) Move(ctx context.Context, ent *split.Entry, from, to split.Counte
 	return nil
 }
 
-// shards returns ent's counters at level under placement p, each with its
-// share of lim, less those whose share is nothing (lim too small to split
-// that many ways: no decision ever used them under it). Transfers are rare:
-// the names are not cached.
+// shards returns ent's counters at level under placement p that have a
+// share of lim, each with its share (split.Entry.Shards).
 func shards(ent *split.Entry, lim Limit, level shard.Level, p shard.Placement) []counter.Shard {
 	out := make([]counter.Shard, 0, level)
-	for i := range int(level) {
-		sub := subLimit(lim, level, i)
-		if sub.Rate == 0 { // not Validate: a share's tolerance may pass the bound by its rounding
-			continue
-		}
-		name, hash := ent.Sub(level, i, p)
-		out = append(out, counter.Shard{Name: name, Hash: hash, Limit: sub})
+	for _, c := range ent.Shards(level, p, lim) {
+		out = append(out, c)
 	}
 	return out
 }
@@ -294,7 +299,7 @@ func (e *Engine) decide(ctx context.Context, st counter.Store, key string, hash 
 func (e *Engine) decideSplit(ctx context.Context, st counter.Store, ent *split.Entry, level shard.Level, p shard.Placement, lim Limit, capacity, n int64) (Result, error) {
 	i := ent.Pick(level, e.opt.selection, e.seed)
 	name, hash := ent.Sub(level, i, p)
-	r, err := e.take(ctx, st, name, hash, share(lim, capacity, level, i), n)
+	r, err := e.take(ctx, st, name, hash, split.Share(lim, capacity, level, i), n)
 	if err != nil {
 		return Result{}, err
 	}
@@ -304,7 +309,7 @@ func (e *Engine) decideSplit(ctx context.Context, st counter.Store, ent *split.E
 		j := shard.SecondChance(i, int(level), shard.Mix(e.seed^ent.Hash^uint64(r.RetryAfter)))
 		// A failed probe leaves the first answer standing.
 		name, hash = ent.Sub(level, j, p)
-		if r2, err := e.take(ctx, st, name, hash, share(lim, capacity, level, j), n); err == nil &&
+		if r2, err := e.take(ctx, st, name, hash, split.Share(lim, capacity, level, j), n); err == nil &&
 			(r2.Allowed || r2.RetryAfter < r.RetryAfter) {
 			r = r2
 		}
@@ -404,19 +409,9 @@ func (e *Engine) storeTake(ctx context.Context, st counter.Store, name string, h
 	return r, err
 }
 
-// subLimit is subcounter i's share of lim split n ways: rate and burst are
-// each split with remainders to the first subcounters.
+// subLimit is subcounter i's share of lim split n ways (split.Share).
 func subLimit(lim Limit, n shard.Level, i int) Limit {
-	return share(lim, lim.Capacity(), n, i)
-}
-
-// share is subLimit for a caller that has lim's capacity.
-func share(lim Limit, capacity int64, n shard.Level, i int) Limit {
-	lim.Rate = shard.Share(lim.Rate, int(n), i)
-	if lim.Algorithm == counter.TokenBucket {
-		lim.Burst = shard.Share(capacity, int(n), i)
-	}
-	return lim
+	return split.Share(lim, lim.Capacity(), n, i)
 }
 
 // storeFor returns the store p's decisions are taken on: the engine's,

@@ -36,7 +36,7 @@ func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error
 	if p == nil {
 		return Result{}, ErrNilPolicy
 	}
-	name, hash, err := e.counterName(key, p)
+	name, hash, err := e.counterName(key, p, 1)
 	if err != nil {
 		return Result{}, err
 	}
@@ -81,13 +81,8 @@ func (e *Engine) peekStore(ctx context.Context, peeker counter.Peeker, name stri
 // answers for the key whole (see Peek).
 func (e *Engine) peekSplit(ctx context.Context, peeker counter.Peeker, ent *split.Entry, level shard.Level, pl shard.Placement, lim Limit) (Result, error) {
 	ops := make([]counter.PeekOp, 0, int(level))
-	for i := range int(level) {
-		sub := subLimit(lim, level, i)
-		if sub.Rate == 0 { // no share: no decision takes from it
-			continue
-		}
-		name, hash := ent.Sub(level, i, pl)
-		ops = append(ops, counter.PeekOp{Key: name, Hash: hash, Limit: sub})
+	for _, c := range ent.Shards(level, pl, lim) {
+		ops = append(ops, counter.PeekOp{Key: c.Name, Hash: c.Hash, Limit: c.Limit})
 	}
 	if err := e.peekMany(ctx, peeker, ops); err != nil {
 		return Result{}, err
@@ -209,21 +204,4 @@ func (e *Engine) localShare(lim Limit) Limit {
 		share.Burst = max(1, capacity/inst)
 	}
 	return share
-}
-
-// counterName checks key and p as a decision of one unit does, and returns
-// the name of the key's counter under p and its hash.
-func (e *Engine) counterName(key string, p *Policy) (string, uint64, error) {
-	known, err := e.check(key, p, 1)
-	if err != nil {
-		return "", 0, err
-	}
-	name := key
-	if p.Name != "" {
-		if !known.nameOK {
-			return "", 0, fmt.Errorf("%w: %q holds '|'", ErrInvalidPolicyName, p.Name)
-		}
-		name = nameOf(p.Name, key)
-	}
-	return name, hashKey(name), nil
 }

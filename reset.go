@@ -33,7 +33,7 @@ func (e *Engine) Reset(ctx context.Context, key string, p *Policy) error {
 	if p == nil {
 		return ErrNilPolicy
 	}
-	name, hash, err := e.counterName(key, p)
+	name, hash, err := e.counterName(key, p, 1)
 	if err != nil {
 		return err
 	}

@@ -68,12 +68,10 @@ func (a *envoyAnswer) read(b []byte) error {
 	*a = envoyAnswer{}
 	var pick envoyStatus
 	picked, over, headers := false, false, false
-	for m := b; len(m) > 0; {
-		f, rest, err := rlswire.Next(m)
+	for f, err := range rlswire.Fields(b) {
 		if err != nil {
 			return fmt.Errorf("RateLimitResponse: %w", err)
 		}
-		m = rest
 		switch {
 		case f.Num == rlswire.ResponseOverallCode && f.Typ == protowire.VarintType:
 			a.overall = rlpb.RateLimitResponse_Code(int32(f.X))
@@ -114,12 +112,10 @@ func (a *envoyAnswer) read(b []byte) error {
 // read sets st from m, a DescriptorStatus's wire data, and refuses
 // malformed data.
 func (st *envoyStatus) read(m []byte) error {
-	for len(m) > 0 {
-		f, rest, err := rlswire.Next(m)
+	for f, err := range rlswire.Fields(m) {
 		if err != nil {
 			return err
 		}
-		m = rest
 		switch {
 		case f.Num == rlswire.StatusCode && f.Typ == protowire.VarintType:
 			st.code = rlpb.RateLimitResponse_Code(int32(f.X))
@@ -127,12 +123,10 @@ func (st *envoyStatus) read(m []byte) error {
 			st.remaining = uint32(f.X)
 		case f.Num == rlswire.StatusCurrentLimit && f.Typ == protowire.BytesType:
 			st.hasLimit = true
-			for v := f.V; len(v) > 0; {
-				g, rest, err := rlswire.Next(v)
+			for g, err := range rlswire.Fields(f.V) {
 				if err != nil {
 					return err
 				}
-				v = rest
 				switch {
 				case g.Num == rlswire.LimitRequestsPerUnit && g.Typ == protowire.VarintType:
 					st.requestsPerUnit = uint32(g.X)
@@ -142,12 +136,10 @@ func (st *envoyStatus) read(m []byte) error {
 			}
 		case f.Num == rlswire.StatusDurationUntilReset && f.Typ == protowire.BytesType:
 			st.hasReset = true
-			for v := f.V; len(v) > 0; {
-				g, rest, err := rlswire.Next(v)
+			for g, err := range rlswire.Fields(f.V) {
 				if err != nil {
 					return err
 				}
-				v = rest
 				switch {
 				case g.Num == rlswire.DurationSeconds && g.Typ == protowire.VarintType:
 					st.resetSecs = int64(g.X)
@@ -164,22 +156,18 @@ func (st *envoyStatus) read(m []byte) error {
 // RateLimitResponse's wire data.
 func readHeaders(b []byte) http.Header {
 	h := http.Header{}
-	for len(b) > 0 {
-		f, rest, err := rlswire.Next(b)
+	for f, err := range rlswire.Fields(b) {
 		if err != nil {
 			break
 		}
-		b = rest
 		if f.Num != rlswire.ResponseHeadersToAdd || f.Typ != protowire.BytesType {
 			continue
 		}
 		var k, v []byte
-		for m := f.V; len(m) > 0; {
-			g, rest, err := rlswire.Next(m)
+		for g, err := range rlswire.Fields(f.V) {
 			if err != nil {
 				break
 			}
-			m = rest
 			switch {
 			case g.Num == rlswire.HeaderKey && g.Typ == protowire.BytesType:
 				k = g.V

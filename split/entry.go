@@ -1,6 +1,7 @@
 package split
 
 import (
+	"iter"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -173,6 +174,36 @@ func index(l shard.Level) int {
 func (e *Entry) Sub(n shard.Level, i int, p shard.Placement) (name string, hash uint64) {
 	s := e.nameSet(n, p)
 	return s.names[i], s.hashes[i]
+}
+
+// Shards yields each subcounter of the key's n under p that has a share of
+// lim: its index and the subcounter, named, hashed and limited to its share
+// (Share), in index order. A subcounter whose share is nothing (lim too small
+// to split n ways) is left out: no decision takes from it under lim.
+func (e *Entry) Shards(n shard.Level, p shard.Placement, lim counter.Limit) iter.Seq2[int, counter.Shard] {
+	return func(yield func(int, counter.Shard) bool) {
+		s, capacity := e.nameSet(n, p), lim.Capacity()
+		for i := range int(n) {
+			sub := Share(lim, capacity, n, i)
+			if sub.Rate == 0 { // not Validate: a share's tolerance may pass the bound by its rounding
+				continue
+			}
+			if !yield(i, counter.Shard{Name: s.names[i], Hash: s.hashes[i], Limit: sub}) {
+				return
+			}
+		}
+	}
+}
+
+// Share is subcounter i's share of lim, whose capacity is capacity, split n
+// ways: rate and burst are each split with remainders to the first
+// subcounters (shard.Share).
+func Share(lim counter.Limit, capacity int64, n shard.Level, i int) counter.Limit {
+	lim.Rate = shard.Share(lim.Rate, int(n), i)
+	if lim.Algorithm == counter.TokenBucket {
+		lim.Burst = shard.Share(capacity, int(n), i)
+	}
+	return lim
 }
 
 // Pick returns the subcounter, in [0, n), for the next decision on the key.

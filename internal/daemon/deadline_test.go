@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"context"
+	"errors"
 	"testing"
 	"time"
 )
@@ -32,5 +34,34 @@ func TestDeadlines(t *testing.T) {
 		if lo, hi := now.Add(natsDecisionTimeout), now.Add(natsDecisionTimeout+deadlineStep); !ok || dl.Before(lo) || dl.After(hi) {
 			t.Errorf("at t0%+v: deadline t0%+v, want t0%+v to t0%+v", tt.give, dl.Sub(t0), lo.Sub(t0), hi.Sub(t0))
 		}
+	}
+}
+
+// TestDeadlinesRetire: a deadline replaced by the next step's is done at
+// its own deadline, with context.DeadlineExceeded, and so is a context
+// derived from it before then; the current one is not done.
+func TestDeadlinesRetire(t *testing.T) {
+	var d deadlines
+	// Handed out a step ago, with 10ms of its deadline left by the clock.
+	now := time.Now().Add(-natsDecisionTimeout - deadlineStep + 10*time.Millisecond)
+	old := d.at(now)
+	child, cancel := context.WithCancel(old)
+	defer cancel()
+	cur := d.at(now.Add(deadlineStep))
+	if cur == old {
+		t.Fatal("the next step shares the retired context")
+	}
+	for _, ctx := range []context.Context{old, child} {
+		select {
+		case <-ctx.Done():
+		case <-time.After(10 * time.Second): // a bound, far past the deadline
+			t.Fatal("a retired deadline's context is not done 10s after its deadline")
+		}
+		if err := ctx.Err(); !errors.Is(err, context.DeadlineExceeded) || !errors.Is(context.Cause(ctx), context.DeadlineExceeded) {
+			t.Errorf("retired: %v (cause %v), want context.DeadlineExceeded", err, context.Cause(ctx))
+		}
+	}
+	if err := d.at(time.Now()).Err(); err != nil {
+		t.Errorf("a current deadline's context is done: %v", err)
 	}
 }

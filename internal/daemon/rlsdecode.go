@@ -157,12 +157,10 @@ func protoRequest(r *rlsRequest) *rlpb.RateLimitRequest {
 // does not know, or of a wire type other than their own, are skipped, and
 // malformed wire data is refused with errWire. b is not kept.
 func decodeRLSWire(b []byte, req *rlsRequest) error {
-	for len(b) > 0 {
-		f, rest, err := rlswire.Next(b)
+	for f, err := range rlswire.Fields(b) {
 		if err != nil {
 			return err
 		}
-		b = rest
 		switch {
 		case f.Num == rlswire.RequestDomain && f.Typ == protowire.BytesType:
 			req.domain = string(f.V)
@@ -179,21 +177,17 @@ func decodeRLSWire(b []byte, req *rlsRequest) error {
 }
 
 func decodeDescriptorWire(b []byte, d *rlsDescriptor) error {
-	for len(b) > 0 {
-		f, rest, err := rlswire.Next(b)
+	for f, err := range rlswire.Fields(b) {
 		if err != nil {
 			return err
 		}
-		b = rest
 		switch {
 		case f.Num == rlswire.DescriptorEntries && f.Typ == protowire.BytesType:
 			var e envoyconf.Entry
-			for v := f.V; len(v) > 0; {
-				g, rest, err := rlswire.Next(v)
+			for g, err := range rlswire.Fields(f.V) {
 				if err != nil {
 					return err
 				}
-				v = rest
 				switch {
 				case g.Num == rlswire.EntryKey && g.Typ == protowire.BytesType:
 					e.Key = string(g.V)
@@ -223,12 +217,10 @@ func decodeDescriptorWire(b []byte, d *rlsDescriptor) error {
 }
 
 func decodeOverrideWire(b []byte, o *rlsOverride) error {
-	for len(b) > 0 {
-		f, rest, err := rlswire.Next(b)
+	for f, err := range rlswire.Fields(b) {
 		if err != nil {
 			return err
 		}
-		b = rest
 		switch {
 		case f.Num == rlswire.OverrideRequestsPerUnit && f.Typ == protowire.VarintType:
 			o.rpu = uint32(f.X)
@@ -248,12 +240,10 @@ func decodeOverrideWire(b []byte, o *rlsOverride) error {
 // wrapperValue is the value of a google.protobuf.UInt64Value or
 // UInt32Value whose wire data is b, merged into one whose value was x.
 func wrapperValue(b []byte, x uint64) (uint64, error) {
-	for len(b) > 0 {
-		f, rest, err := rlswire.Next(b)
+	for f, err := range rlswire.Fields(b) {
 		if err != nil {
 			return 0, err
 		}
-		b = rest
 		if f.Num == rlswire.WrapperValue && f.Typ == protowire.VarintType {
 			x = f.X
 		}

@@ -3,6 +3,7 @@ package rlswire
 import (
 	"errors"
 	"fmt"
+	"iter"
 
 	"google.golang.org/protobuf/encoding/protowire"
 )
@@ -84,4 +85,19 @@ func Next(b []byte) (Field, []byte, error) {
 		return Field{}, nil, fmt.Errorf("%w: field %d: %w", ErrMalformed, num, protowire.ParseError(n))
 	}
 	return f, rest[n:], nil
+}
+
+// Fields yields the fields of b, a message's wire data, in order, as Next
+// reads them, each with a nil error. Malformed data ends it: the last pair
+// yielded is a zero Field and Next's error. Each V aliases b.
+func Fields(b []byte) iter.Seq2[Field, error] {
+	return func(yield func(Field, error) bool) {
+		for m := b; len(m) > 0; {
+			f, rest, err := Next(m)
+			if !yield(f, err) || err != nil {
+				return
+			}
+			m = rest
+		}
+	}
 }

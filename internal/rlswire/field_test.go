@@ -44,3 +44,45 @@ func TestNext(t *testing.T) {
 		}
 	}
 }
+
+// TestFields: Fields yields the fields Next reads, in order; malformed data
+// ends it with Next's error after the fields before it; a loop that stops
+// early stops it; each range over it starts again at the first field.
+func TestFields(t *testing.T) {
+	b := protowire.AppendVarint(protowire.AppendTag(nil, 3, protowire.VarintType), 7)
+	b = protowire.AppendString(protowire.AppendTag(b, 2, protowire.BytesType), "edge")
+	for range 2 {
+		var got []Field
+		for f, err := range Fields(b) {
+			if err != nil {
+				t.Fatalf("after %d fields: %v", len(got), err)
+			}
+			got = append(got, f)
+		}
+		if len(got) != 2 || got[0].Num != 3 || got[0].X != 7 || got[1].Num != 2 || string(got[1].V) != "edge" {
+			t.Fatalf("fields %+v, want 3=7 and 2=edge", got)
+		}
+	}
+	n, errs := 0, 0
+	for f, err := range Fields(append(b[:len(b):len(b)], 0xff)) { // a tag cut short after two fields
+		if err != nil {
+			errs++
+			if !errors.Is(err, ErrMalformed) || f.Num != 0 {
+				t.Errorf("field %d: %+v, %v, want a zero Field and ErrMalformed", n, f, err)
+			}
+			continue
+		}
+		n++
+	}
+	if n != 2 || errs != 1 {
+		t.Errorf("malformed after two fields: %d fields and %d errors, want 2 and 1", n, errs)
+	}
+	n = 0
+	for range Fields(b) {
+		n++
+		break
+	}
+	if n != 1 {
+		t.Errorf("a loop that stops at the first field ran %d times", n)
+	}
+}

@@ -1,10 +1,11 @@
 // Package rlswire is the wire format of Envoy's rate-limit service, by
-// hand: the messages' field numbers, a reader of one field at a time
-// (Next), and an encoder of RateLimitRequest as raw bytes go on the wire:
-// keys and values need not be UTF-8, as Envoy sends them and as
-// proto.Marshal refuses them, and a request is written into a buffer the
-// caller reuses (AppendRequest), with no message built. Codec sends such
-// bytes over a gRPC connection and decodes the answers as protobuf.
+// hand: the messages' field numbers, a reader of one field at a time (Next)
+// and of a message's fields in a loop (Fields), and an encoder of
+// RateLimitRequest as raw bytes go on the wire: keys and values need not be
+// UTF-8, as Envoy sends them and as proto.Marshal refuses them, and a
+// request is written into a buffer the caller reuses (AppendRequest), with
+// no message built. Codec sends such bytes over a gRPC connection and
+// decodes the answers as protobuf.
 package rlswire
 
 import (
