@@ -159,7 +159,7 @@ func handshake(ctx context.Context, nc net.Conn, addr string, tlsConf *tls.Confi
 	c.enc = hpack.NewEncoder(&c.hbuf)
 	c.dec = hpack.NewDecoder(4096, c.onField)
 	c.dec.SetMaxStringLength(64 << 10)
-	c.calls.New = func() any { return &h2call{done: make(chan struct{}, 1), bs: make(mem.BufferSlice, 1)} }
+	c.calls.New = func() any { return &h2call{done: make(chan struct{}, 2), bs: make(mem.BufferSlice, 1)} }
 
 	c.bw.WriteString(http2.ClientPreface)
 	c.fr.WriteSettings(http2.Setting{ID: http2.SettingEnablePush, Val: 0},
@@ -203,7 +203,7 @@ func (c *GRPCConn) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.
 // server's MAX_CONCURRENT_STREAMS, then until the answer; when ctx ends
 // first, the stream is reset and the error is ctx's as a status
 // (codes.Canceled or codes.DeadlineExceeded). A call the server fails
-// returns grpcstatus.Error of its grpc-status and grpc-message.
+// returns status.Error of its grpc-status and grpc-message.
 func (c *GRPCConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
 	codec := protoCodec
 	for _, o := range opts {
@@ -259,7 +259,7 @@ func (c *GRPCConn) Invoke(ctx context.Context, method string, args, reply any, o
 			err = grpcstatus.Errorf(codes.Internal, "grpc: failed to unmarshal the received message: %v", uerr)
 		}
 	}
-	if cl.byReader && cl.wdone.Load() && cap(cl.resp) <= 64<<10 {
+	if cl.byReader && cl.wdone.Load() && cap(cl.resp) <= 64<<10 && cap(cl.req) <= 64<<10 {
 		c.calls.Put(cl)
 	}
 	return err
@@ -296,9 +296,8 @@ func (c *GRPCConn) start(ctx context.Context, cl *h2call) error {
 				}
 			}
 			cl.state = callDone
-		case callQueued: // handed a stream as ctx ended
-			cl.state = callDone
-			c.releaseLocked()
+		case callQueued, callSent: // handed a stream as ctx ended
+			c.cancelLocked(cl)
 		}
 		c.mu.Unlock()
 		return grpcstatus.FromContextError(ctx.Err()).Err()
@@ -333,6 +332,10 @@ func (c *GRPCConn) releaseLocked() {
 func (c *GRPCConn) cancel(cl *h2call) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.cancelLocked(cl)
+}
+
+func (c *GRPCConn) cancelLocked(cl *h2call) bool {
 	if cl.state == callDone {
 		return false
 	}
@@ -410,7 +413,7 @@ const (
 // it, unless the reader or writer may still hold it: then it is not
 // reused (see Invoke).
 type h2call struct {
-	done    chan struct{} // one signal when handed a stream, one when done
+	done    chan struct{} // one signal when handed a stream, one when done: room for both
 	method  string
 	timeout time.Duration
 	req     []byte // the message with its 5-byte prefix

@@ -516,3 +516,53 @@ func maxLeanAllocs() float64 {
 	}
 	return 2
 }
+
+// TestGRPCConnWaitForStream: with the server's one stream taken, a call
+// waits for it, and fails with codes.DeadlineExceeded if its deadline
+// passes first, opening no stream; once the stream is given back (its
+// call cancelled), the next call takes it.
+func TestGRPCConnWaitForStream(t *testing.T) {
+	answer := grpcMessage(mustMarshal(t, fixedAnswer))
+	paths := make(chan uint32, 4)
+	s := &h2Server{
+		settings: []http2.Setting{{ID: http2.SettingMaxConcurrentStreams, Val: 1}},
+		rsts:     make(chan h2RST, 4),
+		fields: func(id uint32, f hpack.HeaderField) {
+			if f.Name == ":path" {
+				paths <- id
+			}
+		},
+		answer: func(r *h2Reply) {
+			if r.id != 1 {
+				r.reply(answer, grpcOK)
+			}
+		},
+	}
+	s.start(t)
+	target := loadgen.Envoy(leanConn(t, s.addr, nil), "bench", costDescriptors)
+	ctx, cancel := context.WithCancel(context.Background())
+	first := make(chan error, 1)
+	go func() {
+		_, err := target.Decide(ctx, "alice", 1)
+		first <- err
+	}()
+	waitFor(t, paths)
+	wctx, wcancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer wcancel()
+	if _, err := target.Decide(wctx, "bob", 1); status.Code(err) != codes.DeadlineExceeded {
+		t.Errorf("waiting for a stream past the deadline: %v; want DeadlineExceeded", err)
+	}
+	cancel()
+	if err := waitFor(t, first); status.Code(err) != codes.Canceled {
+		t.Errorf("cancelled: %v; want Canceled", err)
+	}
+	if rst := waitFor(t, s.rsts); rst != (h2RST{1, http2.ErrCodeCancel}) {
+		t.Errorf("%+v; want stream 1 reset with CANCEL", rst)
+	}
+	if out, err := target.Decide(context.Background(), "carol", 1); err != nil || out.Quota.Limit != 20 {
+		t.Errorf("after the stream was given back: %+v, %v; want answered", out, err)
+	}
+	if id := waitFor(t, paths); id != 3 {
+		t.Errorf("the call after on stream %d; want 3: the one that waited opened none", id)
+	}
+}
