@@ -33,7 +33,7 @@ import (
 // a load generator takes little of the CPU it shares with the server it
 // measures. It implements grpc.ClientConnInterface for unary calls only,
 // and never redials: once its connection breaks, every call fails with
-// codes.Unavailable. It is safe for concurrent use.
+// codes.Unavailable. It is safe for concurrent use; DialGRPC makes one.
 type GRPCConn struct {
 	nc        net.Conn
 	authority string // :authority of each call, the address dialed

@@ -240,7 +240,8 @@ func (c *GRPCConn) readLoop() {
 	}
 }
 
-// The reader's header block in progress, for its CONTINUATIONs.
+// dispatch acts on a frame the reader read; an error breaks the
+// connection.
 func (c *GRPCConn) dispatch(f http2.Frame) error {
 	switch f := f.(type) {
 	case *http2.DataFrame:
