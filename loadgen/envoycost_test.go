@@ -199,3 +199,19 @@ func BenchmarkEnvoyDecideHotkeyd(b *testing.B) {
 	}
 	b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
 }
+
+// BenchmarkEnvoyDecideLean is BenchmarkEnvoyDecide over a GRPCConn to the
+// same server.
+func BenchmarkEnvoyDecideLean(b *testing.B) {
+	conn, _ := startFixedRLS(b, fixedAnswer)
+	target := loadgen.Envoy(leanConn(b, conn.Target(), nil), "bench", costDescriptors)
+	ctx := context.Background()
+	b.ReportAllocs()
+	cpu := cpuTime()
+	for b.Loop() {
+		if _, err := target.Decide(ctx, "alice", 1); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(cpuTime()-cpu)/float64(b.N), "cpu-ns/op")
+}

@@ -19,11 +19,10 @@ import (
 	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/internal/daemon"
+	"github.com/hotkeyd/hotkey/loadgen"
 )
 
 // The envoy scenario's limit, the same on both paths: a sliding window of
@@ -117,7 +116,7 @@ func runEnvoy(ctx context.Context, s *setup) (*scenario.Section, error) {
 	defer tr.CloseIdleConnections()
 	hc := &http.Client{Transport: tr}
 	url := "http://" + dm.Addr() + "/v1/allow"
-	conn, err := grpc.NewClient(dm.GRPCAddr(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := loadgen.DialGRPC(ctx, dm.GRPCAddr(), nil)
 	if err != nil {
 		return nil, err
 	}
@@ -294,7 +293,7 @@ func runEnvoy(ctx context.Context, s *setup) (*scenario.Section, error) {
 		return strings.Join(s, ", ")
 	}
 
-	sec := &scenario.Section{Setup: fmt.Sprintf("one hotkeyd in this process on the standalone redis-server; a sliding window of %d an hour per key on both paths (policy `bench` in a policies file for HTTP; rule `tenant` of domain `bench` in an envoyproxy/ratelimit file for gRPC), both failing closed; keys uniform over %d, fresh each run. %d closed-loop clients per mode, sharing one grpc.ClientConn or one HTTP client that keeps up to %d connections alive; the modes alternate, %v each per round after a %v warm-up, %d round(s), medians (ratios: median of the per-round ratios).",
+	sec := &scenario.Section{Setup: fmt.Sprintf("one hotkeyd in this process on the standalone redis-server; a sliding window of %d an hour per key on both paths (policy `bench` in a policies file for HTTP; rule `tenant` of domain `bench` in an envoyproxy/ratelimit file for gRPC), both failing closed; keys uniform over %d, fresh each run. %d closed-loop clients per mode, sharing one gRPC connection (loadgen.GRPCConn) or one HTTP client that keeps up to %d connections alive; the modes alternate, %v each per round after a %v warm-up, %d round(s), medians (ratios: median of the per-round ratios).",
 		envoyLimit, keys, clients, 2*clients, d, warm, k)}
 	sec.Printf("| mode | calls/s | decisions/s | admitted | store round trips per decision |\n|---|---|---|---|---|\n")
 	for i, m := range modes {

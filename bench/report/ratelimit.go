@@ -14,9 +14,6 @@ import (
 	"syscall"
 	"time"
 
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
-
 	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/internal/daemon"
 	"github.com/hotkeyd/hotkey/internal/redistest"
@@ -127,9 +124,9 @@ func runRatelimit(ctx context.Context, s *setup) (*scenario.Section, error) {
 	descs := [][]loadgen.Entry{{{Key: "user", Value: loadgen.KeyPlaceholder}}}
 	var systems []*rlsSystem
 	for _, sys := range []struct{ name, addr string }{{"hotkeyd", dm.GRPCAddr()}, {"envoyproxy/ratelimit", rl.grpcAddr}} {
-		conn, err := grpc.NewClient(sys.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := loadgen.DialGRPC(ctx, sys.addr, nil)
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%s: %w", sys.name, err)
 		}
 		defer conn.Close()
 		systems = append(systems, &rlsSystem{name: sys.name, target: loadgen.Envoy(conn, rlsDomain, descs)})
@@ -337,12 +334,16 @@ func startRatelimit(ctx context.Context, bin, root, sub, redisAddr string, env .
 
 // ready waits until p answers a request of the rules' domain with OK.
 func (p *rlsProcess) ready(ctx context.Context) error {
-	conn, err := grpc.NewClient(p.grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		return err
+	// A connection a probe: the process may not listen yet, and GRPCConn
+	// does not redial.
+	probe := func(ctx context.Context) (loadgen.Outcome, error) {
+		conn, err := loadgen.DialGRPC(ctx, p.grpcAddr, nil)
+		if err != nil {
+			return loadgen.Outcome{}, err
+		}
+		defer conn.Close()
+		return loadgen.Envoy(conn, rlsDomain, [][]loadgen.Entry{{{Key: "user", Value: "ready-probe"}}}).Decide(ctx, "", 1)
 	}
-	defer conn.Close()
-	t := loadgen.Envoy(conn, rlsDomain, [][]loadgen.Entry{{{Key: "user", Value: "ready-probe"}}})
 	deadline := time.Now().Add(30 * time.Second)
 	var last error
 	for time.Now().Before(deadline) {
@@ -352,7 +353,7 @@ func (p *rlsProcess) ready(ctx context.Context) error {
 		default:
 		}
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
-		out, err := t.Decide(cctx, "", 1)
+		out, err := probe(cctx)
 		cancel()
 		if err == nil && out.Allowed && out.Quota.Reported {
 			return nil

@@ -39,6 +39,7 @@ type config struct {
 	api                         string // hotkeyd, plain or envoy
 	method, keyHeader, keyParam string // plain
 	domain                      string // envoy
+	grpcClient                  string // envoy: lean or grpc-go
 	descriptors                 descriptors
 	limit                       int64 // the limit --key is measured against; 0: none
 	period                      time.Duration
@@ -61,7 +62,9 @@ Targets (--target):
                           a hotkeyd's --grpc-listen): ShouldRateLimit in
                           --domain with each --descriptor, {key} in a value
                           replaced by the workload's key, hits_addend --cost;
-                          OK is admitted, OVER_LIMIT denied (grpcs:// for TLS)
+                          OK is admitted, OVER_LIMIT denied (grpcs:// for TLS);
+                          over loadgen's own lean client, or grpc-go's with
+                          --grpc-client grpc-go
 
 Requests go out at --rate, whatever the target answers (an open loop), and
 each one's latency counts from when it was meant to be sent. The progress
@@ -101,6 +104,7 @@ func parse(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&c.keyHeader, "key-header", "", "--api plain: the header that carries the key, e.g. X-Api-Key")
 	fs.StringVar(&c.keyParam, "key-param", "", "--api plain: the query parameter that carries the key")
 	fs.StringVar(&c.domain, "domain", "", "grpc:// target: the rate-limit domain of each request")
+	fs.StringVar(&c.grpcClient, "grpc-client", grpcLean, "grpc:// target: the gRPC client, lean (loadgen's own, a fraction of the CPU a call) or grpc-go (google.golang.org/grpc's ClientConn)")
 	fs.Var(&c.descriptors, "descriptor", "grpc:// target: a descriptor of each request, key=value[,key=value…]; {key} in a value is the workload's key; repeat for more descriptors")
 	fs.Int64Var(&c.limit, "limit", 0, "the limit --key is measured against, in units per --period: the summary gives admitted ÷ ideal; 0: none")
 	fs.DurationVar(&c.period, "period", time.Second, "--limit's period")

@@ -49,6 +49,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"--target", "grpc://127.0.0.1:8081", "--domain", "edge", "--descriptor", "a=b", "--policy", "p"}, "--policy names a hotkeyd policy: it does not apply"},
 		{[]string{"--target", "grpc://127.0.0.1:8081", "--domain", "edge", "--descriptor", "a=b", "--cost", "5000000000"}, "--cost 5000000000: hits_addend holds at most 4294967295"},
 		{[]string{"--domain", "edge"}, "--domain is a grpc:// target's: it does not apply to http://127.0.0.1:8080 (--api hotkeyd)"},
+		{[]string{"--target", "grpc://127.0.0.1:8081", "--domain", "edge", "--descriptor", "a=b", "--grpc-client", "grpc"}, `--grpc-client "grpc": want lean (loadgen's own client) or grpc-go`},
+		{[]string{"--grpc-client", "grpc-go"}, "--grpc-client is a grpc:// target's: it does not apply to http://127.0.0.1:8080 (--api hotkeyd)"},
 		{[]string{"--target", "http://gw.example/api/orders"}, "has a path: for any HTTP endpoint (2xx admitted, 429 denied) give --api plain"},
 		{[]string{"--api", "gateway"}, `--api "gateway": want hotkeyd`},
 		{[]string{"--target", "nats://127.0.0.1:4222", "--api", "plain"}, "--api plain: a nats:// target is hotkeyd's NATS API"},
@@ -171,7 +173,8 @@ descriptors:
 
 // TestGRPCTarget: 50 requests of one user, at 20 a day, to a hotkeyd's
 // Envoy rate-limit service: loadgen reports 20 admitted and 30 denied, an
-// ideal of 20, and the user's limit from the answers' statuses.
+// ideal of 20, and the user's limit from the answers' statuses, over
+// either gRPC client (--grpc-client).
 func TestGRPCTarget(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "rules.yaml")
 	if err := os.WriteFile(path, []byte(envoyRules), 0o644); err != nil {
@@ -186,20 +189,23 @@ func TestGRPCTarget(t *testing.T) {
 		defer cancel()
 		d.Shutdown(ctx)
 	}()
-	var out, errOut bytes.Buffer
-	code := loadgencmd.Main([]string{"--target", "grpc://" + d.GRPCAddr(), "--domain", "bench", "--descriptor", "user={key}",
-		"--workload", "key", "--key", "alice", "--rate", "500", "--duration", "100ms", "--limit", "20", "--period", "24h", "--json", "--progress=false"}, &out, &errOut)
-	sum := decodeSummary(t, code, &out, &errOut)
-	if sum.API != "envoy" || sum.Sent != 50 || sum.Allowed != 20 || sum.Denied != 30 || sum.Errors != 0 {
-		t.Errorf("api %s, %d sent: %d admitted, %d denied, %d errors; want envoy, 50: 20, 30, 0", sum.API, sum.Sent, sum.Allowed, sum.Denied, sum.Errors)
-	}
-	if i := sum.Key.Ideal; i == nil || i.Ideal != 20 || i.Admitted != 20 || i.OfIdeal != 1 {
-		t.Errorf("ideal %+v; want 20 admitted of an ideal 20", i)
-	}
-	// The request meant last may be answered before others still in
-	// flight: what it saw left is anything a decision leaves.
-	if q := sum.LastQuota; sum.Quotas != 50 || q == nil || q.Limit != 20 || q.Window != 86400 || q.Remaining < 0 || q.Remaining > 19 {
-		t.Errorf("%d quotas, last %+v; want 50, the user's 20 a day with 0 to 19 remaining", sum.Quotas, q)
+	// Each client asks for a user of its own.
+	for client, user := range map[string]string{"lean": "alice", "grpc-go": "bob"} {
+		var out, errOut bytes.Buffer
+		code := loadgencmd.Main([]string{"--target", "grpc://" + d.GRPCAddr(), "--domain", "bench", "--descriptor", "user={key}", "--grpc-client", client,
+			"--workload", "key", "--key", user, "--rate", "500", "--duration", "100ms", "--limit", "20", "--period", "24h", "--json", "--progress=false"}, &out, &errOut)
+		sum := decodeSummary(t, code, &out, &errOut)
+		if sum.API != "envoy" || sum.Sent != 50 || sum.Allowed != 20 || sum.Denied != 30 || sum.Errors != 0 {
+			t.Errorf("%s: api %s, %d sent: %d admitted, %d denied, %d errors; want envoy, 50: 20, 30, 0", client, sum.API, sum.Sent, sum.Allowed, sum.Denied, sum.Errors)
+		}
+		if i := sum.Key.Ideal; i == nil || i.Ideal != 20 || i.Admitted != 20 || i.OfIdeal != 1 {
+			t.Errorf("%s: ideal %+v; want 20 admitted of an ideal 20", client, i)
+		}
+		// The request meant last may be answered before others still in
+		// flight: what it saw left is anything a decision leaves.
+		if q := sum.LastQuota; sum.Quotas != 50 || q == nil || q.Limit != 20 || q.Window != 86400 || q.Remaining < 0 || q.Remaining > 19 {
+			t.Errorf("%s: %d quotas, last %+v; want 50, the user's 20 a day with 0 to 19 remaining", client, sum.Quotas, q)
+		}
 	}
 }
 

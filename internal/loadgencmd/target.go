@@ -1,6 +1,7 @@
 package loadgencmd
 
 import (
+	"context"
 	"crypto/tls"
 	"fmt"
 	"math"
@@ -21,6 +22,12 @@ const (
 	apiHotkeyd = "hotkeyd" // POST /v1/allow, or the NATS API
 	apiPlain   = "plain"   // any HTTP endpoint: 2xx, 429
 	apiEnvoy   = "envoy"   // Envoy's RateLimitService over gRPC
+)
+
+// The gRPC clients a grpc:// target is asked with.
+const (
+	grpcLean = "lean"    // loadgen.GRPCConn
+	grpcGo   = "grpc-go" // google.golang.org/grpc's ClientConn
 )
 
 // probeKey is the key of the decision that checks the target before the
@@ -90,6 +97,8 @@ func (c *config) checkTarget(set map[string]bool) error {
 			return fmt.Errorf("--descriptor: a %s:// target needs at least one descriptor, e.g. --descriptor user=%s", u.Scheme, loadgen.KeyPlaceholder)
 		case c.cost > math.MaxUint32:
 			return fmt.Errorf("--cost %d: hits_addend holds at most %d", c.cost, uint32(math.MaxUint32))
+		case c.grpcClient != grpcLean && c.grpcClient != grpcGo:
+			return fmt.Errorf("--grpc-client %q: want lean (loadgen's own client) or grpc-go (google.golang.org/grpc's)", c.grpcClient)
 		}
 	default:
 		return fmt.Errorf("--target %q: want http(s)://host:port[/path], nats://host:port or grpc(s)://host:port", c.target)
@@ -99,6 +108,7 @@ func (c *config) checkTarget(set map[string]bool) error {
 		{"policy", apiHotkeyd, "names a hotkeyd policy"},
 		{"domain", apiEnvoy, "is a grpc:// target's"},
 		{"descriptor", apiEnvoy, "is a grpc:// target's"},
+		{"grpc-client", apiEnvoy, "is a grpc:// target's"},
 		{"method", apiPlain, "is --api plain's"},
 		{"key-header", apiPlain, "is --api plain's"},
 		{"key-param", apiPlain, "is --api plain's"},
@@ -128,7 +138,7 @@ func (c config) connect() (loadgen.Target, func(), error) {
 			return nil, nil, fmt.Errorf("connect to NATS at %s: %w", c.target, err)
 		}
 		return loadgen.NATSNamespace(nc, c.namespace, c.policy), nc.Close, nil
-	case c.api == apiEnvoy:
+	case c.api == apiEnvoy && c.grpcClient == grpcGo:
 		creds := insecure.NewCredentials()
 		if u.Scheme == "grpcs" {
 			creds = credentials.NewTLS(&tls.Config{MinVersion: tls.VersionTLS12})
@@ -136,6 +146,18 @@ func (c config) connect() (loadgen.Target, func(), error) {
 		conn, err := grpc.NewClient(u.Host, grpc.WithTransportCredentials(creds))
 		if err != nil {
 			return nil, nil, fmt.Errorf("gRPC client for %s: %w", c.target, err)
+		}
+		return loadgen.Envoy(conn, c.domain, c.descriptors), func() { conn.Close() }, nil
+	case c.api == apiEnvoy:
+		var tlsConf *tls.Config
+		if u.Scheme == "grpcs" {
+			tlsConf = &tls.Config{MinVersion: tls.VersionTLS12}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		conn, err := loadgen.DialGRPC(ctx, u.Host, tlsConf)
+		if err != nil {
+			return nil, nil, fmt.Errorf("connect to %s: %w", c.target, err)
 		}
 		return loadgen.Envoy(conn, c.domain, c.descriptors), func() { conn.Close() }, nil
 	case c.api == apiPlain:
