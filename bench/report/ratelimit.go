@@ -14,6 +14,9 @@ import (
 	"syscall"
 	"time"
 
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+
 	"github.com/hotkeyd/hotkey/bench/internal/scenario"
 	"github.com/hotkeyd/hotkey/internal/daemon"
 	"github.com/hotkeyd/hotkey/internal/redistest"
@@ -410,8 +413,16 @@ func tailOf(b []byte, n int) string {
 }
 
 // dialRLS returns a client connection to the rate-limit service at addr,
-// and what closes it.
-func dialRLS(addr string) (grpc.ClientConnInterface, func(), error) {
+// and what closes it: loadgen's own (loadgen.DialGRPC), or with grpcGo
+// grpc-go's.
+func dialRLS(ctx context.Context, addr string, grpcGo bool) (grpc.ClientConnInterface, func(), error) {
+	if !grpcGo {
+		conn, err := loadgen.DialGRPC(ctx, addr, nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		return conn, func() { conn.Close() }, nil
+	}
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, nil, err
