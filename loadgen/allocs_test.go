@@ -33,6 +33,15 @@ func maxClientAllocs() float64 {
 // is closed with the test.
 func cannedServer(t *testing.T, answer string, once bool) string {
 	t.Helper()
+	return serveLoopback(t, func(c net.Conn) { serveCanned(c, []byte(answer), once) })
+}
+
+// serveLoopback listens on a loopback port, runs serve on each connection
+// accepted on a goroutine of its own, and returns the address. The
+// listener and every connection are closed, and the goroutines waited
+// for, when the test ends.
+func serveLoopback(t testing.TB, serve func(net.Conn)) string {
+	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -58,7 +67,7 @@ func cannedServer(t *testing.T, answer string, once bool) string {
 			mu.Lock()
 			conns = append(conns, c)
 			mu.Unlock()
-			wg.Go(func() { serveCanned(c, []byte(answer), once) })
+			wg.Go(func() { serve(c) })
 		}
 	})
 	return l.Addr().String()

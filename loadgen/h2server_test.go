@@ -6,7 +6,6 @@ import (
 	"encoding/binary"
 	"io"
 	"net"
-	"sync"
 	"testing"
 
 	"golang.org/x/net/http2"
@@ -78,35 +77,7 @@ func grpcMessage(b []byte) []byte {
 // start serves s on 127.0.0.1 until the test ends.
 func (s *h2Server) start(t testing.TB) {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.addr = ln.Addr().String()
-	var wg sync.WaitGroup
-	var mu sync.Mutex // guards conns
-	var conns []net.Conn
-	t.Cleanup(func() {
-		ln.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			nc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, nc)
-			mu.Unlock()
-			wg.Go(func() { s.serve(nc) })
-		}
-	})
+	s.addr = serveLoopback(t, s.serve)
 }
 
 // serve speaks HTTP/2 on nc until it fails.

@@ -247,17 +247,25 @@ func (r *run) pace(ctx context.Context, jobs chan<- job) error {
 				return ctx.Err()
 			}
 		}
-		j := job{key: r.cfg.Workload.Key(i, at), intended: r.start.Add(at)}
-		select {
-		case jobs <- j:
-			r.sent.Add(1)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		if r.ideal != nil && j.key == r.cfg.Watch {
-			r.ideal.take(at, r.cfg.Cost)
+		if err := r.hand(ctx, jobs, job{key: r.cfg.Workload.Key(i, at), intended: r.start.Add(at)}, at); err != nil {
+			return err
 		}
 	}
+}
+
+// hand gives j, meant for at into the run, to a sender, and feeds the
+// ideal limiter if j is of the watched key.
+func (r *run) hand(ctx context.Context, jobs chan<- job, j job, at time.Duration) error {
+	select {
+	case jobs <- j:
+		r.sent.Add(1)
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if r.ideal != nil && j.key == r.cfg.Watch {
+		r.ideal.take(at, r.cfg.Cost)
+	}
+	return nil
 }
 
 // loop hands out requests as fast as the senders take them (a closed loop)
@@ -268,15 +276,8 @@ func (r *run) loop(ctx context.Context, jobs chan<- job) error {
 		if at >= r.cfg.Duration {
 			return nil
 		}
-		j := job{key: r.cfg.Workload.Key(i, at)}
-		select {
-		case jobs <- j:
-			r.sent.Add(1)
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-		if r.ideal != nil && j.key == r.cfg.Watch {
-			r.ideal.take(at, r.cfg.Cost)
+		if err := r.hand(ctx, jobs, job{key: r.cfg.Workload.Key(i, at)}, at); err != nil {
+			return err
 		}
 	}
 }

@@ -301,13 +301,9 @@ type rlsProcess struct {
 // returns once it answers a ShouldRateLimit of the rules' domain. env adds
 // to its settings. The caller must call stop.
 func startRatelimit(ctx context.Context, bin, root, sub, redisAddr string, env ...string) (*rlsProcess, error) {
-	var ports [3]int
-	for i := range ports {
-		p, err := freeLoopbackPort()
-		if err != nil {
-			return nil, err
-		}
-		ports[i] = p
+	ports, err := freeLoopbackPorts()
+	if err != nil {
+		return nil, err
 	}
 	p := &rlsProcess{done: make(chan struct{}), out: new(bytes.Buffer), grpcAddr: net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[1]))}
 	p.cmd = exec.Command(bin)
@@ -320,9 +316,18 @@ func startRatelimit(ctx context.Context, bin, root, sub, redisAddr string, env .
 		"DEBUG_HOST=127.0.0.1", "DEBUG_PORT=" + strconv.Itoa(ports[2]),
 	}
 	p.cmd.Env = append(p.cmd.Env, env...)
+	if err := p.start(ctx, "envoyproxy/ratelimit"); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// start starts p's command, the service name, and returns once it answers
+// (ready); if it does not, start stops it and says why, with its output.
+func (p *rlsProcess) start(ctx context.Context, name string) error {
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("envoyproxy/ratelimit: start: %w", err)
+		return fmt.Errorf("%s: start: %w", name, err)
 	}
 	go func() {
 		p.cmd.Wait()
@@ -330,9 +335,9 @@ func startRatelimit(ctx context.Context, bin, root, sub, redisAddr string, env .
 	}()
 	if err := p.ready(ctx); err != nil {
 		p.stop()
-		return nil, fmt.Errorf("envoyproxy/ratelimit: %w; its output: %s", err, tailOf(p.out.Bytes(), 2000))
+		return fmt.Errorf("%s: %w; its output: %s", name, err, tailOf(p.out.Bytes(), 2000))
 	}
-	return p, nil
+	return nil
 }
 
 // ready waits until p answers a request of the rules' domain with OK.
@@ -390,14 +395,19 @@ func (p *rlsProcess) stop() {
 	}
 }
 
-// freeLoopbackPort returns a loopback TCP port that was free a moment ago.
-func freeLoopbackPort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freeLoopbackPorts returns three loopback TCP ports, each free a moment
+// ago: a service's HTTP, gRPC and debug or admin ports.
+func freeLoopbackPorts() ([3]int, error) {
+	var ports [3]int
+	for i := range ports {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return ports, err
+		}
+		defer l.Close() // held until all are picked, so that none repeats
+		ports[i] = l.Addr().(*net.TCPAddr).Port
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	return ports, nil
 }
 
 // tailOf returns the last n bytes of b, trimmed.

@@ -186,30 +186,17 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 // and returns once it answers a ShouldRateLimit of the rules' domain. The
 // caller must call stop.
 func startHotkeyd(ctx context.Context, bin, rules, redisAddr string) (*rlsProcess, error) {
-	var ports [3]int
-	for i := range ports {
-		p, err := freeLoopbackPort()
-		if err != nil {
-			return nil, err
-		}
-		ports[i] = p
+	ports, err := freeLoopbackPorts()
+	if err != nil {
+		return nil, err
 	}
 	addr := func(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
 	p := &rlsProcess{done: make(chan struct{}), out: new(bytes.Buffer), grpcAddr: addr(ports[1])}
 	p.cmd = exec.Command(bin, "--listen", addr(ports[0]), "--grpc-listen", p.grpcAddr, "--admin-listen", addr(ports[2]),
 		"--nats", "none", "--redis", "redis://"+redisAddr, "--envoy-config", rules, "--log-level", "error")
 	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
-	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
-	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("hotkeyd: start: %w", err)
-	}
-	go func() {
-		p.cmd.Wait()
-		close(p.done)
-	}()
-	if err := p.ready(ctx); err != nil {
-		p.stop()
-		return nil, fmt.Errorf("hotkeyd: %w; its output: %s", err, tailOf(p.out.Bytes(), 2000))
+	if err := p.start(ctx, "hotkeyd"); err != nil {
+		return nil, err
 	}
 	return p, nil
 }
