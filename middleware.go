@@ -2,10 +2,10 @@ package hotkey
 
 import (
 	"errors"
-	"math"
 	"net/http"
-	"strconv"
 	"time"
+
+	"github.com/hotkeyd/hotkey/internal/ratelimitheader"
 )
 
 // SetHeaders writes the rate-limit headers of a decision r under policy p
@@ -23,58 +23,21 @@ import (
 //
 // The daemon and the Middleware both use it.
 func SetHeaders(h http.Header, p *Policy, r Result, now time.Time) {
-	name := p.name()
-	// Reset instants to the ms, so that a nanosecond of rounding in the
-	// store does not add a second.
-	resetAfter := r.ResetAfter.Truncate(time.Millisecond)
-	reset := ceilSeconds(resetAfter)
-	window := int64(1)
-	if p != nil {
-		window = max(1, ceilSeconds(p.Limit.Period))
+	d := ratelimitheader.Decision{
+		Limit: r.Limit, Remaining: r.Remaining, RetryAfter: r.RetryAfter, ResetAfter: r.ResetAfter,
+		Allowed: r.Allowed, ShadowDenied: r.ShadowDenied,
 	}
-	remaining := max(0, r.Remaining)
+	if p != nil {
+		d.Policy, d.Period = p.Name, p.Limit.Period
+	}
 	// The values are cut from one string and their slices from one array,
 	// to allocate twice per answer rather than twice per header.
 	var buf [160]byte
-	b := buf[:0]
-	var ends [len(rateLimitHeaders)]int // ends[i]: where header i's value ends in b, 0 if not set
-	for i, key := range rateLimitHeaders {
-		switch key {
-		case "X-Ratelimit-Limit":
-			b = strconv.AppendInt(b, r.Limit, 10)
-		case "X-Ratelimit-Remaining":
-			b = strconv.AppendInt(b, remaining, 10)
-		case "X-Ratelimit-Reset":
-			b = strconv.AppendInt(b, now.Add(resetAfter).Add(time.Second-1).Unix(), 10)
-		case "Ratelimit-Policy":
-			b = strconv.AppendQuote(b, name)
-			b = append(b, ";q="...)
-			b = strconv.AppendInt(b, r.Limit, 10)
-			b = append(b, ";w="...)
-			b = strconv.AppendInt(b, window, 10)
-		case "Ratelimit":
-			b = strconv.AppendQuote(b, name)
-			b = append(b, ";r="...)
-			b = strconv.AppendInt(b, remaining, 10)
-			b = append(b, ";t="...)
-			b = strconv.AppendInt(b, reset, 10)
-		case "Retry-After":
-			if r.Allowed {
-				continue
-			}
-			b = strconv.AppendInt(b, max(1, ceilSeconds(r.RetryAfter)), 10)
-		case "X-Ratelimit-Shadow":
-			if !r.ShadowDenied {
-				continue
-			}
-			b = append(b, "denied"...)
-		}
-		ends[i] = len(b) // > 0: every value set is at least a byte
-	}
-	all := string(b)
-	vals := make([]string, len(rateLimitHeaders))
+	var ends [ratelimitheader.N]int
+	all := string(ratelimitheader.Append(buf[:0], &ends, d, now))
+	vals := make([]string, ratelimitheader.N)
 	from, j := 0, 0
-	for i, key := range rateLimitHeaders {
+	for i, key := range ratelimitheader.Canonical {
 		if ends[i] == 0 {
 			continue
 		}
@@ -83,14 +46,6 @@ func SetHeaders(h http.Header, p *Policy, r Result, now time.Time) {
 		from = ends[i]
 		j++
 	}
-}
-
-// rateLimitHeaders are the headers SetHeaders writes, in canonical form.
-var rateLimitHeaders = [...]string{"X-Ratelimit-Limit", "X-Ratelimit-Remaining", "X-Ratelimit-Reset", "Ratelimit-Policy", "Ratelimit", "Retry-After", "X-Ratelimit-Shadow"}
-
-// ceilSeconds returns d in whole seconds, rounded up.
-func ceilSeconds(d time.Duration) int64 {
-	return int64(math.Ceil(d.Seconds()))
 }
 
 // MiddlewareConfig configures Middleware.

@@ -1,6 +1,7 @@
 package hotkey
 
 import (
+	"math"
 	"net/http"
 	"reflect"
 	"strconv"
@@ -73,4 +74,9 @@ func TestSetHeadersAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { SetHeaders(h, p, r, now) }); n > 2 {
 		t.Errorf("%.1f allocations, want at most 2", n)
 	}
+}
+
+// ceilSeconds returns d in whole seconds, rounded up.
+func ceilSeconds(d time.Duration) int64 {
+	return int64(math.Ceil(d.Seconds()))
 }

@@ -1,10 +1,6 @@
 package daemon
 
 import (
-	"net/http"
-	"slices"
-	"strings"
-	"sync"
 	"time"
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -14,6 +10,7 @@ import (
 
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/internal/envoyconf"
+	"github.com/hotkeyd/hotkey/internal/ratelimitheader"
 	"github.com/hotkeyd/hotkey/internal/rlswire"
 )
 
@@ -40,46 +37,27 @@ type rlsStatus struct {
 // rlsHeader is one header of response_headers_to_add.
 type rlsHeader struct{ key, value string }
 
-// headerMaps holds empty http.Headers for setHeaders.
-var headerMaps = sync.Pool{New: func() any { return make(http.Header, 8) }}
-
-// setHeaders sets a's headers to the RateLimit headers of res under p
-// (hotkey.SetHeaders), with names in lower case, as HTTP/2 and Envoy write
-// them, and ordered by name, so that answers read the same every time.
+// setHeaders sets a's headers to the RateLimit headers of res under p, the
+// values hotkey.SetHeaders writes, with names in lower case, as HTTP/2 and
+// Envoy write them, and ordered by name, so that answers read the same
+// every time.
 func (a *rlsAnswer) setHeaders(p *hotkey.Policy, res hotkey.Result, now time.Time) {
-	h := headerMaps.Get().(http.Header)
-	hotkey.SetHeaders(h, p, res, now)
+	var buf [160]byte
+	var ends [ratelimitheader.N]int
+	all := string(ratelimitheader.Append(buf[:0], &ends, ratelimitheader.Decision{
+		Policy: p.Name, Period: p.Limit.Period,
+		Limit: res.Limit, Remaining: res.Remaining, RetryAfter: res.RetryAfter, ResetAfter: res.ResetAfter,
+		Allowed: res.Allowed, ShadowDenied: res.ShadowDenied,
+	}, now))
 	a.headers = a.headerBuf[:0]
-	for k, vs := range h {
-		for _, v := range vs {
-			a.headers = append(a.headers, rlsHeader{lowerHeader(k), v})
+	from := 0
+	for i, name := range ratelimitheader.Lower {
+		if ends[i] == 0 {
+			continue
 		}
+		a.headers = append(a.headers, rlsHeader{name, all[from:ends[i]]})
+		from = ends[i]
 	}
-	clear(h)
-	headerMaps.Put(h)
-	slices.SortFunc(a.headers, func(x, y rlsHeader) int { return strings.Compare(x.key, y.key) })
-}
-
-// lowerHeader is the canonical header name k in lower case, without an
-// allocation for the names hotkey.SetHeaders writes.
-func lowerHeader(k string) string {
-	switch k {
-	case "Ratelimit":
-		return "ratelimit"
-	case "Ratelimit-Policy":
-		return "ratelimit-policy"
-	case "Retry-After":
-		return "retry-after"
-	case "X-Ratelimit-Limit":
-		return "x-ratelimit-limit"
-	case "X-Ratelimit-Remaining":
-		return "x-ratelimit-remaining"
-	case "X-Ratelimit-Reset":
-		return "x-ratelimit-reset"
-	case "X-Ratelimit-Shadow":
-		return "x-ratelimit-shadow"
-	}
-	return strings.ToLower(k)
 }
 
 // proto returns a as a RateLimitResponse.

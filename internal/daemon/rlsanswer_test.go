@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"math"
+	"net/http"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +15,7 @@ import (
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/internal/envoyconf"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 )
@@ -112,4 +115,35 @@ func TestGRPCStreamWorkers(t *testing.T) {
 		return n >= grpcStreamWorkers
 	})
 	t.Logf("%d goroutines wait for gRPC calls", n)
+}
+
+// TestRLSAnswerHeaders: an Envoy answer's response_headers_to_add are the
+// headers hotkey.SetHeaders writes, named in lower case and in order, for
+// admissions, denials, shadow denials and an unnamed policy.
+func TestRLSAnswerHeaders(t *testing.T) {
+	now := time.Unix(1_800_000_000, 123)
+	for _, tc := range []struct {
+		p   *hotkey.Policy
+		res hotkey.Result
+	}{
+		{&hotkey.Policy{Name: "envoy/api.user", Limit: hotkey.PerSecond(100)}, hotkey.Result{Allowed: true, Limit: 100, Remaining: 99, ResetAfter: 10 * time.Millisecond}},
+		{&hotkey.Policy{Name: "envoy/api.user", Limit: hotkey.Limit{Rate: 5, Period: time.Minute}}, hotkey.Result{Limit: 5, RetryAfter: 1500 * time.Millisecond, ResetAfter: time.Minute}},
+		{&hotkey.Policy{Name: `q"uote`, Limit: hotkey.PerSecond(1)}, hotkey.Result{Allowed: true, ShadowDenied: true, Limit: 1, Remaining: -3}},
+		{&hotkey.Policy{Limit: hotkey.PerSecond(7)}, hotkey.Result{Limit: 7, RetryAfter: time.Nanosecond}},
+	} {
+		h := http.Header{}
+		hotkey.SetHeaders(h, tc.p, tc.res, now)
+		var want []rlsHeader
+		for k, vs := range h {
+			for _, v := range vs {
+				want = append(want, rlsHeader{strings.ToLower(k), v})
+			}
+		}
+		slices.SortFunc(want, func(x, y rlsHeader) int { return strings.Compare(x.key, y.key) })
+		var a rlsAnswer
+		a.setHeaders(tc.p, tc.res, now)
+		if !slices.Equal(a.headers, want) {
+			t.Errorf("%+v under %q:\n got %q\nwant %q", tc.res, tc.p.Name, a.headers, want)
+		}
+	}
 }
