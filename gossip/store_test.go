@@ -376,8 +376,12 @@ func flushed(t *testing.T, s *Store, now time.Time) (map[string]int64, int) {
 func TestStoreFlushCarriesUnits(t *testing.T) {
 	clock := testkit.NewClock()
 	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 1 << 20, Period: time.Hour}
-	// 10 tallied keys a stripe, 1,000 keys: about 16 a stripe.
-	s := newTestStore(t, "a", clock, StoreConfig{Gossip: Config{MaxKeys: 640}, Memory: counter.MemoryConfig{MaxKeys: 4096, Stripes: 64}})
+	// 1,000 keys over 64 stripes, about 16 a stripe, against a tally of 16
+	// keys a stripe: the keys past it, about 100 wherever the seeded hash
+	// puts the keys, go to the round, whose 16 stripes hold 64 keys each.
+	// That every stripe's keys fit its tally, or that 64 land on one round
+	// stripe, is less likely than one time in 10^13.
+	s := newTestStore(t, "a", clock, StoreConfig{Gossip: Config{MaxKeys: 1024}, Memory: counter.MemoryConfig{MaxKeys: 4096, Stripes: 64}})
 	r := rand.New(rand.NewPCG(1, 2))
 	for round := range 3 {
 		want, total := map[string]int64{}, int64(0)
