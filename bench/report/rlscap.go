@@ -28,8 +28,19 @@ const rlsCacheBytes = 64 << 20
 type rlsCapSystem struct {
 	name    string
 	proc    *rlsProcess
+	redis   *redistest.Server
 	targets [2]loadgen.Target // over loadgen's client, and over grpc-go's
-	close   func()
+	closers []func()          // the targets' connections
+}
+
+// stop closes s's connections, then stops its service, then its
+// redis-server.
+func (s *rlsCapSystem) stop() {
+	for _, c := range s.closers {
+		c()
+	}
+	s.proc.stop()
+	s.redis.Close()
 }
 
 // runRatelimitCapacity measures how many ShouldRateLimit calls a second
@@ -68,8 +79,7 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 	var systems []*rlsCapSystem
 	defer func() {
 		for _, sys := range systems {
-			sys.close()
-			sys.proc.stop()
+			sys.stop()
 		}
 	}()
 	for _, sys := range []struct {
@@ -95,7 +105,7 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 			rd.Close()
 			return nil, fmt.Errorf("%s: %w", sys.name, err)
 		}
-		cs := &rlsCapSystem{name: sys.name, proc: p, close: func() { rd.Close() }}
+		cs := &rlsCapSystem{name: sys.name, proc: p, redis: rd}
 		systems = append(systems, cs)
 		for c := range cs.targets {
 			conn, closeConn, err := dialRLS(ctx, p.grpcAddr, c == 1)
@@ -103,8 +113,7 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 				return nil, err
 			}
 			cs.targets[c] = loadgen.Envoy(conn, rlsDomain, [][]loadgen.Entry{{{Key: "user", Value: loadgen.KeyPlaceholder}}})
-			was := cs.close
-			cs.close = func() { closeConn(); was() }
+			cs.closers = append(cs.closers, closeConn)
 		}
 	}
 
