@@ -66,8 +66,9 @@ func (l Level) Up() Level { return min(MaxLevel, max(Level4, l*4)) }
 // Down returns the level below l (Level1 stays Level1).
 func (l Level) Down() Level { return max(Level1, l/4) }
 
-// index maps 1, 4, 16, 64 to 0, 1, 2, 3.
-func (l Level) index() int { return bits.TrailingZeros(uint(l)) / 2 }
+// Index maps 1, 4, 16, 64 to 0, 1, 2, 3, for tables kept per level; l is
+// valid.
+func (l Level) Index() int { return bits.TrailingZeros(uint(l)) / 2 }
 
 // Share returns subcounter i's share of total split n ways: total/n, plus one
 // for the first total%n subcounters. The n shares sum to total.

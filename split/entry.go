@@ -143,7 +143,7 @@ func (e *Entry) Names(n shard.Level, p shard.Placement) []string { return e.name
 
 func (e *Entry) nameSet(n shard.Level, p shard.Placement) *nameSet {
 	v := version(p)
-	slot := &e.names[index(n)]
+	slot := &e.names[n.Index()]
 	if s := slot.Load(); s != nil && s.version == v {
 		return s
 	}
@@ -154,19 +154,6 @@ func (e *Entry) nameSet(n shard.Level, p shard.Placement) *nameSet {
 	}
 	slot.Store(s)
 	return s
-}
-
-// index maps 1, 4, 16, 64 to 0, 1, 2, 3.
-func index(l shard.Level) int {
-	switch l {
-	case shard.Level4:
-		return 1
-	case shard.Level16:
-		return 2
-	case shard.Level64:
-		return 3
-	}
-	return 0
 }
 
 // Sub returns the name and hash of subcounter i of the key's n under p:

@@ -34,19 +34,12 @@ func LevelsOf(ls ...shard.Level) Levels {
 // Has reports whether s holds l.
 func (s Levels) Has(l shard.Level) bool { return s&bit(l) != 0 }
 
-// bit is l's bit in a Levels.
+// bit is l's bit in a Levels, 0 for an invalid level.
 func bit(l shard.Level) Levels {
-	switch l {
-	case shard.Level1:
-		return 1
-	case shard.Level4:
-		return 2
-	case shard.Level16:
-		return 4
-	case shard.Level64:
-		return 8
+	if !l.Valid() {
+		return 0
 	}
-	return 0
+	return 1 << l.Index()
 }
 
 // levels are the levels in the order a plan reads them.
