@@ -44,40 +44,33 @@ func Append(b []byte, ends *[N]int, d Decision, now time.Time) []byte {
 	// store does not add a second.
 	resetAfter := d.ResetAfter.Truncate(time.Millisecond)
 	remaining := max(0, d.Remaining)
-	for i := range N {
-		switch i {
-		case 0: // RateLimit
-			b = strconv.AppendQuote(b, name)
-			b = append(b, ";r="...)
-			b = strconv.AppendInt(b, remaining, 10)
-			b = append(b, ";t="...)
-			b = strconv.AppendInt(b, ceilSeconds(resetAfter), 10)
-		case 1: // RateLimit-Policy
-			b = strconv.AppendQuote(b, name)
-			b = append(b, ";q="...)
-			b = strconv.AppendInt(b, d.Limit, 10)
-			b = append(b, ";w="...)
-			b = strconv.AppendInt(b, max(1, ceilSeconds(d.Period)), 10)
-		case 2: // Retry-After
-			if d.Allowed {
-				ends[i] = 0
-				continue
-			}
-			b = strconv.AppendInt(b, max(1, ceilSeconds(d.RetryAfter)), 10)
-		case 3: // X-RateLimit-Limit
-			b = strconv.AppendInt(b, d.Limit, 10)
-		case 4: // X-RateLimit-Remaining
-			b = strconv.AppendInt(b, remaining, 10)
-		case 5: // X-RateLimit-Reset
-			b = strconv.AppendInt(b, now.Add(resetAfter).Add(time.Second-1).Unix(), 10)
-		case 6: // X-RateLimit-Shadow
-			if !d.ShadowDenied {
-				ends[i] = 0
-				continue
-			}
-			b = append(b, "denied"...)
-		}
-		ends[i] = len(b)
+	b = strconv.AppendQuote(b, name) // RateLimit
+	b = append(b, ";r="...)
+	b = strconv.AppendInt(b, remaining, 10)
+	b = append(b, ";t="...)
+	b = strconv.AppendInt(b, ceilSeconds(resetAfter), 10)
+	ends[0] = len(b)
+	b = strconv.AppendQuote(b, name) // RateLimit-Policy
+	b = append(b, ";q="...)
+	b = strconv.AppendInt(b, d.Limit, 10)
+	b = append(b, ";w="...)
+	b = strconv.AppendInt(b, max(1, ceilSeconds(d.Period)), 10)
+	ends[1] = len(b)
+	ends[2] = 0 // Retry-After
+	if !d.Allowed {
+		b = strconv.AppendInt(b, max(1, ceilSeconds(d.RetryAfter)), 10)
+		ends[2] = len(b)
+	}
+	b = strconv.AppendInt(b, d.Limit, 10) // X-RateLimit-Limit
+	ends[3] = len(b)
+	b = strconv.AppendInt(b, remaining, 10) // X-RateLimit-Remaining
+	ends[4] = len(b)
+	b = strconv.AppendInt(b, now.Add(resetAfter).Add(time.Second-1).Unix(), 10) // X-RateLimit-Reset
+	ends[5] = len(b)
+	ends[6] = 0 // X-RateLimit-Shadow
+	if d.ShadowDenied {
+		b = append(b, "denied"...)
+		ends[6] = len(b)
 	}
 	return b
 }
