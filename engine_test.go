@@ -136,6 +136,27 @@ func TestSplitAllAdmitsTheLimit(t *testing.T) {
 	}
 }
 
+// TestAllowDoesNotAllocate: a decision on a key the memory store holds
+// allocates nothing, whole or split, admitted or denied.
+func TestAllowDoesNotAllocate(t *testing.T) {
+	e, _ := newMemoryEngine(t, testkit.NewClock(), WithSplitKeys(4, nil, "hot"))
+	ctx := context.Background()
+	for _, tt := range []struct {
+		key string
+		lim Limit
+	}{
+		{"cold", PerSecond(1 << 30)},
+		{"hot", PerSecond(1 << 30)},
+		{"cold-denied", Limit{Rate: 1, Period: time.Hour, Burst: 1}},
+	} {
+		p := pol(tt.lim)
+		e.Allow(ctx, tt.key, p)
+		if n := testing.AllocsPerRun(100, func() { e.Allow(ctx, tt.key, p) }); n != 0 {
+			t.Errorf("%s: %v allocations a decision, want 0", tt.key, n)
+		}
+	}
+}
+
 func TestSplitKeysOnlyThoseKeys(t *testing.T) {
 	e, _ := newMemoryEngine(t, testkit.NewClock(), WithSplitKeys(4, nil, "hot"))
 	ctx := context.Background()

@@ -116,7 +116,8 @@ func (e *Entry) Limit() (counter.Limit, bool) {
 func (e *Entry) decided(lim counter.Limit) counter.Limit {
 	prev := e.limit.Load()
 	if prev == nil || *prev != lim {
-		e.limit.Store(&lim)
+		l := lim // a copy of its own, so that only a change allocates
+		e.limit.Store(&l)
 	}
 	if prev == nil {
 		return lim
