@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -11,6 +12,8 @@ import (
 	"runtime"
 	"slices"
 	"strconv"
+	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hotkeyd/hotkey/bench/internal/scenario"
@@ -41,6 +44,61 @@ func (s *rlsCapSystem) stop() {
 	}
 	s.proc.stop()
 	s.redis.Close()
+}
+
+// capRun is one capacity run: calls/s, and the CPU µs a call of the
+// service, its redis-server and the client.
+type capRun struct {
+	rate float64
+	cpu  [3]float64
+}
+
+// cpu returns the CPU time used so far by s's service, its redis-server
+// and this process.
+func (s *rlsCapSystem) cpu() ([3]time.Duration, error) {
+	var t [3]time.Duration
+	var err error
+	if t[0], err = procCPU(s.proc.cmd.Process.Pid); err != nil {
+		return t, fmt.Errorf("%s: %w", s.name, err)
+	}
+	if t[1], err = procCPU(s.redis.Pid()); err != nil {
+		return t, fmt.Errorf("%s's redis-server: %w", s.name, err)
+	}
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return t, err
+	}
+	t[2] = time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	return t, nil
+}
+
+// procCPU returns the user and system time process pid has used, all its
+// threads, from /proc/pid/stat (Linux; its clock ticks are USER_HZ, 100 a
+// second on every Linux ABI).
+func procCPU(pid int) (time.Duration, error) {
+	if pid <= 0 {
+		return 0, errors.New("not running")
+	}
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0, err
+	}
+	// The command name, field 2, is in parentheses and may hold spaces:
+	// the fields after its last ')' start at field 3 (state).
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0, fmt.Errorf("/proc/%d/stat: no command name", pid)
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return 0, fmt.Errorf("/proc/%d/stat: %d fields", pid, len(f)+2)
+	}
+	utime, err1 := strconv.ParseUint(f[11], 10, 64) // field 14
+	stime, err2 := strconv.ParseUint(f[12], 10, 64) // field 15
+	if err := errors.Join(err1, err2); err != nil {
+		return 0, fmt.Errorf("/proc/%d/stat: %w", pid, err)
+	}
+	return time.Duration(utime+stime) * (time.Second / 100), nil
 }
 
 // runRatelimitCapacity measures how many ShouldRateLimit calls a second
@@ -118,16 +176,30 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 	}
 
 	prefix := fmt.Sprintf("cap-%x-", time.Now().UnixNano())
-	run := func(sys *rlsCapSystem, client int, w loadgen.Workload, d time.Duration) (float64, error) {
+	run := func(sys *rlsCapSystem, client int, w loadgen.Workload, d time.Duration) (capRun, error) {
+		before, err := sys.cpu()
+		if err != nil {
+			return capRun{}, err
+		}
 		// A closed loop: 64 calls always in flight.
 		res, err := loadgen.Run(ctx, loadgen.Config{Target: sys.targets[client], Workload: w, Duration: d, Concurrency: 64}, nil, 0)
 		if err != nil {
-			return 0, fmt.Errorf("%s: %w", sys.name, err)
+			return capRun{}, fmt.Errorf("%s: %w", sys.name, err)
 		}
 		if res.Errors > 0 {
-			return 0, fmt.Errorf("%s: %d errors, the first: %v", sys.name, res.Errors, res.FirstError)
+			return capRun{}, fmt.Errorf("%s: %d errors, the first: %v", sys.name, res.Errors, res.FirstError)
 		}
-		return res.Rate(), nil
+		after, err := sys.cpu()
+		if err != nil {
+			return capRun{}, err
+		}
+		r := capRun{rate: res.Rate()}
+		if n := float64(res.Sent); n > 0 {
+			for i := range r.cpu {
+				r.cpu[i] = float64(after[i]-before[i]) / float64(time.Microsecond) / n
+			}
+		}
+		return r, nil
 	}
 	for i, sys := range systems { // connections, scripts, first counters
 		for c := range sys.targets {
@@ -148,12 +220,12 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 			return loadgen.Uniform(fmt.Sprintf("%sc%d-r%d-%d-", prefix, client, round, sys), keys, uint64(round*len(systems)+sys))
 		}},
 	}
-	// calls[client][workload][system] holds each round's calls/s.
-	var calls [2][][][]float64
+	// calls[client][workload][system] holds each round's run.
+	var calls [2][][][]capRun
 	for c := range calls {
-		calls[c] = make([][][]float64, len(workloads))
+		calls[c] = make([][][]capRun, len(workloads))
 		for wi, wl := range workloads {
-			calls[c][wi] = make([][]float64, len(systems))
+			calls[c][wi] = make([][]capRun, len(systems))
 			for round := range k {
 				for j := range systems { // each round starts with another system
 					i := (round + j) % len(systems)
@@ -174,19 +246,26 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 	}
 	sec := &scenario.Section{Setup: fmt.Sprintf("hotkeyd (this tree, built for the run, `--nats none`, `--envoy-config`, sync: store) and envoyproxy/ratelimit %s@%s, each a process of its own on a redis-server of its own, given the same rules file (domain `%s`, descriptor key `user`, %d requests per second per value); envoyproxy/ratelimit with its defaults (REDIS_POOL_SIZE 10, no local cache, no pipelining) and again with LOCAL_CACHE_SIZE_IN_BYTES %d. One client, this process: loadgen's Envoy target (descriptor `user={key}`) on one connection per service, over loadgen's own gRPC client (`loadgen.DialGRPC`, hotkeyd loadgen's default) and again over grpc-go's (`--grpc-client grpc-go`), in a closed loop of 64 senders (each sends its next call when its last is answered), so that each service answers as fast as it can; %v per run, the services in turn (each round starting with the next), %d round(s), medians; ratios are the median of the per-round ratios. The client shares the machine's %d cores with the services and their redis-servers.",
 		rlsModule, rlsVersion, rlsDomain, rlsLimit, rlsCacheBytes, d, k, runtime.NumCPU())}
-	sec.Printf("| client | workload | service | calls/s | hotkeyd ÷ it |\n|---|---|---|---|---|\n")
+	sec.Printf("| client | workload | service | calls/s | hotkeyd ÷ it | CPU µs a call: service | its redis-server | client |\n|---|---|---|---|---|---|---|---|\n")
 	for c, client := range clients {
 		for wi, wl := range workloads {
 			for i, sys := range systems {
+				runs := calls[c][wi][i]
 				ratios := make([]float64, k)
+				rates := make([]float64, k)
+				var cpu [3][]float64
 				for r := range k {
-					ratios[r] = calls[c][wi][0][r] / calls[c][wi][i][r]
+					ratios[r] = calls[c][wi][0][r].rate / runs[r].rate
+					rates[r] = runs[r].rate
+					for j := range cpu {
+						cpu[j] = append(cpu[j], runs[r].cpu[j])
+					}
 				}
-				sec.Printf("| %s | %s | %s | %.0f | %.2f |\n", client, wl.name, sys.name, med(calls[c][wi][i]), med(ratios))
+				sec.Printf("| %s | %s | %s | %.0f | %.2f | %.1f | %.1f | %.1f |\n", client, wl.name, sys.name, med(rates), med(ratios), med(cpu[0]), med(cpu[1]), med(cpu[2]))
 			}
 		}
 	}
-	sec.Printf("\nThe targets are hotkeyd at 2.5× envoyproxy/ratelimit's calls/s with its defaults and 2× with its local cache on, on both workloads. The client's own cost divides every figure: the less CPU it takes from the services, the closer a ratio comes to theirs.\n")
+	sec.Printf("\nThe targets are hotkeyd at 2.5× envoyproxy/ratelimit's calls/s with its defaults and 2× with its local cache on, on both workloads. The client's own cost divides every figure: the less CPU it takes from the services, the closer a ratio comes to theirs. CPU µs a call is each process's user and system time over the run (from /proc) divided by the calls it answered, medians over the rounds; the client's is this process's own.\n")
 	return sec, nil
 }
 

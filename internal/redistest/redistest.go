@@ -262,6 +262,22 @@ func (s *Server) stop() error {
 	return nil
 }
 
+// Pid returns the process ID of the running redis-server, or 0 when it is
+// not running.
+func (s *Server) Pid() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil {
+		return 0
+	}
+	select {
+	case <-s.done:
+		return 0
+	default:
+		return s.cmd.Process.Pid
+	}
+}
+
 // Close kills the process by PID, waits for it, and removes its directory.
 // Safe to call twice; later calls return nil and do nothing.
 func (s *Server) Close() error {
