@@ -50,6 +50,13 @@ func (e *Engine) AllowBatch(ctx context.Context, reqs []Request, out []Decision)
 		}
 		return
 	}
+	e.allowMany(ctx, reqs, out)
+}
+
+// allowMany is AllowBatch on a batcher with more than one request: a
+// function of its own, so that what its goroutines capture is moved to the
+// heap for batches that need them only.
+func (e *Engine) allowMany(ctx context.Context, reqs []Request, out []Decision) {
 	b := batch{
 		ds:  make([]degraded, 0, len(reqs)),
 		at:  make([]int, 0, len(reqs)),

@@ -155,6 +155,29 @@ func TestAllowDoesNotAllocate(t *testing.T) {
 			t.Errorf("%s: %v allocations a decision, want 0", tt.key, n)
 		}
 	}
+	// A batch of one on a store that batches, as the daemon's Envoy
+	// answers make them.
+	b, err := New(loopBatcher{counter.NewMemoryStore(counter.MemoryConfig{})}, WithoutDetector())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	reqs := []Request{{Key: "k", Policy: pol(PerSecond(1 << 30)), Cost: 1}}
+	out := make([]Decision, 1)
+	b.AllowBatch(ctx, reqs, out)
+	if n := testing.AllocsPerRun(100, func() { b.AllowBatch(ctx, reqs, out) }); n != 0 || out[0].Err != nil {
+		t.Errorf("a batch of one: %v allocations, %v; want 0, nil", n, out[0].Err)
+	}
+}
+
+// loopBatcher is a memory store that batches: each take of a batch in turn.
+type loopBatcher struct{ *counter.MemoryStore }
+
+func (s loopBatcher) TakeBatch(ctx context.Context, ops []counter.Op) {
+	for i := range ops {
+		op := &ops[i]
+		op.Result, op.Err = s.Take(ctx, op.Key, op.Hash, op.Limit, op.N)
+	}
 }
 
 func TestSplitKeysOnlyThoseKeys(t *testing.T) {
