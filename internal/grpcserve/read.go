@@ -1,0 +1,313 @@
+package grpcserve
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/net/http2"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// onHeaders opens a stream for a call, or answers it at once when it
+// cannot be made; a header block on an open stream ends the client's side.
+func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
+	id := f.StreamID
+	c.mu.Lock()
+	st := c.streams[id]
+	c.mu.Unlock()
+	if st != nil {
+		if !f.StreamEnded() {
+			c.resetStream(id, http2.ErrCodeProtocol)
+			return nil
+		}
+		c.endOfStream(st)
+		return nil
+	}
+	if id%2 == 0 || id <= c.lastID {
+		return errProtocol
+	}
+	end := f.StreamEnded()
+	c.mu.Lock()
+	c.lastID = id
+	refuse := c.draining || uint32(len(c.streams)) >= c.s.cfg.MaxConcurrentStreams
+	c.mu.Unlock()
+	if refuse {
+		c.resetStream(id, http2.ErrCodeRefusedStream)
+		return nil
+	}
+	if f.Truncated {
+		c.resetStream(id, http2.ErrCodeFrameSize)
+		return nil
+	}
+	var httpMethod, path, contentType, encoding, timeout string
+	hasTimeout := false
+	for _, hf := range f.Fields {
+		switch hf.Name {
+		case ":method":
+			httpMethod = hf.Value
+		case ":path":
+			path = hf.Value
+		case "content-type":
+			contentType = hf.Value
+		case "grpc-encoding":
+			encoding = hf.Value
+		case "grpc-timeout":
+			timeout, hasTimeout = hf.Value, true
+		case "connection":
+			c.resetStream(id, http2.ErrCodeProtocol)
+			return nil
+		}
+	}
+	if !isGRPC(contentType) {
+		c.abort(id, http.StatusUnsupportedMediaType, status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", contentType), end)
+		return nil
+	}
+	if httpMethod != http.MethodPost {
+		c.abort(id, http.StatusMethodNotAllowed, status.Newf(codes.Internal, "Received a HEADERS frame with :method %q which should be POST", httpMethod), end)
+		return nil
+	}
+	var d time.Duration
+	if hasTimeout {
+		var err error
+		if d, err = parseTimeout(timeout); err != nil {
+			c.abort(id, http.StatusBadRequest, status.Newf(codes.Internal, "malformed grpc-timeout: %q", timeout), end)
+			return nil
+		}
+	}
+	m, msg := c.s.lookup(path)
+	if m == nil {
+		c.abort(id, http.StatusOK, status.New(codes.Unimplemented, msg), end)
+		return nil
+	}
+	if encoding != "" && encoding != "identity" {
+		c.abort(id, http.StatusOK, status.Newf(codes.Unimplemented, "grpc: Decompressor is not installed for grpc-encoding %q", encoding), end)
+		return nil
+	}
+	st = c.s.newStream(c, id, m)
+	c.mu.Lock()
+	st.sendWindow = c.initWindow
+	c.streams[id] = st
+	if hasTimeout {
+		st.ctx.deadline = st.begin.Add(d)
+		st.refs.Add(1)
+		st.timer = time.AfterFunc(d, func() { c.expire(st) })
+	}
+	c.mu.Unlock()
+	if m.stream != nil {
+		c.dispatch(st)
+	}
+	if end {
+		c.endOfStream(st)
+	}
+	return nil
+}
+
+// isGRPC reports whether ct is a gRPC content-type: application/grpc,
+// alone or with a subtype after '+' or ';'.
+func isGRPC(ct string) bool {
+	rest, ok := strings.CutPrefix(ct, "application/grpc")
+	return ok && (rest == "" || rest[0] == '+' || rest[0] == ';')
+}
+
+// abort answers stream id with s alone, under HTTP status code, and
+// resets the stream unless the client ended it.
+func (c *conn) abort(id uint32, code int, s *status.Status, ended bool) {
+	var b []byte
+	if code == http.StatusOK {
+		b = append(b, respHeaders...)
+	} else {
+		b = appendLiteral(b, 8, "", strconv.Itoa(code))
+		b = appendLiteral(b, 31, "", "application/grpc")
+	}
+	b = appendStatus(b, s)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return
+	}
+	c.ctrl = append(c.ctrl, ctrl{kind: ctrlHeaders, id: id, block: b})
+	if !ended {
+		c.ctrl = append(c.ctrl, ctrl{kind: ctrlRST, id: id, val: uint32(http2.ErrCodeNo)})
+	}
+	c.work.Signal()
+}
+
+// expire ends st at its deadline: its context is done, and it is
+// answered DEADLINE_EXCEEDED unless it was answered before.
+func (c *conn) expire(st *stream) {
+	c.mu.Lock()
+	if !st.closed {
+		st.ctx.cancel(errDeadline)
+		if st.trailer == nil {
+			c.finishLocked(st, status.New(codes.DeadlineExceeded, errDeadline.Error()))
+		}
+	}
+	c.mu.Unlock()
+	st.release() // the timer's
+}
+
+// dispatch runs st's handler on a worker.
+func (c *conn) dispatch(st *stream) {
+	st.dispatched = true
+	st.refs.Add(1) // the handler's
+	c.s.run(st)
+}
+
+// endOfStream acts on the client's end of st: a unary call is run.
+func (c *conn) endOfStream(st *stream) {
+	c.mu.Lock()
+	if st.recvEnded {
+		c.mu.Unlock()
+		c.resetStream(st.id, http2.ErrCodeStreamClosed)
+		return
+	}
+	st.recvEnded = true
+	if st.prefixN > 0 && st.recvErr == nil {
+		st.recvErr = status.Errorf(codes.Internal, "grpc: the request's last message is truncated: %d of %d bytes", len(st.msg), st.want)
+	}
+	select {
+	case st.recvWake <- struct{}{}:
+	default:
+	}
+	c.mu.Unlock()
+	if st.m.unary != nil && !st.dispatched {
+		if !st.got && st.recvErr == nil {
+			st.recvErr = status.Error(codes.Internal, "grpc: the request has no message")
+		}
+		c.dispatch(st)
+	}
+}
+
+// onData adds f's bytes to their stream's messages, and gives the
+// windows back once half of one is used.
+func (c *conn) onData(f *http2.DataFrame) error {
+	n := int64(f.Length)
+	if n > c.recvAvail {
+		return http2.ConnectionError(http2.ErrCodeFlowControl)
+	}
+	c.recvAvail -= n
+	c.recvUnsent += n
+	c.mu.Lock()
+	if c.recvUnsent >= connWindow/2 {
+		c.ctrl = append(c.ctrl, ctrl{kind: ctrlWindowUpdate, val: uint32(c.recvUnsent)})
+		c.recvAvail += c.recvUnsent
+		c.recvUnsent = 0
+		c.work.Signal()
+	}
+	st := c.streams[f.StreamID]
+	if st == nil {
+		idle := f.StreamID > c.lastID
+		c.mu.Unlock()
+		if idle {
+			return errProtocol
+		}
+		return nil // a stream reset or answered: its data is dropped
+	}
+	if st.recvEnded {
+		c.mu.Unlock()
+		c.resetStream(st.id, http2.ErrCodeStreamClosed)
+		return nil
+	}
+	if st.recvAvail -= n; st.recvAvail < 0 {
+		c.resetLocked(st.id, http2.ErrCodeFlowControl)
+		c.mu.Unlock()
+		return nil
+	}
+	if !f.StreamEnded() {
+		if st.recvUnsent += n; st.recvUnsent >= streamWindow/2 {
+			c.ctrl = append(c.ctrl, ctrl{kind: ctrlWindowUpdate, id: st.id, val: uint32(st.recvUnsent)})
+			st.recvAvail += st.recvUnsent
+			st.recvUnsent = 0
+			c.work.Signal()
+		}
+	}
+	c.mu.Unlock()
+	if !st.discard {
+		if err := c.read(st, f.Data()); err != nil {
+			st.discard = true
+			c.mu.Lock()
+			if st.recvErr == nil {
+				st.recvErr = err
+			}
+			select {
+			case st.recvWake <- struct{}{}:
+			default:
+			}
+			c.mu.Unlock()
+			if st.m.unary != nil && !st.dispatched {
+				c.dispatch(st)
+			}
+		}
+	}
+	if f.StreamEnded() {
+		c.endOfStream(st)
+	}
+	return nil
+}
+
+// read adds b, bytes of a request's DATA, to st's messages.
+func (c *conn) read(st *stream, b []byte) error {
+	for len(b) > 0 {
+		if st.prefixN < 5 {
+			k := copy(st.prefix[st.prefixN:], b)
+			st.prefixN += k
+			b = b[k:]
+			if st.prefixN < 5 {
+				return nil
+			}
+			if st.got && st.m.unary != nil {
+				return status.Error(codes.Internal, "grpc: a unary call's request has more than one message")
+			}
+			switch st.prefix[0] {
+			case 0:
+			case 1:
+				return status.Error(codes.Internal, "grpc: compressed flag set with identity or empty encoding")
+			default:
+				return status.Errorf(codes.Internal, "grpc: received unexpected payload format %d", st.prefix[0])
+			}
+			st.want = int(binary.BigEndian.Uint32(st.prefix[1:]))
+			if st.want > c.s.cfg.MaxRecvMsgSize {
+				return status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", st.want, c.s.cfg.MaxRecvMsgSize)
+			}
+			st.msg = st.msg[:0]
+			if cap(st.msg) < st.want {
+				st.msg = make([]byte, 0, min(st.want, 64<<10))
+			}
+		}
+		k := min(len(b), st.want-len(st.msg))
+		st.msg = append(st.msg, b[:k]...)
+		b = b[k:]
+		if len(st.msg) == st.want {
+			c.gotMessage(st)
+		}
+	}
+	return nil
+}
+
+// gotMessage keeps st's message, whole: a unary call's for its handler, a
+// stream's in its queue for RecvMsg.
+func (c *conn) gotMessage(st *stream) {
+	st.prefixN = 0
+	if st.m.unary != nil {
+		st.got = true
+		return
+	}
+	m := st.msg
+	st.msg = nil
+	c.mu.Lock()
+	st.msgs = append(st.msgs, m)
+	st.queued += len(m)
+	if st.queued > c.s.cfg.MaxRecvMsgSize && st.recvErr == nil {
+		st.recvErr = status.Error(codes.ResourceExhausted, fmt.Sprintf("grpc: over %d bytes of messages received and not read", c.s.cfg.MaxRecvMsgSize))
+	}
+	select {
+	case st.recvWake <- struct{}{}:
+	default:
+	}
+	c.mu.Unlock()
+}
