@@ -176,6 +176,7 @@ func (c *conn) handshake() error {
 	c.bw = bufio.NewWriterSize(nc, 32<<10)
 	c.fr = http2.NewFramer(c.bw, br)
 	c.fr.SetReuseFrames()
+	c.fr.SetMaxReadFrameSize(16384) // the default the server's SETTINGS leave
 	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
 	c.fr.MaxHeaderListSize = c.s.cfg.MaxHeaderListSize
 	c.fr.WriteSettings(

@@ -54,14 +54,14 @@ func (s *testServer) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) (
 	}
 	switch string(req.GetPayload().GetBody()) {
 	case "wait":
-		s.started <- struct{}{}
+		send(s.started, struct{}{})
 		dl, _ := ctx.Deadline()
-		s.deadlines <- dl
+		send(s.deadlines, dl)
 		<-ctx.Done()
-		s.ended <- ctx.Err()
+		send(s.ended, ctx.Err())
 		return nil, status.FromContextError(ctx.Err()).Err()
 	case "hold":
-		s.started <- struct{}{}
+		send(s.started, struct{}{})
 		select {
 		case <-s.release:
 		case <-ctx.Done():
@@ -69,6 +69,24 @@ func (s *testServer) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) (
 		}
 	}
 	return &testpb.SimpleResponse{Payload: &testpb.Payload{Body: make([]byte, req.GetResponseSize())}}, nil
+}
+
+func (s *testServer) StreamingOutputCall(req *testpb.StreamingOutputCallRequest, stream testgrpc.TestService_StreamingOutputCallServer) error {
+	for _, p := range req.GetResponseParameters() {
+		if err := stream.Send(&testpb.StreamingOutputCallResponse{Payload: &testpb.Payload{Body: make([]byte, p.GetSize())}}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// send sends v on c unless c is full: a fuzz test makes more calls than
+// any channel holds, and reads none.
+func send[T any](c chan T, v T) {
+	select {
+	case c <- v:
+	default:
+	}
 }
 
 // served is a Server on loopback with the test service, health and
