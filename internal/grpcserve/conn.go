@@ -61,6 +61,8 @@ type conn struct {
 	// Owned by the reader.
 	recvAvail  int64 // of the connection's receive window
 	recvUnsent int64 // read, not yet given back by a WINDOW_UPDATE
+	dec        *hpack.Decoder
+	hdr        reqHeaders // of the header block being read
 }
 
 // ctrl is a frame that is not a stream's answer.
@@ -177,8 +179,8 @@ func (c *conn) handshake() error {
 	c.fr = http2.NewFramer(c.bw, br)
 	c.fr.SetReuseFrames()
 	c.fr.SetMaxReadFrameSize(16384) // the default the server's SETTINGS leave
-	c.fr.ReadMetaHeaders = hpack.NewDecoder(4096, nil)
-	c.fr.MaxHeaderListSize = c.s.cfg.MaxHeaderListSize
+	c.dec = hpack.NewDecoder(4096, c.onField)
+	c.dec.SetMaxStringLength(int(c.s.cfg.MaxHeaderListSize))
 	c.fr.WriteSettings(
 		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.s.cfg.MaxConcurrentStreams},
 		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
@@ -253,8 +255,11 @@ func (c *conn) onFrame(f http2.Frame) error {
 	switch f := f.(type) {
 	case *http2.DataFrame:
 		return c.onData(f)
-	case *http2.MetaHeadersFrame:
-		return c.onHeaders(f)
+	case *http2.HeadersFrame:
+		c.hdr = reqHeaders{id: f.StreamID, end: f.StreamEnded()}
+		return c.onHeaderBlock(f.HeaderBlockFragment(), f.HeadersEnded())
+	case *http2.ContinuationFrame:
+		return c.onHeaderBlock(f.HeaderBlockFragment(), f.HeadersEnded())
 	case *http2.RSTStreamFrame:
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -363,7 +368,8 @@ func (c *conn) endStreamLocked(st *stream) {
 	}
 	st.closed = true
 	delete(c.streams, st.id)
-	if st.timer != nil && st.timer.Stop() {
+	if st.timed && st.timer.Stop() {
+		st.timed = false
 		st.release() // the timer's
 	}
 	select {

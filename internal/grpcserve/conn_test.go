@@ -372,3 +372,33 @@ func FuzzConn(f *testing.F) {
 		}
 	})
 }
+
+// TestRawHeaderLimits: a header list over the limit (of fields each under
+// it: a longer one breaks the HPACK decoding, and the connection), or
+// with a response's pseudo-header, resets its stream only; a header block split over
+// CONTINUATIONs is read whole, and the HPACK table stays in step.
+func TestRawHeaderLimits(t *testing.T) {
+	s := serve(t, grpcserve.Config{MaxHeaderListSize: 1000})
+	c := dialRaw(t, s.addr)
+	big := string(make([]byte, 400))
+	c.headers(1, testgrpc.TestService_UnaryCall_FullMethodName, true, "x-a", big, "x-b", big, "x-c", big)
+	if _, rst := c.answer(1); rst != http2.ErrCodeFrameSize {
+		t.Errorf("header list over the limit: RST %v, want FRAME_SIZE_ERROR", rst)
+	}
+	c.headers(3, testgrpc.TestService_UnaryCall_FullMethodName, true, ":status", "200")
+	if _, rst := c.answer(3); rst != http2.ErrCodeProtocol {
+		t.Errorf(":status in a request: RST %v, want PROTOCOL_ERROR", rst)
+	}
+	c.hb.Reset()
+	for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", testgrpc.TestService_UnaryCall_FullMethodName}, {":authority", "x"}, {"content-type", "application/grpc"}} {
+		c.he.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+	}
+	block := c.hb.Bytes()
+	c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 5, BlockFragment: block[:2]})
+	c.fr.WriteContinuation(5, false, block[2:5])
+	c.fr.WriteContinuation(5, true, block[5:])
+	c.message(5, &testpb.SimpleRequest{ResponseSize: 3})
+	if got, rst := c.answer(5); rst != 0 || got["grpc-status"] != "0" {
+		t.Errorf("a call over CONTINUATIONs: grpc-status %s (%q), RST %v; want 0", got["grpc-status"], got["grpc-message"], rst)
+	}
+}

@@ -9,19 +9,73 @@ import (
 	"time"
 
 	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 )
 
+// reqHeaders is what the server reads of a header block.
+type reqHeaders struct {
+	id                                           uint32
+	end                                          bool // the HEADERS ended the stream
+	size                                         int  // of the header list, as SETTINGS_MAX_HEADER_LIST_SIZE counts
+	method, path, contentType, encoding, timeout string
+	hasTimeout                                   bool
+	malformed                                    bool // a connection-specific field, or a pseudo-header not of a request
+}
+
+// onHeaderBlock decodes a fragment of a header block into c.hdr, and at
+// the block's end acts on it. Every block is decoded, to keep the HPACK
+// table in step with the client's.
+func (c *conn) onHeaderBlock(frag []byte, end bool) error {
+	if _, err := c.dec.Write(frag); err != nil {
+		return http2.ConnectionError(http2.ErrCodeCompression)
+	}
+	if !end {
+		return nil
+	}
+	if err := c.dec.Close(); err != nil {
+		return http2.ConnectionError(http2.ErrCodeCompression)
+	}
+	return c.onHeaders(&c.hdr)
+}
+
+// onField is the HPACK decoder's: it keeps the fields a call reads.
+func (c *conn) onField(f hpack.HeaderField) {
+	h := &c.hdr
+	if h.size += len(f.Name) + len(f.Value) + 32; h.size > int(c.s.cfg.MaxHeaderListSize) {
+		return
+	}
+	switch f.Name {
+	case ":method":
+		h.method = f.Value
+	case ":path":
+		h.path = f.Value
+	case "content-type":
+		h.contentType = f.Value
+	case "grpc-encoding":
+		h.encoding = f.Value
+	case "grpc-timeout":
+		h.timeout, h.hasTimeout = f.Value, true
+	case ":scheme", ":authority":
+	case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
+		h.malformed = true
+	default:
+		if f.IsPseudo() {
+			h.malformed = true
+		}
+	}
+}
+
 // onHeaders opens a stream for a call, or answers it at once when it
 // cannot be made; a header block on an open stream ends the client's side.
-func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
-	id := f.StreamID
+func (c *conn) onHeaders(h *reqHeaders) error {
+	id, end := h.id, h.end
 	c.mu.Lock()
 	st := c.streams[id]
 	c.mu.Unlock()
 	if st != nil {
-		if !f.StreamEnded() {
+		if !end {
 			c.resetStream(id, http2.ErrCodeProtocol)
 			return nil
 		}
@@ -31,38 +85,22 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	if id%2 == 0 || id <= c.lastID {
 		return errProtocol
 	}
-	end := f.StreamEnded()
 	c.mu.Lock()
 	c.lastID = id
 	refuse := c.draining || uint32(len(c.streams)) >= c.s.cfg.MaxConcurrentStreams
 	c.mu.Unlock()
-	if refuse {
+	switch {
+	case refuse:
 		c.resetStream(id, http2.ErrCodeRefusedStream)
 		return nil
-	}
-	if f.Truncated {
+	case h.size > int(c.s.cfg.MaxHeaderListSize):
 		c.resetStream(id, http2.ErrCodeFrameSize)
 		return nil
+	case h.malformed:
+		c.resetStream(id, http2.ErrCodeProtocol)
+		return nil
 	}
-	var httpMethod, path, contentType, encoding, timeout string
-	hasTimeout := false
-	for _, hf := range f.Fields {
-		switch hf.Name {
-		case ":method":
-			httpMethod = hf.Value
-		case ":path":
-			path = hf.Value
-		case "content-type":
-			contentType = hf.Value
-		case "grpc-encoding":
-			encoding = hf.Value
-		case "grpc-timeout":
-			timeout, hasTimeout = hf.Value, true
-		case "connection":
-			c.resetStream(id, http2.ErrCodeProtocol)
-			return nil
-		}
-	}
+	httpMethod, path, contentType, encoding, timeout, hasTimeout := h.method, h.path, h.contentType, h.encoding, h.timeout, h.hasTimeout
 	if !isGRPC(contentType) {
 		c.abort(id, http.StatusUnsupportedMediaType, status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", contentType), end)
 		return nil
@@ -95,7 +133,13 @@ func (c *conn) onHeaders(f *http2.MetaHeadersFrame) error {
 	if hasTimeout {
 		st.ctx.deadline = st.begin.Add(d)
 		st.refs.Add(1)
-		st.timer = time.AfterFunc(d, func() { c.expire(st) })
+		st.timed = true
+		st.tc.Store(c)
+		if st.timer == nil {
+			st.timer = time.AfterFunc(d, st.expire)
+		} else {
+			st.timer.Reset(d)
+		}
 	}
 	c.mu.Unlock()
 	if m.stream != nil {
@@ -139,8 +183,10 @@ func (c *conn) abort(id uint32, code int, s *status.Status, ended bool) {
 
 // expire ends st at its deadline: its context is done, and it is
 // answered DEADLINE_EXCEEDED unless it was answered before.
-func (c *conn) expire(st *stream) {
+func (st *stream) expire() {
+	c := st.tc.Load()
 	c.mu.Lock()
+	st.timed = false
 	if !st.closed {
 		st.ctx.cancel(errDeadline)
 		if st.trailer == nil {

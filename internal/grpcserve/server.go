@@ -52,6 +52,8 @@ type Config struct {
 	MaxRecvMsgSize int
 	// StatsHandler, if set, tags each call (TagRPC) and sees its
 	// *stats.Begin and *stats.End; connections are tagged too (TagConn).
+	// The *stats.RPCTagInfo, *stats.Begin and *stats.End it is given are
+	// reused once the call ends: it must not keep them.
 	StatsHandler stats.Handler
 	// MaxConnectionAge, if positive, is how long a connection serves new
 	// calls (±10%, so that connections made together do not all end

@@ -460,7 +460,7 @@ func TestTLS(t *testing.T) {
 type recorder struct {
 	mu    sync.Mutex
 	names []string
-	ends  []*stats.End
+	ends  []stats.End // copies: the server reuses what it gives
 	begin int
 }
 
@@ -478,7 +478,7 @@ func (r *recorder) HandleRPC(ctx context.Context, s stats.RPCStats) {
 		r.begin++
 	case *stats.End:
 		r.names = append(r.names, ctx.Value(nameKey{}).(string))
-		r.ends = append(r.ends, s)
+		r.ends = append(r.ends, *s)
 	}
 }
 

@@ -27,7 +27,9 @@ type stream struct {
 	ctx   *callCtx // not pooled: a handler may keep it
 	begin time.Time
 	refs  atomic.Int32
-	timer *time.Timer // ends the call at its deadline; nil: none
+	timer *time.Timer          // ends the call at its deadline (expire); made once, reset for each call
+	timed bool                 // under conn.mu: timer is set for this call
+	tc    atomic.Pointer[conn] // c, for expire
 
 	// Owned by the reader.
 	dispatched bool // its handler was run
@@ -59,9 +61,12 @@ type stream struct {
 	sendWake chan struct{} // out was written
 
 	// Owned by the handler.
-	dec  func(any) error // decode, made once
-	bs   mem.BufferSlice
-	rbuf []byte // a unary call's answer, until finish swaps it with out
+	tag     stats.RPCTagInfo
+	statBeg stats.Begin
+	statEnd stats.End
+	dec     func(any) error // decode, made once
+	bs      mem.BufferSlice
+	rbuf    []byte // a unary call's answer, until finish swaps it with out
 }
 
 var _ grpc.ServerStream = (*serverStream)(nil)
@@ -80,7 +85,7 @@ func (s *Server) newStream(c *conn, id uint32, m *method) *stream {
 	st.begin = time.Now()
 	st.ctx = &callCtx{vals: c.ctx}
 	st.refs.Store(1)
-	st.timer = nil
+	st.timed = false
 	st.dispatched, st.discard, st.got = false, false, false
 	st.recvAvail, st.recvUnsent = streamWindow, 0
 	st.prefixN, st.want, st.msg = 0, 0, st.msg[:0]
@@ -114,7 +119,7 @@ func (st *stream) release() {
 	if cap(st.rbuf) > 64<<10 {
 		st.rbuf = nil
 	}
-	st.c, st.m, st.ctx, st.timer, st.recvErr, st.msgs = nil, nil, nil, nil, nil, nil
+	st.c, st.m, st.ctx, st.recvErr, st.msgs = nil, nil, nil, nil, nil
 	streams.Put(st)
 }
 
@@ -124,8 +129,10 @@ func (st *stream) call() {
 	var ctx context.Context = st.ctx
 	sh := s.cfg.StatsHandler
 	if sh != nil {
-		ctx = sh.TagRPC(ctx, &stats.RPCTagInfo{FullMethodName: st.m.name})
-		sh.HandleRPC(ctx, &stats.Begin{BeginTime: st.begin, IsClientStream: st.m.stream != nil && st.m.stream.ClientStreams, IsServerStream: st.m.stream != nil && st.m.stream.ServerStreams})
+		st.tag = stats.RPCTagInfo{FullMethodName: st.m.name}
+		ctx = sh.TagRPC(ctx, &st.tag)
+		st.statBeg = stats.Begin{BeginTime: st.begin, IsClientStream: st.m.stream != nil && st.m.stream.ClientStreams, IsServerStream: st.m.stream != nil && st.m.stream.ServerStreams}
+		sh.HandleRPC(ctx, &st.statBeg)
 	}
 	var err error
 	if st.m.unary != nil {
@@ -138,7 +145,9 @@ func (st *stream) call() {
 	}
 	st.finish(err)
 	if sh != nil {
-		sh.HandleRPC(ctx, &stats.End{BeginTime: st.begin, EndTime: time.Now(), Error: err})
+		st.statEnd = stats.End{BeginTime: st.begin, EndTime: time.Now(), Error: err}
+		sh.HandleRPC(ctx, &st.statEnd)
+		st.statEnd.Error = nil
 	}
 	st.ctx.cancel(errCanceled)
 	st.release() // the handler's
