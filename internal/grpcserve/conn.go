@@ -54,6 +54,7 @@ type conn struct {
 	draining   bool   // a GOAWAY is sent or queued
 	goAwayID   uint32 // the last stream served once draining
 	closeAfter bool   // close once the frames queued are written
+	ready      bool   // the handshake is done
 	dead       bool
 	ageTimer   *time.Timer
 	graceTimer *time.Timer
@@ -200,6 +201,9 @@ func (c *conn) handshake() error {
 	if err := c.onSettings(sf); err != nil {
 		return err
 	}
+	c.mu.Lock()
+	c.ready = true
+	c.mu.Unlock()
 	return nc.SetDeadline(time.Time{})
 }
 
@@ -390,9 +394,15 @@ func (c *conn) endStreamLocked(st *stream) {
 }
 
 // drain sends a GOAWAY: the streams opened so far are served, later ones
-// refused, and the connection closes once none is left.
+// refused, and the connection closes once none is left. A connection
+// still in its handshake is closed.
 func (c *conn) drain() {
 	c.mu.Lock()
+	if !c.ready {
+		c.mu.Unlock()
+		c.close(errors.New("server stopped before the handshake ended"))
+		return
+	}
 	defer c.mu.Unlock()
 	if c.dead || c.draining {
 		return

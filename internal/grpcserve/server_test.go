@@ -505,3 +505,22 @@ func TestStatsHandler(t *testing.T) {
 		}
 	}
 }
+
+// TestGracefulStopHandshake: GracefulStop does not wait for a connection
+// whose client has not sent its preface.
+func TestGracefulStopHandshake(t *testing.T) {
+	s := serve(t, grpcserve.Config{})
+	nc, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.Write([]byte("PRI * HTTP/2.0\r\n")) // half a preface
+	stopped := make(chan struct{})
+	go func() { s.srv.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(20 * time.Second): // the handshake's own timeout is 30 s
+		t.Fatal("GracefulStop waits for a connection in its handshake")
+	}
+}
