@@ -48,7 +48,22 @@ func (c rlsCodec) AppendMarshal(b []byte, v any) ([]byte, bool, error) {
 	return b, false, nil
 }
 
-var _ grpcserve.AppendMarshaler = rlsCodec{}
+// UnmarshalBorrowed points an *rlsWire at b, the lean gRPC server's fast
+// path (grpcserve.BorrowUnmarshaler): b is the server's until the handler
+// returns, and shouldRateLimitHandler keeps nothing of it. It leaves
+// anything else to Unmarshal.
+func (c rlsCodec) UnmarshalBorrowed(b []byte, v any) (bool, error) {
+	if w, ok := v.(*rlsWire); ok {
+		w.b = b
+		return true, nil
+	}
+	return false, nil
+}
+
+var (
+	_ grpcserve.AppendMarshaler   = rlsCodec{}
+	_ grpcserve.BorrowUnmarshaler = rlsCodec{}
+)
 
 // Unmarshal copies data into v if v is an *rlsWire, else decodes it as the
 // standard proto codec does.

@@ -45,7 +45,8 @@ var ErrServerStopped = errors.New("grpcserve: the server has been stopped")
 // documented default.
 type Config struct {
 	// Codec encodes and decodes messages; nil: grpc-go's "proto" codec. If
-	// it implements AppendMarshaler, answers are marshalled through it.
+	// it implements AppendMarshaler, answers are marshalled through it; if
+	// BorrowUnmarshaler, requests are unmarshalled through it.
 	Codec encoding.CodecV2
 	// MaxRecvMsgSize bounds a request message; a longer one is answered
 	// RESOURCE_EXHAUSTED. 0: 4 MiB, as grpc-go.
@@ -85,11 +86,20 @@ type AppendMarshaler interface {
 	AppendMarshal(b []byte, v any) (out []byte, ok bool, err error)
 }
 
+// BorrowUnmarshaler is a codec's fast path for requests:
+// UnmarshalBorrowed decodes b into v, and v may keep b until the call's
+// handler returns, when the server reuses it; ok false leaves v to
+// Unmarshal.
+type BorrowUnmarshaler interface {
+	UnmarshalBorrowed(b []byte, v any) (ok bool, err error)
+}
+
 // Server serves gRPC services. Register them before Serve; its other
 // methods are safe for concurrent use. NewServer makes one.
 type Server struct {
 	cfg     Config
-	app     AppendMarshaler // cfg.Codec's, if any
+	app     AppendMarshaler   // cfg.Codec's, if any
+	bu      BorrowUnmarshaler // cfg.Codec's, if any
 	methods map[string]*method
 	info    map[string]grpc.ServiceInfo
 
@@ -142,6 +152,7 @@ func NewServer(cfg Config) *Server {
 		work:    make(chan *stream),
 	}
 	s.app, _ = cfg.Codec.(AppendMarshaler)
+	s.bu, _ = cfg.Codec.(BorrowUnmarshaler)
 	return s
 }
 

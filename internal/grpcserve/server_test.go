@@ -192,13 +192,13 @@ func TestUnaryStatus(t *testing.T) {
 	}
 }
 
-// TestUnaryDeadline: the client's deadline is the handler's context's,
-// which ends by then (by the server's timer or the client's reset, which
-// race). TestRawDeadline sees the server's end it.
+// TestUnaryDeadline: the handler's context has the client's deadline
+// (later by the time the call took to reach the server, as grpc-timeout
+// carries a duration), and ends by then, by the server's timer or the
+// client's reset, which race. TestRawDeadline sees the server's end it.
 func TestUnaryDeadline(t *testing.T) {
 	s := serve(t, grpcserve.Config{})
 	for name, cc := range clients(t, s.addr) {
-		start := time.Now()
 		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 		_, err := testgrpc.NewTestServiceClient(cc).UnaryCall(ctx, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("wait")}})
 		cancel()
@@ -206,8 +206,8 @@ func TestUnaryDeadline(t *testing.T) {
 			t.Errorf("%s: %v, want DeadlineExceeded", name, err)
 		}
 		want, _ := ctx.Deadline()
-		if dl := waitFor(t, s.ts.deadlines); dl.Before(start) || dl.After(want.Add(time.Millisecond)) {
-			t.Errorf("%s: the handler's deadline is %v after the call began, the client's %v", name, dl.Sub(start), want.Sub(start))
+		if dl := waitFor(t, s.ts.deadlines); dl.Before(want) || dl.After(want.Add(10*time.Second)) {
+			t.Errorf("%s: the handler's deadline is %v after the client's", name, dl.Sub(want))
 		}
 		if err := waitFor(t, s.ts.ended); err == nil {
 			t.Errorf("%s: the handler's context did not end", name)

@@ -162,6 +162,14 @@ func (st *stream) decode(v any) error {
 }
 
 func (st *stream) unmarshal(b []byte, v any) error {
+	if bu := st.c.s.bu; bu != nil {
+		if ok, err := bu.UnmarshalBorrowed(b, v); ok {
+			if err != nil {
+				return status.Errorf(codes.Internal, "grpc: error unmarshalling request: %v", err)
+			}
+			return nil
+		}
+	}
 	if sb, _ := st.bs[0].(mem.SliceBuffer); st.bs[0] == nil || len(sb) != len(b) || len(b) > 0 && &sb[0] != &b[0] {
 		st.bs[0] = mem.SliceBuffer(b)
 	}
