@@ -28,6 +28,11 @@ const (
 // handshakeTimeout bounds the TLS handshake and the client's preface.
 const handshakeTimeout = 30 * time.Second
 
+// maxCtrl bounds the frames the reader queues for the writer (ACKs,
+// resets, window updates) while the client does not read them; past it
+// the connection ends with ENHANCE_YOUR_CALM, as net/http's server does.
+const maxCtrl = 10000
+
 // goAwayWait is how long a connection that sent a GOAWAY for a protocol
 // error waits for it to be written before it closes.
 const goAwayWait = time.Second
@@ -220,7 +225,13 @@ func (c *conn) readLoop() error {
 			err = c.onFrame(f)
 		}
 		if err == nil {
-			continue
+			c.mu.Lock()
+			flood := len(c.ctrl) > maxCtrl
+			c.mu.Unlock()
+			if !flood {
+				continue
+			}
+			err = http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
 		}
 		if se, ok := errors.AsType[http2.StreamError](err); ok {
 			c.mu.Lock()
