@@ -253,7 +253,37 @@ func TestRawFlowControl(t *testing.T) {
 			break
 		}
 	}
+	// SETTINGS grow the open stream's window by 2000: 2000 bytes more
+	// come, then none until the WINDOW_UPDATE.
 	c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 3000})
+	c.fr.WritePing(false, [8]byte{5})
+	more := 0
+	for more < 2000 {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := f.(*http2.DataFrame); ok {
+			more += len(d.Data())
+		}
+	}
+	c.fr.WritePing(false, [8]byte{6})
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := f.(*http2.DataFrame); ok {
+			more += len(d.Data())
+		}
+		if p, ok := f.(*http2.PingFrame); ok && p.IsAck() && p.Data == [8]byte{6} {
+			break
+		}
+	}
+	if more != 2000 {
+		t.Fatalf("%d bytes sent after SETTINGS grew the window by 2000", more)
+	}
+	got += more
 	c.fr.WriteWindowUpdate(1, 10000)
 	for {
 		f, err := c.fr.ReadFrame()
@@ -400,5 +430,24 @@ func TestRawHeaderLimits(t *testing.T) {
 	c.message(5, &testpb.SimpleRequest{ResponseSize: 3})
 	if got, rst := c.answer(5); rst != 0 || got["grpc-status"] != "0" {
 		t.Errorf("a call over CONTINUATIONs: grpc-status %s (%q), RST %v; want 0", got["grpc-status"], got["grpc-message"], rst)
+	}
+}
+
+// TestRawStreamCap: a stream over SETTINGS_MAX_CONCURRENT_STREAMS is
+// refused with REFUSED_STREAM, and a client that closes its connection
+// cancels its calls.
+func TestRawStreamCap(t *testing.T) {
+	s := serve(t, grpcserve.Config{MaxConcurrentStreams: 1})
+	c := dialRaw(t, s.addr)
+	c.headers(1, testgrpc.TestService_UnaryCall_FullMethodName, false)
+	c.message(1, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("wait")}})
+	waitFor(t, s.ts.started)
+	c.headers(3, testgrpc.TestService_UnaryCall_FullMethodName, true)
+	if _, rst := c.answer(3); rst != http2.ErrCodeRefusedStream {
+		t.Errorf("a second stream of 1: RST %v, want REFUSED_STREAM", rst)
+	}
+	c.nc.Close()
+	if err := waitFor(t, s.ts.ended); !errors.Is(err, context.Canceled) {
+		t.Errorf("the handler's context ended with %v, want Canceled", err)
 	}
 }
