@@ -73,8 +73,12 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 	id, end := h.id, h.end
 	c.mu.Lock()
 	st := c.streams[id]
+	if st != nil {
+		st.refs.Add(1) // the reader's
+	}
 	c.mu.Unlock()
 	if st != nil {
+		defer st.release()
 		if !end {
 			c.resetStream(id, http2.ErrCodeProtocol)
 			return nil
@@ -127,6 +131,8 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 		return nil
 	}
 	st = c.s.newStream(c, id, m)
+	st.refs.Add(1) // the reader's
+	defer st.release()
 	c.mu.Lock()
 	st.sendWindow = c.initWindow
 	c.streams[id] = st
@@ -197,11 +203,17 @@ func (st *stream) expire() {
 	st.release() // the timer's
 }
 
-// dispatch runs st's handler on a worker.
+// dispatch runs st's handler on a worker, unless st was closed (reset,
+// expired, or its connection closed).
 func (c *conn) dispatch(st *stream) {
 	st.dispatched = true
-	st.refs.Add(1) // the handler's
-	c.s.run(st)
+	c.mu.Lock()
+	closed := st.closed
+	c.mu.Unlock()
+	if !closed {
+		st.refs.Add(1) // the handler's
+		c.s.run(st)
+	}
 }
 
 // endOfStream acts on the client's end of st: a unary call is run.
@@ -213,8 +225,12 @@ func (c *conn) endOfStream(st *stream) {
 		return
 	}
 	st.recvEnded = true
-	if st.prefixN > 0 && st.recvErr == nil {
+	switch {
+	case st.recvErr != nil:
+	case st.prefixN > 0:
 		st.recvErr = status.Errorf(codes.Internal, "grpc: the request's last message is truncated: %d of %d bytes", len(st.msg), st.want)
+	case st.m.unary != nil && !st.got:
+		st.recvErr = status.Error(codes.Internal, "grpc: the request has no message")
 	}
 	select {
 	case st.recvWake <- struct{}{}:
@@ -222,9 +238,6 @@ func (c *conn) endOfStream(st *stream) {
 	}
 	c.mu.Unlock()
 	if st.m.unary != nil && !st.dispatched {
-		if !st.got && st.recvErr == nil {
-			st.recvErr = status.Error(codes.Internal, "grpc: the request has no message")
-		}
 		c.dispatch(st)
 	}
 }
@@ -259,6 +272,8 @@ func (c *conn) onData(f *http2.DataFrame) error {
 		c.resetStream(st.id, http2.ErrCodeStreamClosed)
 		return nil
 	}
+	st.refs.Add(1) // the reader's, while it reads into st unlocked
+	defer st.release()
 	if st.recvAvail -= n; st.recvAvail < 0 {
 		c.resetLocked(st.id, http2.ErrCodeFlowControl)
 		c.mu.Unlock()
