@@ -56,6 +56,7 @@ type conn struct {
 	initWindow int64 // each stream's first send window: the client's SETTINGS_INITIAL_WINDOW_SIZE
 	maxFrame   int   // the client's SETTINGS_MAX_FRAME_SIZE
 	lastID     uint32
+	running    int    // handlers dispatched and not returned
 	draining   bool   // a GOAWAY is sent or queued
 	goAwayID   uint32 // the last stream served once draining
 	closeAfter bool   // close once the frames queued are written

@@ -451,3 +451,33 @@ func TestRawStreamCap(t *testing.T) {
 		t.Errorf("the handler's context ended with %v, want Canceled", err)
 	}
 }
+
+// TestRawResetHandlers: a call reset while its handler runs still counts
+// against the stream cap until the handler returns, so that a client that
+// resets its calls cannot have more handlers run than the cap.
+func TestRawResetHandlers(t *testing.T) {
+	s := serve(t, grpcserve.Config{MaxConcurrentStreams: 1})
+	c := dialRaw(t, s.addr)
+	c.headers(1, testgrpc.TestService_UnaryCall_FullMethodName, false)
+	c.message(1, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("stubborn")}})
+	waitFor(t, s.ts.started)
+	c.fr.WriteRSTStream(1, http2.ErrCodeCancel)
+	c.headers(3, testgrpc.TestService_UnaryCall_FullMethodName, false)
+	c.message(3, &testpb.SimpleRequest{})
+	if _, rst := c.answer(3); rst != http2.ErrCodeRefusedStream {
+		t.Errorf("a call while a reset call's handler runs: RST %v, want REFUSED_STREAM", rst)
+	}
+	close(s.ts.release)
+	for id := uint32(5); ; id += 2 {
+		c.headers(id, testgrpc.TestService_UnaryCall_FullMethodName, false)
+		c.message(id, &testpb.SimpleRequest{})
+		got, rst := c.answer(id)
+		if rst == http2.ErrCodeRefusedStream {
+			continue // the handler has not returned yet
+		}
+		if rst != 0 || got["grpc-status"] != "0" {
+			t.Errorf("a call once the handler returned: grpc-status %s, RST %v; want 0", got["grpc-status"], rst)
+		}
+		break
+	}
+}

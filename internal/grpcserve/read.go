@@ -91,7 +91,8 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 	}
 	c.mu.Lock()
 	c.lastID = id
-	refuse := c.draining || uint32(len(c.streams)) >= c.s.cfg.MaxConcurrentStreams
+	max := int(c.s.cfg.MaxConcurrentStreams)
+	refuse := c.draining || len(c.streams) >= max || c.running >= max
 	c.mu.Unlock()
 	switch {
 	case refuse:
@@ -204,11 +205,16 @@ func (st *stream) expire() {
 }
 
 // dispatch runs st's handler on a worker, unless st was closed (reset,
-// expired, or its connection closed).
+// expired, or its connection closed). The handlers running count against
+// the stream cap, so that a client that resets its calls as it makes them
+// cannot have more handlers run than it may open streams.
 func (c *conn) dispatch(st *stream) {
 	st.dispatched = true
 	c.mu.Lock()
 	closed := st.closed
+	if !closed {
+		c.running++
+	}
 	c.mu.Unlock()
 	if !closed {
 		st.refs.Add(1) // the handler's

@@ -35,7 +35,8 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // testServer serves grpc.testing.TestService's UnaryCall: it answers a
 // payload of ResponseSize bytes, or ResponseStatus as an error; a payload
 // "wait" waits for the call's context to end and reports its error on
-// ended; "hold" waits for release.
+// ended; "hold" waits for release or the context's end, "stubborn" for
+// release alone.
 type testServer struct {
 	testgrpc.UnimplementedTestServiceServer
 	started   chan struct{}
@@ -60,6 +61,9 @@ func (s *testServer) UnaryCall(ctx context.Context, req *testpb.SimpleRequest) (
 		<-ctx.Done()
 		send(s.ended, ctx.Err())
 		return nil, status.FromContextError(ctx.Err()).Err()
+	case "stubborn": // a handler that does not heed its context
+		send(s.started, struct{}{})
+		<-s.release
 	case "hold":
 		send(s.started, struct{}{})
 		select {

@@ -150,6 +150,10 @@ func (st *stream) call() {
 		st.statEnd.Error = nil
 	}
 	st.ctx.cancel(errCanceled)
+	c := st.c
+	c.mu.Lock()
+	c.running--
+	c.mu.Unlock()
 	st.release() // the handler's
 }
 
