@@ -150,10 +150,6 @@ func (st *stream) call() {
 		st.statEnd.Error = nil
 	}
 	st.ctx.cancel(errCanceled)
-	c := st.c
-	c.mu.Lock()
-	c.running--
-	c.mu.Unlock()
 	st.release() // the handler's
 }
 
@@ -219,11 +215,12 @@ func (s *Server) marshal(b []byte, v any) ([]byte, error) {
 }
 
 // finish queues st's status, err's, and a unary call's answer, for the
-// writer, unless the call ended before.
+// writer, unless the call ended before. Its handler has returned.
 func (st *stream) finish(err error) {
 	c := st.c
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.running-- // before the trailers can be written, and the client open another stream
 	if st.closed || c.dead || st.trailer != nil {
 		return
 	}
