@@ -24,6 +24,11 @@ const (
 	// serves raw keys (/v1/hotkeys, /metrics) and profiles.
 	DefaultAdminListen = "127.0.0.1:8082"
 	DefaultNATSListen  = "127.0.0.1:4222"
+	// GRPCServerLean and GRPCServerGRPCGo are the values of
+	// --grpc-server: internal/grpcserve's server (the default), or
+	// grpc-go's.
+	GRPCServerLean   = "lean"
+	GRPCServerGRPCGo = "grpc-go"
 	// NATSNone, as --nats, runs the daemon without NATS: no embedded
 	// server, no hotkey.allow, hot keys split by this daemon alone.
 	NATSNone = "none"
@@ -84,6 +89,10 @@ type Config struct {
 	// GRPCMaxConnectionAgeGrace is how long the requests in flight on a
 	// connection past its age may take before it is closed; 0: for ever.
 	GRPCMaxConnectionAgeGrace time.Duration
+	// GRPCServer is the gRPC server: GRPCServerLean (internal/grpcserve),
+	// or GRPCServerGRPCGo. With tracing on, GRPCServerLean falls back to
+	// grpc-go, whose stats handler carries the spans.
+	GRPCServer string
 
 	// DrainDelay is how long, after SIGTERM or SIGINT, the daemon answers
 	// not ready (/readyz 503, gRPC health NOT_SERVING) while it still
@@ -209,6 +218,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.AdminListen, "admin-listen", DefaultAdminListen, "")
 	fs.Var((*durationFlag)(&cfg.GRPCMaxConnectionAge), "grpc-max-connection-age", "")
 	fs.Var((*durationFlag)(&cfg.GRPCMaxConnectionAgeGrace), "grpc-max-connection-age-grace", "")
+	fs.StringVar(&cfg.GRPCServer, "grpc-server", GRPCServerLean, "")
 	fs.Var((*durationFlag)(&cfg.DrainDelay), "drain-delay", "")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "")
 	fs.StringVar(&cfg.TLSKey, "tls-key", "", "")

@@ -42,7 +42,10 @@ func (c *Config) check() error {
 	if c.EnvoyConfig != "" && c.GRPCListen == "" {
 		return fmt.Errorf("%s is served over gRPC, which an empty %s turns off", flagName("envoy-config"), flagName("grpc-listen"))
 	}
-	for _, f := range []string{"grpc-max-connection-age", "grpc-max-connection-age-grace"} {
+	if c.GRPCServer != GRPCServerLean && c.GRPCServer != GRPCServerGRPCGo {
+		return fmt.Errorf("%s %q: want %s or %s", flagName("grpc-server"), c.GRPCServer, GRPCServerLean, GRPCServerGRPCGo)
+	}
+	for _, f := range []string{"grpc-max-connection-age", "grpc-max-connection-age-grace", "grpc-server"} {
 		if c.set[f] && c.GRPCListen == "" {
 			return fmt.Errorf("%s applies to gRPC, which an empty %s turns off", flagName(f), flagName("grpc-listen"))
 		}

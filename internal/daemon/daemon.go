@@ -18,7 +18,6 @@ import (
 	"github.com/nats-io/nats.go/micro"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/redis/go-redis/v9"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/health"
 
 	"github.com/hotkeyd/hotkey"
@@ -78,7 +77,7 @@ type Daemon struct {
 	adminSrv *http.Server // nil until it serves
 
 	grpcLn      net.Listener // nil when gRPC is off
-	grpcSrv     *grpc.Server
+	grpcSrv     grpcServer   // nil when gRPC is off
 	rls         *rls
 	health      *health.Server
 	healthStop  chan struct{}

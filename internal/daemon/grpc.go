@@ -68,7 +68,8 @@ var rlsServiceDesc = grpc.ServiceDesc{
 }
 
 // shouldRateLimitHandler is the grpc.MethodDesc handler of
-// ShouldRateLimit: it reads the request's wire data (rlsCodec) and decodes
+// ShouldRateLimit: it reads the request's wire data (rlsCodec), which it
+// must not keep once it returns (the lean server reuses it), and decodes
 // it. Without an interceptor it decides on the decoded request as it is
 // and answers an *rlsAnswer, which rlsCodec encodes by hand; with one, the
 // interceptor sees the protobuf messages ShouldRateLimit takes and returns.

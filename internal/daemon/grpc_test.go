@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -349,3 +350,34 @@ const (
 	ok   = rlpb.RateLimitResponse_OK
 	over = rlpb.RateLimitResponse_OVER_LIMIT
 )
+
+// TestGRPCServers: both --grpc-server choices decide ShouldRateLimit
+// alike (a limit of 1 a year admits one of three), answer the health
+// service, and refuse a malformed request InvalidArgument.
+func TestGRPCServers(t *testing.T) {
+	for _, server := range []string{GRPCServerLean, GRPCServerGRPCGo} {
+		t.Run(server, func(t *testing.T) {
+			e := startRLS(t, "memory", invalidUTF8Rules, "--grpc-server", server)
+			c := rlpb.NewRateLimitServiceClient(e.conn)
+			req := &rlpb.RateLimitRequest{Domain: "edge", Descriptors: []*ratelimit.RateLimitDescriptor{{Entries: []*ratelimit.RateLimitDescriptor_Entry{{Key: "remote_address", Value: "10.0.0.9"}}}}}
+			var got []rlpb.RateLimitResponse_Code
+			for range 3 {
+				resp, err := c.ShouldRateLimit(context.Background(), req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				got = append(got, resp.GetOverallCode())
+			}
+			if want := []rlpb.RateLimitResponse_Code{ok, over, over}; fmt.Sprint(got) != fmt.Sprint(want) {
+				t.Errorf("answered %v, want %v", got, want)
+			}
+			hc, err := healthpb.NewHealthClient(e.conn).Check(context.Background(), &healthpb.HealthCheckRequest{Service: rlsService})
+			if err != nil || hc.GetStatus() != healthpb.HealthCheckResponse_SERVING {
+				t.Errorf("health of %s: %v, %v; want SERVING", rlsService, hc, err)
+			}
+			if _, err := e.raw([]byte{0xff}); status.Code(err) != codes.InvalidArgument {
+				t.Errorf("malformed request: %v, want InvalidArgument", err)
+			}
+		})
+	}
+}

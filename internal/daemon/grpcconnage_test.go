@@ -124,3 +124,35 @@ func TestGRPCMaxConnectionAge(t *testing.T) {
 		t.Errorf("%d dials over %d requests, want %d or more: the daemon never closed the connection", d, n, wantDials)
 	}
 }
+
+// TestParseGRPCServer: --grpc-server is lean by default, grpc-go when
+// asked (flag or environment), and anything else, or either with gRPC
+// off, is refused naming the flag.
+func TestParseGRPCServer(t *testing.T) {
+	cases := []struct {
+		give    []string
+		env     map[string]string
+		want    string
+		wantErr string
+	}{
+		{want: GRPCServerLean},
+		{give: []string{"--grpc-server", "grpc-go"}, want: GRPCServerGRPCGo},
+		{env: map[string]string{"HOTKEYD_GRPC_SERVER": "grpc-go"}, want: GRPCServerGRPCGo},
+		{give: []string{"--grpc-server", "lean"}, env: map[string]string{"HOTKEYD_GRPC_SERVER": "grpc-go"}, want: GRPCServerLean},
+		{give: []string{"--grpc-server", "netty"}, wantErr: `--grpc-server (HOTKEYD_GRPC_SERVER) "netty": want lean or grpc-go`},
+		{give: []string{"--grpc-listen", "", "--grpc-server", "lean"}, wantErr: "--grpc-server (HOTKEYD_GRPC_SERVER) applies to gRPC"},
+	}
+	for _, c := range cases {
+		cfg, err := ParseArgs(c.give, env(c.env), nil)
+		switch {
+		case c.wantErr != "":
+			if err == nil || !strings.Contains(err.Error(), c.wantErr) {
+				t.Errorf("%q %v: err %v, want it to say %q", c.give, c.env, err, c.wantErr)
+			}
+		case err != nil:
+			t.Errorf("%q %v: %v", c.give, c.env, err)
+		case cfg.GRPCServer != c.want:
+			t.Errorf("%q %v: %q, want %q", c.give, c.env, cfg.GRPCServer, c.want)
+		}
+	}
+}

@@ -14,6 +14,8 @@ import (
 	"google.golang.org/grpc/health"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/reflection"
+
+	"github.com/hotkeyd/hotkey/internal/grpcserve"
 )
 
 // grpcStreamWorkers is the count of goroutines kept to serve gRPC calls:
@@ -22,10 +24,25 @@ import (
 // start was a tenth of the server's CPU time under load.
 const grpcStreamWorkers = 256
 
+// grpcServer is the gRPC server startGRPC builds: grpcserve's or
+// grpc-go's, which serve the same services.
+type grpcServer interface {
+	grpc.ServiceRegistrar
+	GetServiceInfo() map[string]grpc.ServiceInfo
+	Serve(net.Listener) error
+	GracefulStop()
+	Stop()
+}
+
+var (
+	_ grpcServer = (*grpc.Server)(nil)
+	_ grpcServer = (*grpcserve.Server)(nil)
+)
+
 // startGRPC listens on --grpc-listen and serves the rate-limit service, the
 // health service and reflection, over TLS only with --tls-cert, sending each connection a GOAWAY at
-// --grpc-max-connection-age (0: never). It does nothing when the flag is
-// empty.
+// --grpc-max-connection-age (0: never), on the server --grpc-server names.
+// It does nothing when the flag is empty.
 func (d *Daemon) startGRPC() error {
 	if d.cfg.GRPCListen == "" {
 		return nil
@@ -35,14 +52,27 @@ func (d *Daemon) startGRPC() error {
 		return listenError("gRPC", d.cfg.GRPCListen, "grpc-listen", err)
 	}
 	d.grpcLn = ln
-	opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(rpcTimer{newObservers(d.reqs.api(apiGRPC), grpcCodes())}), grpc.ForceServerCodecV2(newRLSCodec()),
-		grpc.NumStreamWorkers(grpcStreamWorkers),
-		grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace})}
-	opts = append(opts, d.tracer.grpcOptions()...)
-	if d.tls != nil {
-		opts = append(opts, grpc.Creds(credentials.NewTLS(d.tls.config("h2"))))
+	timer := rpcTimer{newObservers(d.reqs.api(apiGRPC), grpcCodes())}
+	if d.cfg.GRPCServer == GRPCServerLean && d.tracer == nil {
+		cfg := grpcserve.Config{Codec: newRLSCodec(), MaxRecvMsgSize: MaxBody, StatsHandler: timer, Workers: grpcStreamWorkers,
+			MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace}
+		if d.tls != nil {
+			cfg.TLS = d.tls.config("h2")
+		}
+		d.grpcSrv = grpcserve.NewServer(cfg)
+	} else {
+		if d.cfg.GRPCServer == GRPCServerLean {
+			d.log.Info("gRPC served by grpc-go, not the lean server: tracing is on, and only grpc-go's server carries its spans")
+		}
+		opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(timer), grpc.ForceServerCodecV2(newRLSCodec()),
+			grpc.NumStreamWorkers(grpcStreamWorkers),
+			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace})}
+		opts = append(opts, d.tracer.grpcOptions()...)
+		if d.tls != nil {
+			opts = append(opts, grpc.Creds(credentials.NewTLS(d.tls.config("h2"))))
+		}
+		d.grpcSrv = grpc.NewServer(opts...)
 	}
-	d.grpcSrv = grpc.NewServer(opts...)
 	d.rls = &rls{d: d}
 	d.grpcSrv.RegisterService(&rlsServiceDesc, d.rls)
 	d.health = health.NewServer()
@@ -53,7 +83,7 @@ func (d *Daemon) startGRPC() error {
 	d.healthDone = make(chan struct{})
 	go d.followReadiness()
 	go func() {
-		if err := d.grpcSrv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) {
+		if err := d.grpcSrv.Serve(ln); err != nil && !errors.Is(err, grpc.ErrServerStopped) && !errors.Is(err, grpcserve.ErrServerStopped) {
 			select {
 			case d.failed <- fmt.Errorf("gRPC: %w", err):
 			default:

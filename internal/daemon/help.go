@@ -19,6 +19,7 @@ var flagDocs = []flagDoc{
 	{"grpc-listen", "ADDR", "Envoy's rate-limit service (envoy.service.ratelimit.v3, gRPC health and reflection) listens on ADDR; empty turns it off"},
 	{"grpc-max-connection-age", "DURATION", "ask each gRPC client, with an HTTP/2 GOAWAY, to reconnect once its connection is this old (±10%), so that clients such as Envoy spread over daemons added since (requests in flight finish); 0 keeps connections for ever"},
 	{"grpc-max-connection-age-grace", "DURATION", "after a connection's --grpc-max-connection-age, give its requests in flight this long before it is closed; 0 waits for them for ever"},
+	{"grpc-server", "NAME", "the gRPC server: lean (hotkeyd's own HTTP/2 transport, at most 1000 calls at once a connection, headers of 16 KiB at most) or grpc-go; with tracing on (OTEL_*), lean falls back to grpc-go"},
 	{"drain-delay", "DURATION", "after SIGTERM or SIGINT, answer not ready (/readyz 503, gRPC health NOT_SERVING) for DURATION while still deciding over HTTP, gRPC and NATS, then shut down (in 4.5 s at most): time for load balancers, and a Kubernetes Service's endpoints, to stop sending requests before the listeners close; a second signal ends the delay; 0 shuts down at once"},
 	{"tls-cert", "FILE", "PEM certificate (chain) that the HTTP and gRPC listeners serve TLS with, only (TLS 1.2 at least), with --tls-key; read again when the file changes, a change that cannot be loaded keeping the one in force"},
 	{"tls-key", "FILE", "PEM private key of --tls-cert"},

@@ -98,23 +98,34 @@ descriptors:
 	}
 }
 
-// TestGRPCStreamWorkers: the gRPC server keeps grpcStreamWorkers
-// goroutines to serve calls, whose stacks have grown to what a call needs,
-// and a call is served on one of them.
+// TestGRPCStreamWorkers: the gRPC server keeps goroutines to serve calls,
+// whose stacks have grown to what a call needs, and a call is served on
+// one of them: grpc-go starts grpcStreamWorkers at once, the lean server
+// keeps those that served a call, up to as many, idle.
 func TestGRPCStreamWorkers(t *testing.T) {
-	e := startRLS(t, "memory", invalidUTF8Rules)
-	if _, err := e.raw(wireRequest("edge", []string{"remote_address", "10.0.0.1"})); err != nil {
-		t.Fatal(err)
+	for _, tc := range []struct {
+		server, fn string
+		want       int
+	}{
+		{GRPCServerGRPCGo, "grpc.(*Server).serverWorker(", grpcStreamWorkers},
+		{GRPCServerLean, "grpcserve.(*Server).worker(", 1},
+	} {
+		t.Run(tc.server, func(t *testing.T) {
+			e := startRLS(t, "memory", invalidUTF8Rules, "--grpc-server", tc.server)
+			if _, err := e.raw(wireRequest("edge", []string{"remote_address", "10.0.0.1"})); err != nil {
+				t.Fatal(err)
+			}
+			// The server starts its workers as goroutines: count them until all
+			// have begun (on a loaded machine the last may not have yet).
+			buf := make([]byte, 1<<22)
+			n := 0
+			testkit.For(t, time.Minute, "the gRPC server's workers", func() bool {
+				n = strings.Count(string(buf[:runtime.Stack(buf, true)]), tc.fn)
+				return n >= tc.want
+			})
+			t.Logf("%d goroutines wait for gRPC calls", n)
+		})
 	}
-	// The server starts its workers as goroutines: count them until all
-	// have begun (on a loaded machine the last may not have yet).
-	buf := make([]byte, 1<<22)
-	n := 0
-	testkit.For(t, time.Minute, "the gRPC server's workers", func() bool {
-		n = strings.Count(string(buf[:runtime.Stack(buf, true)]), "grpc.(*Server).serverWorker(")
-		return n >= grpcStreamWorkers
-	})
-	t.Logf("%d goroutines wait for gRPC calls", n)
 }
 
 // TestRLSAnswerHeaders: an Envoy answer's response_headers_to_add are the

@@ -1,6 +1,8 @@
 package daemon
 
 import (
+	"slices"
+
 	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
 	typev3 "github.com/envoyproxy/go-control-plane/envoy/type/v3"
@@ -12,6 +14,7 @@ import (
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/hotkeyd/hotkey/internal/envoyconf"
+	"github.com/hotkeyd/hotkey/internal/grpcserve"
 	"github.com/hotkeyd/hotkey/internal/rlswire"
 )
 
@@ -34,6 +37,33 @@ func (c rlsCodec) Marshal(v any) (mem.BufferSlice, error) {
 	}
 	return c.std.Marshal(v)
 }
+
+// AppendMarshal appends an *rlsAnswer's wire data to b, the lean gRPC
+// server's fast path (grpcserve.AppendMarshaler); it leaves anything else
+// to Marshal.
+func (c rlsCodec) AppendMarshal(b []byte, v any) ([]byte, bool, error) {
+	if a, ok := v.(*rlsAnswer); ok {
+		return a.appendWire(slices.Grow(b, a.size())), true, nil
+	}
+	return b, false, nil
+}
+
+// UnmarshalBorrowed points an *rlsWire at b, the lean gRPC server's fast
+// path (grpcserve.BorrowUnmarshaler): b is the server's until the handler
+// returns, and shouldRateLimitHandler keeps nothing of it. It leaves
+// anything else to Unmarshal.
+func (c rlsCodec) UnmarshalBorrowed(b []byte, v any) (bool, error) {
+	if w, ok := v.(*rlsWire); ok {
+		w.b = b
+		return true, nil
+	}
+	return false, nil
+}
+
+var (
+	_ grpcserve.AppendMarshaler   = rlsCodec{}
+	_ grpcserve.BorrowUnmarshaler = rlsCodec{}
+)
 
 // Unmarshal copies data into v if v is an *rlsWire, else decodes it as the
 // standard proto codec does.

@@ -1,0 +1,463 @@
+package grpcserve
+
+import (
+	"bufio"
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/credentials"
+	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/stats"
+)
+
+// The windows the server grants a client: the connection's, and each
+// stream's.
+const (
+	connWindow   = 16 << 20
+	streamWindow = 1 << 20
+)
+
+// handshakeTimeout bounds the TLS handshake and the client's preface.
+const handshakeTimeout = 30 * time.Second
+
+// maxCtrl bounds the frames the reader queues for the writer (ACKs,
+// resets, window updates) while the client does not read them; past it
+// the connection ends with ENHANCE_YOUR_CALM, as net/http's server does.
+const maxCtrl = 10000
+
+// goAwayWait is how long a connection that sent a GOAWAY for a protocol
+// error waits for it to be written before it closes.
+const goAwayWait = time.Second
+
+// conn is one HTTP/2 connection: its reader (serve) and its writer
+// (writeLoop).
+type conn struct {
+	s          *Server
+	ctx        context.Context // the peer, and what StatsHandler.TagConn added
+	bw         *bufio.Writer
+	fr         *http2.Framer // written by the writer, read by the reader
+	writerDone chan struct{}
+
+	mu         sync.Mutex // guards the fields below, and a stream's fields said to be under conn.mu
+	work       sync.Cond  // on mu: something for the writer
+	nc         net.Conn
+	streams    map[uint32]*stream // open: not reset, trailers not written
+	pending    []*stream          // with frames to write
+	ctrl       []ctrl
+	sendWindow int64 // the connection's
+	initWindow int64 // each stream's first send window: the client's SETTINGS_INITIAL_WINDOW_SIZE
+	maxFrame   int   // the client's SETTINGS_MAX_FRAME_SIZE
+	lastID     uint32
+	running    int    // handlers dispatched and not returned
+	draining   bool   // a GOAWAY is sent or queued
+	goAwayID   uint32 // the last stream served once draining
+	closeAfter bool   // close once the frames queued are written
+	ready      bool   // the handshake is done
+	dead       bool
+	ageTimer   *time.Timer
+	graceTimer *time.Timer
+
+	// Owned by the reader.
+	recvAvail  int64 // of the connection's receive window
+	recvUnsent int64 // read, not yet given back by a WINDOW_UPDATE
+	dec        *hpack.Decoder
+	hdr        reqHeaders // of the header block being read
+}
+
+// ctrl is a frame that is not a stream's answer.
+type ctrl struct {
+	kind  uint8
+	id    uint32
+	val   uint32
+	ping  [8]byte
+	block []byte // ctrlHeaders: a whole answer, ending its stream
+}
+
+const (
+	ctrlSettingsAck = iota
+	ctrlPingAck
+	ctrlWindowUpdate
+	ctrlRST
+	ctrlGoAway
+	ctrlHeaders
+)
+
+func newConn(s *Server, nc net.Conn) *conn {
+	c := &conn{
+		s:          s,
+		nc:         nc,
+		streams:    map[uint32]*stream{},
+		sendWindow: 65535,
+		initWindow: 65535,
+		maxFrame:   16384,
+		recvAvail:  connWindow,
+		writerDone: make(chan struct{}),
+	}
+	c.work.L = &c.mu
+	return c
+}
+
+// serve serves c: the handshake, then the reader, until the connection
+// ends.
+func (c *conn) serve() {
+	defer c.s.connDone(c)
+	if err := c.handshake(); err != nil {
+		c.close(err)
+		return
+	}
+	go c.writeLoop()
+	sh := c.s.cfg.StatsHandler
+	if sh != nil {
+		sh.HandleConn(c.ctx, &stats.ConnBegin{})
+	}
+	if c.s.cfg.MaxConnectionAge > 0 {
+		c.mu.Lock()
+		c.ageTimer = time.AfterFunc(c.s.age(), c.ageOut)
+		c.mu.Unlock()
+	}
+	err := c.readLoop()
+	if errors.Is(err, errGoAway) {
+		t := time.AfterFunc(goAwayWait, func() { c.close(err) })
+		<-c.writerDone
+		t.Stop()
+	}
+	c.close(err)
+	<-c.writerDone
+	c.mu.Lock()
+	for _, t := range []*time.Timer{c.ageTimer, c.graceTimer} {
+		if t != nil {
+			t.Stop()
+		}
+	}
+	c.mu.Unlock()
+	if sh != nil {
+		sh.HandleConn(c.ctx, &stats.ConnEnd{})
+	}
+}
+
+// handshake sets up TLS if configured, reads the client's preface and
+// SETTINGS, and sends the server's.
+func (c *conn) handshake() error {
+	c.mu.Lock()
+	nc := c.nc
+	c.mu.Unlock()
+	nc.SetDeadline(time.Now().Add(handshakeTimeout))
+	p := &peer.Peer{Addr: nc.RemoteAddr(), LocalAddr: nc.LocalAddr()}
+	if cfg := c.s.cfg.TLS; cfg != nil {
+		tc := tls.Server(nc, cfg)
+		c.mu.Lock()
+		if c.dead {
+			c.mu.Unlock()
+			return errors.New("closed")
+		}
+		c.nc = tc
+		c.mu.Unlock()
+		if err := tc.Handshake(); err != nil {
+			return err
+		}
+		st := tc.ConnectionState()
+		if st.NegotiatedProtocol != "h2" {
+			return fmt.Errorf("ALPN %q, not h2", st.NegotiatedProtocol)
+		}
+		p.AuthInfo = credentials.TLSInfo{State: st, CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}}
+		nc = tc
+	}
+	c.ctx = peer.NewContext(context.Background(), p)
+	if sh := c.s.cfg.StatsHandler; sh != nil {
+		c.ctx = sh.TagConn(c.ctx, &stats.ConnTagInfo{RemoteAddr: p.Addr, LocalAddr: p.LocalAddr})
+	}
+	br := bufio.NewReaderSize(nc, 32<<10)
+	var preface [len(http2.ClientPreface)]byte
+	if _, err := io.ReadFull(br, preface[:]); err != nil {
+		return err
+	}
+	if string(preface[:]) != http2.ClientPreface {
+		return errors.New("not an HTTP/2 client preface")
+	}
+	c.bw = bufio.NewWriterSize(nc, 32<<10)
+	c.fr = http2.NewFramer(c.bw, br)
+	c.fr.SetReuseFrames()
+	c.fr.SetMaxReadFrameSize(16384) // the default the server's SETTINGS leave
+	c.dec = hpack.NewDecoder(4096, c.onField)
+	c.dec.SetMaxStringLength(int(c.s.cfg.MaxHeaderListSize))
+	c.fr.WriteSettings(
+		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.s.cfg.MaxConcurrentStreams},
+		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
+		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: c.s.cfg.MaxHeaderListSize})
+	c.fr.WriteWindowUpdate(0, connWindow-65535)
+	if err := c.bw.Flush(); err != nil {
+		return err
+	}
+	f, err := c.fr.ReadFrame()
+	if err != nil {
+		return err
+	}
+	sf, ok := f.(*http2.SettingsFrame)
+	if !ok || sf.IsAck() {
+		return errors.New("client preface without SETTINGS")
+	}
+	if err := c.onSettings(sf); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.ready = true
+	c.mu.Unlock()
+	return nc.SetDeadline(time.Time{})
+}
+
+// errGoAway is readLoop's error once it queued a GOAWAY for a protocol
+// error.
+var errGoAway = errors.New("GOAWAY sent")
+
+// readLoop reads frames and acts on each until the connection fails or
+// the client breaks the protocol.
+func (c *conn) readLoop() error {
+	for {
+		f, err := c.fr.ReadFrame()
+		if err == nil {
+			err = c.onFrame(f)
+		}
+		if err == nil {
+			c.mu.Lock()
+			flood := len(c.ctrl) > maxCtrl
+			c.mu.Unlock()
+			if !flood {
+				continue
+			}
+			err = http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
+		}
+		if se, ok := errors.AsType[http2.StreamError](err); ok {
+			c.mu.Lock()
+			if se.StreamID > c.lastID && se.StreamID%2 == 1 {
+				c.lastID = se.StreamID
+			}
+			c.mu.Unlock()
+			c.resetStream(se.StreamID, se.Code)
+			continue
+		}
+		code := http2.ErrCodeProtocol
+		if ce, ok := errors.AsType[http2.ConnectionError](err); ok {
+			code = http2.ErrCode(ce)
+		} else if errors.Is(err, http2.ErrFrameTooLarge) {
+			code = http2.ErrCodeFrameSize
+		} else if !errors.Is(err, errProtocol) {
+			return err // the connection broke
+		}
+		c.mu.Lock()
+		if !c.dead {
+			c.ctrl = append(c.ctrl, ctrl{kind: ctrlGoAway, id: c.lastID, val: uint32(code)})
+			c.closeAfter, c.draining = true, true
+			c.work.Signal()
+		}
+		c.mu.Unlock()
+		return errGoAway
+	}
+}
+
+// errProtocol is an error of the client's that ends the connection with
+// GOAWAY PROTOCOL_ERROR.
+var errProtocol = errors.New("protocol error")
+
+// onFrame acts on a frame the reader read; an error ends the connection.
+func (c *conn) onFrame(f http2.Frame) error {
+	switch f := f.(type) {
+	case *http2.DataFrame:
+		return c.onData(f)
+	case *http2.HeadersFrame:
+		c.hdr = reqHeaders{id: f.StreamID, end: f.StreamEnded()}
+		return c.onHeaderBlock(f.HeaderBlockFragment(), f.HeadersEnded())
+	case *http2.ContinuationFrame:
+		return c.onHeaderBlock(f.HeaderBlockFragment(), f.HeadersEnded())
+	case *http2.RSTStreamFrame:
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		st := c.streams[f.StreamID]
+		if st == nil {
+			if f.StreamID > c.lastID {
+				return errProtocol // RST_STREAM on an idle stream
+			}
+			return nil
+		}
+		st.ctx.cancel(errCanceled)
+		c.endStreamLocked(st)
+	case *http2.SettingsFrame:
+		if !f.IsAck() {
+			return c.onSettings(f)
+		}
+	case *http2.PingFrame:
+		if !f.IsAck() {
+			c.mu.Lock()
+			c.ctrl = append(c.ctrl, ctrl{kind: ctrlPingAck, ping: f.Data})
+			c.work.Signal()
+			c.mu.Unlock()
+		}
+	case *http2.WindowUpdateFrame:
+		return c.onWindowUpdate(f)
+	case *http2.PushPromiseFrame:
+		return errProtocol
+	}
+	return nil
+}
+
+// onSettings applies the client's SETTINGS and queues their ACK.
+func (c *conn) onSettings(f *http2.SettingsFrame) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	err := f.ForeachSetting(func(s http2.Setting) error {
+		if err := s.Valid(); err != nil {
+			return err
+		}
+		switch s.ID {
+		case http2.SettingInitialWindowSize:
+			delta := int64(s.Val) - c.initWindow
+			c.initWindow = int64(s.Val)
+			for _, st := range c.streams {
+				if st.sendWindow += delta; st.sendWindow > 1<<31-1 {
+					return http2.ConnectionError(http2.ErrCodeFlowControl)
+				}
+			}
+		case http2.SettingMaxFrameSize:
+			c.maxFrame = int(s.Val)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	c.ctrl = append(c.ctrl, ctrl{kind: ctrlSettingsAck})
+	c.work.Signal()
+	return nil
+}
+
+func (c *conn) onWindowUpdate(f *http2.WindowUpdateFrame) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if f.StreamID == 0 {
+		if c.sendWindow += int64(f.Increment); c.sendWindow > 1<<31-1 {
+			return http2.ConnectionError(http2.ErrCodeFlowControl)
+		}
+	} else if st := c.streams[f.StreamID]; st != nil {
+		if st.sendWindow += int64(f.Increment); st.sendWindow > 1<<31-1 {
+			c.resetLocked(st.id, http2.ErrCodeFlowControl)
+		}
+	} else if f.StreamID > c.lastID {
+		return errProtocol // WINDOW_UPDATE on an idle stream
+	}
+	c.work.Signal()
+	return nil
+}
+
+// resetStream sends RST_STREAM code for stream id, and ends the stream.
+func (c *conn) resetStream(id uint32, code http2.ErrCode) {
+	c.mu.Lock()
+	c.resetLocked(id, code)
+	c.mu.Unlock()
+}
+
+func (c *conn) resetLocked(id uint32, code http2.ErrCode) {
+	if c.dead {
+		return
+	}
+	c.ctrl = append(c.ctrl, ctrl{kind: ctrlRST, id: id, val: uint32(code)})
+	c.work.Signal()
+	if st := c.streams[id]; st != nil {
+		st.ctx.cancel(errCanceled)
+		c.endStreamLocked(st)
+	}
+}
+
+// endStreamLocked closes st, if open: it leaves the connection's streams,
+// its deadline timer is stopped, and the connection's reference is given
+// back unless the writer still holds it pending. A draining connection
+// with no stream left is closed.
+func (c *conn) endStreamLocked(st *stream) {
+	if st.closed {
+		return
+	}
+	st.closed = true
+	delete(c.streams, st.id)
+	if st.timed && st.timer.Stop() {
+		st.timed = false
+		st.release() // the timer's
+	}
+	select {
+	case st.recvWake <- struct{}{}:
+	default:
+	}
+	select {
+	case st.sendWake <- struct{}{}:
+	default:
+	}
+	if !st.inPending {
+		st.release()
+	}
+	if c.draining && len(c.streams) == 0 {
+		c.closeAfter = true
+		c.work.Signal()
+	}
+}
+
+// drain sends a GOAWAY: the streams opened so far are served, later ones
+// refused, and the connection closes once none is left. A connection
+// still in its handshake is closed.
+func (c *conn) drain() {
+	c.mu.Lock()
+	if !c.ready {
+		c.mu.Unlock()
+		c.close(errors.New("server stopped before the handshake ended"))
+		return
+	}
+	defer c.mu.Unlock()
+	if c.dead || c.draining {
+		return
+	}
+	c.draining, c.goAwayID = true, c.lastID
+	c.ctrl = append(c.ctrl, ctrl{kind: ctrlGoAway, id: c.lastID, val: uint32(http2.ErrCodeNo)})
+	if len(c.streams) == 0 {
+		c.closeAfter = true
+	}
+	c.work.Signal()
+}
+
+// ageOut drains c at its MaxConnectionAge, and closes it after the grace.
+func (c *conn) ageOut() {
+	c.drain()
+	if g := c.s.cfg.MaxConnectionAgeGrace; g > 0 {
+		c.mu.Lock()
+		if !c.dead {
+			c.graceTimer = time.AfterFunc(g, func() { c.close(errors.New("max connection age grace elapsed")) })
+		}
+		c.mu.Unlock()
+	}
+}
+
+// close closes the connection, if open, and cancels its calls.
+func (c *conn) close(err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return
+	}
+	c.dead = true
+	for _, st := range c.pending {
+		st.inPending = false
+		if st.closed {
+			st.release()
+		}
+	}
+	c.pending = nil
+	for _, st := range c.streams {
+		st.ctx.cancel(errCanceled)
+		c.endStreamLocked(st)
+	}
+	c.work.Broadcast()
+	c.nc.Close()
+}

@@ -1,0 +1,380 @@
+package grpcserve
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+)
+
+// reqHeaders is what the server reads of a header block.
+type reqHeaders struct {
+	id                                           uint32
+	end                                          bool // the HEADERS ended the stream
+	size                                         int  // of the header list, as SETTINGS_MAX_HEADER_LIST_SIZE counts
+	method, path, contentType, encoding, timeout string
+	hasTimeout                                   bool
+	malformed                                    bool // a connection-specific field, or a pseudo-header not of a request
+}
+
+// onHeaderBlock decodes a fragment of a header block into c.hdr, and at
+// the block's end acts on it. Every block is decoded, to keep the HPACK
+// table in step with the client's.
+func (c *conn) onHeaderBlock(frag []byte, end bool) error {
+	if _, err := c.dec.Write(frag); err != nil {
+		return http2.ConnectionError(http2.ErrCodeCompression)
+	}
+	if !end {
+		return nil
+	}
+	if err := c.dec.Close(); err != nil {
+		return http2.ConnectionError(http2.ErrCodeCompression)
+	}
+	return c.onHeaders(&c.hdr)
+}
+
+// onField is the HPACK decoder's: it keeps the fields a call reads.
+func (c *conn) onField(f hpack.HeaderField) {
+	h := &c.hdr
+	if h.size += len(f.Name) + len(f.Value) + 32; h.size > int(c.s.cfg.MaxHeaderListSize) {
+		return
+	}
+	switch f.Name {
+	case ":method":
+		h.method = f.Value
+	case ":path":
+		h.path = f.Value
+	case "content-type":
+		h.contentType = f.Value
+	case "grpc-encoding":
+		h.encoding = f.Value
+	case "grpc-timeout":
+		h.timeout, h.hasTimeout = f.Value, true
+	case ":scheme", ":authority":
+	case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
+		h.malformed = true
+	default:
+		if f.IsPseudo() {
+			h.malformed = true
+		}
+	}
+}
+
+// onHeaders opens a stream for a call, or answers it at once when it
+// cannot be made; a header block on an open stream ends the client's side.
+func (c *conn) onHeaders(h *reqHeaders) error {
+	id, end := h.id, h.end
+	c.mu.Lock()
+	st := c.streams[id]
+	if st != nil {
+		st.refs.Add(1) // the reader's
+	}
+	c.mu.Unlock()
+	if st != nil {
+		defer st.release()
+		if !end {
+			c.resetStream(id, http2.ErrCodeProtocol)
+			return nil
+		}
+		c.endOfStream(st)
+		return nil
+	}
+	if id%2 == 0 || id <= c.lastID {
+		return errProtocol
+	}
+	c.mu.Lock()
+	c.lastID = id
+	max := int(c.s.cfg.MaxConcurrentStreams)
+	refuse := c.draining || len(c.streams) >= max || c.running >= max
+	c.mu.Unlock()
+	switch {
+	case refuse:
+		c.resetStream(id, http2.ErrCodeRefusedStream)
+		return nil
+	case h.size > int(c.s.cfg.MaxHeaderListSize):
+		c.resetStream(id, http2.ErrCodeFrameSize)
+		return nil
+	case h.malformed:
+		c.resetStream(id, http2.ErrCodeProtocol)
+		return nil
+	}
+	httpMethod, path, contentType, encoding, timeout, hasTimeout := h.method, h.path, h.contentType, h.encoding, h.timeout, h.hasTimeout
+	if !isGRPC(contentType) {
+		c.abort(id, http.StatusUnsupportedMediaType, status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", contentType), end)
+		return nil
+	}
+	if httpMethod != http.MethodPost {
+		c.abort(id, http.StatusMethodNotAllowed, status.Newf(codes.Internal, "Received a HEADERS frame with :method %q which should be POST", httpMethod), end)
+		return nil
+	}
+	var d time.Duration
+	if hasTimeout {
+		var err error
+		if d, err = parseTimeout(timeout); err != nil {
+			c.abort(id, http.StatusBadRequest, status.Newf(codes.Internal, "malformed grpc-timeout: %q", timeout), end)
+			return nil
+		}
+	}
+	m, msg := c.s.lookup(path)
+	if m == nil {
+		c.abort(id, http.StatusOK, status.New(codes.Unimplemented, msg), end)
+		return nil
+	}
+	if encoding != "" && encoding != "identity" {
+		c.abort(id, http.StatusOK, status.Newf(codes.Unimplemented, "grpc: Decompressor is not installed for grpc-encoding %q", encoding), end)
+		return nil
+	}
+	st = c.s.newStream(c, id, m)
+	st.refs.Add(1) // the reader's
+	defer st.release()
+	c.mu.Lock()
+	st.sendWindow = c.initWindow
+	c.streams[id] = st
+	if hasTimeout {
+		st.ctx.deadline = st.begin.Add(d)
+		st.refs.Add(1)
+		st.timed = true
+		st.tc.Store(c)
+		if st.timer == nil {
+			st.timer = time.AfterFunc(d, st.expire)
+		} else {
+			st.timer.Reset(d)
+		}
+	}
+	c.mu.Unlock()
+	if m.stream != nil {
+		c.dispatch(st)
+	}
+	if end {
+		c.endOfStream(st)
+	}
+	return nil
+}
+
+// isGRPC reports whether ct is a gRPC content-type: application/grpc,
+// alone or with a subtype after '+' or ';'.
+func isGRPC(ct string) bool {
+	rest, ok := strings.CutPrefix(ct, "application/grpc")
+	return ok && (rest == "" || rest[0] == '+' || rest[0] == ';')
+}
+
+// abort answers stream id with s alone, under HTTP status code, and
+// resets the stream unless the client ended it.
+func (c *conn) abort(id uint32, code int, s *status.Status, ended bool) {
+	var b []byte
+	if code == http.StatusOK {
+		b = append(b, respHeaders...)
+	} else {
+		b = appendLiteral(b, 8, "", strconv.Itoa(code))
+		b = appendLiteral(b, 31, "", "application/grpc")
+	}
+	b = appendStatus(b, s)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.dead {
+		return
+	}
+	c.ctrl = append(c.ctrl, ctrl{kind: ctrlHeaders, id: id, block: b})
+	if !ended {
+		c.ctrl = append(c.ctrl, ctrl{kind: ctrlRST, id: id, val: uint32(http2.ErrCodeNo)})
+	}
+	c.work.Signal()
+}
+
+// expire ends st at its deadline: its context is done, and it is
+// answered DEADLINE_EXCEEDED unless it was answered before.
+func (st *stream) expire() {
+	c := st.tc.Load()
+	c.mu.Lock()
+	st.timed = false
+	if !st.closed {
+		st.ctx.cancel(errDeadline)
+		if st.trailer == nil {
+			c.finishLocked(st, status.New(codes.DeadlineExceeded, errDeadline.Error()))
+		}
+	}
+	c.mu.Unlock()
+	st.release() // the timer's
+}
+
+// dispatch runs st's handler on a worker, unless st was closed (reset,
+// expired, or its connection closed). The handlers running count against
+// the stream cap, so that a client that resets its calls as it makes them
+// cannot have more handlers run than it may open streams.
+func (c *conn) dispatch(st *stream) {
+	st.dispatched = true
+	c.mu.Lock()
+	closed := st.closed
+	if !closed {
+		c.running++
+	}
+	c.mu.Unlock()
+	if !closed {
+		st.refs.Add(1) // the handler's
+		c.s.run(st)
+	}
+}
+
+// endOfStream acts on the client's end of st: a unary call is run.
+func (c *conn) endOfStream(st *stream) {
+	c.mu.Lock()
+	if st.recvEnded {
+		c.mu.Unlock()
+		c.resetStream(st.id, http2.ErrCodeStreamClosed)
+		return
+	}
+	st.recvEnded = true
+	switch {
+	case st.recvErr != nil:
+	case st.prefixN > 0:
+		st.recvErr = status.Errorf(codes.Internal, "grpc: the request's last message is truncated: %d of %d bytes", len(st.msg), st.want)
+	case st.m.unary != nil && !st.got:
+		st.recvErr = status.Error(codes.Internal, "grpc: the request has no message")
+	}
+	select {
+	case st.recvWake <- struct{}{}:
+	default:
+	}
+	c.mu.Unlock()
+	if st.m.unary != nil && !st.dispatched {
+		c.dispatch(st)
+	}
+}
+
+// onData adds f's bytes to their stream's messages, and gives the
+// windows back once half of one is used.
+func (c *conn) onData(f *http2.DataFrame) error {
+	n := int64(f.Length)
+	if n > c.recvAvail {
+		return http2.ConnectionError(http2.ErrCodeFlowControl)
+	}
+	c.recvAvail -= n
+	c.recvUnsent += n
+	c.mu.Lock()
+	if c.recvUnsent >= connWindow/2 {
+		c.ctrl = append(c.ctrl, ctrl{kind: ctrlWindowUpdate, val: uint32(c.recvUnsent)})
+		c.recvAvail += c.recvUnsent
+		c.recvUnsent = 0
+		c.work.Signal()
+	}
+	st := c.streams[f.StreamID]
+	if st == nil {
+		idle := f.StreamID > c.lastID
+		c.mu.Unlock()
+		if idle {
+			return errProtocol
+		}
+		return nil // a stream reset or answered: its data is dropped
+	}
+	if st.recvEnded {
+		c.mu.Unlock()
+		c.resetStream(st.id, http2.ErrCodeStreamClosed)
+		return nil
+	}
+	st.refs.Add(1) // the reader's, while it reads into st unlocked
+	defer st.release()
+	if st.recvAvail -= n; st.recvAvail < 0 {
+		c.resetLocked(st.id, http2.ErrCodeFlowControl)
+		c.mu.Unlock()
+		return nil
+	}
+	if !f.StreamEnded() {
+		if st.recvUnsent += n; st.recvUnsent >= streamWindow/2 {
+			c.ctrl = append(c.ctrl, ctrl{kind: ctrlWindowUpdate, id: st.id, val: uint32(st.recvUnsent)})
+			st.recvAvail += st.recvUnsent
+			st.recvUnsent = 0
+			c.work.Signal()
+		}
+	}
+	c.mu.Unlock()
+	if !st.discard {
+		if err := c.read(st, f.Data()); err != nil {
+			st.discard = true
+			c.mu.Lock()
+			if st.recvErr == nil {
+				st.recvErr = err
+			}
+			select {
+			case st.recvWake <- struct{}{}:
+			default:
+			}
+			c.mu.Unlock()
+			if st.m.unary != nil && !st.dispatched {
+				c.dispatch(st)
+			}
+		}
+	}
+	if f.StreamEnded() {
+		c.endOfStream(st)
+	}
+	return nil
+}
+
+// read adds b, bytes of a request's DATA, to st's messages.
+func (c *conn) read(st *stream, b []byte) error {
+	for len(b) > 0 {
+		if st.prefixN < 5 {
+			k := copy(st.prefix[st.prefixN:], b)
+			st.prefixN += k
+			b = b[k:]
+			if st.prefixN < 5 {
+				return nil
+			}
+			if st.got && st.m.unary != nil {
+				return status.Error(codes.Internal, "grpc: a unary call's request has more than one message")
+			}
+			switch st.prefix[0] {
+			case 0:
+			case 1:
+				return status.Error(codes.Internal, "grpc: compressed flag set with identity or empty encoding")
+			default:
+				return status.Errorf(codes.Internal, "grpc: received unexpected payload format %d", st.prefix[0])
+			}
+			st.want = int(binary.BigEndian.Uint32(st.prefix[1:]))
+			if st.want > c.s.cfg.MaxRecvMsgSize {
+				return status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", st.want, c.s.cfg.MaxRecvMsgSize)
+			}
+			st.msg = st.msg[:0]
+			if cap(st.msg) < st.want {
+				st.msg = make([]byte, 0, min(st.want, 64<<10))
+			}
+		}
+		k := min(len(b), st.want-len(st.msg))
+		st.msg = append(st.msg, b[:k]...)
+		b = b[k:]
+		if len(st.msg) == st.want {
+			c.gotMessage(st)
+		}
+	}
+	return nil
+}
+
+// gotMessage keeps st's message, whole: a unary call's for its handler, a
+// stream's in its queue for RecvMsg.
+func (c *conn) gotMessage(st *stream) {
+	st.prefixN = 0
+	if st.m.unary != nil {
+		st.got = true
+		return
+	}
+	m := st.msg
+	st.msg = nil
+	c.mu.Lock()
+	st.msgs = append(st.msgs, m)
+	st.queued += len(m)
+	if st.queued > c.s.cfg.MaxRecvMsgSize && st.recvErr == nil {
+		st.recvErr = status.Error(codes.ResourceExhausted, fmt.Sprintf("grpc: over %d bytes of messages received and not read", c.s.cfg.MaxRecvMsgSize))
+	}
+	select {
+	case st.recvWake <- struct{}{}:
+	default:
+	}
+	c.mu.Unlock()
+}
