@@ -105,7 +105,8 @@ func procCPU(pid int) (time.Duration, error) {
 // hotkeyd and envoyproxy/ratelimit answer from one client that keeps 64 in
 // flight, each service a process of its own on a redis-server of its own,
 // given the same rules file: on one hot value far over its limit, and on
-// 10,000 values under theirs. envoyproxy/ratelimit runs twice: with its
+// 10,000 values under theirs. hotkeyd runs twice: on its own gRPC server and on
+// grpc-go's. envoyproxy/ratelimit runs twice: with its
 // defaults, and with its local over-limit cache on.
 func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, error) {
 	const keys = 10_000
@@ -146,6 +147,9 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 	}{
 		{"hotkeyd", func(addr string) (*rlsProcess, error) {
 			return startHotkeyd(ctx, hkBin, rules, addr)
+		}},
+		{"hotkeyd on grpc-go's server (--grpc-server grpc-go)", func(addr string) (*rlsProcess, error) {
+			return startHotkeyd(ctx, hkBin, rules, addr, "--grpc-server", "grpc-go")
 		}},
 		{"envoyproxy/ratelimit", func(addr string) (*rlsProcess, error) {
 			return startRatelimit(ctx, rlBin, filepath.Join(dir, "runtime"), "rls", addr)
@@ -244,7 +248,7 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 		slices.Sort(c)
 		return c[len(c)/2]
 	}
-	sec := &scenario.Section{Setup: fmt.Sprintf("hotkeyd (this tree, built for the run, `--nats none`, `--envoy-config`, sync: store) and envoyproxy/ratelimit %s@%s, each a process of its own on a redis-server of its own, given the same rules file (domain `%s`, descriptor key `user`, %d requests per second per value); envoyproxy/ratelimit with its defaults (REDIS_POOL_SIZE 10, no local cache, no pipelining) and again with LOCAL_CACHE_SIZE_IN_BYTES %d. One client, this process: loadgen's Envoy target (descriptor `user={key}`) on one connection per service, over loadgen's own gRPC client (`loadgen.DialGRPC`, hotkeyd loadgen's default) and again over grpc-go's (`--grpc-client grpc-go`), in a closed loop of 64 senders (each sends its next call when its last is answered), so that each service answers as fast as it can; %v per run, the services in turn (each round starting with the next), %d round(s), medians; ratios are the median of the per-round ratios. The client shares the machine's %d cores with the services and their redis-servers.",
+	sec := &scenario.Section{Setup: fmt.Sprintf("hotkeyd (this tree, built for the run, `--nats none`, `--envoy-config`, sync: store; on its own gRPC server, the default, and again on grpc-go's with `--grpc-server grpc-go`) and envoyproxy/ratelimit %s@%s, each a process of its own on a redis-server of its own, given the same rules file (domain `%s`, descriptor key `user`, %d requests per second per value); envoyproxy/ratelimit with its defaults (REDIS_POOL_SIZE 10, no local cache, no pipelining) and again with LOCAL_CACHE_SIZE_IN_BYTES %d. One client, this process: loadgen's Envoy target (descriptor `user={key}`) on one connection per service, over loadgen's own gRPC client (`loadgen.DialGRPC`, hotkeyd loadgen's default) and again over grpc-go's (`--grpc-client grpc-go`), in a closed loop of 64 senders (each sends its next call when its last is answered), so that each service answers as fast as it can; %v per run, the services in turn (each round starting with the next), %d round(s), medians; ratios are the median of the per-round ratios. The client shares the machine's %d cores with the services and their redis-servers.",
 		rlsModule, rlsVersion, rlsDomain, rlsLimit, rlsCacheBytes, d, k, runtime.NumCPU())}
 	sec.Printf("| client | workload | service | calls/s | hotkeyd ÷ it | CPU µs a call: service | its redis-server | client |\n|---|---|---|---|---|---|---|---|\n")
 	for c, client := range clients {
@@ -273,15 +277,15 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 // deciding by the Envoy rules file rules on the redis-server at redisAddr,
 // and returns once it answers a ShouldRateLimit of the rules' domain. The
 // caller must call stop.
-func startHotkeyd(ctx context.Context, bin, rules, redisAddr string) (*rlsProcess, error) {
+func startHotkeyd(ctx context.Context, bin, rules, redisAddr string, args ...string) (*rlsProcess, error) {
 	ports, err := freeLoopbackPorts()
 	if err != nil {
 		return nil, err
 	}
 	addr := func(port int) string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(port)) }
 	p := &rlsProcess{done: make(chan struct{}), out: new(bytes.Buffer), grpcAddr: addr(ports[1])}
-	p.cmd = exec.Command(bin, "--listen", addr(ports[0]), "--grpc-listen", p.grpcAddr, "--admin-listen", addr(ports[2]),
-		"--nats", "none", "--redis", "redis://"+redisAddr, "--envoy-config", rules, "--log-level", "error")
+	p.cmd = exec.Command(bin, append([]string{"--listen", addr(ports[0]), "--grpc-listen", p.grpcAddr, "--admin-listen", addr(ports[2]),
+		"--nats", "none", "--redis", "redis://" + redisAddr, "--envoy-config", rules, "--log-level", "error"}, args...)...)
 	p.cmd.Env = []string{"PATH=" + os.Getenv("PATH")}
 	if err := p.start(ctx, "hotkeyd"); err != nil {
 		return nil, err
