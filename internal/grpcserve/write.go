@@ -1,6 +1,8 @@
 package grpcserve
 
 import (
+	"runtime"
+
 	"golang.org/x/net/http2"
 )
 
@@ -27,6 +29,17 @@ func (c *conn) writeLoop() {
 		if c.dead {
 			c.mu.Unlock()
 			return
+		}
+		if c.running > 0 && !c.closeAfter {
+			// Handlers are still running: let them run first, so that
+			// their answers share this round's write.
+			c.mu.Unlock()
+			runtime.Gosched()
+			c.mu.Lock()
+			if c.dead {
+				c.mu.Unlock()
+				return
+			}
 		}
 		closing := c.closeAfter
 		ctrls, c.ctrl = c.ctrl, ctrls[:0]
