@@ -67,6 +67,11 @@ func (e *Engine) allowMany(ctx context.Context, reqs []Request, out []Decision) 
 	// goroutine of its own, but two decisions on one key keep their order:
 	// a key's later requests wait for its earlier ones.
 	var after map[string]chan struct{}
+	// The goroutines answer into splitOut, copied to out once they are
+	// done, so that out, often the caller's stack, does not move to the
+	// heap for them.
+	var splitOut []Decision
+	var splitAt []int // the indexes of splitOut's answers
 	for i, r := range reqs {
 		if r.Policy == nil {
 			out[i] = Decision{Err: ErrNilPolicy}
@@ -92,9 +97,11 @@ func (e *Engine) allowMany(ctx context.Context, reqs []Request, out []Decision) 
 		if ent := e.entry(name, hash); ent != nil {
 			if after == nil {
 				after = make(map[string]chan struct{})
+				splitOut = make([]Decision, len(reqs))
 			}
 			prev, done := after[name], make(chan struct{})
 			after[name] = done
+			splitAt = append(splitAt, i)
 			split.Add(1)
 			go func() {
 				defer split.Done()
@@ -104,7 +111,7 @@ func (e *Engine) allowMany(ctx context.Context, reqs []Request, out []Decision) 
 				}
 				res, err := e.decideStore(ctx, e.storeFor(r.Policy), name, hash, r.Policy.Limit, r.Cost)
 				res, err = e.conclude(ctx, d, res, err)
-				out[i] = Decision{Result: res, Err: err}
+				splitOut[i] = Decision{Result: res, Err: err}
 			}()
 			continue
 		}
@@ -117,6 +124,9 @@ func (e *Engine) allowMany(ctx context.Context, reqs []Request, out []Decision) 
 	}
 	e.takeBatch(ctx, &b, out)
 	split.Wait()
+	for _, i := range splitAt {
+		out[i] = splitOut[i]
+	}
 }
 
 // decisions is the count of reqs that make a decision (and count in

@@ -168,6 +168,14 @@ func TestAllowDoesNotAllocate(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { b.AllowBatch(ctx, reqs, out) }); n != 0 || out[0].Err != nil {
 		t.Errorf("a batch of one: %v allocations, %v; want 0, nil", n, out[0].Err)
 	}
+	// Its answer in the caller's own array, which AllowBatch must not
+	// make escape to the heap.
+	if n := testing.AllocsPerRun(100, func() {
+		var own [1]Decision
+		b.AllowBatch(ctx, reqs, own[:])
+	}); n != 0 {
+		t.Errorf("a batch of one into the caller's array: %v allocations, want 0", n)
+	}
 }
 
 // loopBatcher is a memory store that batches: each take of a batch in turn.
