@@ -262,6 +262,10 @@ func (c *conn) readLoop() error {
 	}
 }
 
+// errClosed is the reader's error once the connection was closed under
+// it.
+var errClosed = errors.New("connection closed")
+
 // errProtocol is an error of the client's that ends the connection with
 // GOAWAY PROTOCOL_ERROR.
 var errProtocol = errors.New("protocol error")

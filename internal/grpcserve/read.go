@@ -135,6 +135,13 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 	st.refs.Add(1) // the reader's
 	defer st.release()
 	c.mu.Lock()
+	if c.dead {
+		// Closed since the frame was read: close cancelled the streams
+		// it found, and would not cancel this one.
+		c.mu.Unlock()
+		st.release() // the connection's
+		return errClosed
+	}
 	st.sendWindow = c.initWindow
 	c.streams[id] = st
 	if hasTimeout {
