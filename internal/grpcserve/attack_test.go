@@ -2,17 +2,86 @@ package grpcserve_test
 
 import (
 	"bytes"
+	"runtime"
 	"testing"
 	"time"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/hotkeyd/hotkey/internal/grpcserve"
 )
+
+// heapAlloc returns the bytes of live heap, after a collection.
+func heapAlloc() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
+// TestRawUnreadStream: a stream whose handler does not read what the
+// client sends (health's Watch reads one request) keeps at most
+// MaxRecvMsgSize of it, however much is sent.
+func TestRawUnreadStream(t *testing.T) {
+	const limit = 1 << 20
+	s := serve(t, grpcserve.Config{MaxRecvMsgSize: limit})
+	c := dialRaw(t, s.addr)
+	c.headers(1, healthpb.Health_Watch_FullMethodName, false)
+	req, _ := proto.Marshal(&healthpb.HealthCheckRequest{})
+	c.fr.WriteData(1, false, grpcFrame(req))
+	if got, _ := c.firstData(1); got == 0 {
+		t.Fatal("Watch sent nothing")
+	}
+	base := heapAlloc()
+	msg := grpcFrame(make([]byte, 16000))
+	const sent = 48 << 20
+	for n := 0; n < sent; n += len(msg) {
+		if err := c.fr.WriteData(1, false, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.ping(1) // the server has read all the DATA once it answers
+	grown := heapAlloc() - base
+	t.Logf("%d MiB sent unread: the heap grew by %.1f MiB", sent>>20, float64(grown)/(1<<20))
+	if grown > 4*limit {
+		t.Errorf("%d MiB sent unread: the heap grew by %.1f MiB, want at most %d MiB", sent>>20, float64(grown)/(1<<20), 4*limit>>20)
+	}
+}
+
+// firstData reads frames until stream id's first DATA, and returns its
+// length.
+func (c *rawConn) firstData(id uint32) (int, error) {
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			return 0, err
+		}
+		if d, ok := f.(*http2.DataFrame); ok && d.StreamID == id {
+			return len(d.Data()), nil
+		}
+	}
+}
+
+// ping sends a PING and reads frames until its ACK; it fails the test if
+// the connection ends first.
+func (c *rawConn) ping(v byte) {
+	c.t.Helper()
+	c.fr.WritePing(false, [8]byte{v})
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			c.t.Fatalf("waiting for PING %d's ACK: %v", v, err)
+		}
+		if p, ok := f.(*http2.PingFrame); ok && p.IsAck() && p.Data == [8]byte{v} {
+			return
+		}
+	}
+}
 
 // TestStopRacingCalls: Stop while a client's calls are still being read
 // cancels every call the server starts, however late it reads it, and

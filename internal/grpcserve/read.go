@@ -371,13 +371,18 @@ func (c *conn) gotMessage(st *stream) {
 		st.got = true
 		return
 	}
-	m := st.msg
-	st.msg = nil
 	c.mu.Lock()
-	st.msgs = append(st.msgs, m)
-	st.queued += len(m)
-	if st.queued > c.s.cfg.MaxRecvMsgSize && st.recvErr == nil {
-		st.recvErr = status.Error(codes.ResourceExhausted, fmt.Sprintf("grpc: over %d bytes of messages received and not read", c.s.cfg.MaxRecvMsgSize))
+	if st.discard || st.queued+len(st.msg) > c.s.cfg.MaxRecvMsgSize {
+		// Dropped, and so is the rest of the stream's DATA: a handler
+		// that does not read must not let its client fill the memory.
+		st.discard = true
+		if st.recvErr == nil {
+			st.recvErr = status.Error(codes.ResourceExhausted, fmt.Sprintf("grpc: over %d bytes of messages received and not read", c.s.cfg.MaxRecvMsgSize))
+		}
+	} else {
+		st.msgs = append(st.msgs, st.msg)
+		st.queued += len(st.msg)
+		st.msg = nil
 	}
 	select {
 	case st.recvWake <- struct{}{}:

@@ -49,7 +49,9 @@ type Config struct {
 	// BorrowUnmarshaler, requests are unmarshalled through it.
 	Codec encoding.CodecV2
 	// MaxRecvMsgSize bounds a request message; a longer one is answered
-	// RESOURCE_EXHAUSTED. 0: 4 MiB, as grpc-go.
+	// RESOURCE_EXHAUSTED. It bounds too the messages a stream's handler
+	// has not read: past it, the stream's further messages are dropped
+	// and RecvMsg returns RESOURCE_EXHAUSTED. 0: 4 MiB, as grpc-go.
 	MaxRecvMsgSize int
 	// StatsHandler, if set, tags each call (TagRPC) and sees its
 	// *stats.Begin and *stats.End; connections are tagged too (TagConn).
