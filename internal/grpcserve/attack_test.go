@@ -83,6 +83,39 @@ func (c *rawConn) ping(v byte) {
 	}
 }
 
+// TestRawContinuationFlood: a header block that goes on in CONTINUATIONs
+// past the header list limit, in fields HPACK encodes in a byte each,
+// ends the connection rather than being read to its end.
+func TestRawContinuationFlood(t *testing.T) {
+	s := serve(t, grpcserve.Config{MaxHeaderListSize: 16 << 10})
+	c := dialRaw(t, s.addr)
+	go func() {
+		c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x83}})
+		frag := bytes.Repeat([]byte{0x82}, 16384) // :method GET, each counted 42 bytes
+		for range 4 << 20 / len(frag) {
+			if c.fr.WriteContinuation(1, false, frag) != nil {
+				return
+			}
+		}
+		c.fr.WriteContinuation(1, true, []byte{0x82})
+		c.fr.WritePing(false, [8]byte{9})
+	}()
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("the connection ended with no GOAWAY: %v", err)
+		}
+		switch f := f.(type) {
+		case *http2.GoAwayFrame:
+			return
+		case *http2.PingFrame:
+			if f.IsAck() {
+				t.Fatal("a header block of 4 MiB in CONTINUATIONs was read to its end, the connection kept")
+			}
+		}
+	}
+}
+
 // TestStopRacingCalls: Stop while a client's calls are still being read
 // cancels every call the server starts, however late it reads it, and
 // returns.

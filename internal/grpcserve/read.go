@@ -19,6 +19,7 @@ type reqHeaders struct {
 	id                                           uint32
 	end                                          bool // the HEADERS ended the stream
 	size                                         int  // of the header list, as SETTINGS_MAX_HEADER_LIST_SIZE counts
+	encoded                                      int  // bytes of the header block read
 	method, path, contentType, encoding, timeout string
 	hasTimeout                                   bool
 	malformed                                    bool // a connection-specific field, or a pseudo-header not of a request
@@ -26,8 +27,13 @@ type reqHeaders struct {
 
 // onHeaderBlock decodes a fragment of a header block into c.hdr, and at
 // the block's end acts on it. Every block is decoded, to keep the HPACK
-// table in step with the client's.
+// table in step with the client's; one of over twice MaxHeaderListSize
+// bytes, which no client encodes for a list the server takes, ends the
+// connection rather than be read to its end.
 func (c *conn) onHeaderBlock(frag []byte, end bool) error {
+	if c.hdr.encoded += len(frag); c.hdr.encoded > 2*int(c.s.cfg.MaxHeaderListSize) {
+		return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
+	}
 	if _, err := c.dec.Write(frag); err != nil {
 		return http2.ConnectionError(http2.ErrCodeCompression)
 	}
