@@ -2,7 +2,9 @@ package grpcserve_test
 
 import (
 	"bytes"
+	"net"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -113,6 +115,38 @@ func TestRawContinuationFlood(t *testing.T) {
 				t.Fatal("a header block of 4 MiB in CONTINUATIONs was read to its end, the connection kept")
 			}
 		}
+	}
+}
+
+// TestRawIdleConns: a connection that sends nothing costs the server
+// little memory until its handshake times out.
+func TestRawIdleConns(t *testing.T) {
+	s := serve(t, grpcserve.Config{})
+	const n = 200
+	base := heapAlloc()
+	for range n {
+		nc, err := net.Dial("tcp", s.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+	}
+	// Wait for the server to wait for the prefaces.
+	for waiting := 0; waiting < n; {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		waiting = 0
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, "[IO wait") && strings.Contains(g, "(*conn).handshake") {
+				waiting++
+			}
+		}
+		runtime.Gosched()
+	}
+	per := (heapAlloc() - base) / n
+	t.Logf("%d idle connections: %d bytes of heap each", n, per)
+	if per > 8<<10 {
+		t.Errorf("an idle connection holds %d bytes of heap, want at most 8 KiB", per)
 	}
 }
 

@@ -174,14 +174,16 @@ func (c *conn) handshake() error {
 	if sh := c.s.cfg.StatsHandler; sh != nil {
 		c.ctx = sh.TagConn(c.ctx, &stats.ConnTagInfo{RemoteAddr: p.Addr, LocalAddr: p.LocalAddr})
 	}
-	br := bufio.NewReaderSize(nc, 32<<10)
+	// The buffers are made once the preface came, so that connections
+	// that send nothing cost little.
 	var preface [len(http2.ClientPreface)]byte
-	if _, err := io.ReadFull(br, preface[:]); err != nil {
+	if _, err := io.ReadFull(nc, preface[:]); err != nil {
 		return err
 	}
 	if string(preface[:]) != http2.ClientPreface {
 		return errors.New("not an HTTP/2 client preface")
 	}
+	br := bufio.NewReaderSize(nc, 32<<10)
 	c.bw = bufio.NewWriterSize(nc, 32<<10)
 	c.fr = http2.NewFramer(c.bw, br)
 	c.fr.SetReuseFrames()
