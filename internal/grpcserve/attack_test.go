@@ -186,3 +186,134 @@ func TestStopRacingCalls(t *testing.T) {
 		t.Errorf("Stop hung in %d of %d rounds, a handler not cancelled", hung, rounds)
 	}
 }
+
+// outcome reads frames until stream next ends or the connection does,
+// and returns the RST_STREAM code of stream probe (0: none), the GOAWAY
+// code (-1: none) and next's grpc-status ("": not answered).
+func (c *rawConn) outcome(probe, next uint32) (rst http2.ErrCode, goAway int64, grpcStatus string) {
+	goAway = -1
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			return
+		}
+		switch f := f.(type) {
+		case *http2.GoAwayFrame:
+			goAway = int64(f.ErrCode)
+		case *http2.RSTStreamFrame:
+			if f.StreamID == probe {
+				rst = f.ErrCode
+			} else if f.StreamID == next && grpcStatus == "" {
+				grpcStatus = "RST " + f.ErrCode.String()
+				return
+			}
+		case *http2.MetaHeadersFrame:
+			for _, hf := range f.Fields {
+				if hf.Name == "grpc-status" && f.StreamID == next {
+					grpcStatus = hf.Value
+				}
+			}
+			if f.StreamID == next && f.StreamEnded() {
+				return
+			}
+		}
+	}
+}
+
+// fieldsBlock HPACK-encodes name, value pairs, in order, with a fresh
+// table.
+func fieldsBlock(fields ...string) []byte {
+	var hb bytes.Buffer
+	he := hpack.NewEncoder(&hb)
+	for i := 0; i < len(fields); i += 2 {
+		he.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
+	}
+	return hb.Bytes()
+}
+
+// TestRawConformance: how the server answers frames RFC 9113 says are a
+// stream's error, the connection's, or to be ignored; after a stream's
+// error the connection serves a call.
+func TestRawConformance(t *testing.T) {
+	s := serve(t, grpcserve.Config{})
+	call := testgrpc.TestService_UnaryCall_FullMethodName
+	req, _ := proto.Marshal(&testpb.SimpleRequest{ResponseSize: 1})
+	good := []string{":method", "POST", ":scheme", "http", ":path", call, ":authority", "x", "content-type", "application/grpc"}
+	const none, ok = -1, "0"
+	cases := []struct {
+		name       string
+		write      func(c *rawConn)
+		wantRST    http2.ErrCode
+		wantGoAway int64
+		wantNext   string
+	}{
+		{"window update 0 on a stream", func(c *rawConn) { c.headers(1, call, false); c.fr.WriteWindowUpdate(1, 0) }, http2.ErrCodeProtocol, none, ok},
+		{"window update 0 on the connection", func(c *rawConn) { c.fr.WriteWindowUpdate(0, 0) }, 0, int64(http2.ErrCodeProtocol), ""},
+		{"stream window overflow", func(c *rawConn) { c.headers(1, call, false); c.fr.WriteWindowUpdate(1, 1<<31-1) }, http2.ErrCodeFlowControl, none, ok},
+		{"initial window over 2^31-1", func(c *rawConn) {
+			c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 31})
+		}, 0, int64(http2.ErrCodeFlowControl), ""},
+		{"max frame size under 16384", func(c *rawConn) {
+			c.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxFrameSize, Val: 16383})
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"max frame size over 2^24-1", func(c *rawConn) {
+			c.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 24})
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"enable push 2", func(c *rawConn) { c.fr.WriteSettings(http2.Setting{ID: http2.SettingEnablePush, Val: 2}) }, 0, int64(http2.ErrCodeProtocol), ""},
+		{"push promise", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WritePushPromise(http2.PushPromiseParam{StreamID: 1, PromiseID: 2, BlockFragment: fieldsBlock(good...), EndHeaders: true})
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"headers on stream 0", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 0, BlockFragment: fieldsBlock(good...), EndHeaders: true})
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"ping inside a header block", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(good...)[:2]})
+			c.fr.WritePing(false, [8]byte{})
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"unknown frame types", func(c *rawConn) {
+			c.fr.WriteRawFrame(0xfa, 0, 0, []byte{1, 2, 3})
+			c.fr.WriteRawFrame(0xfb, 0xff, 1, nil)
+		}, 0, none, ok},
+		{"priority on an idle stream", func(c *rawConn) { c.fr.WritePriority(7, http2.PriorityParam{StreamDep: 1, Weight: 9}) }, 0, none, ok},
+		{"uppercase field name", func(c *rawConn) { c.headers(1, call, true, "X-Up", "1") }, http2.ErrCodeProtocol, none, ok},
+		{"connection field", func(c *rawConn) { c.headers(1, call, true, "connection", "close") }, http2.ErrCodeProtocol, none, ok},
+		{"pseudo-header after a regular one", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(append(good[2:], good[:2]...)...), EndHeaders: true, EndStream: true})
+		}, http2.ErrCodeProtocol, none, ok},
+		{"no :scheme", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(append(good[:2:2], good[4:]...)...), EndHeaders: true, EndStream: true})
+		}, http2.ErrCodeProtocol, none, ok},
+		{"no :path", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(append(good[:4:4], good[6:]...)...), EndHeaders: true, EndStream: true})
+		}, http2.ErrCodeProtocol, none, ok},
+		{"client trailers", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteData(1, false, grpcFrame(req))
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock("x-trailer", "1"), EndHeaders: true, EndStream: true})
+		}, 0, none, ok},
+		{"second headers without END_STREAM", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock("x-more", "1"), EndHeaders: true})
+		}, http2.ErrCodeProtocol, none, ok},
+		{"DATA on a reset stream", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteRSTStream(1, http2.ErrCodeCancel)
+			for range 20 << 20 / 16384 { // over the connection's window
+				c.fr.WriteData(1, false, make([]byte, 16384))
+			}
+		}, 0, none, ok},
+	}
+	for _, tc := range cases {
+		c := dialRaw(t, s.addr)
+		c.fr.AllowIllegalWrites = true
+		tc.write(c)
+		c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: fieldsBlock(good...), EndHeaders: true})
+		c.fr.WriteData(3, true, grpcFrame(req))
+		rst, goAway, next := c.outcome(1, 3)
+		if rst != tc.wantRST || goAway != tc.wantGoAway || next != tc.wantNext {
+			t.Errorf("%s: RST %v, GOAWAY %d, next call %q; want RST %v, GOAWAY %d, next %q", tc.name, rst, goAway, next, tc.wantRST, tc.wantGoAway, tc.wantNext)
+		}
+		c.nc.Close()
+	}
+}

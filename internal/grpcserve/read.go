@@ -22,8 +22,19 @@ type reqHeaders struct {
 	encoded                                      int  // bytes of the header block read
 	method, path, contentType, encoding, timeout string
 	hasTimeout                                   bool
-	malformed                                    bool // a connection-specific field, or a pseudo-header not of a request
+	malformed                                    bool  // a connection-specific field, an uppercase name, a pseudo-header not of a request, twice, or after a regular field
+	pseudo                                       uint8 // the pseudo-headers read, as bits: hasMethod...
+	regular                                      bool  // a field not a pseudo-header was read
 }
+
+// The bits of reqHeaders.pseudo.
+const (
+	hasMethod = 1 << iota
+	hasPath
+	hasScheme
+	hasAuthority
+	hasRequired = hasMethod | hasPath | hasScheme
+)
 
 // onHeaderBlock decodes a fragment of a header block into c.hdr, and at
 // the block's end acts on it. Every block is decoded, to keep the HPACK
@@ -52,25 +63,43 @@ func (c *conn) onField(f hpack.HeaderField) {
 	if h.size += len(f.Name) + len(f.Value) + 32; h.size > int(c.s.cfg.MaxHeaderListSize) {
 		return
 	}
+	var bit uint8
 	switch f.Name {
 	case ":method":
-		h.method = f.Value
+		h.method, bit = f.Value, hasMethod
 	case ":path":
-		h.path = f.Value
+		h.path, bit = f.Value, hasPath
+	case ":scheme":
+		bit = hasScheme
+	case ":authority":
+		bit = hasAuthority
 	case "content-type":
 		h.contentType = f.Value
 	case "grpc-encoding":
 		h.encoding = f.Value
 	case "grpc-timeout":
 		h.timeout, h.hasTimeout = f.Value, true
-	case ":scheme", ":authority":
 	case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
 		h.malformed = true
 	default:
 		if f.IsPseudo() {
 			h.malformed = true
+			return
+		}
+		for i := 0; i < len(f.Name); i++ {
+			if c := f.Name[i]; 'A' <= c && c <= 'Z' {
+				h.malformed = true
+			}
 		}
 	}
+	if bit == 0 {
+		h.regular = true
+		return
+	}
+	if h.regular || h.pseudo&bit != 0 {
+		h.malformed = true
+	}
+	h.pseudo |= bit
 }
 
 // onHeaders opens a stream for a call, or answers it at once when it
@@ -107,7 +136,7 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 	case h.size > int(c.s.cfg.MaxHeaderListSize):
 		c.resetStream(id, http2.ErrCodeFrameSize)
 		return nil
-	case h.malformed:
+	case h.malformed || h.pseudo&hasRequired != hasRequired || h.path == "":
 		c.resetStream(id, http2.ErrCodeProtocol)
 		return nil
 	}
