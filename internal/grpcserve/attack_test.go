@@ -271,6 +271,14 @@ func TestRawConformance(t *testing.T) {
 			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(good...)[:2]})
 			c.fr.WritePing(false, [8]byte{})
 		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"HEADERS padding over its length", func(c *rawConn) {
+			c.fr.WriteRawFrame(http2.FrameHeaders, http2.FlagHeadersPadded|http2.FlagHeadersEndHeaders, 1, []byte{200, 0x82})
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"HEADERS padding over its length, block continued", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteRawFrame(http2.FrameHeaders, http2.FlagHeadersPadded, 5, []byte{200, 0x82})
+			c.fr.WriteContinuation(5, true, fieldsBlock(good...))
+		}, 0, int64(http2.ErrCodeProtocol), ""},
 		{"unknown frame types", func(c *rawConn) {
 			c.fr.WriteRawFrame(0xfa, 0, 0, []byte{1, 2, 3})
 			c.fr.WriteRawFrame(0xfb, 0xff, 1, nil)

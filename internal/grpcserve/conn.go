@@ -223,7 +223,11 @@ var errGoAway = errors.New("GOAWAY sent")
 // the client breaks the protocol.
 func (c *conn) readLoop() error {
 	for {
-		f, err := c.fr.ReadFrame()
+		fh, err := c.fr.ReadFrameHeader()
+		var f http2.Frame
+		if err == nil {
+			f, err = c.fr.ReadFrameForHeader(fh)
+		}
 		if err == nil {
 			err = c.onFrame(f)
 		}
@@ -236,7 +240,11 @@ func (c *conn) readLoop() error {
 			}
 			err = http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
 		}
-		if se, ok := errors.AsType[http2.StreamError](err); ok {
+		if se, ok := errors.AsType[http2.StreamError](err); ok && fh.Type == http2.FrameHeaders {
+			// A HEADERS whose padding is longer than it: its block is
+			// lost, and the HPACK table's step with it (RFC 9113 6.2).
+			err = errProtocol
+		} else if ok {
 			c.mu.Lock()
 			if se.StreamID > c.lastID && se.StreamID%2 == 1 {
 				c.lastID = se.StreamID
