@@ -325,3 +325,66 @@ func TestRawConformance(t *testing.T) {
 		c.nc.Close()
 	}
 }
+
+// dataUntilPing sends PING v, and another once the first's ACK came
+// (the writer writes ACKs before DATA of the same round), and returns the
+// bytes of DATA read until the second's ACK.
+func (c *rawConn) dataUntilPing(v byte) int {
+	c.t.Helper()
+	c.fr.WritePing(false, [8]byte{v, 1})
+	n := 0
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			c.t.Fatalf("waiting for PING %d's ACK: %v", v, err)
+		}
+		switch f := f.(type) {
+		case *http2.DataFrame:
+			n += len(f.Data())
+		case *http2.PingFrame:
+			if f.IsAck() && f.Data == [8]byte{v, 1} {
+				c.fr.WritePing(false, [8]byte{v, 2})
+			}
+			if f.IsAck() && f.Data == [8]byte{v, 2} {
+				return n
+			}
+		}
+	}
+}
+
+// TestRawNegativeWindow: SETTINGS that shrink a stream's window below
+// what was sent make it negative; the server sends nothing until
+// WINDOW_UPDATEs make it positive, then no more than it.
+func TestRawNegativeWindow(t *testing.T) {
+	s := serve(t, grpcserve.Config{})
+	c := dialRaw(t, s.addr)
+	c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 100})
+	c.headers(1, testgrpc.TestService_UnaryCall_FullMethodName, false)
+	c.message(1, &testpb.SimpleRequest{ResponseSize: 5000})
+	got := 0
+	for got < 100 {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := f.(*http2.DataFrame); ok {
+			got += len(d.Data())
+		}
+	}
+	steps := []struct {
+		write func()
+		want  int
+	}{
+		{func() {}, 0},
+		{func() { c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}) }, 0}, // -100
+		{func() { c.fr.WriteWindowUpdate(1, 50) }, 0},                                                 // -50
+		{func() { c.fr.WriteWindowUpdate(1, 1000) }, 950},
+		{func() { c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 40}) }, 40},
+	}
+	for i, st := range steps {
+		st.write()
+		if n := c.dataUntilPing(byte(10 + i)); n != st.want {
+			t.Errorf("step %d: %d bytes sent, want %d", i, n, st.want)
+		}
+	}
+}
