@@ -14,6 +14,17 @@
 // the data; it never sends past the client's windows, and queues what
 // does not fit until a WINDOW_UPDATE.
 //
+// What a client may hold is bounded: a connection that sends no preface
+// is closed after 30 seconds, holding about 2 KiB of heap and a goroutine
+// meanwhile; an open one holds at most MaxConcurrentStreams calls, each
+// with at most MaxRecvMsgSize of request and its answer, and at most
+// 10,000 control frames unread (ENHANCE_YOUR_CALM past it); a header
+// block of over twice MaxHeaderListSize bytes ends the connection. Frames
+// that cost only the time to read them (empty DATA, PRIORITY, frames of
+// unknown types) are not counted. A HEADERS on a stream the server has
+// reset ends the connection, as in grpc-go and net/http, though RFC 9113
+// 5.1 asks that it be ignored.
+//
 // It does not support compression, interceptors, incoming metadata in the
 // context (metadata.FromIncomingContext), or stats handlers beyond
 // TagRPC, Begin and End.
