@@ -33,7 +33,8 @@ func callFrames(fr *http2.Framer, hb *bytes.Buffer, he *hpack.Encoder, id uint32
 }
 
 // TestRawRapidReset: a client that makes calls and resets them at once
-// (CVE-2023-44487) has no more handlers run at a time than the stream
+// (CVE-2023-44487), or has the server reset them with a frame that breaks
+// their flow control, has no more handlers run at a time than the stream
 // cap.
 func TestRawRapidReset(t *testing.T) {
 	const limit, n = 100, 20000
@@ -78,7 +79,11 @@ func TestRawRapidReset(t *testing.T) {
 	fr, he := http2.NewFramer(&b, nil), hpack.NewEncoder(&hb)
 	for id := uint32(1); id < 2*n; id += 2 {
 		callFrames(fr, &hb, he, id, req)
-		fr.WriteRSTStream(id, http2.ErrCodeCancel)
+		if id%4 == 1 {
+			fr.WriteRSTStream(id, http2.ErrCodeCancel)
+		} else { // the server resets it (CVE-2025-8671)
+			fr.WriteWindowUpdate(id, 1<<31-1)
+		}
 		if b.Len() > 64<<10 {
 			if _, err := c.nc.Write(b.Bytes()); err != nil {
 				t.Fatal(err)
