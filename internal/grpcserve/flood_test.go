@@ -172,8 +172,13 @@ func TestStress(t *testing.T) {
 	for round := range 4 {
 		s := serve(t, grpcserve.Config{MaxConcurrentStreams: 50, Workers: 8})
 		var wg sync.WaitGroup
-		for range 4 {
+		for i := range 4 {
 			cl := testgrpc.NewTestServiceClient(grpcClient(t, s.addr))
+			if i == 0 { // Serve has begun: Stop before it would make it fail
+				if _, err := cl.UnaryCall(testCtx(t), &testpb.SimpleRequest{}); err != nil {
+					t.Fatal(err)
+				}
+			}
 			seed := rng.Uint64()
 			wg.Go(func() {
 				rng := rand.New(rand.NewPCG(seed, 0))
