@@ -388,3 +388,37 @@ func TestRawNegativeWindow(t *testing.T) {
 		}
 	}
 }
+
+// TestRawMessages: a unary call's request of two messages is answered
+// INTERNAL, as grpc-go answers it; one of zero bytes is a message, and an
+// empty DATA ending the stream after it is no second one.
+func TestRawMessages(t *testing.T) {
+	s := serve(t, grpcserve.Config{})
+	c := dialRaw(t, s.addr)
+	call := testgrpc.TestService_UnaryCall_FullMethodName
+	m, _ := proto.Marshal(&testpb.SimpleRequest{ResponseSize: 1})
+	cases := []struct {
+		name  string
+		write func(id uint32)
+		want  string
+	}{
+		{"two messages in one DATA", func(id uint32) { c.fr.WriteData(id, true, append(grpcFrame(m), grpcFrame(m)...)) }, "13"},
+		{"two messages in two DATA", func(id uint32) { c.fr.WriteData(id, false, grpcFrame(m)); c.fr.WriteData(id, true, grpcFrame(nil)) }, "13"},
+		{"zero-length message", func(id uint32) { c.fr.WriteData(id, true, grpcFrame(nil)) }, "0"},
+		{"empty DATA after", func(id uint32) { c.fr.WriteData(id, false, grpcFrame(m)); c.fr.WriteData(id, true, nil) }, "0"},
+		{"message in 1-byte DATA", func(id uint32) {
+			b := grpcFrame(m)
+			for i := range b {
+				c.fr.WriteData(id, i == len(b)-1, b[i:i+1])
+			}
+		}, "0"},
+	}
+	for i, tc := range cases {
+		id := uint32(2*i + 1)
+		c.headers(id, call, false)
+		tc.write(id)
+		if got, rst := c.answer(id); rst != 0 || got["grpc-status"] != tc.want {
+			t.Errorf("%s: grpc-status %s (%q), RST %v; want %s", tc.name, got["grpc-status"], got["grpc-message"], rst, tc.want)
+		}
+	}
+}
