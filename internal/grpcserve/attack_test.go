@@ -422,3 +422,34 @@ func TestRawMessages(t *testing.T) {
 		}
 	}
 }
+
+// TestRawHandshakeTimeout: connections that send nothing, or half a
+// preface, are closed once the handshake timeout passes.
+func TestRawHandshakeTimeout(t *testing.T) {
+	t.Cleanup(grpcserve.SetHandshakeTimeout(20 * time.Millisecond))
+	s := serve(t, grpcserve.Config{})
+	const n = 50
+	ended := make(chan error, n)
+	for i := range n {
+		nc, err := net.Dial("tcp", s.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		nc.SetDeadline(time.Now().Add(time.Minute)) // only catches a hang
+		if i%2 == 1 {
+			nc.Write([]byte(http2.ClientPreface[:10]))
+		}
+		go func() {
+			_, err := nc.Read(make([]byte, 1))
+			ended <- err
+		}()
+	}
+	for range n {
+		if err := waitFor(t, ended); err == nil {
+			t.Error("a connection in its handshake was sent a byte")
+		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Error("a connection in its handshake was not closed")
+		}
+	}
+}

@@ -25,8 +25,10 @@ const (
 	streamWindow = 1 << 20
 )
 
-// handshakeTimeout bounds the TLS handshake and the client's preface.
-const handshakeTimeout = 30 * time.Second
+// handshakeTimeout bounds the TLS handshake and the client's preface of
+// the connections of the servers made from then on; a variable for the
+// tests.
+var handshakeTimeout = 30 * time.Second
 
 // maxCtrl bounds the frames the reader queues for the writer (ACKs,
 // resets, window updates) while the client does not read them; past it
@@ -149,7 +151,7 @@ func (c *conn) handshake() error {
 	c.mu.Lock()
 	nc := c.nc
 	c.mu.Unlock()
-	nc.SetDeadline(time.Now().Add(handshakeTimeout))
+	nc.SetDeadline(time.Now().Add(c.s.handshakeTimeout))
 	p := &peer.Peer{Addr: nc.RemoteAddr(), LocalAddr: nc.LocalAddr()}
 	if cfg := c.s.cfg.TLS; cfg != nil {
 		tc := tls.Server(nc, cfg)

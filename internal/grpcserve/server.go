@@ -116,6 +116,8 @@ type Server struct {
 	methods map[string]*method
 	info    map[string]grpc.ServiceInfo
 
+	handshakeTimeout time.Duration
+
 	mu       sync.Mutex // guards the fields below
 	lns      map[net.Listener]bool
 	conns    map[*conn]bool
@@ -163,6 +165,8 @@ func NewServer(cfg Config) *Server {
 		conns:   map[*conn]bool{},
 		quit:    make(chan struct{}),
 		work:    make(chan *stream),
+
+		handshakeTimeout: handshakeTimeout,
 	}
 	s.app, _ = cfg.Codec.(AppendMarshaler)
 	s.bu, _ = cfg.Codec.(BorrowUnmarshaler)
