@@ -25,8 +25,10 @@ const (
 	streamWindow = 1 << 20
 )
 
-// handshakeTimeout bounds the TLS handshake and the client's preface.
-const handshakeTimeout = 30 * time.Second
+// handshakeTimeout bounds the TLS handshake and the client's preface of
+// the connections of the servers made from then on; a variable for the
+// tests.
+var handshakeTimeout = 30 * time.Second
 
 // maxCtrl bounds the frames the reader queues for the writer (ACKs,
 // resets, window updates) while the client does not read them; past it
@@ -149,7 +151,7 @@ func (c *conn) handshake() error {
 	c.mu.Lock()
 	nc := c.nc
 	c.mu.Unlock()
-	nc.SetDeadline(time.Now().Add(handshakeTimeout))
+	nc.SetDeadline(time.Now().Add(c.s.handshakeTimeout))
 	p := &peer.Peer{Addr: nc.RemoteAddr(), LocalAddr: nc.LocalAddr()}
 	if cfg := c.s.cfg.TLS; cfg != nil {
 		tc := tls.Server(nc, cfg)
@@ -174,14 +176,16 @@ func (c *conn) handshake() error {
 	if sh := c.s.cfg.StatsHandler; sh != nil {
 		c.ctx = sh.TagConn(c.ctx, &stats.ConnTagInfo{RemoteAddr: p.Addr, LocalAddr: p.LocalAddr})
 	}
-	br := bufio.NewReaderSize(nc, 32<<10)
+	// The buffers are made once the preface came, so that connections
+	// that send nothing cost little.
 	var preface [len(http2.ClientPreface)]byte
-	if _, err := io.ReadFull(br, preface[:]); err != nil {
+	if _, err := io.ReadFull(nc, preface[:]); err != nil {
 		return err
 	}
 	if string(preface[:]) != http2.ClientPreface {
 		return errors.New("not an HTTP/2 client preface")
 	}
+	br := bufio.NewReaderSize(nc, 32<<10)
 	c.bw = bufio.NewWriterSize(nc, 32<<10)
 	c.fr = http2.NewFramer(c.bw, br)
 	c.fr.SetReuseFrames()
@@ -221,7 +225,11 @@ var errGoAway = errors.New("GOAWAY sent")
 // the client breaks the protocol.
 func (c *conn) readLoop() error {
 	for {
-		f, err := c.fr.ReadFrame()
+		fh, err := c.fr.ReadFrameHeader()
+		var f http2.Frame
+		if err == nil {
+			f, err = c.fr.ReadFrameForHeader(fh)
+		}
 		if err == nil {
 			err = c.onFrame(f)
 		}
@@ -234,7 +242,11 @@ func (c *conn) readLoop() error {
 			}
 			err = http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
 		}
-		if se, ok := errors.AsType[http2.StreamError](err); ok {
+		if se, ok := errors.AsType[http2.StreamError](err); ok && fh.Type == http2.FrameHeaders {
+			// A HEADERS whose padding is longer than it: its block is
+			// lost, and the HPACK table's step with it (RFC 9113 6.2).
+			err = errProtocol
+		} else if ok {
 			c.mu.Lock()
 			if se.StreamID > c.lastID && se.StreamID%2 == 1 {
 				c.lastID = se.StreamID
@@ -261,6 +273,10 @@ func (c *conn) readLoop() error {
 		return errGoAway
 	}
 }
+
+// errClosed is the reader's error once the connection was closed under
+// it.
+var errClosed = errors.New("connection closed")
 
 // errProtocol is an error of the client's that ends the connection with
 // GOAWAY PROTOCOL_ERROR.

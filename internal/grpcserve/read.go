@@ -19,15 +19,32 @@ type reqHeaders struct {
 	id                                           uint32
 	end                                          bool // the HEADERS ended the stream
 	size                                         int  // of the header list, as SETTINGS_MAX_HEADER_LIST_SIZE counts
+	encoded                                      int  // bytes of the header block read
 	method, path, contentType, encoding, timeout string
 	hasTimeout                                   bool
-	malformed                                    bool // a connection-specific field, or a pseudo-header not of a request
+	malformed                                    bool  // a connection-specific field, an uppercase name, a pseudo-header not of a request, twice, or after a regular field
+	pseudo                                       uint8 // the pseudo-headers read, as bits: hasMethod...
+	regular                                      bool  // a field not a pseudo-header was read
 }
+
+// The bits of reqHeaders.pseudo.
+const (
+	hasMethod = 1 << iota
+	hasPath
+	hasScheme
+	hasAuthority
+	hasRequired = hasMethod | hasPath | hasScheme
+)
 
 // onHeaderBlock decodes a fragment of a header block into c.hdr, and at
 // the block's end acts on it. Every block is decoded, to keep the HPACK
-// table in step with the client's.
+// table in step with the client's; one of over twice MaxHeaderListSize
+// bytes, which no client encodes for a list the server takes, ends the
+// connection rather than be read to its end.
 func (c *conn) onHeaderBlock(frag []byte, end bool) error {
+	if c.hdr.encoded += len(frag); c.hdr.encoded > 2*int(c.s.cfg.MaxHeaderListSize) {
+		return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
+	}
 	if _, err := c.dec.Write(frag); err != nil {
 		return http2.ConnectionError(http2.ErrCodeCompression)
 	}
@@ -46,25 +63,43 @@ func (c *conn) onField(f hpack.HeaderField) {
 	if h.size += len(f.Name) + len(f.Value) + 32; h.size > int(c.s.cfg.MaxHeaderListSize) {
 		return
 	}
+	var bit uint8
 	switch f.Name {
 	case ":method":
-		h.method = f.Value
+		h.method, bit = f.Value, hasMethod
 	case ":path":
-		h.path = f.Value
+		h.path, bit = f.Value, hasPath
+	case ":scheme":
+		bit = hasScheme
+	case ":authority":
+		bit = hasAuthority
 	case "content-type":
 		h.contentType = f.Value
 	case "grpc-encoding":
 		h.encoding = f.Value
 	case "grpc-timeout":
 		h.timeout, h.hasTimeout = f.Value, true
-	case ":scheme", ":authority":
 	case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
 		h.malformed = true
 	default:
 		if f.IsPseudo() {
 			h.malformed = true
+			return
+		}
+		for i := 0; i < len(f.Name); i++ {
+			if c := f.Name[i]; 'A' <= c && c <= 'Z' {
+				h.malformed = true
+			}
 		}
 	}
+	if bit == 0 {
+		h.regular = true
+		return
+	}
+	if h.regular || h.pseudo&bit != 0 {
+		h.malformed = true
+	}
+	h.pseudo |= bit
 }
 
 // onHeaders opens a stream for a call, or answers it at once when it
@@ -101,7 +136,7 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 	case h.size > int(c.s.cfg.MaxHeaderListSize):
 		c.resetStream(id, http2.ErrCodeFrameSize)
 		return nil
-	case h.malformed:
+	case h.malformed || h.pseudo&hasRequired != hasRequired || h.path == "":
 		c.resetStream(id, http2.ErrCodeProtocol)
 		return nil
 	}
@@ -135,6 +170,13 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 	st.refs.Add(1) // the reader's
 	defer st.release()
 	c.mu.Lock()
+	if c.dead {
+		// Closed since the frame was read: close cancelled the streams
+		// it found, and would not cancel this one.
+		c.mu.Unlock()
+		st.release() // the connection's
+		return errClosed
+	}
 	st.sendWindow = c.initWindow
 	c.streams[id] = st
 	if hasTimeout {
@@ -364,13 +406,18 @@ func (c *conn) gotMessage(st *stream) {
 		st.got = true
 		return
 	}
-	m := st.msg
-	st.msg = nil
 	c.mu.Lock()
-	st.msgs = append(st.msgs, m)
-	st.queued += len(m)
-	if st.queued > c.s.cfg.MaxRecvMsgSize && st.recvErr == nil {
-		st.recvErr = status.Error(codes.ResourceExhausted, fmt.Sprintf("grpc: over %d bytes of messages received and not read", c.s.cfg.MaxRecvMsgSize))
+	if st.discard || st.queued+len(st.msg) > c.s.cfg.MaxRecvMsgSize {
+		// Dropped, and so is the rest of the stream's DATA: a handler
+		// that does not read must not let its client fill the memory.
+		st.discard = true
+		if st.recvErr == nil {
+			st.recvErr = status.Error(codes.ResourceExhausted, fmt.Sprintf("grpc: over %d bytes of messages received and not read", c.s.cfg.MaxRecvMsgSize))
+		}
+	} else {
+		st.msgs = append(st.msgs, st.msg)
+		st.queued += len(st.msg)
+		st.msg = nil
 	}
 	select {
 	case st.recvWake <- struct{}{}:

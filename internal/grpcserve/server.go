@@ -14,6 +14,17 @@
 // the data; it never sends past the client's windows, and queues what
 // does not fit until a WINDOW_UPDATE.
 //
+// What a client may hold is bounded: a connection that sends no preface
+// is closed after 30 seconds, holding about 2 KiB of heap and a goroutine
+// meanwhile; an open one holds at most MaxConcurrentStreams calls, each
+// with at most MaxRecvMsgSize of request and its answer, and at most
+// 10,000 control frames unread (ENHANCE_YOUR_CALM past it); a header
+// block of over twice MaxHeaderListSize bytes ends the connection. Frames
+// that cost only the time to read them (empty DATA, PRIORITY, frames of
+// unknown types) are not counted. A HEADERS on a stream the server has
+// reset ends the connection, as in grpc-go and net/http, though RFC 9113
+// 5.1 asks that it be ignored.
+//
 // It does not support compression, interceptors, incoming metadata in the
 // context (metadata.FromIncomingContext), or stats handlers beyond
 // TagRPC, Begin and End.
@@ -49,7 +60,9 @@ type Config struct {
 	// BorrowUnmarshaler, requests are unmarshalled through it.
 	Codec encoding.CodecV2
 	// MaxRecvMsgSize bounds a request message; a longer one is answered
-	// RESOURCE_EXHAUSTED. 0: 4 MiB, as grpc-go.
+	// RESOURCE_EXHAUSTED. It bounds too the messages a stream's handler
+	// has not read: past it, the stream's further messages are dropped
+	// and RecvMsg returns RESOURCE_EXHAUSTED. 0: 4 MiB, as grpc-go.
 	MaxRecvMsgSize int
 	// StatsHandler, if set, tags each call (TagRPC) and sees its
 	// *stats.Begin and *stats.End; connections are tagged too (TagConn).
@@ -103,6 +116,8 @@ type Server struct {
 	methods map[string]*method
 	info    map[string]grpc.ServiceInfo
 
+	handshakeTimeout time.Duration
+
 	mu       sync.Mutex // guards the fields below
 	lns      map[net.Listener]bool
 	conns    map[*conn]bool
@@ -150,6 +165,8 @@ func NewServer(cfg Config) *Server {
 		conns:   map[*conn]bool{},
 		quit:    make(chan struct{}),
 		work:    make(chan *stream),
+
+		handshakeTimeout: handshakeTimeout,
 	}
 	s.app, _ = cfg.Codec.(AppendMarshaler)
 	s.bu, _ = cfg.Codec.(BorrowUnmarshaler)

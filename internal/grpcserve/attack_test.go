@@ -1,0 +1,455 @@
+package grpcserve_test
+
+import (
+	"bytes"
+	"net"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/hotkeyd/hotkey/internal/grpcserve"
+)
+
+// heapAlloc returns the bytes of live heap, after a collection.
+func heapAlloc() int64 {
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return int64(ms.HeapAlloc)
+}
+
+// TestRawUnreadStream: a stream whose handler does not read what the
+// client sends (health's Watch reads one request) keeps at most
+// MaxRecvMsgSize of it, however much is sent.
+func TestRawUnreadStream(t *testing.T) {
+	const limit = 1 << 20
+	s := serve(t, grpcserve.Config{MaxRecvMsgSize: limit})
+	c := dialRaw(t, s.addr)
+	c.headers(1, healthpb.Health_Watch_FullMethodName, false)
+	req, _ := proto.Marshal(&healthpb.HealthCheckRequest{})
+	c.fr.WriteData(1, false, grpcFrame(req))
+	if got, _ := c.firstData(1); got == 0 {
+		t.Fatal("Watch sent nothing")
+	}
+	base := heapAlloc()
+	msg := grpcFrame(make([]byte, 16000))
+	const sent = 48 << 20
+	for n := 0; n < sent; n += len(msg) {
+		if err := c.fr.WriteData(1, false, msg); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.ping(1) // the server has read all the DATA once it answers
+	grown := heapAlloc() - base
+	t.Logf("%d MiB sent unread: the heap grew by %.1f MiB", sent>>20, float64(grown)/(1<<20))
+	if grown > 4*limit {
+		t.Errorf("%d MiB sent unread: the heap grew by %.1f MiB, want at most %d MiB", sent>>20, float64(grown)/(1<<20), 4*limit>>20)
+	}
+}
+
+// firstData reads frames until stream id's first DATA, and returns its
+// length.
+func (c *rawConn) firstData(id uint32) (int, error) {
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			return 0, err
+		}
+		if d, ok := f.(*http2.DataFrame); ok && d.StreamID == id {
+			return len(d.Data()), nil
+		}
+	}
+}
+
+// ping sends a PING and reads frames until its ACK; it fails the test if
+// the connection ends first.
+func (c *rawConn) ping(v byte) {
+	c.t.Helper()
+	c.fr.WritePing(false, [8]byte{v})
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			c.t.Fatalf("waiting for PING %d's ACK: %v", v, err)
+		}
+		if p, ok := f.(*http2.PingFrame); ok && p.IsAck() && p.Data == [8]byte{v} {
+			return
+		}
+	}
+}
+
+// TestRawContinuationFlood: a header block that goes on in CONTINUATIONs
+// past the header list limit, in fields HPACK encodes in a byte each,
+// ends the connection rather than being read to its end.
+func TestRawContinuationFlood(t *testing.T) {
+	s := serve(t, grpcserve.Config{MaxHeaderListSize: 16 << 10})
+	c := dialRaw(t, s.addr)
+	go func() {
+		c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: []byte{0x83}})
+		frag := bytes.Repeat([]byte{0x82}, 16384) // :method GET, each counted 42 bytes
+		for range 4 << 20 / len(frag) {
+			if c.fr.WriteContinuation(1, false, frag) != nil {
+				return
+			}
+		}
+		c.fr.WriteContinuation(1, true, []byte{0x82})
+		c.fr.WritePing(false, [8]byte{9})
+	}()
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			t.Fatalf("the connection ended with no GOAWAY: %v", err)
+		}
+		switch f := f.(type) {
+		case *http2.GoAwayFrame:
+			return
+		case *http2.PingFrame:
+			if f.IsAck() {
+				t.Fatal("a header block of 4 MiB in CONTINUATIONs was read to its end, the connection kept")
+			}
+		}
+	}
+}
+
+// TestRawIdleConns: a connection that sends nothing costs the server
+// little memory until its handshake times out.
+func TestRawIdleConns(t *testing.T) {
+	s := serve(t, grpcserve.Config{})
+	const n = 200
+	base := heapAlloc()
+	for range n {
+		nc, err := net.Dial("tcp", s.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+	}
+	// Wait for the server to wait for the prefaces.
+	for waiting := 0; waiting < n; {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		waiting = 0
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, "[IO wait") && strings.Contains(g, "(*conn).handshake") {
+				waiting++
+			}
+		}
+		runtime.Gosched()
+	}
+	per := (heapAlloc() - base) / n
+	t.Logf("%d idle connections: %d bytes of heap each", n, per)
+	if per > 8<<10 {
+		t.Errorf("an idle connection holds %d bytes of heap, want at most 8 KiB", per)
+	}
+}
+
+// TestStopRacingCalls: Stop while a client's calls are still being read
+// cancels every call the server starts, however late it reads it, and
+// returns.
+func TestStopRacingCalls(t *testing.T) {
+	req, _ := proto.Marshal(&testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hold")}})
+	hung := 0
+	const rounds = 40
+	for range rounds {
+		s := serve(t, grpcserve.Config{})
+		c := dialRaw(t, s.addr)
+		var b, hb bytes.Buffer
+		fr, he := http2.NewFramer(&b, nil), hpack.NewEncoder(&hb)
+		for id := uint32(1); id < 400; id += 2 {
+			hb.Reset()
+			for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", testgrpc.TestService_UnaryCall_FullMethodName}, {":authority", "x"}, {"content-type", "application/grpc"}} {
+				he.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+			}
+			fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: hb.Bytes(), EndHeaders: true})
+			fr.WriteData(id, true, grpcFrame(req))
+		}
+		c.nc.Write(b.Bytes())
+		waitFor(t, s.ts.started)
+		stopped := make(chan struct{})
+		go func() { s.srv.Stop(); close(stopped) }()
+		select {
+		case <-stopped:
+		case <-time.After(10 * time.Second): // only catches a hang
+			hung++
+			close(s.ts.release)
+			<-stopped
+		}
+	}
+	if hung > 0 {
+		t.Errorf("Stop hung in %d of %d rounds, a handler not cancelled", hung, rounds)
+	}
+}
+
+// outcome reads frames until stream next ends or the connection does,
+// and returns the RST_STREAM code of stream probe (0: none), the GOAWAY
+// code (-1: none) and next's grpc-status ("": not answered).
+func (c *rawConn) outcome(probe, next uint32) (rst http2.ErrCode, goAway int64, grpcStatus string) {
+	goAway = -1
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			return
+		}
+		switch f := f.(type) {
+		case *http2.GoAwayFrame:
+			goAway = int64(f.ErrCode)
+		case *http2.RSTStreamFrame:
+			if f.StreamID == probe {
+				rst = f.ErrCode
+			} else if f.StreamID == next && grpcStatus == "" {
+				grpcStatus = "RST " + f.ErrCode.String()
+				return
+			}
+		case *http2.MetaHeadersFrame:
+			for _, hf := range f.Fields {
+				if hf.Name == "grpc-status" && f.StreamID == next {
+					grpcStatus = hf.Value
+				}
+			}
+			if f.StreamID == next && f.StreamEnded() {
+				return
+			}
+		}
+	}
+}
+
+// fieldsBlock HPACK-encodes name, value pairs, in order, with a fresh
+// table.
+func fieldsBlock(fields ...string) []byte {
+	var hb bytes.Buffer
+	he := hpack.NewEncoder(&hb)
+	for i := 0; i < len(fields); i += 2 {
+		he.WriteField(hpack.HeaderField{Name: fields[i], Value: fields[i+1]})
+	}
+	return hb.Bytes()
+}
+
+// TestRawConformance: how the server answers frames RFC 9113 says are a
+// stream's error, the connection's, or to be ignored; after a stream's
+// error the connection serves a call.
+func TestRawConformance(t *testing.T) {
+	s := serve(t, grpcserve.Config{})
+	call := testgrpc.TestService_UnaryCall_FullMethodName
+	req, _ := proto.Marshal(&testpb.SimpleRequest{ResponseSize: 1})
+	good := []string{":method", "POST", ":scheme", "http", ":path", call, ":authority", "x", "content-type", "application/grpc"}
+	const none, ok = -1, "0"
+	cases := []struct {
+		name       string
+		write      func(c *rawConn)
+		wantRST    http2.ErrCode
+		wantGoAway int64
+		wantNext   string
+	}{
+		{"window update 0 on a stream", func(c *rawConn) { c.headers(1, call, false); c.fr.WriteWindowUpdate(1, 0) }, http2.ErrCodeProtocol, none, ok},
+		{"window update 0 on the connection", func(c *rawConn) { c.fr.WriteWindowUpdate(0, 0) }, 0, int64(http2.ErrCodeProtocol), ""},
+		{"stream window overflow", func(c *rawConn) { c.headers(1, call, false); c.fr.WriteWindowUpdate(1, 1<<31-1) }, http2.ErrCodeFlowControl, none, ok},
+		{"initial window over 2^31-1", func(c *rawConn) {
+			c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 31})
+		}, 0, int64(http2.ErrCodeFlowControl), ""},
+		{"max frame size under 16384", func(c *rawConn) {
+			c.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxFrameSize, Val: 16383})
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"max frame size over 2^24-1", func(c *rawConn) {
+			c.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 24})
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"enable push 2", func(c *rawConn) { c.fr.WriteSettings(http2.Setting{ID: http2.SettingEnablePush, Val: 2}) }, 0, int64(http2.ErrCodeProtocol), ""},
+		{"push promise", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WritePushPromise(http2.PushPromiseParam{StreamID: 1, PromiseID: 2, BlockFragment: fieldsBlock(good...), EndHeaders: true})
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"headers on stream 0", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 0, BlockFragment: fieldsBlock(good...), EndHeaders: true})
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"ping inside a header block", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(good...)[:2]})
+			c.fr.WritePing(false, [8]byte{})
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"HEADERS padding over its length", func(c *rawConn) {
+			c.fr.WriteRawFrame(http2.FrameHeaders, http2.FlagHeadersPadded|http2.FlagHeadersEndHeaders, 1, []byte{200, 0x82})
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"HEADERS padding over its length, block continued", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteRawFrame(http2.FrameHeaders, http2.FlagHeadersPadded, 5, []byte{200, 0x82})
+			c.fr.WriteContinuation(5, true, fieldsBlock(good...))
+		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"unknown frame types", func(c *rawConn) {
+			c.fr.WriteRawFrame(0xfa, 0, 0, []byte{1, 2, 3})
+			c.fr.WriteRawFrame(0xfb, 0xff, 1, nil)
+		}, 0, none, ok},
+		{"priority on an idle stream", func(c *rawConn) { c.fr.WritePriority(7, http2.PriorityParam{StreamDep: 1, Weight: 9}) }, 0, none, ok},
+		{"uppercase field name", func(c *rawConn) { c.headers(1, call, true, "X-Up", "1") }, http2.ErrCodeProtocol, none, ok},
+		{"connection field", func(c *rawConn) { c.headers(1, call, true, "connection", "close") }, http2.ErrCodeProtocol, none, ok},
+		{"pseudo-header after a regular one", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(append(good[2:], good[:2]...)...), EndHeaders: true, EndStream: true})
+		}, http2.ErrCodeProtocol, none, ok},
+		{"no :scheme", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(append(good[:2:2], good[4:]...)...), EndHeaders: true, EndStream: true})
+		}, http2.ErrCodeProtocol, none, ok},
+		{"no :path", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(append(good[:4:4], good[6:]...)...), EndHeaders: true, EndStream: true})
+		}, http2.ErrCodeProtocol, none, ok},
+		{"client trailers", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteData(1, false, grpcFrame(req))
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock("x-trailer", "1"), EndHeaders: true, EndStream: true})
+		}, 0, none, ok},
+		{"second headers without END_STREAM", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock("x-more", "1"), EndHeaders: true})
+		}, http2.ErrCodeProtocol, none, ok},
+		{"DATA on a reset stream", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteRSTStream(1, http2.ErrCodeCancel)
+			for range 20 << 20 / 16384 { // over the connection's window
+				c.fr.WriteData(1, false, make([]byte, 16384))
+			}
+		}, 0, none, ok},
+	}
+	for _, tc := range cases {
+		c := dialRaw(t, s.addr)
+		c.fr.AllowIllegalWrites = true
+		tc.write(c)
+		c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 3, BlockFragment: fieldsBlock(good...), EndHeaders: true})
+		c.fr.WriteData(3, true, grpcFrame(req))
+		rst, goAway, next := c.outcome(1, 3)
+		if rst != tc.wantRST || goAway != tc.wantGoAway || next != tc.wantNext {
+			t.Errorf("%s: RST %v, GOAWAY %d, next call %q; want RST %v, GOAWAY %d, next %q", tc.name, rst, goAway, next, tc.wantRST, tc.wantGoAway, tc.wantNext)
+		}
+		c.nc.Close()
+	}
+}
+
+// dataUntilPing sends PING v, and another once the first's ACK came
+// (the writer writes ACKs before DATA of the same round), and returns the
+// bytes of DATA read until the second's ACK.
+func (c *rawConn) dataUntilPing(v byte) int {
+	c.t.Helper()
+	c.fr.WritePing(false, [8]byte{v, 1})
+	n := 0
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			c.t.Fatalf("waiting for PING %d's ACK: %v", v, err)
+		}
+		switch f := f.(type) {
+		case *http2.DataFrame:
+			n += len(f.Data())
+		case *http2.PingFrame:
+			if f.IsAck() && f.Data == [8]byte{v, 1} {
+				c.fr.WritePing(false, [8]byte{v, 2})
+			}
+			if f.IsAck() && f.Data == [8]byte{v, 2} {
+				return n
+			}
+		}
+	}
+}
+
+// TestRawNegativeWindow: SETTINGS that shrink a stream's window below
+// what was sent make it negative; the server sends nothing until
+// WINDOW_UPDATEs make it positive, then no more than it.
+func TestRawNegativeWindow(t *testing.T) {
+	s := serve(t, grpcserve.Config{})
+	c := dialRaw(t, s.addr)
+	c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 100})
+	c.headers(1, testgrpc.TestService_UnaryCall_FullMethodName, false)
+	c.message(1, &testpb.SimpleRequest{ResponseSize: 5000})
+	got := 0
+	for got < 100 {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if d, ok := f.(*http2.DataFrame); ok {
+			got += len(d.Data())
+		}
+	}
+	steps := []struct {
+		write func()
+		want  int
+	}{
+		{func() {}, 0},
+		{func() { c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 0}) }, 0}, // -100
+		{func() { c.fr.WriteWindowUpdate(1, 50) }, 0},                                                 // -50
+		{func() { c.fr.WriteWindowUpdate(1, 1000) }, 950},
+		{func() { c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 40}) }, 40},
+	}
+	for i, st := range steps {
+		st.write()
+		if n := c.dataUntilPing(byte(10 + i)); n != st.want {
+			t.Errorf("step %d: %d bytes sent, want %d", i, n, st.want)
+		}
+	}
+}
+
+// TestRawMessages: a unary call's request of two messages is answered
+// INTERNAL, as grpc-go answers it; one of zero bytes is a message, and an
+// empty DATA ending the stream after it is no second one.
+func TestRawMessages(t *testing.T) {
+	s := serve(t, grpcserve.Config{})
+	c := dialRaw(t, s.addr)
+	call := testgrpc.TestService_UnaryCall_FullMethodName
+	m, _ := proto.Marshal(&testpb.SimpleRequest{ResponseSize: 1})
+	cases := []struct {
+		name  string
+		write func(id uint32)
+		want  string
+	}{
+		{"two messages in one DATA", func(id uint32) { c.fr.WriteData(id, true, append(grpcFrame(m), grpcFrame(m)...)) }, "13"},
+		{"two messages in two DATA", func(id uint32) { c.fr.WriteData(id, false, grpcFrame(m)); c.fr.WriteData(id, true, grpcFrame(nil)) }, "13"},
+		{"zero-length message", func(id uint32) { c.fr.WriteData(id, true, grpcFrame(nil)) }, "0"},
+		{"empty DATA after", func(id uint32) { c.fr.WriteData(id, false, grpcFrame(m)); c.fr.WriteData(id, true, nil) }, "0"},
+		{"message in 1-byte DATA", func(id uint32) {
+			b := grpcFrame(m)
+			for i := range b {
+				c.fr.WriteData(id, i == len(b)-1, b[i:i+1])
+			}
+		}, "0"},
+	}
+	for i, tc := range cases {
+		id := uint32(2*i + 1)
+		c.headers(id, call, false)
+		tc.write(id)
+		if got, rst := c.answer(id); rst != 0 || got["grpc-status"] != tc.want {
+			t.Errorf("%s: grpc-status %s (%q), RST %v; want %s", tc.name, got["grpc-status"], got["grpc-message"], rst, tc.want)
+		}
+	}
+}
+
+// TestRawHandshakeTimeout: connections that send nothing, or half a
+// preface, are closed once the handshake timeout passes.
+func TestRawHandshakeTimeout(t *testing.T) {
+	t.Cleanup(grpcserve.SetHandshakeTimeout(20 * time.Millisecond))
+	s := serve(t, grpcserve.Config{})
+	const n = 50
+	ended := make(chan error, n)
+	for i := range n {
+		nc, err := net.Dial("tcp", s.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		nc.SetDeadline(time.Now().Add(time.Minute)) // only catches a hang
+		if i%2 == 1 {
+			nc.Write([]byte(http2.ClientPreface[:10]))
+		}
+		go func() {
+			_, err := nc.Read(make([]byte, 1))
+			ended <- err
+		}()
+	}
+	for range n {
+		if err := waitFor(t, ended); err == nil {
+			t.Error("a connection in its handshake was sent a byte")
+		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
+			t.Error("a connection in its handshake was not closed")
+		}
+	}
+}
