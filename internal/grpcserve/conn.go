@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc/stats"
 )
 
-// The windows the server grants a client: the connection's, and each
-// stream's.
+// The windows the server grants a client: the connection's, unless
+// MaxRecvMsgSize needs a wider one (Server.window), and each stream's.
 const (
 	connWindow   = 16 << 20
 	streamWindow = 1 << 20
@@ -66,12 +66,12 @@ type conn struct {
 	dead       bool
 	ageTimer   *time.Timer
 	graceTimer *time.Timer
+	recvAvail  int64 // of the connection's receive window, as the client was told
+	recvUnsent int64 // read and no longer held, not yet given back by a WINDOW_UPDATE
 
 	// Owned by the reader.
-	recvAvail  int64 // of the connection's receive window
-	recvUnsent int64 // read, not yet given back by a WINDOW_UPDATE
-	dec        *hpack.Decoder
-	hdr        reqHeaders // of the header block being read
+	dec *hpack.Decoder
+	hdr reqHeaders // of the header block being read
 }
 
 // ctrl is a frame that is not a stream's answer.
@@ -100,7 +100,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		sendWindow: 65535,
 		initWindow: 65535,
 		maxFrame:   16384,
-		recvAvail:  connWindow,
+		recvAvail:  s.window,
 		writerDone: make(chan struct{}),
 	}
 	c.work.L = &c.mu
@@ -196,7 +196,7 @@ func (c *conn) handshake() error {
 		http2.Setting{ID: http2.SettingMaxConcurrentStreams, Val: c.s.cfg.MaxConcurrentStreams},
 		http2.Setting{ID: http2.SettingInitialWindowSize, Val: streamWindow},
 		http2.Setting{ID: http2.SettingMaxHeaderListSize, Val: c.s.cfg.MaxHeaderListSize})
-	c.fr.WriteWindowUpdate(0, connWindow-65535)
+	c.fr.WriteWindowUpdate(0, uint32(c.s.window-65535))
 	if err := c.bw.Flush(); err != nil {
 		return err
 	}
@@ -391,15 +391,18 @@ func (c *conn) resetLocked(id uint32, code http2.ErrCode) {
 }
 
 // endStreamLocked closes st, if open: it leaves the connection's streams,
-// its deadline timer is stopped, and the connection's reference is given
-// back unless the writer still holds it pending. A draining connection
-// with no stream left is closed.
+// the request bytes it holds are given back and its unread messages
+// dropped, its deadline timer is stopped, and the connection's reference
+// is given back unless the writer still holds it pending. A draining
+// connection with no stream left is closed.
 func (c *conn) endStreamLocked(st *stream) {
 	if st.closed {
 		return
 	}
 	st.closed = true
 	delete(c.streams, st.id)
+	c.creditLocked(st.held)
+	st.held, st.msgs, st.queued = 0, nil, 0
 	if st.timed && st.timer.Stop() {
 		st.timed = false
 		st.release() // the timer's
@@ -418,6 +421,30 @@ func (c *conn) endStreamLocked(st *stream) {
 	if c.draining && len(c.streams) == 0 {
 		c.closeAfter = true
 		c.work.Signal()
+	}
+}
+
+// creditLocked gives the client back n bytes of the connection's window,
+// bytes that no stream holds any more, in a WINDOW_UPDATE sent once what
+// is to be given back is half the window or as much as the client has
+// left, whichever is less.
+func (c *conn) creditLocked(n int64) {
+	c.recvUnsent += n
+	if c.recvUnsent == 0 || c.recvUnsent < c.recvAvail && c.recvUnsent < c.s.window/2 || c.dead {
+		return
+	}
+	c.ctrl = append(c.ctrl, ctrl{kind: ctrlWindowUpdate, val: uint32(c.recvUnsent)})
+	c.recvAvail += c.recvUnsent
+	c.recvUnsent = 0
+	c.work.Signal()
+}
+
+// dropLocked gives back the bytes st holds but those of the messages
+// queued for its handler.
+func (c *conn) dropLocked(st *stream) {
+	if keep := int64(st.queued + 5*len(st.msgs)); st.held > keep {
+		c.creditLocked(st.held - keep)
+		st.held = keep
 	}
 }
 

@@ -257,6 +257,10 @@ func (c *conn) dispatch(st *stream) {
 	if !closed {
 		c.running++
 	}
+	// A unary call's request is its handler's now; a stream's DATA has
+	// not come yet.
+	c.creditLocked(st.held)
+	st.held = 0
 	c.mu.Unlock()
 	if !closed {
 		st.refs.Add(1) // the handler's
@@ -290,25 +294,24 @@ func (c *conn) endOfStream(st *stream) {
 	}
 }
 
-// onData adds f's bytes to their stream's messages, and gives the
-// windows back once half of one is used.
+// onData adds f's bytes to their stream's messages. The connection's
+// window is given back only for bytes no longer held: dropped (padding,
+// a stream reset or in error, a unary call's once its handler runs), or,
+// for a message kept, once its call's handler has it; so the request
+// bytes a connection holds are bounded by the window. The stream's
+// window is given back as the bytes are read, once half of it is used.
 func (c *conn) onData(f *http2.DataFrame) error {
-	n := int64(f.Length)
+	n, data := int64(f.Length), f.Data()
+	c.mu.Lock()
 	if n > c.recvAvail {
+		c.mu.Unlock()
 		return http2.ConnectionError(http2.ErrCodeFlowControl)
 	}
 	c.recvAvail -= n
-	c.recvUnsent += n
-	c.mu.Lock()
-	if c.recvUnsent >= connWindow/2 {
-		c.ctrl = append(c.ctrl, ctrl{kind: ctrlWindowUpdate, val: uint32(c.recvUnsent)})
-		c.recvAvail += c.recvUnsent
-		c.recvUnsent = 0
-		c.work.Signal()
-	}
 	st := c.streams[f.StreamID]
 	if st == nil {
 		idle := f.StreamID > c.lastID
+		c.creditLocked(n)
 		c.mu.Unlock()
 		if idle {
 			return errProtocol
@@ -316,16 +319,24 @@ func (c *conn) onData(f *http2.DataFrame) error {
 		return nil // a stream reset or answered: its data is dropped
 	}
 	if st.recvEnded {
+		c.creditLocked(n)
+		c.resetLocked(st.id, http2.ErrCodeStreamClosed)
 		c.mu.Unlock()
-		c.resetStream(st.id, http2.ErrCodeStreamClosed)
 		return nil
 	}
 	st.refs.Add(1) // the reader's, while it reads into st unlocked
 	defer st.release()
 	if st.recvAvail -= n; st.recvAvail < 0 {
+		c.creditLocked(n)
 		c.resetLocked(st.id, http2.ErrCodeFlowControl)
 		c.mu.Unlock()
 		return nil
+	}
+	if st.discard || st.dispatched && st.m.unary != nil {
+		c.creditLocked(n)
+	} else {
+		st.held += int64(len(data))
+		c.creditLocked(n - int64(len(data)))
 	}
 	if !f.StreamEnded() {
 		if st.recvUnsent += n; st.recvUnsent >= streamWindow/2 {
@@ -337,12 +348,14 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	}
 	c.mu.Unlock()
 	if !st.discard {
-		if err := c.read(st, f.Data()); err != nil {
+		if err := c.read(st, data); err != nil {
 			st.discard = true
 			c.mu.Lock()
 			if st.recvErr == nil {
 				st.recvErr = err
 			}
+			st.msg = nil
+			c.dropLocked(st)
 			select {
 			case st.recvWake <- struct{}{}:
 			default:
@@ -414,6 +427,8 @@ func (c *conn) gotMessage(st *stream) {
 		if st.recvErr == nil {
 			st.recvErr = status.Error(codes.ResourceExhausted, fmt.Sprintf("grpc: over %d bytes of messages received and not read", c.s.cfg.MaxRecvMsgSize))
 		}
+		st.msg = nil
+		c.dropLocked(st)
 	} else {
 		st.msgs = append(st.msgs, st.msg)
 		st.queued += len(st.msg)

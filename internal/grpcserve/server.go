@@ -10,15 +10,22 @@
 // goroutine, which writes the frames of every answer ready in one flush.
 // A call's state is pooled; the header blocks of a successful answer are
 // encoded once, with no HPACK dynamic table. Flow control follows RFC
-// 9113: the server grants large windows and gives credit back as it reads
-// the data; it never sends past the client's windows, and queues what
-// does not fit until a WINDOW_UPDATE.
+// 9113: the server grants large windows; it gives a stream's credit back
+// as it reads the data, and the connection's only for request bytes it no
+// longer holds: handed to their handler (a unary call run, a stream's
+// message taken by RecvMsg) or dropped (padding, a stream reset or ended,
+// a request in error). It never sends past the client's windows, and
+// queues what does not fit until a WINDOW_UPDATE.
 //
 // What a client may hold is bounded: a connection that sends no preface
 // is closed after 30 seconds, holding about 2 KiB of heap and a goroutine
-// meanwhile; an open one holds at most MaxConcurrentStreams calls, each
-// with at most MaxRecvMsgSize of request and its answer, and at most
-// 10,000 control frames unread (ENHANCE_YOUR_CALM past it); a header
+// meanwhile; an open one holds at most MaxConcurrentStreams calls, with
+// at most 16 MiB (or MaxRecvMsgSize and 1 MiB, if more) of request bytes
+// not yet handed to a handler, all its streams together, at most
+// MaxRecvMsgSize of request for each call its handlers run, their
+// answers, and at most 10,000 control frames unread (ENHANCE_YOUR_CALM
+// past it). Streams that together hold that window wait until other calls
+// end or they are reset; one message of MaxRecvMsgSize always fits. A header
 // block of over twice MaxHeaderListSize bytes ends the connection. Frames
 // that cost only the time to read them (empty DATA, PRIORITY, frames of
 // unknown types) are not counted. A HEADERS on a stream the server has
@@ -62,7 +69,9 @@ type Config struct {
 	// MaxRecvMsgSize bounds a request message; a longer one is answered
 	// RESOURCE_EXHAUSTED. It bounds too the messages a stream's handler
 	// has not read: past it, the stream's further messages are dropped
-	// and RecvMsg returns RESOURCE_EXHAUSTED. 0: 4 MiB, as grpc-go.
+	// and RecvMsg returns RESOURCE_EXHAUSTED. Over 15 MiB, it widens the
+	// connection's window, the request bytes a connection holds, to it
+	// and 1 MiB. 0: 4 MiB, as grpc-go.
 	MaxRecvMsgSize int
 	// StatsHandler, if set, tags each call (TagRPC) and sees its
 	// *stats.Begin and *stats.End; connections are tagged too (TagConn).
@@ -117,6 +126,7 @@ type Server struct {
 	info    map[string]grpc.ServiceInfo
 
 	handshakeTimeout time.Duration
+	window           int64 // the connection's receive window: the request bytes a connection holds
 
 	mu       sync.Mutex // guards the fields below
 	lns      map[net.Listener]bool
@@ -168,6 +178,9 @@ func NewServer(cfg Config) *Server {
 
 		handshakeTimeout: handshakeTimeout,
 	}
+	// One message of MaxRecvMsgSize must fit in the window with room to
+	// spare, or its call could never be read whole.
+	s.window = max(connWindow, min(int64(cfg.MaxRecvMsgSize)+streamWindow, 1<<31-1))
 	s.app, _ = cfg.Codec.(AppendMarshaler)
 	s.bu, _ = cfg.Codec.(BorrowUnmarshaler)
 	return s

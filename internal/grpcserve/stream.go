@@ -47,6 +47,7 @@ type stream struct {
 	recvErr    error
 	msgs       [][]byte // a stream's messages not yet received
 	queued     int      // bytes in msgs
+	held       int64    // bytes of DATA counted against the connection's window, not yet given back
 	closed     bool
 	inPending  bool
 	sendWindow int64
@@ -89,7 +90,7 @@ func (s *Server) newStream(c *conn, id uint32, m *method) *stream {
 	st.dispatched, st.discard, st.got = false, false, false
 	st.recvAvail, st.recvUnsent = streamWindow, 0
 	st.prefixN, st.want, st.msg = 0, 0, st.msg[:0]
-	st.recvEnded, st.recvErr, st.msgs, st.queued = false, nil, nil, 0
+	st.recvEnded, st.recvErr, st.msgs, st.queued, st.held = false, nil, nil, 0, 0
 	st.closed, st.inPending, st.wantHdr, st.hdrSent = false, false, false, false
 	st.out, st.sent, st.trailer = st.out[:0], 0, nil
 	select {
@@ -337,6 +338,9 @@ func (ss *serverStream) RecvMsg(m any) error {
 			st.msgs[0] = nil
 			st.msgs = st.msgs[1:]
 			st.queued -= len(b)
+			k := min(st.held, int64(5+len(b)))
+			st.held -= k
+			c.creditLocked(k)
 			c.mu.Unlock()
 			return st.unmarshal(b, m)
 		}
