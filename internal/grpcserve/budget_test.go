@@ -200,3 +200,32 @@ func TestRawMaxSizeMessage(t *testing.T) {
 		t.Fatalf("status %s, want 0", got)
 	}
 }
+
+// TestRawMessageStarts: a message's buffer grows with what comes of it,
+// not to what its prefix announces; so a client that begins a message of
+// MaxRecvMsgSize on each of its streams, and sends a byte of each, makes
+// the server hold little.
+func TestRawMessageStarts(t *testing.T) {
+	const (
+		limit   = 1 << 20
+		streams = 1000
+	)
+	s := serve(t, grpcserve.Config{MaxRecvMsgSize: limit})
+	c := dialFlow(t, s.addr)
+	c.sync()
+	base := heapAlloc()
+	start := grpcFrame(make([]byte, limit))[:6]
+	for i := range streams {
+		id := uint32(2*i + 1)
+		c.headers(id, testgrpc.TestService_UnaryCall_FullMethodName, false)
+		if n := c.send(id, start, false); n != len(start) {
+			t.Fatalf("stream %d sent %d of %d bytes", id, n, len(start))
+		}
+	}
+	c.sync()
+	grown := heapAlloc() - base
+	t.Logf("%d messages of %d KiB begun with a byte: the heap grew by %.1f MiB", streams, limit>>10, float64(grown)/(1<<20))
+	if want := 8 << 20; grown > int64(want) {
+		t.Errorf("the heap grew by %.1f MiB, want at most %d MiB", float64(grown)/(1<<20), want>>20)
+	}
+}

@@ -397,11 +397,11 @@ func (c *conn) read(st *stream, b []byte) error {
 				return status.Errorf(codes.ResourceExhausted, "grpc: received message larger than max (%d vs. %d)", st.want, c.s.cfg.MaxRecvMsgSize)
 			}
 			st.msg = st.msg[:0]
-			if cap(st.msg) < st.want {
-				st.msg = make([]byte, 0, min(st.want, 64<<10))
-			}
 		}
 		k := min(len(b), st.want-len(st.msg))
+		if len(st.msg)+k > cap(st.msg) {
+			st.msg = grow(st.msg, len(st.msg)+k, st.want)
+		}
 		st.msg = append(st.msg, b[:k]...)
 		b = b[k:]
 		if len(st.msg) == st.want {
@@ -409,6 +409,16 @@ func (c *conn) read(st *stream, b []byte) error {
 		}
 	}
 	return nil
+}
+
+// grow returns b, with its bytes, in a buffer of room for n bytes or
+// more: twice b's, or 512 bytes, if more, but never more than size, the
+// message's. So a message's buffer is at most about twice the bytes that
+// came of it, whatever its prefix announced.
+func grow(b []byte, n, size int) []byte {
+	nb := make([]byte, len(b), min(size, max(n, 2*cap(b), 512)))
+	copy(nb, b)
+	return nb
 }
 
 // gotMessage keeps st's message, whole: a unary call's for its handler, a
