@@ -171,6 +171,9 @@ func TestRawHeldRequests(t *testing.T) {
 		c.fr.WriteRSTStream(uint32(2*i+3), http2.ErrCodeCancel)
 	}
 	c.sync()
+	if c.conn <= window/2 {
+		t.Errorf("after the resets, a window of %d bytes, want over %d", c.conn, window/2)
+	}
 	for i := range 3 {
 		id := uint32(2*(streams+i) + 3)
 		c.headers(id, testgrpc.TestService_UnaryCall_FullMethodName, false)
