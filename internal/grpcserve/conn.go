@@ -407,10 +407,7 @@ func (c *conn) endStreamLocked(st *stream) {
 		st.timed = false
 		st.release() // the timer's
 	}
-	select {
-	case st.recvWake <- struct{}{}:
-	default:
-	}
+	st.wakeRecv()
 	select {
 	case st.sendWake <- struct{}{}:
 	default:

@@ -284,10 +284,13 @@ func (c *conn) endOfStream(st *stream) {
 	case st.m.unary != nil && !st.got:
 		st.recvErr = status.Error(codes.Internal, "grpc: the request has no message")
 	}
-	select {
-	case st.recvWake <- struct{}{}:
-	default:
-	}
+	c.recvDone(st)
+}
+
+// recvDone wakes st's reader, unlocks c.mu, and runs st's call if it is
+// a unary one not run yet: its request is whole, or failed.
+func (c *conn) recvDone(st *stream) {
+	st.wakeRecv()
 	c.mu.Unlock()
 	if st.m.unary != nil && !st.dispatched {
 		c.dispatch(st)
@@ -356,14 +359,7 @@ func (c *conn) onData(f *http2.DataFrame) error {
 			}
 			st.msg = nil
 			c.dropLocked(st)
-			select {
-			case st.recvWake <- struct{}{}:
-			default:
-			}
-			c.mu.Unlock()
-			if st.m.unary != nil && !st.dispatched {
-				c.dispatch(st)
-			}
+			c.recvDone(st)
 		}
 	}
 	if f.StreamEnded() {
@@ -444,9 +440,6 @@ func (c *conn) gotMessage(st *stream) {
 		st.queued += len(st.msg)
 		st.msg = nil
 	}
-	select {
-	case st.recvWake <- struct{}{}:
-	default:
-	}
+	st.wakeRecv()
 	c.mu.Unlock()
 }

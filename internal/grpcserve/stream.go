@@ -361,3 +361,12 @@ func (ss *serverStream) RecvMsg(m any) error {
 		}
 	}
 }
+
+// wakeRecv tells st's reader, if waiting, that a message, an error or the
+// end of the request came. The caller holds conn.mu.
+func (st *stream) wakeRecv() {
+	select {
+	case st.recvWake <- struct{}{}:
+	default:
+	}
+}
