@@ -6,7 +6,6 @@ import (
 	"hash/maphash"
 	"math/rand/v2"
 	"runtime"
-	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -135,16 +134,11 @@ func runEmbedded(ctx context.Context, s *setup) (*scenario.Section, error) {
 			allocs[i] = res.AllocsPerOp()
 		}
 	}
-	med := func(v []float64) float64 {
-		c := slices.Clone(v)
-		slices.Sort(c)
-		return c[len(c)/2]
-	}
 	sec := &scenario.Section{Setup: fmt.Sprintf("2^20 (%d) keys, every one present and admitted; random keys from GOMAXPROCS goroutines (testing.Benchmark's RunParallel); each form built, filled and measured alone, %d round(s), medians.", keys, k)}
 	sec.Printf("| form | ns/op | allocs/op | engine ÷ it |\n|---|---|---|---|\n")
-	engine := med(ns[0])
+	engine := median(ns[0])
 	for i, f := range forms {
-		sec.Printf("| %s | %.0f | %d | %.2f |\n", f.name, med(ns[i]), allocs[i], engine/med(ns[i]))
+		sec.Printf("| %s | %.0f | %d | %.2f |\n", f.name, median(ns[i]), allocs[i], engine/median(ns[i]))
 	}
 	sec.Printf("\nThe target is the engine at no more than 0.70 of the striped form's cost, with 0 allocations. The store alone is the engine's floor: every decision reads the clock and takes from its counter there. A decision here waits on memory: the key's string header and bytes, then its counter's cell (the engine prefetches the cell, and the detector's block beside it, once the key is hashed); the map waits on the same key, then its group's slot and the limiter it points to.\n")
 	return sec, nil

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -273,11 +272,6 @@ func runEnvoy(ctx context.Context, s *setup) (*scenario.Section, error) {
 		grpcRatio = append(grpcRatio, last(0)/last(1))
 		batchRatio = append(batchRatio, last(2)/last(1))
 	}
-	med := func(v []float64) float64 {
-		c := slices.Clone(v)
-		slices.Sort(c)
-		return c[len(c)/2]
-	}
 	field := func(rs []envoyRound, f func(envoyRound) float64) []float64 {
 		out := make([]float64, len(rs))
 		for i, r := range rs {
@@ -297,13 +291,13 @@ func runEnvoy(ctx context.Context, s *setup) (*scenario.Section, error) {
 		envoyLimit, keys, clients, 2*clients, d, warm, k)}
 	sec.Printf("| mode | calls/s | decisions/s | admitted | store round trips per decision |\n|---|---|---|---|---|\n")
 	for i, m := range modes {
-		dec := med(field(got[i], func(r envoyRound) float64 { return r.decisions }))
+		dec := median(field(got[i], func(r envoyRound) float64 { return r.decisions }))
 		sec.Printf("| %s | %.0f | %.0f | %.2f%% | %.4f |\n", m.name, dec/float64(m.perCall), dec,
-			100*med(field(got[i], func(r envoyRound) float64 { return r.admitted })),
-			med(field(got[i], func(r envoyRound) float64 { return r.trips })))
+			100*median(field(got[i], func(r envoyRound) float64 { return r.admitted })),
+			median(field(got[i], func(r envoyRound) float64 { return r.trips })))
 	}
-	sec.Printf("\ngRPC ÷ HTTP (one decision a call), decisions/s: %.2f (per round: %s).\n", med(grpcRatio), list(grpcRatio))
-	sec.Printf("Batches of %d ÷ single requests over HTTP, decisions/s: %.2f (per round: %s).\n\n", batch, med(batchRatio), list(batchRatio))
+	sec.Printf("\ngRPC ÷ HTTP (one decision a call), decisions/s: %.2f (per round: %s).\n", median(grpcRatio), list(grpcRatio))
+	sec.Printf("Batches of %d ÷ single requests over HTTP, decisions/s: %.2f (per round: %s).\n\n", batch, median(batchRatio), list(batchRatio))
 	for _, e := range redone {
 		sec.Printf("A measure was redone after it failed: %s.\n\n", e)
 	}

@@ -88,12 +88,8 @@ func runRatelimit(ctx context.Context, s *setup) (*scenario.Section, error) {
 	buildTook := time.Since(built)
 
 	// The rules: one file, where each system wants it.
-	rulesDir := filepath.Join(dir, "runtime", "rls", "config")
-	if err := os.MkdirAll(rulesDir, 0o755); err != nil {
-		return nil, err
-	}
-	rules := filepath.Join(rulesDir, "bench.yaml")
-	if err := os.WriteFile(rules, []byte(rlsRules), 0o644); err != nil {
+	rules, err := writeRules(dir)
+	if err != nil {
 		return nil, err
 	}
 
@@ -408,6 +404,27 @@ func freeLoopbackPorts() ([3]int, error) {
 		ports[i] = l.Addr().(*net.TCPAddr).Port
 	}
 	return ports, nil
+}
+
+// writeRules writes rlsRules where both services read it:
+// dir/runtime/rls/config/bench.yaml (envoyproxy/ratelimit reads the
+// config directory under RUNTIME_ROOT/RUNTIME_SUBDIRECTORY), and returns
+// its path.
+func writeRules(dir string) (string, error) {
+	rulesDir := filepath.Join(dir, "runtime", "rls", "config")
+	if err := os.MkdirAll(rulesDir, 0o755); err != nil {
+		return "", err
+	}
+	rules := filepath.Join(rulesDir, "bench.yaml")
+	return rules, os.WriteFile(rules, []byte(rlsRules), 0o644)
+}
+
+// median returns the median of v (the upper one of an even count),
+// leaving v as it is.
+func median(v []float64) float64 {
+	c := slices.Clone(v)
+	slices.Sort(c)
+	return c[len(c)/2]
 }
 
 // tailOf returns the last n bytes of b, trimmed.

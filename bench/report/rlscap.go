@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -126,12 +125,8 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", hkBin, "github.com/hotkeyd/hotkey/cmd/hotkeyd").CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build hotkeyd: %w: %s", err, tailOf(out, 2000))
 	}
-	rulesDir := filepath.Join(dir, "runtime", "rls", "config")
-	if err := os.MkdirAll(rulesDir, 0o755); err != nil {
-		return nil, err
-	}
-	rules := filepath.Join(rulesDir, "bench.yaml")
-	if err := os.WriteFile(rules, []byte(rlsRules), 0o644); err != nil {
+	rules, err := writeRules(dir)
+	if err != nil {
 		return nil, err
 	}
 
@@ -243,11 +238,6 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 		}
 	}
 
-	med := func(v []float64) float64 {
-		c := slices.Clone(v)
-		slices.Sort(c)
-		return c[len(c)/2]
-	}
 	sec := &scenario.Section{Setup: fmt.Sprintf("hotkeyd (this tree, built for the run, `--nats none`, `--envoy-config`, sync: store; on its own gRPC server, the default, and again on grpc-go's with `--grpc-server grpc-go`) and envoyproxy/ratelimit %s@%s, each a process of its own on a redis-server of its own, given the same rules file (domain `%s`, descriptor key `user`, %d requests per second per value); envoyproxy/ratelimit with its defaults (REDIS_POOL_SIZE 10, no local cache, no pipelining) and again with LOCAL_CACHE_SIZE_IN_BYTES %d. One client, this process: loadgen's Envoy target (descriptor `user={key}`) on one connection per service, over loadgen's own gRPC client (`loadgen.DialGRPC`, hotkeyd loadgen's default) and again over grpc-go's (`--grpc-client grpc-go`), in a closed loop of 64 senders (each sends its next call when its last is answered), so that each service answers as fast as it can; %v per run, the services in turn (each round starting with the next), %d round(s), medians; ratios are the median of the per-round ratios. The client shares the machine's %d cores with the services and their redis-servers.",
 		rlsModule, rlsVersion, rlsDomain, rlsLimit, rlsCacheBytes, d, k, runtime.NumCPU())}
 	sec.Printf("| client | workload | service | calls/s | hotkeyd ÷ it | CPU µs a call: service | its redis-server | client |\n|---|---|---|---|---|---|---|---|\n")
@@ -265,7 +255,7 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 						cpu[j] = append(cpu[j], runs[r].cpu[j])
 					}
 				}
-				sec.Printf("| %s | %s | %s | %.0f | %.2f | %.1f | %.1f | %.1f |\n", client, wl.name, sys.name, med(rates), med(ratios), med(cpu[0]), med(cpu[1]), med(cpu[2]))
+				sec.Printf("| %s | %s | %s | %.0f | %.2f | %.1f | %.1f | %.1f |\n", client, wl.name, sys.name, median(rates), median(ratios), median(cpu[0]), median(cpu[1]), median(cpu[2]))
 			}
 		}
 	}
