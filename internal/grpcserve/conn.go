@@ -59,6 +59,7 @@ type conn struct {
 	maxFrame   int   // the client's SETTINGS_MAX_FRAME_SIZE
 	lastID     uint32
 	running    int    // handlers dispatched and not returned
+	opening    bool   // the reader took a stream's ID and has not yet opened or answered it
 	draining   bool   // a GOAWAY is sent or queued
 	goAwayID   uint32 // the last stream served once draining
 	closeAfter bool   // close once the frames queued are written
@@ -415,7 +416,15 @@ func (c *conn) endStreamLocked(st *stream) {
 	if !st.inPending {
 		st.release()
 	}
-	if c.draining && len(c.streams) == 0 {
+	c.closeIfDoneLocked()
+}
+
+// closeIfDoneLocked has a draining connection closed once the frames
+// queued are written, if no stream is open or being opened: a stream
+// whose ID the reader took before the GOAWAY is counted in its last
+// stream ID, so the client waits for its answer.
+func (c *conn) closeIfDoneLocked() {
+	if c.draining && len(c.streams) == 0 && !c.opening {
 		c.closeAfter = true
 		c.work.Signal()
 	}
@@ -461,10 +470,8 @@ func (c *conn) drain() {
 	}
 	c.draining, c.goAwayID = true, c.lastID
 	c.ctrl = append(c.ctrl, ctrl{kind: ctrlGoAway, id: c.lastID, val: uint32(http2.ErrCodeNo)})
-	if len(c.streams) == 0 {
-		c.closeAfter = true
-	}
 	c.work.Signal()
+	c.closeIfDoneLocked()
 }
 
 // ageOut drains c at its MaxConnectionAge, and closes it after the grace.

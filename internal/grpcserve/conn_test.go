@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"sync"
 	"testing"
 	"time"
 
@@ -480,4 +481,23 @@ func TestRawResetHandlers(t *testing.T) {
 		}
 		break
 	}
+}
+
+// TestRawDrainWhileOpening: a GOAWAY queued while the reader has taken a
+// call's stream ID, and not yet opened its stream, counts the call in its
+// last stream ID; the connection stays open until the call is answered,
+// so the client, which will not retry it, is not left with EOF.
+func TestRawDrainWhileOpening(t *testing.T) {
+	var s *served
+	var once sync.Once
+	t.Cleanup(grpcserve.SetOpeningHook(func() { once.Do(func() { grpcserve.DrainAll(s.srv) }) }))
+	s = serve(t, grpcserve.Config{})
+	c := dialRaw(t, s.addr)
+	c.headers(1, testgrpc.TestService_UnaryCall_FullMethodName, false)
+	c.message(1, &testpb.SimpleRequest{})
+	fields, rst := c.answer(1)
+	if rst != 0 || fields["grpc-status"] != "0" {
+		t.Fatalf("stream 1: fields %v, reset %v; want grpc-status 0", fields, rst)
+	}
+	c.goAway() // the GOAWAY came before the answer; then the connection closes
 }

@@ -9,3 +9,20 @@ func SetHandshakeTimeout(d time.Duration) (restore func()) {
 	handshakeTimeout = d
 	return func() { handshakeTimeout = old }
 }
+
+// SetOpeningHook has f run while a connection's reader has taken a
+// stream's ID and not yet opened it, and returns a func that removes it.
+func SetOpeningHook(f func()) (restore func()) {
+	openingHook = f
+	return func() { openingHook = nil }
+}
+
+// DrainAll sends every connection of s a GOAWAY, as GracefulStop does,
+// without waiting for them to close.
+func DrainAll(s *Server) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for c := range s.conns {
+		c.drain()
+	}
+}

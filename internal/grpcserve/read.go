@@ -125,10 +125,14 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 		return errProtocol
 	}
 	c.mu.Lock()
-	c.lastID = id
+	c.lastID, c.opening = id, true
 	max := int(c.s.cfg.MaxConcurrentStreams)
 	refuse := c.draining || len(c.streams) >= max || c.running >= max
 	c.mu.Unlock()
+	defer c.opened()
+	if openingHook != nil {
+		openingHook()
+	}
 	switch {
 	case refuse:
 		c.resetStream(id, http2.ErrCodeRefusedStream)
@@ -199,6 +203,19 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 	}
 	return nil
 }
+
+// opened ends what onHeaders took on with a stream's ID: the stream is
+// open, or its answer or reset queued.
+func (c *conn) opened() {
+	c.mu.Lock()
+	c.opening = false
+	c.closeIfDoneLocked()
+	c.mu.Unlock()
+}
+
+// openingHook, if set (by tests), runs while the reader has taken a
+// stream's ID and not yet opened it.
+var openingHook func()
 
 // isGRPC reports whether ct is a gRPC content-type: application/grpc,
 // alone or with a subtype after '+' or ';'.
