@@ -27,7 +27,10 @@ type MemoryConfig struct {
 	// Stripes is the number of independently locked stripes, rounded up to a
 	// power of two (default 512). A hash of the key picks the stripe.
 	Stripes int
-	// Clock returns the current time (default time.Now).
+	// Clock returns the current time. Nil, the default, is the system's
+	// clock, which the store reads on its monotonic clock alone (as
+	// time.Since does), once a decision; time.Now itself is equivalent,
+	// at the cost of a second reading.
 	Clock func() time.Time
 	// TallyKeys bounds the keys the store's tally names between two
 	// drains (see TakeTallied), split evenly over the stripes, each
@@ -39,7 +42,7 @@ type MemoryConfig struct {
 
 // DefaultMemoryConfig returns the defaults documented on MemoryConfig.
 func DefaultMemoryConfig() MemoryConfig {
-	return MemoryConfig{MaxKeys: 1 << 20, Stripes: 512, Clock: time.Now}
+	return MemoryConfig{MaxKeys: 1 << 20, Stripes: 512}
 }
 
 // MemoryStore keeps counters in process memory: a table per stripe (see
@@ -53,6 +56,7 @@ type MemoryStore struct {
 	spans   []cellSpan // per stripe, read without its lock by Prefetch
 	mask    uint64
 	clock   func() time.Time
+	system  bool         // clock is the system's: see now
 	mix     uint64       // scrambles the callers' hashes (see identify)
 	keySeed maphash.Seed // of the fingerprints' first halves
 
@@ -86,8 +90,9 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 	if cfg.Stripes <= 0 {
 		cfg.Stripes = def.Stripes
 	}
-	if cfg.Clock == nil {
-		cfg.Clock = def.Clock
+	system := cfg.Clock == nil
+	if system {
+		cfg.Clock = time.Now
 	}
 	n := 1
 	for n < cfg.Stripes {
@@ -106,6 +111,7 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 		spans:   make([]cellSpan, n),
 		mask:    uint64(n - 1),
 		clock:   cfg.Clock,
+		system:  system,
 		mix:     rand.Uint64(),
 		keySeed: maphash.MakeSeed(),
 	}
@@ -121,7 +127,24 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 
 // Take implements Store. It reads the store's clock; TakeAt takes the time.
 func (s *MemoryStore) Take(_ context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
-	return s.TakeAt(s.clock(), key, hash, lim, n), nil
+	if hash == 0 {
+		hash = Hash(key)
+	}
+	// The clock's reading waits for the loads before it: start the
+	// cell's miss first, so that the two overlap.
+	s.Prefetch(hash)
+	r, _ := s.take(s.now(), key, hash, lim, n, false, "")
+	return r, nil
+}
+
+// now is the store's clock's current instant in its ns (see nanos). The
+// system's clock is read on its monotonic clock alone, which is what
+// nanos keeps of time.Now's reading.
+func (s *MemoryStore) now() int64 {
+	if s.system {
+		return s.epochNano + int64(time.Since(s.epoch))
+	}
+	return s.nanos(s.clock())
 }
 
 // nanos is the instant now in ns: epochNano plus now's time since epoch,
@@ -141,16 +164,16 @@ func (s *MemoryStore) nanos(now time.Time) int64 { return s.epochNano + int64(no
 // sooner. Full counts it. A refusal costs no sweep of the stripe until
 // then.
 func (s *MemoryStore) TakeAt(now time.Time, key string, hash uint64, lim Limit, n int64) Result {
-	r, _ := s.take(now, key, hash, lim, n, false, "")
+	r, _ := s.take(s.nanos(now), key, hash, lim, n, false, "")
 	return r
 }
 
-// take is TakeAt and, with tally, TakeTallied under limit: the two share
-// the hot path, and a take without tally touches nothing of the tally.
-func (s *MemoryStore) take(now time.Time, key string, hash uint64, lim Limit, n int64, tally bool, limit string) (Result, bool) {
+// take is TakeAt at t, in the store's ns, and, with tally, TakeTallied
+// under limit: the two share the hot path, and a take without tally
+// touches nothing of the tally.
+func (s *MemoryStore) take(t int64, key string, hash uint64, lim Limit, n int64, tally bool, limit string) (Result, bool) {
 	id := s.identify(key, hash)
 	st := s.stripe(id)
-	t := s.nanos(now)
 	st.mu.Lock()
 	i := s.cell(st, id, t)
 	if i < 0 {

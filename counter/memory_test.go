@@ -166,3 +166,25 @@ func TestSlidingWindowAcrossWindowStart(t *testing.T) {
 		}
 	}
 }
+
+// TestMemorySystemClock: a store on the system's clock (Clock nil) reads
+// the instant time.Now would give, on its monotonic reading alone.
+func TestMemorySystemClock(t *testing.T) {
+	s := NewMemoryStore(MemoryConfig{})
+	if !s.system {
+		t.Fatal("a nil Clock is not the system's")
+	}
+	for range 100 {
+		before := s.nanos(time.Now())
+		got := s.now()
+		after := s.nanos(time.Now())
+		if got < before || got > after {
+			t.Fatalf("now() = %d, outside [%d, %d]", got, before, after)
+		}
+	}
+	injected := time.Unix(1e9, 0)
+	s = NewMemoryStore(MemoryConfig{Clock: func() time.Time { return injected }})
+	if s.system || s.now() != injected.UnixNano() {
+		t.Fatalf("an injected clock reads %d, want %d", s.now(), injected.UnixNano())
+	}
+}

@@ -37,7 +37,7 @@ type tallyEntry struct {
 // algorithm (a token bucket reads a debt in units, see takeGCRA), so this
 // matters only when a key's algorithm or window changes within one round.
 func (s *MemoryStore) TakeTallied(now time.Time, key string, hash uint64, lim Limit, n int64, limit string) (res Result, tallied bool) {
-	return s.take(now, key, hash, lim, n, true, limit)
+	return s.take(s.nanos(now), key, hash, lim, n, true, limit)
 }
 
 // tallyLocked adds n units to cell i's tally, naming the cell in the list
