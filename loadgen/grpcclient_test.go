@@ -15,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 
 	"github.com/hotkeyd/hotkey/loadgen"
@@ -381,5 +382,30 @@ func TestGRPCClientDialOutlivesCall(t *testing.T) {
 	}
 	if n := dials.Load(); n != 1 {
 		t.Errorf("%d dials; want 1", n)
+	}
+}
+
+// TestGRPCClientAllocs: a call over GRPCClient costs no allocation more
+// than one over GRPCConn.
+func TestGRPCClientAllocs(t *testing.T) {
+	answer := grpcMessage(mustMarshal(t, fixedAnswer))
+	s := &h2Server{answer: func(r *h2Reply) { r.reply(answer, grpcOK) }}
+	s.start(t)
+	g := leanClient(t, s.addr)
+	req := mustMarshal(t, &rlpb.RateLimitRequest{Domain: "bench", HitsAddend: 1})
+	opts := []grpc.CallOption{grpc.ForceCodecV2(fixedCodec{mem.BufferSlice{mem.SliceBuffer(req)}})}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var err error
+	invoke := func() {
+		err = g.Invoke(ctx, "/envoy.service.ratelimit.v3.RateLimitService/ShouldRateLimit", &req, &req, opts...)
+	}
+	invoke()
+	allocs := testing.AllocsPerRun(1000, invoke)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if allocs > maxLeanAllocs() {
+		t.Errorf("%.1f allocations a call; want at most %.0f", allocs, maxLeanAllocs())
 	}
 }
