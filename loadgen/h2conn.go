@@ -32,8 +32,9 @@ import (
 // that hands each answer to its call, and per-call state reused, so that
 // a load generator takes little of the CPU it shares with the server it
 // measures. It implements grpc.ClientConnInterface for unary calls only,
-// and never redials: once its connection breaks, every call fails with
-// codes.Unavailable. It is safe for concurrent use; DialGRPC makes one.
+// and never redials: once its connection breaks, or the server sends
+// GOAWAY, every new call fails with codes.Unavailable (GRPCClient
+// redials). It is safe for concurrent use; DialGRPC makes one.
 type GRPCConn struct {
 	nc        net.Conn
 	authority string // :authority of each call, the address dialed
@@ -44,7 +45,8 @@ type GRPCConn struct {
 	mu         sync.Mutex // guards the fields below, and the state, id and sendWindow of each call
 	work       sync.Cond  // on mu: frames to write, or err set
 	err        error      // why no call can be made any more; nil while the connection serves
-	goaway     error      // why no new stream may be opened: the server's GOAWAY; nil before
+	goaway     error      // why no new stream may be opened: the server's GOAWAY, or drain; nil before
+	draining   bool       // close once no call holds a stream or waits for one
 	streams    map[uint32]*h2call
 	active     int // calls holding a stream: queued, sent, or just handed one
 	maxStreams int // the server's MAX_CONCURRENT_STREAMS
@@ -67,6 +69,8 @@ type GRPCConn struct {
 	// Owned by the writer.
 	enc  *hpack.Encoder
 	hbuf bytes.Buffer
+
+	refusing atomic.Bool // err or goaway is set: no new call may start
 
 	calls sync.Pool // of *h2call
 	wg    sync.WaitGroup
@@ -205,6 +209,15 @@ func (c *GRPCConn) NewStream(context.Context, *grpc.StreamDesc, string, ...grpc.
 // (codes.Canceled or codes.DeadlineExceeded). A call the server fails
 // returns status.Error of its grpc-status and grpc-message.
 func (c *GRPCConn) Invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) error {
+	_, err := c.invoke(ctx, method, args, reply, opts...)
+	return err
+}
+
+// invoke is Invoke, and reports with unsent whether the call failed
+// before the server took it: refused by the connection before it was
+// given a stream ID, or refused by the server's GOAWAY. Such a call may
+// be made again on another connection.
+func (c *GRPCConn) invoke(ctx context.Context, method string, args, reply any, opts ...grpc.CallOption) (unsent bool, err error) {
 	codec := protoCodec
 	for _, o := range opts {
 		if f, ok := o.(grpc.ForceCodecV2CallOption); ok {
@@ -214,20 +227,20 @@ func (c *GRPCConn) Invoke(ctx context.Context, method string, args, reply any, o
 	var timeout time.Duration
 	if dl, ok := ctx.Deadline(); ok {
 		if timeout = time.Until(dl); timeout <= 0 {
-			return grpcstatus.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
+			return false, grpcstatus.Error(codes.DeadlineExceeded, context.DeadlineExceeded.Error())
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return grpcstatus.FromContextError(err).Err()
+		return false, grpcstatus.FromContextError(err).Err()
 	}
 	data, err := codec.Marshal(args)
 	if err != nil {
-		return grpcstatus.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
+		return false, grpcstatus.Errorf(codes.Internal, "grpc: error while marshaling: %v", err)
 	}
 	n := data.Len()
 	if n > math.MaxInt32 {
 		data.Free()
-		return grpcstatus.Errorf(codes.ResourceExhausted, "grpc: message of %d bytes is over gRPC's largest", n)
+		return false, grpcstatus.Errorf(codes.ResourceExhausted, "grpc: message of %d bytes is over gRPC's largest", n)
 	}
 	cl := c.calls.Get().(*h2call)
 	cl.reset(method, timeout)
@@ -238,17 +251,20 @@ func (c *GRPCConn) Invoke(ctx context.Context, method string, args, reply any, o
 	data.Free()
 
 	if err := c.start(ctx, cl); err != nil {
-		return err
+		return ctx.Err() == nil && c.unsent(cl, err), err
 	}
 	select {
 	case <-cl.done:
 	case <-ctx.Done():
 		if c.cancel(cl) {
-			return grpcstatus.FromContextError(ctx.Err()).Err()
+			return false, grpcstatus.FromContextError(ctx.Err()).Err()
 		}
 		<-cl.done // the answer came first
 	}
 	err = cl.err
+	if err != nil {
+		unsent = c.unsent(cl, err)
+	}
 	if err == nil {
 		// The reader is done with cl: the codec reads its answer here, on
 		// the caller's goroutine.
@@ -262,7 +278,15 @@ func (c *GRPCConn) Invoke(ctx context.Context, method string, args, reply any, o
 	if cl.byReader && cl.wdone.Load() && cap(cl.resp) <= 64<<10 && cap(cl.req) <= 64<<10 {
 		c.calls.Put(cl)
 	}
-	return err
+	return unsent, err
+}
+
+// unsent reports whether cl, which failed with err, failed before the
+// server took it: with no stream ID, or refused by GOAWAY.
+func (c *GRPCConn) unsent(cl *h2call, err error) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return cl.id == 0 || err == c.goaway
 }
 
 var protoCodec = encoding.GetCodecV2("proto")
@@ -315,7 +339,8 @@ func (c *GRPCConn) queueLocked(cl *h2call) {
 }
 
 // releaseLocked gives back a stream: to the first call waiting, or to
-// the count.
+// the count, waking the writer to close a draining connection its last
+// call has left.
 func (c *GRPCConn) releaseLocked() {
 	if len(c.waiting) > 0 && c.active <= c.maxStreams {
 		cl := c.waiting[0]
@@ -325,6 +350,27 @@ func (c *GRPCConn) releaseLocked() {
 		return
 	}
 	c.active--
+	if c.active == 0 && c.draining {
+		c.work.Signal()
+	}
+}
+
+// drain refuses new calls, as GOAWAY does, and closes c, as Close does,
+// once the calls holding a stream have ended: at once if none does.
+func (c *GRPCConn) drain() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.goaway == nil {
+		c.goaway = errConnClosing
+		c.refusing.Store(true)
+	}
+	c.draining = true
+	c.work.Signal()
+}
+
+// idleLocked reports whether c drains and no call is left on it.
+func (c *GRPCConn) idleLocked() bool {
+	return c.draining && c.active == 0 && len(c.waiting) == 0
 }
 
 // cancel ends cl, whose ctx ended, and resets its stream if sent. It
@@ -372,6 +418,7 @@ func (c *GRPCConn) fail(err error) {
 		return
 	}
 	c.err = err
+	c.refusing.Store(true)
 	for _, cl := range c.waiting {
 		cl.state, cl.err = callDone, err
 		cl.done <- struct{}{}

@@ -141,6 +141,7 @@ func (c *GRPCConn) onGoAway(f *http2.GoAwayFrame) {
 	defer c.mu.Unlock()
 	if c.goaway == nil {
 		c.goaway = grpcstatus.Errorf(codes.Unavailable, "server %s is going away (GOAWAY %v)", c.authority, f.ErrCode)
+		c.refusing.Store(true)
 	}
 	for _, cl := range c.waiting {
 		cl.state, cl.err = callDone, c.goaway

@@ -36,6 +36,8 @@ type h2chunk struct {
 // writeLoop sends what is queued, in rounds: it takes everything queued
 // under mu, writes it into the buffer without mu, and flushes only when
 // nothing more is queued, so that the calls of one round share a write.
+// It closes a draining connection once all is written and no call is
+// left on it.
 func (c *GRPCConn) writeLoop() {
 	defer c.wg.Done()
 	var ctrl []h2ctrl
@@ -53,6 +55,11 @@ func (c *GRPCConn) writeLoop() {
 				c.mu.Lock()
 				continue
 			}
+			if c.idleLocked() {
+				c.mu.Unlock()
+				c.fail(errConnClosing)
+				return
+			}
 			c.work.Wait()
 		}
 		if c.err != nil {
@@ -66,7 +73,10 @@ func (c *GRPCConn) writeLoop() {
 				continue
 			}
 			if c.nextID > math.MaxInt32 {
-				c.goaway = grpcstatus.Error(codes.Unavailable, "connection's stream IDs are used up")
+				if c.goaway == nil {
+					c.goaway = grpcstatus.Error(codes.Unavailable, "connection's stream IDs are used up")
+					c.refusing.Store(true)
+				}
 				c.finishLocked(cl, c.goaway)
 				continue
 			}

@@ -26,7 +26,7 @@ const (
 
 // The gRPC clients a grpc:// target is asked with.
 const (
-	grpcLean = "lean"    // loadgen.GRPCConn
+	grpcLean = "lean"    // loadgen.GRPCClient
 	grpcGo   = "grpc-go" // google.golang.org/grpc's ClientConn
 )
 
@@ -155,7 +155,7 @@ func (c config) connect() (loadgen.Target, func(), error) {
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		conn, err := loadgen.DialGRPC(ctx, u.Host, tlsConf)
+		conn, err := loadgen.DialGRPCClient(ctx, u.Host, tlsConf)
 		if err != nil {
 			return nil, nil, fmt.Errorf("connect to %s: %w", c.target, err)
 		}
