@@ -61,8 +61,8 @@ var _ grpc.ClientConnInterface = (*GRPCClient)(nil)
 const (
 	grpcDialTimeout = 5 * time.Second
 	grpcMinBackoff  = 100 * time.Millisecond
-	grpcMaxBackoff  = 5 * time.Second
-	grpcAttempts    = 3 // the tries of a call the server did not take (see Invoke)
+	grpcMaxBackoff  = time.Second // a load generator wants to see a restarted server soon
+	grpcAttempts    = 3           // the tries of a call the server did not take (see Invoke)
 )
 
 // DialGRPCClient connects to the gRPC server at addr as DialGRPC does,
