@@ -140,6 +140,6 @@ func runEmbedded(ctx context.Context, s *setup) (*scenario.Section, error) {
 	for i, f := range forms {
 		sec.Printf("| %s | %.0f | %d | %.2f |\n", f.name, median(ns[i]), allocs[i], engine/median(ns[i]))
 	}
-	sec.Printf("\nThe target is the engine at no more than 0.70 of the striped form's cost, with 0 allocations. The store alone is the engine's floor: every decision reads the clock and takes from its counter there. A decision here waits on memory: the key's string header and bytes, then its counter's cell (the engine prefetches the cell, and the detector's block beside it, once the key is hashed); the map waits on the same key, then its group's slot and the limiter it points to.\n")
+	sec.Printf("\nThe target is the engine at no more than 0.70 of the striped form's cost, with 0 allocations. The store alone is the engine's floor: every decision reads the clock and takes from its counter there. A decision here waits on memory: the key's string header and bytes, then its counter's cell (the engine starts the cell's miss once the key is hashed, and reads the detector's block while it is under way); the map waits on the same key, then its group's slot and the limiter it points to.\n")
 	return sec, nil
 }
