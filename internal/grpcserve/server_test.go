@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"errors"
+	"fmt"
 	"net"
 	"strings"
 	"sync"
@@ -490,13 +491,24 @@ func (r *recorder) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Co
 func (r *recorder) HandleConn(context.Context, stats.ConnStats)                       {}
 
 // TestStatsHandler: each call is tagged with its method and seen to
-// begin and end, with its error.
+// begin and end, with its error. As on grpc-go's server, End comes once
+// the answer is on its way, so the client may have it first.
 func TestStatsHandler(t *testing.T) {
 	r := &recorder{}
 	s := serve(t, grpcserve.Config{StatsHandler: r})
 	c := testgrpc.NewTestServiceClient(leanClient(t, s.addr, nil))
+	ended := func(n int) {
+		t.Helper()
+		testkit.For(t, time.Minute, fmt.Sprintf("%d calls ended", n), func() bool {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			return len(r.ends) >= n
+		})
+	}
 	c.UnaryCall(testCtx(t), &testpb.SimpleRequest{})
+	ended(1)
 	c.UnaryCall(testCtx(t), &testpb.SimpleRequest{ResponseStatus: &testpb.EchoStatus{Code: int32(codes.Aborted)}})
+	ended(2)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.begin != 2 || len(r.ends) != 2 {
