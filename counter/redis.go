@@ -184,9 +184,12 @@ func NewRedisStore(ctx context.Context, client redis.UniversalClient, cfg RedisC
 	return s, nil
 }
 
-// setup loads the scripts, reads the node map and measures the clock
-// skew; then the store is ready.
+// setup probes the servers, loads the scripts, reads the node map and
+// measures the clock skew; then the store is ready.
 func (s *RedisStore) setup(ctx context.Context) error {
+	if err := probe(ctx, s.client); err != nil {
+		return fmt.Errorf("redis store: %w", err)
+	}
 	if err := s.loadScripts(ctx); err != nil {
 		return err
 	}
@@ -225,7 +228,10 @@ func (s *RedisStore) retrySetup() {
 
 // Ready returns nil once the store is set up (always, unless made with
 // RedisConfig.SetupRetry and the setup has not succeeded yet); before, an
-// error that wraps ErrNotReady and says why the last setup failed.
+// error that wraps ErrNotReady and says why the last setup failed. Until
+// then the store dials the server outside the client's pool, so a store that
+// turns ready takes at once: the pool has not been driven into backing off
+// its dials by the store's own retries.
 func (s *RedisStore) Ready() error {
 	if s.ready.Load() {
 		return nil
