@@ -10,6 +10,8 @@ package deploy_test
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"debug/elf"
 	"encoding/json"
 	"errors"
@@ -1895,10 +1897,11 @@ func familyOf(fams map[string]family, name string) (string, bool) {
 
 // TestMetricNames: every metric the dashboard and the alert rules query,
 // and every label their selectors, groupings and label_values use, is one
-// that a real daemon's /metrics exposes. The daemon decides over HTTP on a
-// Redis (behind a proxy): a hot key until it splits, denials, decisions near
-// the limit; then the proxy cuts Redis off until the breaker opens, so that
-// the families that appear only after those events are in the scrape too.
+// that a real daemon's /metrics exposes. The daemon serves TLS, so that its
+// TLS metrics are there, and decides over HTTPS on a Redis (behind a
+// proxy): a hot key until it splits, denials, decisions near the limit;
+// then the proxy cuts Redis off until the breaker opens, so that the
+// families that appear only after those events are in the scrape too.
 func TestMetricNames(t *testing.T) {
 	qs := dashboardQueries(t)
 	aq := alertQueries(t)
@@ -1910,8 +1913,10 @@ func TestMetricNames(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { proxy.Close() })
+	ca := testkit.NewCA(t, "deploy test CA")
+	cert, key := ca.Server(t, "hotkeyd", "127.0.0.1")
 	d, err := daemon.StartArgs(context.Background(), "--listen", "127.0.0.1:0", "--nats-listen", "127.0.0.1:0",
-		"--hot-threshold", "50", "--redis", "redis://"+proxy.Addr())
+		"--hot-threshold", "50", "--redis", "redis://"+proxy.Addr(), "--tls-cert", cert, "--tls-key", key)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1920,8 +1925,12 @@ func TestMetricNames(t *testing.T) {
 		defer cancel()
 		d.Shutdown(ctx)
 	})
-	base := "http://" + d.Addr()
-	client := &http.Client{Timeout: 30 * time.Second}
+	base := "https://" + d.Addr()
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.Cert)
+	tr := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: roots, MinVersion: tls.VersionTLS12}}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	allowN := func(key string, cost int) int {
 		resp, err := client.Post(base+"/v1/allow", "application/json", strings.NewReader(fmt.Sprintf(`{"policy":"default","key":%q,"cost":%d}`, key, cost)))
 		if err != nil {

@@ -312,19 +312,70 @@ func checkForwardAuth(t *testing.T, g *gateway, reached *atomic.Int64, n, limit 
 	}
 }
 
+// checkForwardAuthOneKey sends requests through g whose X-Api-Key names
+// two keys, "victim" and "attacker": as two header lines, either way
+// round, or as one line holding both. Each must get 400 with want's body,
+// without reaching the backend or charging either key; each key alone is
+// then admitted with its whole limit left.
+func checkForwardAuthOneKey(t *testing.T, g *gateway, reached *atomic.Int64, limit int, want forwardAuthWant) {
+	t.Helper()
+	get := func(values ...string) (*http.Response, string) {
+		t.Helper()
+		req, err := http.NewRequest(http.MethodGet, g.base+"/some/page", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range values {
+			req.Header.Add("X-Api-Key", v)
+		}
+		resp, err := client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(body)
+	}
+	before := reached.Load()
+	refused := 0
+	for i := range limit {
+		for _, values := range [][]string{{"victim", "attacker"}, {"attacker", "victim"}, {"victim, attacker"}, {"victim,attacker"}} {
+			resp, body := get(values...)
+			if resp.StatusCode == http.StatusBadRequest && want.noKey(body) {
+				refused++
+			} else {
+				t.Errorf("round %d, X-Api-Key %q: %d %q, want 400", i, values, resp.StatusCode, body)
+			}
+		}
+	}
+	t.Logf("X-Api-Key naming two keys: %d of %d requests refused, %d reached the backend", refused, 4*limit, reached.Load()-before)
+	if got := reached.Load() - before; got != 0 {
+		t.Errorf("%d requests with X-Api-Key naming two keys reached the backend, want none", got)
+	}
+	for _, key := range []string{"victim", "attacker"} {
+		if resp, body := get(key); resp.StatusCode != http.StatusOK || resp.Header.Get("X-RateLimit-Remaining") != fmt.Sprint(limit-1) {
+			t.Errorf("key %s alone afterwards: %d %s %q, want 200 with %d remaining: charged by the requests naming two keys", key, resp.StatusCode, resp.Header.Get("X-RateLimit-Remaining"), body, limit-1)
+		}
+	}
+}
+
 // TestForwardAuthNginx: the nginx snippet of docs/gateways.md, run by a
 // real nginx in front of a backend, with hotkeyd answering its
 // auth_request. Of N requests for one key over the policy's limit L,
 // exactly L reach the backend and N-L get nginx's 429 with Retry-After and
 // the RateLimit headers; another key is unaffected; a request without the
-// key header gets 400 without reaching the backend.
+// key header gets 400 without reaching the backend, and so does one whose
+// X-Api-Key names two keys, charging neither.
 func TestForwardAuthNginx(t *testing.T) {
 	const n, limit = 12, 5
 	conf, dir, reached := forwardAuthSetup(t, "nginx", "nginx", limit)
-	checkForwardAuth(t, startNginx(t, dir, conf), reached, n, limit, forwardAuthWant{
+	g := startNginx(t, dir, conf)
+	want := forwardAuthWant{
 		denied: func(body string) bool { return body == "too many requests\n" },
-		noKey:  func(body string) bool { return body == "missing X-Api-Key header\n" },
-	})
+		noKey:  func(body string) bool { return body == "want one X-Api-Key header with one key\n" },
+	}
+	checkForwardAuth(t, g, reached, n, limit, want)
+	checkForwardAuthOneKey(t, g, reached, limit, want)
 }
 
 // TestForwardAuthCaddy: the Caddy snippet of docs/gateways.md, run by a
@@ -333,12 +384,16 @@ func TestForwardAuthNginx(t *testing.T) {
 // exactly L reach the backend, with the RateLimit headers, and N-L get
 // hotkeyd's 429 with Retry-After and the RateLimit headers; another key is
 // unaffected; a request without the key header gets hotkeyd's 400 without
-// reaching the backend.
+// reaching the backend, and so does one whose X-Api-Key names two keys,
+// charging neither.
 func TestForwardAuthCaddy(t *testing.T) {
 	const n, limit = 12, 5
 	conf, dir, reached := forwardAuthSetup(t, "caddy", "caddyfile", limit)
-	checkForwardAuth(t, startCaddy(t, dir, conf), reached, n, limit, forwardAuthWant{
+	g := startCaddy(t, dir, conf)
+	want := forwardAuthWant{
 		denied: func(body string) bool { return strings.Contains(body, `"allowed":false`) },
 		noKey:  func(body string) bool { return strings.Contains(body, "no rate-limit key") },
-	})
+	}
+	checkForwardAuth(t, g, reached, n, limit, want)
+	checkForwardAuthOneKey(t, g, reached, limit, want)
 }

@@ -58,8 +58,8 @@ func (c *Config) authConfig() authConfig {
 
 // handleAuth is /v1/auth/{policy} and /v1/auth, with any method: one unit
 // of the policy for the request's key. Allowed: 200; denied: 429, or
-// ?deny_status; no key: 400, or ?missing_key_status. It returns the status
-// it wrote.
+// ?deny_status; no key, or a key header repeated or holding a list: 400,
+// or ?missing_key_status. It returns the status it wrote.
 func (d *Daemon) handleAuth(w http.ResponseWriter, r *http.Request) int {
 	q := r.URL.Query()
 	denyStatus, ae := statusParam(q.Get("deny_status"), "deny_status", http.StatusTooManyRequests, http.StatusUnauthorized, http.StatusForbidden, http.StatusTooManyRequests)
@@ -122,14 +122,24 @@ func statusParam(v, name string, def int, allowed ...int) (int, *apiError) {
 }
 
 // authKey is the counter key of r under cfg: "key:" and the value of the
-// first of cfg.headers it carries, or "ip:" and its client address. A
-// request that carries none while cfg keys by headers alone is missing its
-// key: a 400 naming them.
+// first of cfg.headers it carries with a value, or "ip:" and its client
+// address. missing reports that ae is the missing-key answer: r carries
+// none of cfg.headers while they alone key, or the first it carries comes
+// more than once or holds a comma-separated list. A gateway passes such a
+// header on as it came, and the backend may read another of its values
+// than the one charged, so it is refused even when the address could key.
 func authKey(r *http.Request, cfg authConfig) (key string, missing bool, ae *apiError) {
 	for _, h := range cfg.headers {
-		if v := r.Header.Get(h); v != "" {
-			return authKeyPrefix + v, false, nil
+		vs := r.Header.Values(h)
+		switch {
+		case len(vs) > 1:
+			return "", true, errorf(http.StatusBadRequest, "no rate-limit key: %s (%s) comes %d times: send it once, with one key", h, flagName("auth-key-header"), len(vs))
+		case len(vs) == 0 || vs[0] == "":
+			continue
+		case strings.IndexByte(vs[0], ',') >= 0:
+			return "", true, errorf(http.StatusBadRequest, "no rate-limit key: %s (%s) holds a list (a comma): send one key, which has no comma", h, flagName("auth-key-header"))
 		}
+		return authKeyPrefix + vs[0], false, nil
 	}
 	if len(cfg.headers) > 0 && !cfg.byAddress {
 		return "", true, errorf(http.StatusBadRequest, "no rate-limit key: the request carries none of the headers %s (%s)", strings.Join(cfg.headers, ", "), flagName("auth-key-header"))

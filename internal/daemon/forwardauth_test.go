@@ -47,6 +47,53 @@ func TestAuthKey(t *testing.T) {
 	}
 }
 
+// TestAuthKeyOneValue: the header that keys a request must come once with
+// one value. A header repeated (as separate lines, or joined into a list
+// with commas by a proxy) is refused with the missing-key answer, whatever
+// its values and even when keying by address is allowed: the backend may
+// read another of its values than the one charged.
+func TestAuthKeyOneValue(t *testing.T) {
+	headers := []string{"X-Api-Key", "Authorization"}
+	for _, tt := range []struct {
+		name    string
+		cfg     authConfig
+		give    [][2]string
+		want    string // the key, or the start of the refusal's message
+		refused bool
+	}{
+		{"repeated", authConfig{headers: headers}, [][2]string{{"X-Api-Key", "victim"}, {"X-Api-Key", "attacker"}}, "X-Api-Key (--auth-key-header (HOTKEYD_AUTH_KEY_HEADER)) comes 2 times", true},
+		{"repeated, same value", authConfig{headers: headers}, [][2]string{{"X-Api-Key", "victim"}, {"X-Api-Key", "victim"}}, "X-Api-Key (--auth-key-header (HOTKEYD_AUTH_KEY_HEADER)) comes 2 times", true},
+		{"repeated, first empty", authConfig{headers: headers}, [][2]string{{"X-Api-Key", ""}, {"X-Api-Key", "attacker"}, {"Authorization", "b"}}, "X-Api-Key (--auth-key-header (HOTKEYD_AUTH_KEY_HEADER)) comes 2 times", true},
+		{"joined into a list", authConfig{headers: headers}, [][2]string{{"X-Api-Key", "victim, attacker"}}, "X-Api-Key (--auth-key-header (HOTKEYD_AUTH_KEY_HEADER)) holds a list", true},
+		{"a comma alone", authConfig{headers: headers}, [][2]string{{"X-Api-Key", ","}}, "X-Api-Key (--auth-key-header (HOTKEYD_AUTH_KEY_HEADER)) holds a list", true},
+		{"second header repeated", authConfig{headers: headers}, [][2]string{{"Authorization", "a"}, {"Authorization", "b"}}, "Authorization (--auth-key-header (HOTKEYD_AUTH_KEY_HEADER)) comes 2 times", true},
+		{"repeated, by address allowed", authConfig{headers: headers, byAddress: true}, [][2]string{{"X-Api-Key", "victim"}, {"X-Api-Key", "attacker"}}, "X-Api-Key (--auth-key-header (HOTKEYD_AUTH_KEY_HEADER)) comes 2 times", true},
+		{"list, by address allowed", authConfig{headers: headers, byAddress: true}, [][2]string{{"X-Api-Key", "victim,attacker"}}, "X-Api-Key (--auth-key-header (HOTKEYD_AUTH_KEY_HEADER)) holds a list", true},
+		{"the header in force once, a later one repeated", authConfig{headers: headers}, [][2]string{{"X-Api-Key", "k1"}, {"Authorization", "a"}, {"Authorization", "b"}}, "key:k1", false},
+		{"not a key header, repeated", authConfig{headers: headers}, [][2]string{{"X-Other", "a"}, {"X-Other", "b"}, {"X-Api-Key", "k1"}}, "key:k1", false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodGet, "/v1/auth/default", nil)
+			for _, h := range tt.give {
+				r.Header.Add(h[0], h[1])
+			}
+			got, missing, ae := authKey(r, tt.cfg)
+			if !tt.refused {
+				if got != tt.want || missing || ae != nil {
+					t.Errorf("authKey = %q, missing %v, %v; want %q", got, missing, ae, tt.want)
+				}
+				return
+			}
+			if ae == nil || !missing || got != "" {
+				t.Fatalf("authKey = %q, missing %v, %v; want the missing-key answer", got, missing, ae)
+			}
+			if ae.Status != http.StatusBadRequest || !strings.HasPrefix(ae.Msg, "no rate-limit key: "+tt.want) {
+				t.Errorf("refusal %d %q, want 400 %q", ae.Status, ae.Msg, tt.want)
+			}
+		})
+	}
+}
+
 // TestAuthClientAddr: the forwarding headers name the client only when the
 // TCP peer is a trusted proxy; X-Forwarded-For is read from the right, past
 // the trusted proxies, so that what a client wrote to its left is never
@@ -244,6 +291,7 @@ func TestForwardAuth(t *testing.T) {
 		{"missing key", http.MethodGet, "/v1/auth/api", nil, 400, "no rate-limit key: the request carries none of the headers X-Api-Key, X-Client"},
 		{"missing key, HEAD", http.MethodHead, "/v1/auth/api", nil, 400, ""},
 		{"missing key, status for nginx", http.MethodGet, "/v1/auth/api?missing_key_status=401", nil, 401, "no rate-limit key"},
+		{"key header holding a list, status for nginx", http.MethodGet, "/v1/auth/api?missing_key_status=401", []string{"X-Api-Key", "alice, bob"}, 401, "no rate-limit key: X-Api-Key (--auth-key-header (HOTKEYD_AUTH_KEY_HEADER)) holds a list"},
 		{"missing key, forwarded for", http.MethodGet, "/v1/auth/api?missing_key_status=403", []string{"X-Forwarded-For", "198.51.100.1"}, 403, "no rate-limit key"},
 		{"unknown policy", http.MethodGet, "/v1/auth/nope", []string{"X-Api-Key", "alice"}, 404, `unknown policy "nope": this daemon has "api", "default"`},
 		{"unknown policy by header", http.MethodGet, "/v1/auth", []string{"X-Api-Key", "alice", PolicyHeader, "nope"}, 404, `unknown policy "nope"`},
@@ -332,12 +380,13 @@ func TestForwardAuthStoreDown(t *testing.T) {
 }
 
 // FuzzAuthKey: whatever the headers and the peer, authKey never panics; it
-// answers a key with its prefix or a 400, and an untrusted peer's key is
-// its own address.
+// answers a key with its prefix or a 400 (the missing-key answer for a key
+// header holding a list), and an untrusted peer's key is its own address.
 func FuzzAuthKey(f *testing.F) {
 	f.Add("127.0.0.1:1", "6.6.6.6, 198.51.100.1", "198.51.100.2", `for="[2001:db8::1]:80"`, "")
 	f.Add("203.0.113.7:1", "x", "", "", "k")
 	f.Add("[::1]:1", ",,", "[", "for=;for", "")
+	f.Add("203.0.113.7:1", "", "", "", "victim, attacker")
 	trusted := []netip.Prefix{netip.MustParsePrefix("127.0.0.0/8"), netip.MustParsePrefix("::1/128")}
 	f.Fuzz(func(t *testing.T, peer, xff, realIP, fwd, key string) {
 		r := httptest.NewRequest(http.MethodGet, "/v1/auth/default", nil)
@@ -350,7 +399,9 @@ func FuzzAuthKey(f *testing.F) {
 		got, missing, ae := authKey(r, authConfig{headers: []string{"X-Api-Key"}, byAddress: true, trusted: trusted})
 		switch {
 		case missing:
-			t.Fatalf("missing with byAddress: %v", ae)
+			if !strings.Contains(key, ",") || got != "" || ae == nil || ae.Status != http.StatusBadRequest {
+				t.Fatalf("missing with byAddress and key %q: %q, %v", key, got, ae)
+			}
 		case ae != nil:
 			if ae.Status != http.StatusBadRequest || got != "" {
 				t.Fatalf("%q, %d %q", got, ae.Status, ae.Msg)

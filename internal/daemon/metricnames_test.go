@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"log/slog"
 	"maps"
 	"net/http"
 	"regexp"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/hotkeyd/hotkey"
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // descNames is a Registerer that records the names of the metrics its
@@ -137,5 +139,23 @@ func TestMetricPrefixes(t *testing.T) {
 	}
 	if daemonOnly == 0 {
 		t.Error("no daemon metric on /metrics")
+	}
+
+	// The TLS metrics, which only a daemon with --tls-cert exports.
+	ca := testkit.NewCA(t, "hotkeyd test CA")
+	cert, key := ca.Server(t, "hotkeyd", "127.0.0.1")
+	f, err := newTLSFiles(Config{TLSCert: cert, TLSKey: key}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &descNames{}
+	rec.MustRegister(f.metrics()...)
+	if len(rec.names) == 0 {
+		t.Error("no TLS metric")
+	}
+	for _, n := range rec.names {
+		if !strings.HasPrefix(n, "hotkeyd_tls_") {
+			t.Errorf("TLS metric %s: want the prefix hotkeyd_tls_", n)
+		}
 	}
 }

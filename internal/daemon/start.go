@@ -93,7 +93,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	d.reg.MustRegister(build)
 	d.reloads = newReloadMetrics(d.reg)
 	if d.tls != nil {
-		d.reg.MustRegister(d.tls.errors)
+		d.reg.MustRegister(d.tls.metrics()...)
 	}
 	d.reqs = newRequestMetrics(d.reg)
 	// The series of each API from the start, at 0 (gRPC's once it serves).

@@ -22,28 +22,37 @@ import (
 const maxTLSFile = 1 << 20
 
 // tlsFiles serves the key pair and client CA its files hold. Every
-// handshake reads the files again (a few KiB, far less than the handshake
-// costs) and puts their contents in force when they changed, so that a
-// rotation in place or by a link swap (cert-manager, Kubernetes secrets) is
-// seen by the next handshake, with no clock to wait on. Contents that fail
-// to load keep the pair in force: a warning is logged and errors counted,
-// once per contents seen. Safe for concurrent use.
+// handshake, and every scrape of its metrics, reads the files again (a few
+// KiB, far less than the handshake costs) and puts their contents in force
+// when they changed, so that a rotation in place or by a link swap
+// (cert-manager, Kubernetes secrets) is seen by the next handshake, with
+// no clock to wait on. Contents that fail to load, or whose certificate
+// has expired or is not valid yet, keep the pair in force: a warning is
+// logged and errors counted, once per contents seen. A certificate not
+// valid yet is put in force once it is. Safe for concurrent use.
 type tlsFiles struct {
 	cert, key, ca string // file paths; ca empty: no client certificates asked
 	log           *slog.Logger
 	errors        prometheus.Counter
-	now           func() time.Time // for the warning of a certificate out of its validity
+	successful    prometheus.GaugeFunc
+	now           func() time.Time // judges the certificates' validity
 
 	mu      sync.Mutex // guards the fields below
 	seen    [3][]byte  // the files' contents last read: cert, key, ca
 	readErr string     // the last error reading them, counted once; "" after a read
+	refused bool       // seen is not in force: it failed to load, or is out of its validity
 	pair    *tls.Certificate
 	pool    *x509.CertPool // nil without ca
+	// early and earlyPool are seen's, refused as not valid yet, put in
+	// force once they are.
+	early     *tls.Certificate
+	earlyPool *x509.CertPool
 }
 
 // newTLSFiles loads the files of cfg's --tls-* flags, or returns nil when
-// TLS is off. Errors name the flag whose file is at fault. The caller
-// registers the errors counter.
+// TLS is off. Errors name the flag whose file is at fault; a certificate
+// that has expired or is not valid yet is one. The caller registers the
+// metrics.
 func newTLSFiles(cfg Config, log *slog.Logger) (*tlsFiles, error) {
 	if cfg.TLSCert == "" {
 		return nil, nil
@@ -56,13 +65,29 @@ func newTLSFiles(cfg Config, log *slog.Logger) (*tlsFiles, error) {
 	if f.pair, f.pool, err = f.parse(seen); err != nil {
 		return nil, err
 	}
+	if err := f.validity(f.pair.Leaf, f.now()); err != nil {
+		return nil, err
+	}
 	f.seen = seen
-	f.warnValidity()
 	f.errors = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "hotkeyd_tls_reload_errors_total",
-		Help: "Changes of the files of --tls-cert, --tls-key or --tls-client-ca that could not be loaded: the certificate and client CA in force stay.",
+		Help: "Changes of the files of --tls-cert, --tls-key or --tls-client-ca that could not be loaded, or whose certificate has expired or is not valid yet: the certificate and client CA in force stay.",
+	})
+	f.successful = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "hotkeyd_tls_last_reload_successful",
+		Help: "1 if the files of --tls-cert, --tls-key and --tls-client-ca, read again at this scrape, are in force; 0 if they were refused (unreadable, not loading, a certificate expired or not valid yet): the certificate and client CA in force stay.",
+	}, func() float64 {
+		if f.inForce() {
+			return 1
+		}
+		return 0
 	})
 	return f, nil
+}
+
+// metrics are the collectors of f, for the caller to register.
+func (f *tlsFiles) metrics() []prometheus.Collector {
+	return []prometheus.Collector{f.errors, f.successful}
 }
 
 // config returns a server configuration (TLS 1.2 at least, ALPN protos)
@@ -85,10 +110,20 @@ func (f *tlsFiles) config(protos ...string) *tls.Config {
 	}
 }
 
+// inForce reports whether the files, read again, are in force.
+func (f *tlsFiles) inForce() bool {
+	f.current()
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.readErr == "" && !f.refused
+}
+
 // current returns the pair and client CA pool in force, after loading the
-// files if they changed since they were last read.
+// files if they changed since they were last read, or putting in force
+// those refused as not valid yet if they now are.
 func (f *tlsFiles) current() (*tls.Certificate, *x509.CertPool) {
 	seen, err := f.read()
+	now := f.now()
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	switch {
@@ -100,18 +135,33 @@ func (f *tlsFiles) current() (*tls.Certificate, *x509.CertPool) {
 		return f.pair, f.pool
 	case sameContents(seen, f.seen):
 		f.readErr = ""
+		if f.early != nil && !now.Before(f.early.Leaf.NotBefore) {
+			if f.validity(f.early.Leaf, now) == nil {
+				f.useLocked(f.early, f.earlyPool)
+			}
+			f.early, f.earlyPool = nil, nil
+		}
 		return f.pair, f.pool
 	}
-	f.readErr, f.seen = "", seen
+	f.readErr, f.seen, f.refused, f.early, f.earlyPool = "", seen, true, nil, nil
 	pair, pool, err := f.parse(seen)
+	if err == nil {
+		if err = f.validity(pair.Leaf, now); err != nil && now.Before(pair.Leaf.NotBefore) {
+			f.early, f.earlyPool = pair, pool
+		}
+	}
 	if err != nil {
 		f.failLocked(err)
 		return f.pair, f.pool
 	}
-	f.pair, f.pool = pair, pool
-	f.log.Info("TLS files loaded", "cert", f.cert, "serial", pair.Leaf.SerialNumber.String(), "not_after", pair.Leaf.NotAfter)
-	f.warnValidity()
+	f.useLocked(pair, pool)
 	return f.pair, f.pool
+}
+
+// useLocked puts pair and pool in force, the contents of seen.
+func (f *tlsFiles) useLocked(pair *tls.Certificate, pool *x509.CertPool) {
+	f.pair, f.pool, f.refused = pair, pool, false
+	f.log.Info("TLS files loaded", "cert", f.cert, "serial", pair.Leaf.SerialNumber.String(), "not_after", pair.Leaf.NotAfter)
 }
 
 // failLocked logs and counts a change that could not be loaded.
@@ -120,16 +170,16 @@ func (f *tlsFiles) failLocked(err error) {
 	f.log.Warn("TLS files changed but cannot be loaded: the certificate and client CA in force stay", "err", err)
 }
 
-// warnValidity warns of a certificate in force out of its validity, which
-// clients refuse.
-func (f *tlsFiles) warnValidity() {
-	leaf, now := f.pair.Leaf, f.now()
+// validity returns an error naming the flag if leaf has expired or is not
+// valid yet at now: clients would refuse it.
+func (f *tlsFiles) validity(leaf *x509.Certificate, now time.Time) error {
 	switch {
 	case now.After(leaf.NotAfter):
-		f.log.Warn("the certificate of "+flagName("tls-cert")+" has expired: clients refuse it", "cert", f.cert, "not_after", leaf.NotAfter)
+		return fmt.Errorf("%s %q: the certificate has expired (not after %s): clients refuse it", flagName("tls-cert"), f.cert, leaf.NotAfter.UTC().Format(time.RFC3339))
 	case now.Before(leaf.NotBefore):
-		f.log.Warn("the certificate of "+flagName("tls-cert")+" is not valid yet: clients refuse it", "cert", f.cert, "not_before", leaf.NotBefore)
+		return fmt.Errorf("%s %q: the certificate is not valid yet (not before %s): clients refuse it", flagName("tls-cert"), f.cert, leaf.NotBefore.UTC().Format(time.RFC3339))
 	}
+	return nil
 }
 
 // parse returns the key pair and the client CA pool (nil without

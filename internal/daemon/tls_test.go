@@ -4,8 +4,8 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"io"
+	"log/slog"
 	"math/big"
 	"net"
 	"net/http"
@@ -13,11 +13,13 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	ratelimit "github.com/envoyproxy/go-control-plane/envoy/extensions/common/ratelimit/v3"
 	rlpb "github.com/envoyproxy/go-control-plane/envoy/service/ratelimit/v3"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
@@ -165,11 +167,9 @@ func servedSerial(t *testing.T, addr string, c *tls.Config, protos ...string) *b
 	return conn.ConnectionState().PeerCertificates[0].SerialNumber
 }
 
-var reTLSErrors = regexp.MustCompile(`(?m)^hotkeyd_tls_reload_errors_total (\S+)$`)
-
-// tlsReloadErrors scrapes hotkeyd_tls_reload_errors_total from the admin
-// listener (plaintext, on loopback).
-func tlsReloadErrors(t *testing.T, d *Daemon) string {
+// tlsMetric scrapes the value of the metric name, without labels, from
+// the admin listener (plaintext, on loopback).
+func tlsMetric(t *testing.T, d *Daemon, name string) string {
 	t.Helper()
 	resp, err := http.Get("http://" + d.AdminAddr() + "/metrics")
 	if err != nil {
@@ -180,12 +180,17 @@ func tlsReloadErrors(t *testing.T, d *Daemon) string {
 	if err != nil || resp.StatusCode != http.StatusOK {
 		t.Fatalf("/metrics: %d %v", resp.StatusCode, err)
 	}
-	body := string(b)
-	m := reTLSErrors.FindStringSubmatch(body)
+	m := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(name) + ` (\S+)$`).FindStringSubmatch(string(b))
 	if m == nil {
-		t.Fatal("/metrics has no hotkeyd_tls_reload_errors_total")
+		t.Fatalf("/metrics has no %s", name)
 	}
 	return m[1]
+}
+
+// tlsReloadErrors scrapes hotkeyd_tls_reload_errors_total.
+func tlsReloadErrors(t *testing.T, d *Daemon) string {
+	t.Helper()
+	return tlsMetric(t, d, "hotkeyd_tls_reload_errors_total")
 }
 
 // TestTLSServes: with --tls-cert and --tls-key, a decision over HTTPS
@@ -268,29 +273,119 @@ func TestMTLS(t *testing.T) {
 	}
 }
 
-// TestTLSExpiredServerCert: a daemon given an expired certificate warns
-// at start, and clients refuse it.
-func TestTLSExpiredServerCert(t *testing.T) {
+// TestTLSRotationOutOfValidity: a rotation to a certificate that has
+// expired, or is not valid yet, keeps the certificate in force on both
+// listeners, logs a warning, counts in hotkeyd_tls_reload_errors_total and
+// sets hotkeyd_tls_last_reload_successful to 0; the next good rotation is
+// in force and sets it back to 1.
+func TestTLSRotationOutOfValidity(t *testing.T) {
 	ca := testkit.NewCA(t, "hotkeyd test CA")
 	now := time.Now()
-	srv := ca.Issue(t, testkit.LeafConfig{Name: "hotkeyd", IPs: localhost, NotBefore: now.Add(-2 * time.Hour), NotAfter: now.Add(-time.Hour)})
-	files := newTLSDir(t, map[string][]byte{"tls.crt": srv.CertPEM, "tls.key": srv.KeyPEM})
+	first := ca.Issue(t, testkit.LeafConfig{Name: "hotkeyd", IPs: localhost})
+	files := newTLSDir(t, map[string][]byte{"tls.crt": first.CertPEM, "tls.key": first.KeyPEM})
 	var logs testkit.Buffer
-	d, err := startLogged(t, &logs, nil, "--nats", "none",
-		"--tls-cert", files.path("tls.crt"), "--tls-key", files.path("tls.key"))
+	d, err := startLogged(t, &logs, nil, "--nats", "none", "--tls-cert", files.path("tls.crt"), "--tls-key", files.path("tls.key"))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer shutdown(t, d)
+	c := clientTLS(ca, nil)
+	check := func(want *testkit.Leaf, errors, successful, when string) {
+		t.Helper()
+		h, g := servedSerial(t, d.Addr(), c, "h2"), servedSerial(t, d.GRPCAddr(), c, "h2")
+		t.Logf("%s: HTTP serves serial %v, gRPC %v; want %v", when, h, g, want.Cert.SerialNumber)
+		if h.Cmp(want.Cert.SerialNumber) != 0 || g.Cmp(want.Cert.SerialNumber) != 0 {
+			t.Errorf("%s: HTTP listener serves serial %v, gRPC %v, want %v", when, h, g, want.Cert.SerialNumber)
+		}
+		if got := tlsReloadErrors(t, d); got != errors {
+			t.Errorf("%s: hotkeyd_tls_reload_errors_total %s, want %s", when, got, errors)
+		}
+		if got := tlsMetric(t, d, "hotkeyd_tls_last_reload_successful"); got != successful {
+			t.Errorf("%s: hotkeyd_tls_last_reload_successful %s, want %s", when, got, successful)
+		}
+	}
+	check(first, "0", "1", "at start")
+
+	expired := ca.Issue(t, testkit.LeafConfig{Name: "hotkeyd", IPs: localhost, NotBefore: now.Add(-2 * time.Hour), NotAfter: now.Add(-time.Hour)})
+	files.swap(t, map[string][]byte{"tls.crt": expired.CertPEM, "tls.key": expired.KeyPEM})
+	check(first, "1", "0", "after a rotation to an expired certificate")
 	if !strings.Contains(logs.String(), "level=WARN") || !strings.Contains(logs.String(), "has expired") {
-		t.Errorf("no warning of the expired certificate at start; logs:\n%s", logs.String())
+		t.Errorf("no warning of the expired certificate; logs:\n%s", logs.String())
 	}
-	var invalid x509.CertificateInvalidError
-	if _, _, _, err := httpsDo(d, clientTLS(ca, nil), http.MethodGet, "/healthz", ""); !errors.As(err, &invalid) || invalid.Reason != x509.Expired {
-		t.Errorf("HTTPS to a daemon with an expired certificate: %v, want it refused as expired", err)
+
+	early := ca.Issue(t, testkit.LeafConfig{Name: "hotkeyd", IPs: localhost, NotBefore: now.Add(time.Hour), NotAfter: now.Add(2 * time.Hour)})
+	files.swap(t, map[string][]byte{"tls.crt": early.CertPEM, "tls.key": early.KeyPEM})
+	check(first, "2", "0", "after a rotation to a certificate not valid yet")
+	if !strings.Contains(logs.String(), "not valid yet") {
+		t.Errorf("no warning of the certificate not valid yet; logs:\n%s", logs.String())
 	}
-	if _, _, err := grpcAsk(d, credentials.NewTLS(clientTLS(ca, nil))); err == nil || !strings.Contains(err.Error(), "expired") {
-		t.Errorf("gRPC to a daemon with an expired certificate: %v, want it refused as expired", err)
+
+	next := ca.Issue(t, testkit.LeafConfig{Name: "hotkeyd", IPs: localhost})
+	files.swap(t, map[string][]byte{"tls.crt": next.CertPEM, "tls.key": next.KeyPEM})
+	check(next, "2", "1", "after a rotation to a valid certificate")
+	if code, _, _, err := httpsDo(d, c, http.MethodPost, "/v1/allow", `{"key":"a"}`); err != nil || code != http.StatusOK {
+		t.Errorf("HTTPS after the rotations: %d %v, want 200", code, err)
+	}
+}
+
+// TestTLSNotYetValidInForceLater: a certificate written before its
+// validity begins is put in force once the clock reaches it, with no
+// further change of the files; until then the one in force stays.
+func TestTLSNotYetValidInForceLater(t *testing.T) {
+	ca := testkit.NewCA(t, "hotkeyd test CA")
+	clock := testkit.NewClock()
+	clock.Set(time.Now())
+	first := ca.Issue(t, testkit.LeafConfig{Name: "hotkeyd", IPs: localhost})
+	early := ca.Issue(t, testkit.LeafConfig{Name: "hotkeyd", IPs: localhost, NotBefore: clock.Now().Add(time.Hour), NotAfter: clock.Now().Add(2 * time.Hour)})
+	files := newTLSDir(t, map[string][]byte{"tls.crt": first.CertPEM, "tls.key": first.KeyPEM})
+	var logs testkit.Buffer
+	f, err := newTLSFiles(Config{TLSCert: files.path("tls.crt"), TLSKey: files.path("tls.key")}, slog.New(slog.NewTextHandler(&logs, nil)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.now = clock.Now
+	ln, err := tls.Listen("tcp", "127.0.0.1:0", f.config("h2"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			conn.(*tls.Conn).Handshake()
+			conn.Close()
+		}
+	})
+	defer wg.Wait()
+	defer ln.Close()
+	c := clientTLS(ca, nil)
+	c.Time = clock.Now // the client checks validity on the same clock
+	served := func(want *testkit.Leaf, successful float64, when string) {
+		t.Helper()
+		got := servedSerial(t, ln.Addr().String(), c, "h2")
+		t.Logf("%s: serves serial %v; want %v", when, got, want.Cert.SerialNumber)
+		if got.Cmp(want.Cert.SerialNumber) != 0 {
+			t.Errorf("%s: serves serial %v, want %v", when, got, want.Cert.SerialNumber)
+		}
+		if got := testutil.ToFloat64(f.successful); got != successful {
+			t.Errorf("%s: hotkeyd_tls_last_reload_successful %v, want %v", when, got, successful)
+		}
+	}
+	served(first, 1, "at start")
+	files.swap(t, map[string][]byte{"tls.crt": early.CertPEM, "tls.key": early.KeyPEM})
+	served(first, 0, "the new certificate not valid yet")
+	clock.Advance(59 * time.Minute)
+	served(first, 0, "a minute before its validity begins")
+	clock.Advance(2 * time.Minute)
+	served(early, 1, "a minute into its validity")
+	if got := testutil.ToFloat64(f.errors); got != 1 {
+		t.Errorf("hotkeyd_tls_reload_errors_total %v, want 1: the certificate not valid yet counted once", got)
+	}
+	if n := strings.Count(logs.String(), "not valid yet"); n != 1 {
+		t.Errorf("%d warnings of the certificate not valid yet, want 1; logs:\n%s", n, logs.String())
 	}
 }
 
@@ -372,12 +467,17 @@ func TestTLSClientCARotation(t *testing.T) {
 }
 
 // TestTLSStartRefused: a daemon does not start with a TLS file missing,
-// unreadable, not matching its pair, or a client CA with no certificate,
-// and the error names the flag.
+// unreadable, not matching its pair, a certificate that has expired or is
+// not valid yet, or a client CA with no certificate, and the error names
+// the flag.
 func TestTLSStartRefused(t *testing.T) {
 	ca := testkit.NewCA(t, "hotkeyd test CA")
 	a, b := ca.Issue(t, testkit.LeafConfig{Name: "a", IPs: localhost}), ca.Issue(t, testkit.LeafConfig{Name: "b", IPs: localhost})
-	files := newTLSDir(t, map[string][]byte{"a.crt": a.CertPEM, "a.key": a.KeyPEM, "b.key": b.KeyPEM, "ca.crt": ca.CertPEM, "empty.pem": []byte("# no certificate\n")})
+	now := time.Now()
+	expired := ca.Issue(t, testkit.LeafConfig{Name: "hotkeyd", IPs: localhost, NotBefore: now.Add(-2 * time.Hour), NotAfter: now.Add(-time.Hour)})
+	early := ca.Issue(t, testkit.LeafConfig{Name: "hotkeyd", IPs: localhost, NotBefore: now.Add(time.Hour), NotAfter: now.Add(2 * time.Hour)})
+	files := newTLSDir(t, map[string][]byte{"a.crt": a.CertPEM, "a.key": a.KeyPEM, "b.key": b.KeyPEM, "ca.crt": ca.CertPEM, "empty.pem": []byte("# no certificate\n"),
+		"expired.crt": expired.CertPEM, "expired.key": expired.KeyPEM, "early.crt": early.CertPEM, "early.key": early.KeyPEM})
 	for _, c := range []struct {
 		give []string
 		want string
@@ -390,6 +490,8 @@ func TestTLSStartRefused(t *testing.T) {
 		{[]string{"--tls-cert", files.path("a.crt"), "--tls-key", files.path("a.key"), "--tls-client-ca", files.path("empty.pem")}, "--tls-client-ca (HOTKEYD_TLS_CLIENT_CA)"},
 		{[]string{"--tls-cert", files.path("a.crt"), "--tls-key", files.path("a.key"), "--tls-client-ca", files.path("missing.pem")}, "--tls-client-ca (HOTKEYD_TLS_CLIENT_CA)"},
 		{[]string{"--tls-cert", files.dir, "--tls-key", files.path("a.key")}, "--tls-cert (HOTKEYD_TLS_CERT)"},
+		{[]string{"--tls-cert", files.path("expired.crt"), "--tls-key", files.path("expired.key")}, "has expired"},
+		{[]string{"--tls-cert", files.path("early.crt"), "--tls-key", files.path("early.key")}, "not valid yet"},
 	} {
 		d, err := StartArgs(context.Background(), append([]string{"--listen", "127.0.0.1:0", "--nats", "none"}, c.give...)...)
 		if err == nil {
