@@ -30,6 +30,7 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
+	"github.com/hotkeyd/hotkey/internal/h2rules"
 	"github.com/hotkeyd/hotkey/loadgen"
 )
 
@@ -571,5 +572,27 @@ func TestGRPCConnWaitForStream(t *testing.T) {
 	}
 	if id := waitFor(t, paths); id != 3 {
 		t.Errorf("the call after on stream %d; want 3: the one that waited opened none", id)
+	}
+}
+
+// TestGRPCConnSettingsBound: a server whose SETTINGS carry over
+// h2rules.MaxSettings parameters is refused at the dial; one of
+// h2rules.MaxSettings is not.
+func TestGRPCConnSettingsBound(t *testing.T) {
+	for _, n := range []int{h2rules.MaxSettings, h2rules.MaxSettings + 1} {
+		s := &h2Server{settings: make([]http2.Setting, n)}
+		for i := range s.settings {
+			s.settings[i] = http2.Setting{ID: http2.SettingInitialWindowSize, Val: 65535}
+		}
+		s.start(t)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // only catches a hang
+		conn, err := loadgen.DialGRPC(ctx, s.addr, nil)
+		cancel()
+		if err == nil {
+			conn.Close()
+		}
+		if refused := err != nil; refused != (n > h2rules.MaxSettings) {
+			t.Errorf("SETTINGS of %d parameters: dial error %v", n, err)
+		}
 	}
 }

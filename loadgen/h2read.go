@@ -13,6 +13,8 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+
+	"github.com/hotkeyd/hotkey/internal/h2rules"
 )
 
 // readLoop reads frames and hands each to its call until the connection
@@ -96,31 +98,28 @@ func (c *GRPCConn) dispatch(f http2.Frame) error {
 
 // settings applies the server's SETTINGS, and queues their ACK.
 func (c *GRPCConn) settings(f *http2.SettingsFrame) error {
+	set, err := h2rules.ReadSettings(f)
+	if err != nil {
+		return err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ack := h2ctrl{kind: ctrlSettingsAck}
-	err := f.ForeachSetting(func(s http2.Setting) error {
-		if err := s.Valid(); err != nil {
-			return err
+	if v, ok := set.Value(http2.SettingMaxConcurrentStreams); ok {
+		c.maxStreams = int(min(v, math.MaxInt32))
+	}
+	if v, ok := set.Value(http2.SettingInitialWindowSize); ok && int64(v) != c.initWindow {
+		delta := int64(v) - c.initWindow
+		c.initWindow = int64(v)
+		for _, cl := range c.streams {
+			cl.sendWindow += delta
 		}
-		switch s.ID {
-		case http2.SettingMaxConcurrentStreams:
-			c.maxStreams = int(min(s.Val, math.MaxInt32))
-		case http2.SettingInitialWindowSize:
-			delta := int64(s.Val) - c.initWindow
-			c.initWindow = int64(s.Val)
-			for _, cl := range c.streams {
-				cl.sendWindow += delta
-			}
-		case http2.SettingMaxFrameSize:
-			c.maxFrame = int(s.Val)
-		case http2.SettingHeaderTableSize:
-			ack.table, ack.val = true, s.Val
-		}
-		return nil
-	})
-	if err != nil {
-		return err
+	}
+	if v, ok := set.Value(http2.SettingMaxFrameSize); ok {
+		c.maxFrame = int(v)
+	}
+	if v, ok := set.Value(http2.SettingHeaderTableSize); ok {
+		ack.table, ack.val = true, v
 	}
 	for len(c.waiting) > 0 && c.active < c.maxStreams && c.goaway == nil {
 		cl := c.waiting[0]

@@ -259,6 +259,13 @@ func TestRawConformance(t *testing.T) {
 		{"max frame size over 2^24-1", func(c *rawConn) {
 			c.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 24})
 		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"SETTINGS of 100 parameters", func(c *rawConn) { c.fr.WriteSettings(windowSettings(100)...) }, 0, none, ok},
+		{"SETTINGS of 101 parameters", func(c *rawConn) { c.fr.WriteSettings(windowSettings(101)...) }, 0, int64(http2.ErrCodeProtocol), ""},
+		{"initial window given twice: the last applies", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteWindowUpdate(1, 1)
+			c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1}, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 65535})
+		}, 0, none, ok},
 		{"enable push 2", func(c *rawConn) { c.fr.WriteSettings(http2.Setting{ID: http2.SettingEnablePush, Val: 2}) }, 0, int64(http2.ErrCodeProtocol), ""},
 		{"push promise", func(c *rawConn) {
 			c.headers(1, call, false)
@@ -324,6 +331,16 @@ func TestRawConformance(t *testing.T) {
 		}
 		c.nc.Close()
 	}
+}
+
+// windowSettings returns n SETTINGS_INITIAL_WINDOW_SIZE parameters of
+// the default value.
+func windowSettings(n int) []http2.Setting {
+	s := make([]http2.Setting, n)
+	for i := range s {
+		s[i] = http2.Setting{ID: http2.SettingInitialWindowSize, Val: 65535}
+	}
+	return s
 }
 
 // dataUntilPing sends PING v, and another once the first's ACK came

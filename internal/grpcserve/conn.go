@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/stats"
+
+	"github.com/hotkeyd/hotkey/internal/h2rules"
 )
 
 // The windows the server grants a client: the connection's, unless
@@ -324,30 +326,27 @@ func (c *conn) onFrame(f http2.Frame) error {
 	return nil
 }
 
-// onSettings applies the client's SETTINGS and queues their ACK.
+// onSettings applies the client's SETTINGS and queues their ACK. The
+// streams' windows are changed once a frame, for its last
+// INITIAL_WINDOW_SIZE, under c.mu: a frame costs at most one walk of them.
 func (c *conn) onSettings(f *http2.SettingsFrame) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	err := f.ForeachSetting(func(s http2.Setting) error {
-		if err := s.Valid(); err != nil {
-			return err
-		}
-		switch s.ID {
-		case http2.SettingInitialWindowSize:
-			delta := int64(s.Val) - c.initWindow
-			c.initWindow = int64(s.Val)
-			for _, st := range c.streams {
-				if st.sendWindow += delta; st.sendWindow > 1<<31-1 {
-					return http2.ConnectionError(http2.ErrCodeFlowControl)
-				}
-			}
-		case http2.SettingMaxFrameSize:
-			c.maxFrame = int(s.Val)
-		}
-		return nil
-	})
+	set, err := h2rules.ReadSettings(f)
 	if err != nil {
 		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v, ok := set.Value(http2.SettingInitialWindowSize); ok && int64(v) != c.initWindow {
+		delta := int64(v) - c.initWindow
+		c.initWindow = int64(v)
+		for _, st := range c.streams {
+			if st.sendWindow += delta; st.sendWindow > 1<<31-1 {
+				return http2.ConnectionError(http2.ErrCodeFlowControl)
+			}
+		}
+	}
+	if v, ok := set.Value(http2.SettingMaxFrameSize); ok {
+		c.maxFrame = int(v)
 	}
 	c.ctrl = append(c.ctrl, ctrl{kind: ctrlSettingsAck})
 	c.work.Signal()
