@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -293,6 +294,43 @@ func TestRawConformance(t *testing.T) {
 		{"priority on an idle stream", func(c *rawConn) { c.fr.WritePriority(7, http2.PriorityParam{StreamDep: 1, Weight: 9}) }, 0, none, ok},
 		{"uppercase field name", func(c *rawConn) { c.headers(1, call, true, "X-Up", "1") }, http2.ErrCodeProtocol, none, ok},
 		{"connection field", func(c *rawConn) { c.headers(1, call, true, "connection", "close") }, http2.ErrCodeProtocol, none, ok},
+		{"a field name with a space", func(c *rawConn) { c.headers(1, call, true, "x up", "1") }, http2.ErrCodeProtocol, none, ok},
+		{"a field name with a colon", func(c *rawConn) { c.headers(1, call, true, "x:up", "1") }, http2.ErrCodeProtocol, none, ok},
+		{"an empty field name", func(c *rawConn) { c.headers(1, call, true, "", "1") }, http2.ErrCodeProtocol, none, ok},
+		{"a field name not ASCII", func(c *rawConn) { c.headers(1, call, true, "x-\xe9", "1") }, http2.ErrCodeProtocol, none, ok},
+		{"CR in a value", func(c *rawConn) { c.headers(1, call, true, "x-a", "a\rb") }, http2.ErrCodeProtocol, none, ok},
+		{"LF in a value", func(c *rawConn) { c.headers(1, call, true, "x-a", "a\nb") }, http2.ErrCodeProtocol, none, ok},
+		{"NUL in a value", func(c *rawConn) { c.headers(1, call, true, "x-a", "a\x00b") }, http2.ErrCodeProtocol, none, ok},
+		{"CR in :path", func(c *rawConn) { c.headers(1, call+"\r", true) }, http2.ErrCodeProtocol, none, ok},
+		{"te other than trailers", func(c *rawConn) { c.headers(1, call, true, "te", "gzip") }, http2.ErrCodeProtocol, none, ok},
+		{"te trailers", func(c *rawConn) {
+			c.headers(1, call, false, "te", "trailers")
+			c.fr.WriteData(1, true, grpcFrame(req))
+		}, 0, none, ok},
+		{"content-length the DATA matches", func(c *rawConn) {
+			c.headers(1, call, false, "content-length", strconv.Itoa(len(grpcFrame(req))))
+			c.fr.WriteData(1, false, grpcFrame(req)[:3])
+			c.fr.WriteDataPadded(1, true, grpcFrame(req)[3:], make([]byte, 7))
+		}, 0, none, ok},
+		{"content-length over the DATA", func(c *rawConn) {
+			c.headers(1, call, false, "content-length", strconv.Itoa(len(grpcFrame(req))+1))
+			c.fr.WriteData(1, true, grpcFrame(req))
+		}, http2.ErrCodeProtocol, none, ok},
+		{"content-length under the DATA", func(c *rawConn) {
+			c.headers(1, call, false, "content-length", strconv.Itoa(len(grpcFrame(req))-1))
+			c.fr.WriteData(1, true, grpcFrame(req))
+		}, http2.ErrCodeProtocol, none, ok},
+		{"content-length over the sum of DATA frames", func(c *rawConn) {
+			c.headers(1, call, false, "content-length", strconv.Itoa(len(grpcFrame(req))+1))
+			c.fr.WriteData(1, false, grpcFrame(req)[:3])
+			c.fr.WriteData(1, true, grpcFrame(req)[3:])
+		}, http2.ErrCodeProtocol, none, ok},
+		{"content-length and no DATA", func(c *rawConn) { c.headers(1, call, true, "content-length", "1") }, http2.ErrCodeProtocol, none, ok},
+		{"content-length not a number", func(c *rawConn) { c.headers(1, call, true, "content-length", "-0") }, http2.ErrCodeProtocol, none, ok},
+		{"content-length twice", func(c *rawConn) {
+			c.headers(1, call, false, "content-length", strconv.Itoa(len(grpcFrame(req))), "content-length", strconv.Itoa(len(grpcFrame(req))))
+			c.fr.WriteData(1, true, grpcFrame(req))
+		}, http2.ErrCodeProtocol, none, ok},
 		{"pseudo-header after a regular one", func(c *rawConn) {
 			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(append(good[2:], good[:2]...)...), EndHeaders: true, EndStream: true})
 		}, http2.ErrCodeProtocol, none, ok},
@@ -307,6 +345,11 @@ func TestRawConformance(t *testing.T) {
 			c.fr.WriteData(1, false, grpcFrame(req))
 			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock("x-trailer", "1"), EndHeaders: true, EndStream: true})
 		}, 0, none, ok},
+		{"client trailers with LF in a value", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteData(1, false, grpcFrame(req))
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock("x-trailer", "1\n"), EndHeaders: true, EndStream: true})
+		}, http2.ErrCodeProtocol, none, ok},
 		{"second headers without END_STREAM", func(c *rawConn) {
 			c.headers(1, call, false)
 			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock("x-more", "1"), EndHeaders: true})

@@ -291,7 +291,7 @@ func (c *conn) onFrame(f http2.Frame) error {
 	case *http2.DataFrame:
 		return c.onData(f)
 	case *http2.HeadersFrame:
-		c.hdr = reqHeaders{id: f.StreamID, end: f.StreamEnded()}
+		c.hdr = reqHeaders{id: f.StreamID, end: f.StreamEnded(), contentLength: -1}
 		return c.onHeaderBlock(f.HeaderBlockFragment(), f.HeadersEnded())
 	case *http2.ContinuationFrame:
 		return c.onHeaderBlock(f.HeaderBlockFragment(), f.HeadersEnded())
