@@ -189,7 +189,7 @@ func TestStopRacingCalls(t *testing.T) {
 }
 
 // outcome reads frames until stream next ends or the connection does,
-// and returns the RST_STREAM code of stream probe (0: none), the GOAWAY
+// and returns the first RST_STREAM code of stream probe (0: none), the GOAWAY
 // code (-1: none) and next's grpc-status ("": not answered).
 func (c *rawConn) outcome(probe, next uint32) (rst http2.ErrCode, goAway int64, grpcStatus string) {
 	goAway = -1
@@ -203,7 +203,9 @@ func (c *rawConn) outcome(probe, next uint32) (rst http2.ErrCode, goAway int64, 
 			goAway = int64(f.ErrCode)
 		case *http2.RSTStreamFrame:
 			if f.StreamID == probe {
-				rst = f.ErrCode
+				if rst == 0 {
+					rst = f.ErrCode
+				}
 			} else if f.StreamID == next && grpcStatus == "" {
 				grpcStatus = "RST " + f.ErrCode.String()
 				return
@@ -360,7 +362,13 @@ func TestRawConformance(t *testing.T) {
 			for range 20 << 20 / 16384 { // over the connection's window
 				c.fr.WriteData(1, false, make([]byte, 16384))
 			}
-		}, 0, none, ok},
+		}, http2.ErrCodeStreamClosed, none, ok},
+		{"DATA on a stream the client ended, once answered", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteData(1, true, grpcFrame(req))
+			c.answer(1)
+			c.fr.WriteData(1, true, []byte{0})
+		}, http2.ErrCodeStreamClosed, none, ok},
 	}
 	for _, tc := range cases {
 		c := dialRaw(t, s.addr)

@@ -358,11 +358,17 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	if st == nil {
 		idle := f.StreamID > c.lastID
 		c.creditLocked(n)
+		if !idle {
+			// A closed stream (RFC 9113 5.1), as net/http's server answers
+			// it: the client's DATA in flight when the server reset the
+			// stream has its RST too, which the client ignores.
+			c.resetLocked(f.StreamID, http2.ErrCodeStreamClosed)
+		}
 		c.mu.Unlock()
 		if idle {
 			return errProtocol
 		}
-		return nil // a stream reset or answered: its data is dropped
+		return nil
 	}
 	if st.recvEnded {
 		c.creditLocked(n)
