@@ -294,6 +294,14 @@ func TestRawConformance(t *testing.T) {
 			c.fr.WriteRawFrame(0xfb, 0xff, 1, nil)
 		}, 0, none, ok},
 		{"priority on an idle stream", func(c *rawConn) { c.fr.WritePriority(7, http2.PriorityParam{StreamDep: 1, Weight: 9}) }, 0, none, ok},
+		{"priority depending on itself", func(c *rawConn) { c.fr.WritePriority(1, http2.PriorityParam{StreamDep: 1, Weight: 9}) }, http2.ErrCodeProtocol, none, ok},
+		{"headers depending on themselves", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(good...), EndHeaders: true, EndStream: true, Priority: http2.PriorityParam{StreamDep: 1, Weight: 9}})
+		}, http2.ErrCodeProtocol, none, ok},
+		{"headers depending on another", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(good...), EndHeaders: true, Priority: http2.PriorityParam{StreamDep: 7, Weight: 9}})
+			c.fr.WriteData(1, true, grpcFrame(req))
+		}, 0, none, ok},
 		{"uppercase field name", func(c *rawConn) { c.headers(1, call, true, "X-Up", "1") }, http2.ErrCodeProtocol, none, ok},
 		{"connection field", func(c *rawConn) { c.headers(1, call, true, "connection", "close") }, http2.ErrCodeProtocol, none, ok},
 		{"a field name with a space", func(c *rawConn) { c.headers(1, call, true, "x up", "1") }, http2.ErrCodeProtocol, none, ok},

@@ -291,7 +291,9 @@ func (c *conn) onFrame(f http2.Frame) error {
 	case *http2.DataFrame:
 		return c.onData(f)
 	case *http2.HeadersFrame:
-		c.hdr = reqHeaders{id: f.StreamID, end: f.StreamEnded(), contentLength: -1}
+		// A stream cannot depend on itself (RFC 9113 5.3.1).
+		selfDep := f.HasPriority() && f.Priority.StreamDep == f.StreamID
+		c.hdr = reqHeaders{id: f.StreamID, end: f.StreamEnded(), contentLength: -1, malformed: selfDep}
 		return c.onHeaderBlock(f.HeaderBlockFragment(), f.HeadersEnded())
 	case *http2.ContinuationFrame:
 		return c.onHeaderBlock(f.HeaderBlockFragment(), f.HeadersEnded())
@@ -320,6 +322,10 @@ func (c *conn) onFrame(f http2.Frame) error {
 		}
 	case *http2.WindowUpdateFrame:
 		return c.onWindowUpdate(f)
+	case *http2.PriorityFrame:
+		if f.StreamDep == f.StreamID {
+			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeProtocol}
+		}
 	case *http2.PushPromiseFrame:
 		return errProtocol
 	}

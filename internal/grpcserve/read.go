@@ -25,7 +25,7 @@ type reqHeaders struct {
 	method, path, contentType, encoding, timeout string
 	hasTimeout                                   bool
 	contentLength                                int64 // -1: none
-	malformed                                    bool  // a field RFC 9113 8.2 and 8.3 say makes a request malformed: see onField
+	malformed                                    bool  // a field RFC 9113 8.2 and 8.3 say makes a request malformed (see onField), or a dependency on its own stream
 	pseudo                                       uint8 // the pseudo-headers read, as bits: hasMethod...
 	regular                                      bool  // a field not a pseudo-header was read
 }
