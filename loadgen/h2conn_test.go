@@ -254,6 +254,17 @@ func TestGRPCConnServerErrors(t *testing.T) {
 		{"no message", func(r *h2Reply) { r.headers(false, grpcHeaders); r.headers(true, grpcOK) }, codes.Internal, "cardinality"},
 		{"two messages", func(r *h2Reply) { r.reply(append(append([]byte(nil), msg...), msg...), grpcOK) }, codes.Internal, "cardinality"},
 		{"over 4 MiB", func(r *h2Reply) { r.reply(grpcMessage(make([]byte, 4<<20+1))[:100], grpcOK) }, codes.ResourceExhausted, "larger than max"},
+		{"LF in a header value", func(r *h2Reply) {
+			r.headers(false, append(grpcHeaders[:2:2], hpack.HeaderField{Name: "x-a", Value: "a\nb"}))
+			r.fr.WriteData(r.id, false, msg)
+			r.headers(true, grpcOK)
+		}, codes.Internal, "malformed"},
+		{"NUL in a trailer value", func(r *h2Reply) {
+			r.reply(msg, append(grpcOK[:1:1], hpack.HeaderField{Name: "x-a", Value: "\x00"}))
+		}, codes.Internal, "malformed"},
+		{"a space in a trailer name", func(r *h2Reply) {
+			r.reply(msg, append(grpcOK[:1:1], hpack.HeaderField{Name: "x a", Value: "1"}))
+		}, codes.Internal, "malformed"},
 		{"no grpc-status", func(r *h2Reply) { r.reply(msg, []hpack.HeaderField{{Name: "x", Value: "y"}}) }, codes.Unknown, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -215,6 +215,10 @@ func (c *GRPCConn) onHeaderBlock(frag []byte, end bool) error {
 	if cl == nil {
 		return nil
 	}
+	if cl.malformed {
+		c.end(cl, grpcstatus.Error(codes.Internal, "malformed header field: a name or value RFC 9113 8.2.1 forbids"), !c.hEnd)
+		return nil
+	}
 	if !cl.headers {
 		if len(cl.httpStatus) == 3 && cl.httpStatus[0] == '1' && !c.hEnd {
 			cl.httpStatus = "" // informational: the answer's headers follow
@@ -237,11 +241,14 @@ func (c *GRPCConn) onHeaderBlock(frag []byte, end bool) error {
 }
 
 // onField is the HPACK decoder's: it keeps what a call reads of its
-// headers and trailers.
+// headers and trailers, and whether a field is not well formed.
 func (c *GRPCConn) onField(f hpack.HeaderField) {
 	cl := c.hcall
 	if cl == nil {
 		return
+	}
+	if !h2rules.ValidFieldValue(f.Value) || !f.IsPseudo() && !h2rules.ValidFieldName(f.Name) {
+		cl.malformed = true
 	}
 	switch f.Name {
 	case ":status":
