@@ -359,9 +359,9 @@ func (c *conn) onData(f *http2.DataFrame) error {
 		idle := f.StreamID > c.lastID
 		c.creditLocked(n)
 		if !idle {
-			// A closed stream (RFC 9113 5.1), as net/http's server answers
-			// it: the client's DATA in flight when the server reset the
-			// stream has its RST too, which the client ignores.
+			// A stream error STREAM_CLOSED (RFC 9113 5.1). As on
+			// net/http's server, DATA the client sent before it read the
+			// server's RST_STREAM has one too, which the client ignores.
 			c.resetLocked(f.StreamID, http2.ErrCodeStreamClosed)
 		}
 		c.mu.Unlock()
