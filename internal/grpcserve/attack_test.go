@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"net"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -527,5 +528,63 @@ func TestRawHandshakeTimeout(t *testing.T) {
 		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
 			t.Error("a connection in its handshake was not closed")
 		}
+	}
+}
+
+// TestRawDataOnClosed: DATA on a stream the client closed (reset, or
+// ended and answered) is answered with one RST_STREAM STREAM_CLOSED,
+// however many frames follow; DATA on a stream the server reset is
+// dropped, since the client may have sent it before it read the reset
+// (RFC 9113 5.1).
+func TestRawDataOnClosed(t *testing.T) {
+	s := serve(t, grpcserve.Config{})
+	call := testgrpc.TestService_UnaryCall_FullMethodName
+	cases := []struct {
+		name string
+		open func(c *rawConn) // stream 1, and closes it
+		want []http2.ErrCode  // the RST_STREAMs on stream 1
+	}{
+		{"reset by the client", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteRSTStream(1, http2.ErrCodeCancel)
+		}, []http2.ErrCode{http2.ErrCodeStreamClosed}},
+		{"ended by the client, answered", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.message(1, &testpb.SimpleRequest{})
+			c.answer(1)
+		}, []http2.ErrCode{http2.ErrCodeStreamClosed}},
+		{"reset by the server", func(c *rawConn) { c.headers(1, call, false, "te", "gzip") }, []http2.ErrCode{http2.ErrCodeProtocol}},
+		{"answered before the client ended it", func(c *rawConn) { c.headers(1, "/grpc.testing.TestService/Nope", false) }, []http2.ErrCode{http2.ErrCodeNo}},
+		{"its handler done before the client ended it", func(c *rawConn) {
+			c.headers(1, testgrpc.TestService_StreamingOutputCall_FullMethodName, false)
+			b, _ := proto.Marshal(&testpb.StreamingOutputCallRequest{})
+			c.fr.WriteData(1, false, grpcFrame(b))
+			c.answer(1)
+		}, []http2.ErrCode{http2.ErrCodeNo}},
+	}
+	for _, tc := range cases {
+		c := dialRaw(t, s.addr)
+		tc.open(c)
+		for range 3 {
+			c.fr.WriteData(1, false, []byte{0})
+		}
+		c.fr.WritePing(false, [8]byte{9})
+		var got []http2.ErrCode
+		for {
+			f, err := c.fr.ReadFrame()
+			if err != nil {
+				t.Fatalf("%s: waiting for the PING's ACK: %v", tc.name, err)
+			}
+			if r, ok := f.(*http2.RSTStreamFrame); ok && r.StreamID == 1 {
+				got = append(got, r.ErrCode)
+			}
+			if p, ok := f.(*http2.PingFrame); ok && p.IsAck() {
+				break
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s, then 3 DATA: RST_STREAMs %v, want %v", tc.name, got, tc.want)
+		}
+		c.nc.Close()
 	}
 }

@@ -69,8 +69,10 @@ type conn struct {
 	dead       bool
 	ageTimer   *time.Timer
 	graceTimer *time.Timer
-	recvAvail  int64 // of the connection's receive window, as the client was told
-	recvUnsent int64 // read and no longer held, not yet given back by a WINDOW_UPDATE
+	recvAvail  int64      // of the connection's receive window, as the client was told
+	recvUnsent int64      // read and no longer held, not yet given back by a WINDOW_UPDATE
+	resets     [32]uint32 // the streams the server sent RST_STREAM on last, as a ring
+	resetsNext int
 
 	// Owned by the reader.
 	dec *hpack.Decoder
@@ -389,11 +391,22 @@ func (c *conn) resetLocked(id uint32, code http2.ErrCode) {
 		return
 	}
 	c.ctrl = append(c.ctrl, ctrl{kind: ctrlRST, id: id, val: uint32(code)})
+	c.sentResetLocked(id)
 	c.work.Signal()
 	if st := c.streams[id]; st != nil {
 		st.ctx.cancel(errCanceled)
 		c.endStreamLocked(st)
 	}
+}
+
+// sentResetLocked notes that RST_STREAM is queued for stream id: DATA
+// that comes on it after is dropped, as RFC 9113 5.1 says of frames on a
+// stream the endpoint reset, since the client may have sent it before it
+// read the reset. Only the last len(c.resets) streams are kept: DATA on
+// one reset before is answered STREAM_CLOSED, which the client ignores.
+func (c *conn) sentResetLocked(id uint32) {
+	c.resets[c.resetsNext] = id
+	c.resetsNext = (c.resetsNext + 1) % len(c.resets)
 }
 
 // endStreamLocked closes st, if open: it leaves the connection's streams,

@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -264,6 +265,7 @@ func (c *conn) abort(id uint32, code int, s *status.Status, ended bool) {
 	c.ctrl = append(c.ctrl, ctrl{kind: ctrlHeaders, id: id, block: b})
 	if !ended {
 		c.ctrl = append(c.ctrl, ctrl{kind: ctrlRST, id: id, val: uint32(http2.ErrCodeNo)})
+		c.sentResetLocked(id)
 	}
 	c.work.Signal()
 }
@@ -358,10 +360,9 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	if st == nil {
 		idle := f.StreamID > c.lastID
 		c.creditLocked(n)
-		if !idle {
-			// A stream error STREAM_CLOSED (RFC 9113 5.1). As on
-			// net/http's server, DATA the client sent before it read the
-			// server's RST_STREAM has one too, which the client ignores.
+		if !idle && !slices.Contains(c.resets[:], f.StreamID) {
+			// A stream error STREAM_CLOSED (RFC 9113 5.1), once: the
+			// reset is noted, and later DATA on the stream dropped.
 			c.resetLocked(f.StreamID, http2.ErrCodeStreamClosed)
 		}
 		c.mu.Unlock()
