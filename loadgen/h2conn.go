@@ -479,6 +479,7 @@ type h2call struct {
 	// Set by the reader.
 	recvUnsent  int64 // received on the stream, not yet given back
 	headers     bool  // the first header block was read
+	malformed   bool  // a field of the header block being read is not well formed
 	httpStatus  string
 	contentType string
 	grpcStatus  string
@@ -495,7 +496,7 @@ func (cl *h2call) reset(method string, timeout time.Duration) {
 	cl.method, cl.timeout = method, timeout
 	cl.state, cl.id, cl.sent, cl.err, cl.byReader = callIdle, 0, 0, nil, false
 	cl.wdone.Store(false)
-	cl.recvUnsent, cl.headers = 0, false
+	cl.recvUnsent, cl.headers, cl.malformed = 0, false, false
 	cl.httpStatus, cl.contentType, cl.grpcStatus, cl.grpcMessage, cl.encoding = "", "", "", "", ""
 	cl.prefixN, cl.want, cl.resp, cl.got = 0, 0, cl.resp[:0], false
 }

@@ -30,6 +30,7 @@ import (
 
 	core "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 
+	"github.com/hotkeyd/hotkey/internal/h2rules"
 	"github.com/hotkeyd/hotkey/loadgen"
 )
 
@@ -253,6 +254,17 @@ func TestGRPCConnServerErrors(t *testing.T) {
 		{"no message", func(r *h2Reply) { r.headers(false, grpcHeaders); r.headers(true, grpcOK) }, codes.Internal, "cardinality"},
 		{"two messages", func(r *h2Reply) { r.reply(append(append([]byte(nil), msg...), msg...), grpcOK) }, codes.Internal, "cardinality"},
 		{"over 4 MiB", func(r *h2Reply) { r.reply(grpcMessage(make([]byte, 4<<20+1))[:100], grpcOK) }, codes.ResourceExhausted, "larger than max"},
+		{"LF in a header value", func(r *h2Reply) {
+			r.headers(false, append(grpcHeaders[:2:2], hpack.HeaderField{Name: "x-a", Value: "a\nb"}))
+			r.fr.WriteData(r.id, false, msg)
+			r.headers(true, grpcOK)
+		}, codes.Internal, "malformed"},
+		{"NUL in a trailer value", func(r *h2Reply) {
+			r.reply(msg, append(grpcOK[:1:1], hpack.HeaderField{Name: "x-a", Value: "\x00"}))
+		}, codes.Internal, "malformed"},
+		{"a space in a trailer name", func(r *h2Reply) {
+			r.reply(msg, append(grpcOK[:1:1], hpack.HeaderField{Name: "x a", Value: "1"}))
+		}, codes.Internal, "malformed"},
 		{"no grpc-status", func(r *h2Reply) { r.reply(msg, []hpack.HeaderField{{Name: "x", Value: "y"}}) }, codes.Unknown, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -571,5 +583,27 @@ func TestGRPCConnWaitForStream(t *testing.T) {
 	}
 	if id := waitFor(t, paths); id != 3 {
 		t.Errorf("the call after on stream %d; want 3: the one that waited opened none", id)
+	}
+}
+
+// TestGRPCConnSettingsBound: a server whose SETTINGS carry over
+// h2rules.MaxSettings parameters is refused at the dial; one of
+// h2rules.MaxSettings is not.
+func TestGRPCConnSettingsBound(t *testing.T) {
+	for _, n := range []int{h2rules.MaxSettings, h2rules.MaxSettings + 1} {
+		s := &h2Server{settings: make([]http2.Setting, n)}
+		for i := range s.settings {
+			s.settings[i] = http2.Setting{ID: http2.SettingInitialWindowSize, Val: 65535}
+		}
+		s.start(t)
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // only catches a hang
+		conn, err := loadgen.DialGRPC(ctx, s.addr, nil)
+		cancel()
+		if err == nil {
+			conn.Close()
+		}
+		if refused := err != nil; refused != (n > h2rules.MaxSettings) {
+			t.Errorf("SETTINGS of %d parameters: dial error %v", n, err)
+		}
 	}
 }

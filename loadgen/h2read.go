@@ -13,6 +13,8 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 	grpcstatus "google.golang.org/grpc/status"
+
+	"github.com/hotkeyd/hotkey/internal/h2rules"
 )
 
 // readLoop reads frames and hands each to its call until the connection
@@ -96,31 +98,28 @@ func (c *GRPCConn) dispatch(f http2.Frame) error {
 
 // settings applies the server's SETTINGS, and queues their ACK.
 func (c *GRPCConn) settings(f *http2.SettingsFrame) error {
+	set, err := h2rules.ReadSettings(f)
+	if err != nil {
+		return err
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	ack := h2ctrl{kind: ctrlSettingsAck}
-	err := f.ForeachSetting(func(s http2.Setting) error {
-		if err := s.Valid(); err != nil {
-			return err
+	if v, ok := set.Value(http2.SettingMaxConcurrentStreams); ok {
+		c.maxStreams = int(min(v, math.MaxInt32))
+	}
+	if v, ok := set.Value(http2.SettingInitialWindowSize); ok && int64(v) != c.initWindow {
+		delta := int64(v) - c.initWindow
+		c.initWindow = int64(v)
+		for _, cl := range c.streams {
+			cl.sendWindow += delta
 		}
-		switch s.ID {
-		case http2.SettingMaxConcurrentStreams:
-			c.maxStreams = int(min(s.Val, math.MaxInt32))
-		case http2.SettingInitialWindowSize:
-			delta := int64(s.Val) - c.initWindow
-			c.initWindow = int64(s.Val)
-			for _, cl := range c.streams {
-				cl.sendWindow += delta
-			}
-		case http2.SettingMaxFrameSize:
-			c.maxFrame = int(s.Val)
-		case http2.SettingHeaderTableSize:
-			ack.table, ack.val = true, s.Val
-		}
-		return nil
-	})
-	if err != nil {
-		return err
+	}
+	if v, ok := set.Value(http2.SettingMaxFrameSize); ok {
+		c.maxFrame = int(v)
+	}
+	if v, ok := set.Value(http2.SettingHeaderTableSize); ok {
+		ack.table, ack.val = true, v
 	}
 	for len(c.waiting) > 0 && c.active < c.maxStreams && c.goaway == nil {
 		cl := c.waiting[0]
@@ -216,6 +215,10 @@ func (c *GRPCConn) onHeaderBlock(frag []byte, end bool) error {
 	if cl == nil {
 		return nil
 	}
+	if cl.malformed {
+		c.end(cl, grpcstatus.Error(codes.Internal, "malformed header field: a name or value RFC 9113 8.2.1 forbids"), !c.hEnd)
+		return nil
+	}
 	if !cl.headers {
 		if len(cl.httpStatus) == 3 && cl.httpStatus[0] == '1' && !c.hEnd {
 			cl.httpStatus = "" // informational: the answer's headers follow
@@ -238,11 +241,14 @@ func (c *GRPCConn) onHeaderBlock(frag []byte, end bool) error {
 }
 
 // onField is the HPACK decoder's: it keeps what a call reads of its
-// headers and trailers.
+// headers and trailers, and whether a field is not well formed.
 func (c *GRPCConn) onField(f hpack.HeaderField) {
 	cl := c.hcall
 	if cl == nil {
 		return
+	}
+	if !h2rules.ValidFieldValue(f.Value) || !f.IsPseudo() && !h2rules.ValidFieldName(f.Name) {
+		cl.malformed = true
 	}
 	switch f.Name {
 	case ":status":

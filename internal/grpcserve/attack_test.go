@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"net"
 	"runtime"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -188,7 +190,7 @@ func TestStopRacingCalls(t *testing.T) {
 }
 
 // outcome reads frames until stream next ends or the connection does,
-// and returns the RST_STREAM code of stream probe (0: none), the GOAWAY
+// and returns the first RST_STREAM code of stream probe (0: none), the GOAWAY
 // code (-1: none) and next's grpc-status ("": not answered).
 func (c *rawConn) outcome(probe, next uint32) (rst http2.ErrCode, goAway int64, grpcStatus string) {
 	goAway = -1
@@ -202,7 +204,9 @@ func (c *rawConn) outcome(probe, next uint32) (rst http2.ErrCode, goAway int64, 
 			goAway = int64(f.ErrCode)
 		case *http2.RSTStreamFrame:
 			if f.StreamID == probe {
-				rst = f.ErrCode
+				if rst == 0 {
+					rst = f.ErrCode
+				}
 			} else if f.StreamID == next && grpcStatus == "" {
 				grpcStatus = "RST " + f.ErrCode.String()
 				return
@@ -259,6 +263,13 @@ func TestRawConformance(t *testing.T) {
 		{"max frame size over 2^24-1", func(c *rawConn) {
 			c.fr.WriteSettings(http2.Setting{ID: http2.SettingMaxFrameSize, Val: 1 << 24})
 		}, 0, int64(http2.ErrCodeProtocol), ""},
+		{"SETTINGS of 100 parameters", func(c *rawConn) { c.fr.WriteSettings(windowSettings(100)...) }, 0, none, ok},
+		{"SETTINGS of 101 parameters", func(c *rawConn) { c.fr.WriteSettings(windowSettings(101)...) }, 0, int64(http2.ErrCodeProtocol), ""},
+		{"initial window given twice: the last applies", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteWindowUpdate(1, 1)
+			c.fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1<<31 - 1}, http2.Setting{ID: http2.SettingInitialWindowSize, Val: 65535})
+		}, 0, none, ok},
 		{"enable push 2", func(c *rawConn) { c.fr.WriteSettings(http2.Setting{ID: http2.SettingEnablePush, Val: 2}) }, 0, int64(http2.ErrCodeProtocol), ""},
 		{"push promise", func(c *rawConn) {
 			c.headers(1, call, false)
@@ -284,8 +295,53 @@ func TestRawConformance(t *testing.T) {
 			c.fr.WriteRawFrame(0xfb, 0xff, 1, nil)
 		}, 0, none, ok},
 		{"priority on an idle stream", func(c *rawConn) { c.fr.WritePriority(7, http2.PriorityParam{StreamDep: 1, Weight: 9}) }, 0, none, ok},
+		{"priority depending on itself", func(c *rawConn) { c.fr.WritePriority(1, http2.PriorityParam{StreamDep: 1, Weight: 9}) }, http2.ErrCodeProtocol, none, ok},
+		{"headers depending on themselves", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(good...), EndHeaders: true, EndStream: true, Priority: http2.PriorityParam{StreamDep: 1, Weight: 9}})
+		}, http2.ErrCodeProtocol, none, ok},
+		{"headers depending on another", func(c *rawConn) {
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(good...), EndHeaders: true, Priority: http2.PriorityParam{StreamDep: 7, Weight: 9}})
+			c.fr.WriteData(1, true, grpcFrame(req))
+		}, 0, none, ok},
 		{"uppercase field name", func(c *rawConn) { c.headers(1, call, true, "X-Up", "1") }, http2.ErrCodeProtocol, none, ok},
 		{"connection field", func(c *rawConn) { c.headers(1, call, true, "connection", "close") }, http2.ErrCodeProtocol, none, ok},
+		{"a field name with a space", func(c *rawConn) { c.headers(1, call, true, "x up", "1") }, http2.ErrCodeProtocol, none, ok},
+		{"a field name with a colon", func(c *rawConn) { c.headers(1, call, true, "x:up", "1") }, http2.ErrCodeProtocol, none, ok},
+		{"an empty field name", func(c *rawConn) { c.headers(1, call, true, "", "1") }, http2.ErrCodeProtocol, none, ok},
+		{"a field name not ASCII", func(c *rawConn) { c.headers(1, call, true, "x-\xe9", "1") }, http2.ErrCodeProtocol, none, ok},
+		{"CR in a value", func(c *rawConn) { c.headers(1, call, true, "x-a", "a\rb") }, http2.ErrCodeProtocol, none, ok},
+		{"LF in a value", func(c *rawConn) { c.headers(1, call, true, "x-a", "a\nb") }, http2.ErrCodeProtocol, none, ok},
+		{"NUL in a value", func(c *rawConn) { c.headers(1, call, true, "x-a", "a\x00b") }, http2.ErrCodeProtocol, none, ok},
+		{"CR in :path", func(c *rawConn) { c.headers(1, call+"\r", true) }, http2.ErrCodeProtocol, none, ok},
+		{"te other than trailers", func(c *rawConn) { c.headers(1, call, true, "te", "gzip") }, http2.ErrCodeProtocol, none, ok},
+		{"te trailers", func(c *rawConn) {
+			c.headers(1, call, false, "te", "trailers")
+			c.fr.WriteData(1, true, grpcFrame(req))
+		}, 0, none, ok},
+		{"content-length the DATA matches", func(c *rawConn) {
+			c.headers(1, call, false, "content-length", strconv.Itoa(len(grpcFrame(req))))
+			c.fr.WriteData(1, false, grpcFrame(req)[:3])
+			c.fr.WriteDataPadded(1, true, grpcFrame(req)[3:], make([]byte, 7))
+		}, 0, none, ok},
+		{"content-length over the DATA", func(c *rawConn) {
+			c.headers(1, call, false, "content-length", strconv.Itoa(len(grpcFrame(req))+1))
+			c.fr.WriteData(1, true, grpcFrame(req))
+		}, http2.ErrCodeProtocol, none, ok},
+		{"content-length under the DATA", func(c *rawConn) {
+			c.headers(1, call, false, "content-length", strconv.Itoa(len(grpcFrame(req))-1))
+			c.fr.WriteData(1, true, grpcFrame(req))
+		}, http2.ErrCodeProtocol, none, ok},
+		{"content-length over the sum of DATA frames", func(c *rawConn) {
+			c.headers(1, call, false, "content-length", strconv.Itoa(len(grpcFrame(req))+1))
+			c.fr.WriteData(1, false, grpcFrame(req)[:3])
+			c.fr.WriteData(1, true, grpcFrame(req)[3:])
+		}, http2.ErrCodeProtocol, none, ok},
+		{"content-length and no DATA", func(c *rawConn) { c.headers(1, call, true, "content-length", "1") }, http2.ErrCodeProtocol, none, ok},
+		{"content-length not a number", func(c *rawConn) { c.headers(1, call, true, "content-length", "-0") }, http2.ErrCodeProtocol, none, ok},
+		{"content-length twice", func(c *rawConn) {
+			c.headers(1, call, false, "content-length", strconv.Itoa(len(grpcFrame(req))), "content-length", strconv.Itoa(len(grpcFrame(req))))
+			c.fr.WriteData(1, true, grpcFrame(req))
+		}, http2.ErrCodeProtocol, none, ok},
 		{"pseudo-header after a regular one", func(c *rawConn) {
 			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock(append(good[2:], good[:2]...)...), EndHeaders: true, EndStream: true})
 		}, http2.ErrCodeProtocol, none, ok},
@@ -300,6 +356,11 @@ func TestRawConformance(t *testing.T) {
 			c.fr.WriteData(1, false, grpcFrame(req))
 			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock("x-trailer", "1"), EndHeaders: true, EndStream: true})
 		}, 0, none, ok},
+		{"client trailers with LF in a value", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteData(1, false, grpcFrame(req))
+			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock("x-trailer", "1\n"), EndHeaders: true, EndStream: true})
+		}, http2.ErrCodeProtocol, none, ok},
 		{"second headers without END_STREAM", func(c *rawConn) {
 			c.headers(1, call, false)
 			c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: 1, BlockFragment: fieldsBlock("x-more", "1"), EndHeaders: true})
@@ -310,7 +371,13 @@ func TestRawConformance(t *testing.T) {
 			for range 20 << 20 / 16384 { // over the connection's window
 				c.fr.WriteData(1, false, make([]byte, 16384))
 			}
-		}, 0, none, ok},
+		}, http2.ErrCodeStreamClosed, none, ok},
+		{"DATA on a stream the client ended, once answered", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteData(1, true, grpcFrame(req))
+			c.answer(1)
+			c.fr.WriteData(1, true, []byte{0})
+		}, http2.ErrCodeStreamClosed, none, ok},
 	}
 	for _, tc := range cases {
 		c := dialRaw(t, s.addr)
@@ -324,6 +391,16 @@ func TestRawConformance(t *testing.T) {
 		}
 		c.nc.Close()
 	}
+}
+
+// windowSettings returns n SETTINGS_INITIAL_WINDOW_SIZE parameters of
+// the default value.
+func windowSettings(n int) []http2.Setting {
+	s := make([]http2.Setting, n)
+	for i := range s {
+		s[i] = http2.Setting{ID: http2.SettingInitialWindowSize, Val: 65535}
+	}
+	return s
 }
 
 // dataUntilPing sends PING v, and another once the first's ACK came
@@ -451,5 +528,63 @@ func TestRawHandshakeTimeout(t *testing.T) {
 		} else if ne, ok := err.(net.Error); ok && ne.Timeout() {
 			t.Error("a connection in its handshake was not closed")
 		}
+	}
+}
+
+// TestRawDataOnClosed: DATA on a stream the client closed (reset, or
+// ended and answered) is answered with one RST_STREAM STREAM_CLOSED,
+// however many frames follow; DATA on a stream the server reset is
+// dropped, since the client may have sent it before it read the reset
+// (RFC 9113 5.1).
+func TestRawDataOnClosed(t *testing.T) {
+	s := serve(t, grpcserve.Config{})
+	call := testgrpc.TestService_UnaryCall_FullMethodName
+	cases := []struct {
+		name string
+		open func(c *rawConn) // stream 1, and closes it
+		want []http2.ErrCode  // the RST_STREAMs on stream 1
+	}{
+		{"reset by the client", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.fr.WriteRSTStream(1, http2.ErrCodeCancel)
+		}, []http2.ErrCode{http2.ErrCodeStreamClosed}},
+		{"ended by the client, answered", func(c *rawConn) {
+			c.headers(1, call, false)
+			c.message(1, &testpb.SimpleRequest{})
+			c.answer(1)
+		}, []http2.ErrCode{http2.ErrCodeStreamClosed}},
+		{"reset by the server", func(c *rawConn) { c.headers(1, call, false, "te", "gzip") }, []http2.ErrCode{http2.ErrCodeProtocol}},
+		{"answered before the client ended it", func(c *rawConn) { c.headers(1, "/grpc.testing.TestService/Nope", false) }, []http2.ErrCode{http2.ErrCodeNo}},
+		{"its handler done before the client ended it", func(c *rawConn) {
+			c.headers(1, testgrpc.TestService_StreamingOutputCall_FullMethodName, false)
+			b, _ := proto.Marshal(&testpb.StreamingOutputCallRequest{})
+			c.fr.WriteData(1, false, grpcFrame(b))
+			c.answer(1)
+		}, []http2.ErrCode{http2.ErrCodeNo}},
+	}
+	for _, tc := range cases {
+		c := dialRaw(t, s.addr)
+		tc.open(c)
+		for range 3 {
+			c.fr.WriteData(1, false, []byte{0})
+		}
+		c.fr.WritePing(false, [8]byte{9})
+		var got []http2.ErrCode
+		for {
+			f, err := c.fr.ReadFrame()
+			if err != nil {
+				t.Fatalf("%s: waiting for the PING's ACK: %v", tc.name, err)
+			}
+			if r, ok := f.(*http2.RSTStreamFrame); ok && r.StreamID == 1 {
+				got = append(got, r.ErrCode)
+			}
+			if p, ok := f.(*http2.PingFrame); ok && p.IsAck() {
+				break
+			}
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s, then 3 DATA: RST_STREAMs %v, want %v", tc.name, got, tc.want)
+		}
+		c.nc.Close()
 	}
 }

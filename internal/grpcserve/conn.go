@@ -16,6 +16,8 @@ import (
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/stats"
+
+	"github.com/hotkeyd/hotkey/internal/h2rules"
 )
 
 // The windows the server grants a client: the connection's, unless
@@ -67,8 +69,10 @@ type conn struct {
 	dead       bool
 	ageTimer   *time.Timer
 	graceTimer *time.Timer
-	recvAvail  int64 // of the connection's receive window, as the client was told
-	recvUnsent int64 // read and no longer held, not yet given back by a WINDOW_UPDATE
+	recvAvail  int64      // of the connection's receive window, as the client was told
+	recvUnsent int64      // read and no longer held, not yet given back by a WINDOW_UPDATE
+	resets     [32]uint32 // the streams the server sent RST_STREAM on last, as a ring
+	resetsNext int
 
 	// Owned by the reader.
 	dec *hpack.Decoder
@@ -289,7 +293,9 @@ func (c *conn) onFrame(f http2.Frame) error {
 	case *http2.DataFrame:
 		return c.onData(f)
 	case *http2.HeadersFrame:
-		c.hdr = reqHeaders{id: f.StreamID, end: f.StreamEnded()}
+		// A stream cannot depend on itself (RFC 9113 5.3.1).
+		selfDep := f.HasPriority() && f.Priority.StreamDep == f.StreamID
+		c.hdr = reqHeaders{id: f.StreamID, end: f.StreamEnded(), contentLength: -1, malformed: selfDep}
 		return c.onHeaderBlock(f.HeaderBlockFragment(), f.HeadersEnded())
 	case *http2.ContinuationFrame:
 		return c.onHeaderBlock(f.HeaderBlockFragment(), f.HeadersEnded())
@@ -318,36 +324,37 @@ func (c *conn) onFrame(f http2.Frame) error {
 		}
 	case *http2.WindowUpdateFrame:
 		return c.onWindowUpdate(f)
+	case *http2.PriorityFrame:
+		if f.StreamDep == f.StreamID {
+			return http2.StreamError{StreamID: f.StreamID, Code: http2.ErrCodeProtocol}
+		}
 	case *http2.PushPromiseFrame:
 		return errProtocol
 	}
 	return nil
 }
 
-// onSettings applies the client's SETTINGS and queues their ACK.
+// onSettings applies the client's SETTINGS and queues their ACK. The
+// streams' windows are changed once a frame, for its last
+// INITIAL_WINDOW_SIZE, under c.mu: a frame costs at most one walk of them.
 func (c *conn) onSettings(f *http2.SettingsFrame) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	err := f.ForeachSetting(func(s http2.Setting) error {
-		if err := s.Valid(); err != nil {
-			return err
-		}
-		switch s.ID {
-		case http2.SettingInitialWindowSize:
-			delta := int64(s.Val) - c.initWindow
-			c.initWindow = int64(s.Val)
-			for _, st := range c.streams {
-				if st.sendWindow += delta; st.sendWindow > 1<<31-1 {
-					return http2.ConnectionError(http2.ErrCodeFlowControl)
-				}
-			}
-		case http2.SettingMaxFrameSize:
-			c.maxFrame = int(s.Val)
-		}
-		return nil
-	})
+	set, err := h2rules.ReadSettings(f)
 	if err != nil {
 		return err
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if v, ok := set.Value(http2.SettingInitialWindowSize); ok && int64(v) != c.initWindow {
+		delta := int64(v) - c.initWindow
+		c.initWindow = int64(v)
+		for _, st := range c.streams {
+			if st.sendWindow += delta; st.sendWindow > 1<<31-1 {
+				return http2.ConnectionError(http2.ErrCodeFlowControl)
+			}
+		}
+	}
+	if v, ok := set.Value(http2.SettingMaxFrameSize); ok {
+		c.maxFrame = int(v)
 	}
 	c.ctrl = append(c.ctrl, ctrl{kind: ctrlSettingsAck})
 	c.work.Signal()
@@ -384,11 +391,22 @@ func (c *conn) resetLocked(id uint32, code http2.ErrCode) {
 		return
 	}
 	c.ctrl = append(c.ctrl, ctrl{kind: ctrlRST, id: id, val: uint32(code)})
+	c.sentResetLocked(id)
 	c.work.Signal()
 	if st := c.streams[id]; st != nil {
 		st.ctx.cancel(errCanceled)
 		c.endStreamLocked(st)
 	}
+}
+
+// sentResetLocked notes that RST_STREAM is queued for stream id: DATA
+// that comes on it after is dropped, as RFC 9113 5.1 says of frames on a
+// stream the endpoint reset, since the client may have sent it before it
+// read the reset. Only the last len(c.resets) streams are kept: DATA on
+// one reset before is answered STREAM_CLOSED, which the client ignores.
+func (c *conn) sentResetLocked(id uint32) {
+	c.resets[c.resetsNext] = id
+	c.resetsNext = (c.resetsNext + 1) % len(c.resets)
 }
 
 // endStreamLocked closes st, if open: it leaves the connection's streams,

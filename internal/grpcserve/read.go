@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -12,6 +13,8 @@ import (
 	"golang.org/x/net/http2/hpack"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+
+	"github.com/hotkeyd/hotkey/internal/h2rules"
 )
 
 // reqHeaders is what the server reads of a header block.
@@ -22,7 +25,8 @@ type reqHeaders struct {
 	encoded                                      int  // bytes of the header block read
 	method, path, contentType, encoding, timeout string
 	hasTimeout                                   bool
-	malformed                                    bool  // a connection-specific field, an uppercase name, a pseudo-header not of a request, twice, or after a regular field
+	contentLength                                int64 // -1: none
+	malformed                                    bool  // a field RFC 9113 8.2 and 8.3 say makes a request malformed (see onField), or a dependency on its own stream
 	pseudo                                       uint8 // the pseudo-headers read, as bits: hasMethod...
 	regular                                      bool  // a field not a pseudo-header was read
 }
@@ -57,11 +61,18 @@ func (c *conn) onHeaderBlock(frag []byte, end bool) error {
 	return c.onHeaders(&c.hdr)
 }
 
-// onField is the HPACK decoder's: it keeps the fields a call reads.
+// onField is the HPACK decoder's: it keeps the fields a call reads, and
+// finds the request malformed for a name or value not well formed, a
+// connection-specific field, a te other than trailers, a content-length
+// not a number or given twice, a pseudo-header not of a request, twice,
+// or after a regular field.
 func (c *conn) onField(f hpack.HeaderField) {
 	h := &c.hdr
 	if h.size += len(f.Name) + len(f.Value) + 32; h.size > int(c.s.cfg.MaxHeaderListSize) {
 		return
+	}
+	if !h2rules.ValidFieldValue(f.Value) {
+		h.malformed = true
 	}
 	var bit uint8
 	switch f.Name {
@@ -79,6 +90,16 @@ func (c *conn) onField(f hpack.HeaderField) {
 		h.encoding = f.Value
 	case "grpc-timeout":
 		h.timeout, h.hasTimeout = f.Value, true
+	case "te":
+		if f.Value != "trailers" {
+			h.malformed = true
+		}
+	case "content-length":
+		n, err := strconv.ParseUint(f.Value, 10, 63)
+		if err != nil || h.contentLength >= 0 {
+			h.malformed = true
+		}
+		h.contentLength = int64(n)
 	case "connection", "keep-alive", "proxy-connection", "transfer-encoding", "upgrade":
 		h.malformed = true
 	default:
@@ -86,10 +107,8 @@ func (c *conn) onField(f hpack.HeaderField) {
 			h.malformed = true
 			return
 		}
-		for i := 0; i < len(f.Name); i++ {
-			if c := f.Name[i]; 'A' <= c && c <= 'Z' {
-				h.malformed = true
-			}
+		if !h2rules.ValidFieldName(f.Name) {
+			h.malformed = true
 		}
 	}
 	if bit == 0 {
@@ -103,7 +122,9 @@ func (c *conn) onField(f hpack.HeaderField) {
 }
 
 // onHeaders opens a stream for a call, or answers it at once when it
-// cannot be made; a header block on an open stream ends the client's side.
+// cannot be made; a header block on an open stream, its trailers, ends
+// the client's side, or resets the stream if it is malformed or does not
+// end it.
 func (c *conn) onHeaders(h *reqHeaders) error {
 	id, end := h.id, h.end
 	c.mu.Lock()
@@ -114,7 +135,7 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 	c.mu.Unlock()
 	if st != nil {
 		defer st.release()
-		if !end {
+		if !end || h.malformed {
 			c.resetStream(id, http2.ErrCodeProtocol)
 			return nil
 		}
@@ -182,6 +203,7 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 		return errClosed
 	}
 	st.sendWindow = c.initWindow
+	st.dataLeft = h.contentLength
 	c.streams[id] = st
 	if hasTimeout {
 		st.ctx.deadline = st.begin.Add(d)
@@ -243,6 +265,7 @@ func (c *conn) abort(id uint32, code int, s *status.Status, ended bool) {
 	c.ctrl = append(c.ctrl, ctrl{kind: ctrlHeaders, id: id, block: b})
 	if !ended {
 		c.ctrl = append(c.ctrl, ctrl{kind: ctrlRST, id: id, val: uint32(http2.ErrCodeNo)})
+		c.sentResetLocked(id)
 	}
 	c.work.Signal()
 }
@@ -293,6 +316,11 @@ func (c *conn) endOfStream(st *stream) {
 		c.resetStream(st.id, http2.ErrCodeStreamClosed)
 		return
 	}
+	if st.dataLeft > 0 {
+		c.resetLocked(st.id, http2.ErrCodeProtocol)
+		c.mu.Unlock()
+		return
+	}
 	st.recvEnded = true
 	switch {
 	case st.recvErr != nil:
@@ -332,11 +360,16 @@ func (c *conn) onData(f *http2.DataFrame) error {
 	if st == nil {
 		idle := f.StreamID > c.lastID
 		c.creditLocked(n)
+		if !idle && !slices.Contains(c.resets[:], f.StreamID) {
+			// A stream error STREAM_CLOSED (RFC 9113 5.1), once: the
+			// reset is noted, and later DATA on the stream dropped.
+			c.resetLocked(f.StreamID, http2.ErrCodeStreamClosed)
+		}
 		c.mu.Unlock()
 		if idle {
 			return errProtocol
 		}
-		return nil // a stream reset or answered: its data is dropped
+		return nil
 	}
 	if st.recvEnded {
 		c.creditLocked(n)
@@ -351,6 +384,14 @@ func (c *conn) onData(f *http2.DataFrame) error {
 		c.resetLocked(st.id, http2.ErrCodeFlowControl)
 		c.mu.Unlock()
 		return nil
+	}
+	if st.dataLeft >= 0 {
+		if st.dataLeft -= int64(len(data)); st.dataLeft < 0 {
+			c.creditLocked(n)
+			c.resetLocked(st.id, http2.ErrCodeProtocol)
+			c.mu.Unlock()
+			return nil
+		}
 	}
 	if st.discard || st.dispatched && st.m.unary != nil {
 		c.creditLocked(n)

@@ -32,9 +32,10 @@ type stream struct {
 	tc    atomic.Pointer[conn] // c, for expire
 
 	// Owned by the reader.
-	dispatched bool // its handler was run
-	discard    bool // a request error was found: its DATA is dropped
-	got        bool // unary: the message is whole
+	dispatched bool  // its handler was run
+	discard    bool  // a request error was found: its DATA is dropped
+	got        bool  // unary: the message is whole
+	dataLeft   int64 // of the request's content-length, the bytes of DATA yet to come; -1: none was given
 	recvAvail  int64
 	recvUnsent int64
 	prefix     [5]byte

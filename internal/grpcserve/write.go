@@ -110,7 +110,9 @@ func (c *conn) planLocked(items []item) []item {
 		}
 		if st.trailer != nil && st.sent == len(st.out) {
 			it.trailer, st.hdrSent = st.trailer, true
-			it.rst = !st.recvEnded
+			if it.rst = !st.recvEnded; it.rst {
+				c.sentResetLocked(st.id)
+			}
 		}
 		if it.headers || it.data != nil || it.trailer != nil {
 			st.refs.Add(1)
