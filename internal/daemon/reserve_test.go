@@ -122,6 +122,13 @@ func TestReserveDaemons(t *testing.T) {
 	}
 	if admitted.Load() != decisions {
 		t.Errorf("%d of %d admitted under a limit above the traffic", admitted.Load(), decisions)
+		for i, d := range []*Daemon{d1, d2} {
+			for l := range strings.Lines(scrapeMetrics(t, d)) {
+				if strings.HasPrefix(l, "hotkey_reserve_") || strings.HasPrefix(l, "hotkey_decisions_total") || strings.HasPrefix(l, "hotkey_peers") {
+					t.Logf("daemon %d: %s", i+1, strings.TrimSpace(l))
+				}
+			}
+		}
 	}
 	// An admission is read on the clock after its batch's answer: at a
 	// window's end, each client's batch in flight may read the next
