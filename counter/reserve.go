@@ -101,7 +101,7 @@ type block struct {
 	hash  uint64
 	lim   Limit
 	left  int64 // leased units not admitted yet
-	token int64 // the lease's, for Return
+	token Token // the lease's, for Return
 	from  int64 // when it was leased, ns on the store's Clock
 	until int64 // when the lease ends, ns on the store's Clock
 

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hotkeyd/hotkey/internal/redistest"
 )
 
 // stepClock is a clock the test moves: testkit.Clock's twin, which this
@@ -48,7 +50,7 @@ func (l *recordingLeaser) Lease(ctx context.Context, key string, hash uint64, li
 	return ls, err
 }
 
-func (l *recordingLeaser) Return(ctx context.Context, key string, hash uint64, lim Limit, r, token int64) (int64, error) {
+func (l *recordingLeaser) Return(ctx context.Context, key string, hash uint64, lim Limit, r int64, token Token) (int64, error) {
 	l.mu.Lock()
 	l.returned = append(l.returned, r)
 	l.mu.Unlock()
@@ -471,5 +473,95 @@ func TestReserveClockStepBack(t *testing.T) {
 	}
 	if a.Stats().Leases == 0 {
 		t.Error("A leased no block")
+	}
+}
+
+// TestReserveReturnAfterLoss: two instances hold blocks of a fixed window
+// on a redis-server that loses its data (FLUSHALL, or killed and
+// restarted without persistence); new traffic, decided on the store,
+// takes the window's whole limit from the counter made again; then the
+// blocks' leases end and the instances decide again. Their returns give
+// nothing to the new counter, so it admits its limit after the loss, not
+// the limit and the blocks' unused units.
+func TestReserveReturnAfterLoss(t *testing.T) {
+	srv := redistest.ForTest(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { client.Close() })
+	base := newTestStore(t, client, RedisConfig{Prefix: "loss:"})
+	ctx := context.Background()
+	for _, loss := range []struct {
+		name string
+		lose func() error
+	}{
+		{"flushall", func() error { return client.FlushAll(ctx).Err() }},
+		{"restart", func() error {
+			if err := srv.Kill(); err != nil {
+				return err
+			}
+			return srv.Restart()
+		}},
+	} {
+		t.Run(loss.name, func(t *testing.T) {
+			clock := newStepClock()
+			var stores [2]*ReserveStore
+			for i := range stores {
+				stores[i] = NewReserveStore(base, ReserveConfig{Clock: clock.Since, Instances: func() int { return len(stores) }, Sweep: -1})
+				t.Cleanup(func() { stores[i].Close() })
+			}
+			key := uniqueKey(t)
+			lim := Limit{Algorithm: FixedWindow, Rate: 1000, Period: longPeriod}
+			var admitted int64
+			count := func(r Result, err error) {
+				t.Helper()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Allowed {
+					admitted++
+				}
+			}
+			for range 20 { // enough, fast enough, for each to lease a block
+				for _, s := range stores {
+					count(s.Take(ctx, key, Hash(key), lim, 1))
+				}
+				clock.Advance(10 * time.Microsecond)
+			}
+			if st := stores[0].Stats(); st.Leases == 0 {
+				t.Fatalf("no block leased: %+v", st)
+			}
+			if err := loss.lose(); err != nil {
+				t.Fatal(err)
+			}
+			lost := admitted
+			for i := 0; ; i++ { // a restarted server answers once the client has dialed it again
+				r, err := base.Take(ctx, key, Hash(key), lim, 1)
+				if err == nil {
+					count(r, err)
+					break
+				}
+				if i == 100 {
+					t.Fatal(err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			for range lim.Rate {
+				count(base.Take(ctx, key, Hash(key), lim, 1))
+			}
+			clock.Advance(DefaultLease) // the blocks' leases end
+			for range lim.Rate {
+				for _, s := range stores {
+					count(s.Take(ctx, key, Hash(key), lim, 1))
+				}
+			}
+			var returned uint64
+			for _, s := range stores {
+				returned += s.Stats().Returned
+			}
+			after := admitted - lost
+			t.Logf("%d admitted before the loss, %d after it in the window of %d; %d units went back", lost, after, lim.Rate, returned)
+			if after != lim.Rate {
+				t.Errorf("%d admitted after the loss, want the limit, %d", after, lim.Rate)
+			}
+		})
 	}
 }
