@@ -233,8 +233,11 @@ func (e *Engine) reserveStore() counter.Store {
 	}
 	// Time since now, on Go's monotonic clock when the engine's clock
 	// reads it (time.Now does): a step of the wall clock is not seen.
-	start := e.opt.clock()
-	since := func() time.Duration { return e.opt.clock().Sub(start) }
+	since := e.opt.monotonic
+	if since == nil {
+		start := e.opt.clock()
+		since = func() time.Duration { return e.opt.clock().Sub(start) }
+	}
 	rs := counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.liveInstances, Clock: since, Sweep: e.opt.reserveSweep})
 	e.reserve.Store(rs)
 	return rs

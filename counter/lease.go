@@ -75,11 +75,12 @@ type Leaser interface {
 	// taken on key under lim, and reports how many went back (for a token
 	// bucket, how many more units it admits now than before): at most r,
 	// fewer where the algorithm's rule says (see lease.go), none if the
-	// counter expired. lim must be the lease's, and a caller whose limit
-	// changed since returns nothing; where a store can tell (a token
-	// bucket's interval, on Redis another algorithm's state), it gives
-	// nothing back. Nor does it to a counter of another generation. r must not pass the lease's units not admitted, and
-	// each unit goes back once. It may block on I/O.
+	// counter expired or is of another generation. lim must be the
+	// lease's, and a caller whose limit changed since returns nothing;
+	// where a store can tell (a token bucket's interval, on Redis another
+	// algorithm's state), it gives nothing back. r must not pass the
+	// lease's units not admitted, and each unit goes back once. It may
+	// block on I/O.
 	Return(ctx context.Context, key string, hash uint64, lim Limit, r int64, token Token) (int64, error)
 }
 

@@ -102,8 +102,8 @@ type block struct {
 	lim   Limit
 	left  int64 // leased units not admitted yet
 	token Token // the lease's, for Return
-	from  int64 // when it was leased, ns on the store's Clock
-	until int64 // when the lease ends, ns on the store's Clock
+	from  int64 // when it was leased, ns on ReserveConfig.Clock
+	until int64 // when the lease ends, ns on ReserveConfig.Clock
 
 	// The key's local rate: units decided since `since`, and the last
 	// estimate, in units per lease.
