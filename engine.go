@@ -231,7 +231,14 @@ func (e *Engine) reserveStore() counter.Store {
 	if e.closed.Load() {
 		return e.store
 	}
-	rs := counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.liveInstances, Clock: e.opt.clock, Sweep: e.opt.reserveSweep})
+	// Time since now, on Go's monotonic clock when the engine's clock
+	// reads it (time.Now does): a step of the wall clock is not seen.
+	since := e.opt.monotonic
+	if since == nil {
+		start := e.opt.clock()
+		since = func() time.Duration { return e.opt.clock().Sub(start) }
+	}
+	rs := counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.liveInstances, Clock: since, Sweep: e.opt.reserveSweep})
 	e.reserve.Store(rs)
 	return rs
 }

@@ -108,6 +108,17 @@ func withoutReserveSweep() Option {
 	}
 }
 
+// withMonotonic times SyncReserve's blocks on mono, the time since an
+// instant of its own, rather than on the engine's clock read through
+// time.Time.Sub: a test's clock carries no monotonic reading, so a test
+// that steps the wall clock gives this one apart.
+func withMonotonic(mono func() time.Duration) Option {
+	return func(o *options) error {
+		o.monotonic = mono
+		return nil
+	}
+}
+
 // withGossipRounds keeps SyncGossip's rounds on an engine whose
 // coordinator carries no gossip, for a test to flush and deliver by hand
 // (gossipFlush, gossipApply).

@@ -26,6 +26,7 @@ type options struct {
 	secondChance                  bool
 	selection                     shard.Selection
 	clock                         func() time.Time
+	monotonic                     func() time.Duration // SyncReserve's block times; nil: clock through time.Time.Sub (see withMonotonic)
 	maxHotKeys                    int
 	detect                        bool
 	detector                      detector.Config

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // TestReserveClockStep: three engines on one redis-server decide a
@@ -134,5 +135,67 @@ func TestReserveClockStep(t *testing.T) {
 		t.Logf("window 3 ended before the probe: the blocks' return not checked")
 	case !r.Allowed || r.Remaining != limit-admitted3-1:
 		t.Errorf("after Close: %+v, want %d left: not every block's unused units are back", r, limit-admitted3-1)
+	}
+}
+
+// TestReserveWallStepBack: engine A's wall clock steps back 20 ms near a
+// fixed window's end while A holds a block of it; engine B then takes the
+// next window's whole limit, and A decides again. A times its block on its
+// monotonic clock, which did not step, so the block ends with its window
+// on the store's clock and each window admits at most the limit.
+func TestReserveWallStepBack(t *testing.T) {
+	clock := testkit.NewClock()
+	clock.Set(time.Unix(1767225600, 0)) // the store's clock, at a window's start
+	var step atomic.Int64               // how far A's wall clock is behind
+	store := counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now})
+	wallA := func() time.Time { return clock.Now().Add(-time.Duration(step.Load())) }
+	monoA := func() time.Duration { return clock.Now().Sub(time.Unix(0, 0)) }
+	a, err := New(store, WithoutDetector(), withClock(wallA), withMonotonic(monoA), withoutReserveSweep())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { a.Close() })
+	b, err := New(store, WithoutDetector(), withClock(clock.Now), withoutReserveSweep())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { b.Close() })
+	lim := Limit{Algorithm: FixedWindow, Rate: 1000, Period: time.Second}
+	p := &Policy{Name: "step", Limit: lim, Sync: SyncReserve}
+	ctx := context.Background()
+	perWindow := map[int64]int64{}
+	allow := func(e *Engine) {
+		r, err := e.Allow(ctx, "k", p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Allowed {
+			perWindow[clock.Now().UnixNano()/int64(lim.Period)]++
+		}
+	}
+	// A at 500/s, within the limit, to 10 ms before the window's end,
+	// when its wall clock steps back 20 ms.
+	for range 495 {
+		allow(a)
+		clock.Advance(2 * time.Millisecond)
+	}
+	step.Store(int64(20 * time.Millisecond))
+	clock.Advance(10 * time.Millisecond) // the next window's start
+	for range 3 * lim.Rate {
+		allow(b)
+	}
+	for range 100 {
+		allow(a)
+		clock.Advance(100 * time.Microsecond)
+	}
+	st, _ := a.reserveStats()
+	t.Logf("admitted by window %v; A: %+v", perWindow, st)
+	for w, n := range perWindow {
+		if n > lim.Rate {
+			t.Errorf("window %d: %d admitted, over %d", w, n, lim.Rate)
+		}
+	}
+	if st.Leases == 0 {
+		t.Error("A leased no block")
 	}
 }

@@ -47,7 +47,7 @@ func (s *hashStore) Lease(ctx context.Context, key string, hash uint64, lim coun
 	return s.MemoryStore.Lease(ctx, key, hash, lim, n)
 }
 
-func (s *hashStore) Return(ctx context.Context, key string, hash uint64, lim counter.Limit, r, token int64) (int64, error) {
+func (s *hashStore) Return(ctx context.Context, key string, hash uint64, lim counter.Limit, r int64, token counter.Token) (int64, error) {
 	s.note("Return", key, hash)
 	return s.MemoryStore.Return(ctx, key, hash, lim, r, token)
 }

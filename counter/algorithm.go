@@ -27,6 +27,9 @@ type counts struct {
 	// decide the same).
 	expires int64
 	f       uint32
+	// gen is the counter's generation: a number the store gave it when
+	// it was made, kept by every write (see Leaser.Return).
+	gen uint32
 }
 
 // take runs lim's algorithm on s at now. n is positive and at most

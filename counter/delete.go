@@ -47,7 +47,8 @@ func (s *MemoryStore) Delete(_ context.Context, counters []Shard) error {
 
 // Delete implements Deleter in one round trip: one DEL of every name on a
 // standalone server; on a Cluster one DEL per hash slot, and on a Ring one
-// per name, pipelined (go-redis sends each node its part at once).
+// per name, pipelined (go-redis sends each node its part at once). Each
+// counter's generation goes with it (genKey).
 func (s *RedisStore) Delete(ctx context.Context, counters []Shard) error {
 	if len(counters) == 0 {
 		return nil
@@ -67,7 +68,7 @@ func (s *RedisStore) Delete(ctx context.Context, counters []Shard) error {
 			if _, ok := slots[slot]; !ok {
 				order = append(order, slot)
 			}
-			slots[slot] = append(slots[slot], s.cfg.Prefix+c.Name)
+			slots[slot] = append(slots[slot], s.leaseKeys(c.Name)...)
 		}
 		_, err = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, slot := range order {
@@ -78,14 +79,14 @@ func (s *RedisStore) Delete(ctx context.Context, counters []Shard) error {
 	case *redis.Ring:
 		_, err = s.client.Pipelined(ctx, func(p redis.Pipeliner) error {
 			for _, c := range counters {
-				p.Del(ctx, s.cfg.Prefix+c.Name)
+				p.Del(ctx, s.leaseKeys(c.Name)...)
 			}
 			return nil
 		})
 	default:
-		keys := make([]string, len(counters))
-		for i, c := range counters {
-			keys[i] = s.cfg.Prefix + c.Name
+		keys := make([]string, 0, 2*len(counters))
+		for _, c := range counters {
+			keys = append(keys, s.leaseKeys(c.Name)...)
 		}
 		err = s.client.Del(ctx, keys...).Err()
 	}

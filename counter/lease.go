@@ -41,7 +41,11 @@ import (
 //
 // Return takes the token Lease gave: the store's instant of the lease (or,
 // for the memory store's sliding log, the stamp of the entry holding its
-// units), in the store's own clock (ns in memory, µs on Redis).
+// units), in the store's own clock (ns in memory, µs on Redis), and the
+// generation of the counter the lease charged. A counter lost and made
+// again (deleted; on Redis flushed, or its server restarted without its
+// data) is of another generation, and a return gives it nothing: its
+// count never held the lease's units.
 
 // Lease is the outcome of one Leaser.Lease.
 type Lease struct {
@@ -52,8 +56,12 @@ type Lease struct {
 	// answered (RetryAfter and NextAfter for a unit).
 	Result Result
 	// Token identifies the lease to Return. It means nothing to callers.
-	Token int64
+	Token Token
 }
+
+// Token identifies a lease to Leaser.Return: the store's instant of the
+// lease and the generation of the counter it charged (see above).
+type Token struct{ at, gen int64 }
 
 // Leaser is implemented by stores that lease blocks of units and take
 // unused ones back.
@@ -67,12 +75,13 @@ type Leaser interface {
 	// taken on key under lim, and reports how many went back (for a token
 	// bucket, how many more units it admits now than before): at most r,
 	// fewer where the algorithm's rule says (see lease.go), none if the
-	// counter expired. lim must be the lease's, and a caller whose limit
-	// changed since returns nothing; where a store can tell (a token
-	// bucket's interval, on Redis another algorithm's state), it gives
-	// nothing back. r must not pass the lease's units not admitted, and
-	// each unit goes back once. It may block on I/O.
-	Return(ctx context.Context, key string, hash uint64, lim Limit, r int64, token int64) (int64, error)
+	// counter expired or is of another generation. lim must be the
+	// lease's, and a caller whose limit changed since returns nothing;
+	// where a store can tell (a token bucket's interval, on Redis another
+	// algorithm's state), it gives nothing back. r must not pass the
+	// lease's units not admitted, and each unit goes back once. It may
+	// block on I/O.
+	Return(ctx context.Context, key string, hash uint64, lim Limit, r int64, token Token) (int64, error)
 }
 
 var (
@@ -103,17 +112,17 @@ func (s *MemoryStore) lease(now time.Time, key string, hash uint64, lim Limit, n
 
 // Return implements Leaser. It reads the store's clock; ReturnAt takes
 // the time. It never fails.
-func (s *MemoryStore) Return(_ context.Context, key string, hash uint64, lim Limit, r, token int64) (int64, error) {
+func (s *MemoryStore) Return(_ context.Context, key string, hash uint64, lim Limit, r int64, token Token) (int64, error) {
 	return s.giveBackAt(s.clock(), key, hash, lim, r, token), nil
 }
 
 // ReturnAt is Return at the instant now.
-func (s *MemoryStore) ReturnAt(now time.Time, key string, lim Limit, r, token int64) int64 {
+func (s *MemoryStore) ReturnAt(now time.Time, key string, lim Limit, r int64, token Token) int64 {
 	return s.giveBackAt(now, key, 0, lim, r, token)
 }
 
 // giveBackAt is ReturnAt of the key whose Hash is hash (0: not computed yet).
-func (s *MemoryStore) giveBackAt(now time.Time, key string, hash uint64, lim Limit, r, token int64) int64 {
+func (s *MemoryStore) giveBackAt(now time.Time, key string, hash uint64, lim Limit, r int64, token Token) int64 {
 	if r <= 0 {
 		return 0
 	}
@@ -127,7 +136,10 @@ func (s *MemoryStore) giveBackAt(now time.Time, key string, hash uint64, lim Lim
 		return 0
 	}
 	c := st.t.state(i)
-	back := c.giveBack(t, lim, r, token)
+	if int64(c.gen) != token.gen {
+		return 0
+	}
+	back := c.giveBack(t, lim, r, token.at)
 	st.t.setState(i, c)
 	return back
 }
@@ -138,7 +150,7 @@ func (s *MemoryStore) giveBackAt(now time.Time, key string, hash uint64, lim Lim
 func (s *state) lease(now int64, lim Limit, n int64) Lease {
 	res := s.take(now, lim, 1)
 	if !res.Allowed {
-		return Lease{Result: res, Token: now}
+		return Lease{Result: res}
 	}
 	m := min(n, res.Remaining+1)
 	if m > 1 {
@@ -148,7 +160,7 @@ func (s *state) lease(now int64, lim Limit, n int64) Lease {
 	if lim.Algorithm == SlidingLog {
 		tok = s.logNewest() // now, or the end of its slot (logAdd)
 	}
-	return Lease{Granted: m, Result: res, Token: tok}
+	return Lease{Granted: m, Result: res, Token: Token{tok, int64(s.gen)}}
 }
 
 // giveBack takes back up to r units of a lease taken at token (see

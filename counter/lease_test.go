@@ -20,7 +20,7 @@ func (h *harness) lease(t *testing.T, key string, lim Limit, n int64) Lease {
 	return l
 }
 
-func (h *harness) giveBack(t *testing.T, key string, lim Limit, r, token int64) int64 {
+func (h *harness) giveBack(t *testing.T, key string, lim Limit, r int64, token Token) int64 {
 	t.Helper()
 	back, err := h.store.(Leaser).Return(context.Background(), key, Hash(key), lim, r, token)
 	if err != nil {
@@ -102,7 +102,7 @@ func scriptSrcAt(src string) *redis.Script {
 
 // openLease is a lease not yet returned, in both stores.
 type openLease struct {
-	memTok, redisTok int64
+	memTok, redisTok Token
 	left             int64 // units that may still go back
 }
 
@@ -162,7 +162,7 @@ func TestLeaseMatchesMemory(t *testing.T) {
 				case op == 1 || len(open) == 0: // a lease, spending part of it
 					n := 1 + rng.Int64N(lim.Capacity())
 					c.setArgs(lim, 1)
-					v, err := lease.Run(ctx, client, []string{key}, append(append(c.appendArgs(nil), n), tm...)...).Int64Slice()
+					v, err := lease.Run(ctx, client, []string{key, genKey(key)}, append(append(c.appendArgs(nil), n), tm...)...).Int64Slice()
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -194,7 +194,7 @@ func TestLeaseMatchesMemory(t *testing.T) {
 						continue
 					}
 					c.setArgs(lim, 1)
-					got, err := ret.Run(ctx, client, []string{key}, append(append(c.appendArgs(nil), r, l.redisTok), tm...)...).Int64()
+					got, err := ret.Run(ctx, client, []string{key, genKey(key)}, append(append(c.appendArgs(nil), r, l.redisTok.at, l.redisTok.gen), tm...)...).Int64()
 					if err != nil {
 						t.Fatal(err)
 					}
@@ -285,7 +285,10 @@ func worldsAB(t *testing.T, lim Limit, seed uint64) {
 	b := NewMemoryStore(MemoryConfig{Clock: now})
 	const key = "k"
 	ctx := context.Background()
-	type held struct{ tok, left int64 }
+	type held struct {
+		tok  Token
+		left int64
+	}
 	var open []held
 	var evs []admission
 	var leased, returned int64
@@ -399,5 +402,73 @@ func TestTokenBucketReturnFigures(t *testing.T) {
 				t.Errorf("%d back, room A %d, B %d; want %d back, A %d, B %d", back, roomA, roomB, tt.wantBack, tt.wantRoomA, tt.wantRB)
 			}
 		})
+	}
+}
+
+// TestLeaseReturnAfterLoss: on every store and algorithm, a counter lost
+// while a lease of it is out (deleted: on Redis, what FLUSHALL or a
+// restart without persistence does to it) and made again by new traffic
+// takes nothing back from that lease's return: the new counter admits its
+// limit, not the limit and the units returned.
+func TestLeaseReturnAfterLoss(t *testing.T) {
+	ctx := context.Background()
+	for _, h := range patientHarnesses(t) {
+		t.Run(h.name, func(t *testing.T) {
+			for alg := range numAlgorithms {
+				t.Run(alg.String(), func(t *testing.T) {
+					key := uniqueKey(t)
+					lim := Limit{Algorithm: alg, Rate: 10, Period: longPeriod}
+					l := h.lease(t, key, lim, 4)
+					if err := h.store.(Deleter).Delete(ctx, []Shard{{Name: key, Hash: Hash(key)}}); err != nil {
+						t.Fatal(err)
+					}
+					var admitted int64
+					take := func() {
+						r, err := h.store.Take(ctx, key, Hash(key), lim, 1)
+						if err != nil {
+							t.Fatal(err)
+						}
+						if r.Allowed {
+							admitted++
+						}
+					}
+					for range lim.Rate {
+						take()
+					}
+					back := h.giveBack(t, key, lim, l.Granted, l.Token)
+					for range lim.Rate {
+						take()
+					}
+					t.Logf("after the loss: %d admitted of %d, %d of the lease's %d went back", admitted, lim.Rate, back, l.Granted)
+					if back != 0 || admitted != lim.Rate {
+						t.Errorf("after the loss: %d admitted, %d went back; want %d, 0", admitted, back, lim.Rate)
+					}
+				})
+			}
+		})
+	}
+}
+
+// TestGenKey: a counter's generation key is in the counter's hash slot, or
+// there is none when no name can be.
+func TestGenKey(t *testing.T) {
+	for _, tt := range []struct {
+		give string
+		none bool
+	}{
+		{give: "p:k"},
+		{give: "p:{tag}k"},
+		{give: "p:{tag}k}"},
+		{give: "p:k{"},
+		{give: "p:k}", none: true},
+		{give: "p:{}k", none: true},
+	} {
+		g := genKey(tt.give)
+		switch {
+		case (g == "") != tt.none:
+			t.Errorf("genKey(%q) = %q, want none: %v", tt.give, g, tt.none)
+		case g != "" && keySlot("", g) != keySlot("", tt.give):
+			t.Errorf("genKey(%q) = %q: slot %d, the counter's %d", tt.give, g, keySlot("", g), keySlot("", tt.give))
+		}
 	}
 }

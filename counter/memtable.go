@@ -56,6 +56,8 @@ type table struct {
 	max   int       // the cells' length it may grow to: enough for limit within maxLoad
 	logs  [][]logEntry
 	free  []int32 // indexes of logs not in use
+	// gen is the generation of the counter made last (counts.gen).
+	gen uint32
 	// soonest is at or before the expiry of every counter held (see
 	// sweep): setState lowers it, sweep sets it.
 	soonest int64
@@ -136,7 +138,8 @@ func (t *table) insert(id [2]uint64) int {
 		t.grow()
 	}
 	t.n++
-	return t.place(cell{id: id})
+	t.gen++
+	return t.place(cell{id: id, cnt: counts{gen: t.gen}})
 }
 
 // place puts c in the first free slot of its probe sequence.
@@ -242,7 +245,8 @@ func (t *table) freeLog(log int32) {
 // tally: units admitted before still go out at the next drain.
 func (t *table) reset(i int) {
 	c := &t.cells[i]
-	c.cnt = counts{}
+	t.gen++
+	c.cnt = counts{gen: t.gen}
 	if c.log > 0 {
 		t.logs[c.log-1] = t.logs[c.log-1][:0]
 	}

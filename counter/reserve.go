@@ -28,8 +28,11 @@ type ReserveConfig struct {
 	// MaxBlocks bounds the keys holding a block; past it a key is decided
 	// on the store, one call per decision. 0 means DefaultReserveBlocks.
 	MaxBlocks int
-	// Clock is the time source; nil means time.Now.
-	Clock func() time.Time
+	// Clock reads the instance's time, as the time since an instant of
+	// its own: only differences between readings count, and it must not
+	// step, as Go's monotonic clock does not. Nil means Go's monotonic
+	// clock.
+	Clock func() time.Duration
 	// Sweep is how often the blocks of ended leases are returned, and
 	// idle keys forgotten; 0 means half the lease. Negative: never (tests
 	// on a clock of their own, where returns must come at points they
@@ -64,16 +67,15 @@ type ReserveStats struct {
 // bucket refills for others: over any interval it admits at most rate ×
 // lease more than a bucket deciding each unit when admitted. A sliding
 // log, whose units count from their instant, is decided on the store.
-// The store's clock decides what is counted; the instance's clock only
-// when a block ends. If it steps forward, blocks end early and go back; if
-// it steps back past a block's start, the block ends; a step back shorter
-// than a block's age (under one lease) lengthens it by the step.
+// The store's clock decides what is counted and when a window ends; the
+// instance measures a block's life, from the store's answer, on a clock
+// that does not step, so a step of its wall clock changes no block's life.
 // Safe for concurrent use. Close returns every open block.
 type ReserveStore struct {
 	base      LeaseStore
 	lease     int64 // ns
 	instances func() int
-	clock     func() time.Time
+	clock     func() time.Duration
 	maxBlocks int64
 
 	shards [64]reserveShard
@@ -99,9 +101,9 @@ type block struct {
 	hash  uint64
 	lim   Limit
 	left  int64 // leased units not admitted yet
-	token int64 // the lease's, for Return
-	from  int64 // when it was leased, ns
-	until int64 // when the lease ends, ns
+	token Token // the lease's, for Return
+	from  int64 // when it was leased, ns on ReserveConfig.Clock
+	until int64 // when the lease ends, ns on ReserveConfig.Clock
 
 	// The key's local rate: units decided since `since`, and the last
 	// estimate, in units per lease.
@@ -129,7 +131,8 @@ func NewReserveStore(base LeaseStore, cfg ReserveConfig) *ReserveStore {
 		cfg.MaxBlocks = DefaultReserveBlocks
 	}
 	if cfg.Clock == nil {
-		cfg.Clock = time.Now
+		start := time.Now()
+		cfg.Clock = func() time.Duration { return time.Since(start) }
 	}
 	if cfg.Instances == nil {
 		cfg.Instances = func() int { return 1 }
@@ -178,7 +181,7 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 		s.giveBack(ctx, key, b)
 		return s.take(ctx, key, hash, lim, n)
 	}
-	now := s.clock().UnixNano()
+	now := int64(s.clock())
 	b.used += n
 	b.idle = 0
 	if b.lim == lim && b.open(now) && b.left >= n {
@@ -231,6 +234,10 @@ func windowLeft(lim Limit, r Result) time.Duration {
 	return math.MaxInt64
 }
 
+// LeaseTime returns how long a block is admitted from, at most: within it
+// every block an instance leased is spent or ended.
+func (s *ReserveStore) LeaseTime() time.Duration { return time.Duration(s.lease) }
+
 // take decides n units on the store itself.
 func (s *ReserveStore) take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
 	s.takes.Add(1)
@@ -263,9 +270,9 @@ func (s *ReserveStore) size(b *block, now int64, lim Limit, n int64) int64 {
 	return max(n, min(want, fair))
 }
 
-// open reports whether b's lease holds at now: ended at its end, and when
-// the clock stepped back before it began, since a block must not outlive
-// the window that counted it.
+// open reports whether b's lease holds at now: ended at its end, and at a
+// reading before it began (a Clock that stepped), since a block must not
+// outlive the window that counted it.
 func (b *block) open(now int64) bool { return b.from <= now && now < b.until }
 
 // giveBack returns b's unused units to the store. The caller holds b.mu.
@@ -331,7 +338,7 @@ const reserveIdleSweeps = 20
 // sweepOnce returns the unused units of ended leases (every lease when
 // all), and forgets idle keys.
 func (s *ReserveStore) sweepOnce(all bool) {
-	now := s.clock().UnixNano()
+	now := int64(s.clock())
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	for i := range s.shards {
@@ -357,7 +364,7 @@ func (s *ReserveStore) sweepOnce(all bool) {
 				continue
 			}
 			b.mu.Lock()
-			if all || !b.open(s.clock().UnixNano()) {
+			if all || !b.open(int64(s.clock())) {
 				s.giveBack(ctx, k, b)
 			}
 			forget := all || b.idle > reserveIdleSweeps

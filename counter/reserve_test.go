@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/hotkeyd/hotkey/internal/redistest"
 )
 
 // stepClock is a clock the test moves: testkit.Clock's twin, which this
@@ -23,6 +25,10 @@ func newStepClock() *stepClock {
 
 func (c *stepClock) Now() time.Time          { return time.Unix(0, c.ns.Load()) }
 func (c *stepClock) Advance(d time.Duration) { c.ns.Add(int64(d)) }
+
+// Since is the clock as a ReserveStore reads it: the time since 1970, a
+// clock that does not step.
+func (c *stepClock) Since() time.Duration { return time.Duration(c.ns.Load()) }
 
 // recordingLeaser is a memory store on the test's clock that records the
 // blocks it leased and the units given back.
@@ -44,7 +50,7 @@ func (l *recordingLeaser) Lease(ctx context.Context, key string, hash uint64, li
 	return ls, err
 }
 
-func (l *recordingLeaser) Return(ctx context.Context, key string, hash uint64, lim Limit, r, token int64) (int64, error) {
+func (l *recordingLeaser) Return(ctx context.Context, key string, hash uint64, lim Limit, r int64, token Token) (int64, error) {
 	l.mu.Lock()
 	l.returned = append(l.returned, r)
 	l.mu.Unlock()
@@ -55,7 +61,7 @@ func newReserveTest(t *testing.T, instances int) (*ReserveStore, *recordingLease
 	t.Helper()
 	clock := newStepClock()
 	l := &recordingLeaser{MemoryStore: NewMemoryStore(MemoryConfig{Clock: clock.Now})}
-	s := NewReserveStore(l, ReserveConfig{Clock: clock.Now, Instances: func() int { return instances }})
+	s := NewReserveStore(l, ReserveConfig{Clock: clock.Since, Instances: func() int { return instances }})
 	t.Cleanup(func() { s.Close() })
 	return s, l, clock
 }
@@ -92,7 +98,7 @@ func TestReserveHotKey(t *testing.T) {
 		l := &recordingLeaser{MemoryStore: NewMemoryStore(MemoryConfig{Clock: clock.Now})}
 		var stores []*ReserveStore
 		for range 3 {
-			s := NewReserveStore(l, ReserveConfig{Clock: clock.Now, Instances: func() int { return 3 }})
+			s := NewReserveStore(l, ReserveConfig{Clock: clock.Since, Instances: func() int { return 3 }})
 			t.Cleanup(func() { s.Close() })
 			stores = append(stores, s)
 		}
@@ -252,7 +258,7 @@ func TestReserveWindows(t *testing.T) {
 			base := NewMemoryStore(MemoryConfig{Clock: clock.Now})
 			var stores [3]*ReserveStore
 			for i := range stores {
-				stores[i] = NewReserveStore(base, ReserveConfig{Clock: clock.Now, Instances: func() int { return 3 }})
+				stores[i] = NewReserveStore(base, ReserveConfig{Clock: clock.Since, Instances: func() int { return 3 }})
 				t.Cleanup(func() { stores[i].Close() })
 			}
 			lim := Limit{Algorithm: alg, Rate: 10000, Period: time.Second}
@@ -314,7 +320,7 @@ func TestReserveFalseDenials(t *testing.T) {
 			base := NewMemoryStore(MemoryConfig{Clock: clock.Now})
 			var stores [3]*ReserveStore
 			for i := range stores {
-				stores[i] = NewReserveStore(base, ReserveConfig{Clock: clock.Now, Instances: func() int { return 3 }, Sweep: -1})
+				stores[i] = NewReserveStore(base, ReserveConfig{Clock: clock.Since, Instances: func() int { return 3 }, Sweep: -1})
 				defer stores[i].Close()
 			}
 			var denied, calls int
@@ -348,11 +354,11 @@ func TestReserveClockStep(t *testing.T) {
 		t.Run(alg.String(), func(t *testing.T) {
 			clock := newStepClock()
 			var step atomic.Int64 // the stepped instance's clock, ahead of the store's
-			stepped := func() time.Time { return clock.Now().Add(time.Duration(step.Load())) }
+			stepped := func() time.Duration { return clock.Since() + time.Duration(step.Load()) }
 			base := NewMemoryStore(MemoryConfig{Clock: clock.Now})
 			var stores [3]*ReserveStore
 			for i := range stores {
-				c := clock.Now
+				c := clock.Since
 				if i == 0 {
 					c = stepped
 				}
@@ -417,6 +423,144 @@ func TestReserveClockStep(t *testing.T) {
 			}
 			if st.Leases == 0 {
 				t.Error("the stepped instance leased no block")
+			}
+		})
+	}
+}
+
+// TestReserveClockStepBack: instance A's wall clock steps back 20 ms near
+// a window's end while A holds a block of a fixed window; B then takes
+// the next window's whole limit. A's block ends with its window, by the
+// store's answer measured on A's monotonic clock, which did not step: A
+// admits nothing in the next window.
+func TestReserveClockStepBack(t *testing.T) {
+	clock := newStepClock() // the store's, at a window's start; Since is A's and B's monotonic clock
+	base := NewMemoryStore(MemoryConfig{Clock: clock.Now})
+	a := NewReserveStore(base, ReserveConfig{Clock: clock.Since, Instances: func() int { return 2 }, Sweep: -1})
+	b := NewReserveStore(base, ReserveConfig{Clock: clock.Since, Instances: func() int { return 2 }, Sweep: -1})
+	t.Cleanup(func() { a.Close(); b.Close() })
+	lim := Limit{Algorithm: FixedWindow, Rate: 1000, Period: time.Second}
+	perWindow := map[int64]int64{}
+	ctx := context.Background()
+	take := func(s *ReserveStore) {
+		r, err := s.Take(ctx, "k", 5, lim, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r.Allowed {
+			perWindow[clock.Now().UnixNano()/int64(lim.Period)]++
+		}
+	}
+	// A at 500/s, within the limit, to 10 ms before the window's end,
+	// when its wall clock steps back 20 ms.
+	for range 495 {
+		take(a)
+		clock.Advance(2 * time.Millisecond)
+	}
+	clock.Advance(10 * time.Millisecond) // the next window's start
+	for range 3 * lim.Rate {
+		take(b)
+	}
+	for range 100 {
+		take(a)
+		clock.Advance(100 * time.Microsecond)
+	}
+	t.Logf("admitted by window %v; A: %+v", perWindow, a.Stats())
+	for w, n := range perWindow {
+		if n > lim.Rate {
+			t.Errorf("window %d: %d admitted, over %d", w, n, lim.Rate)
+		}
+	}
+	if a.Stats().Leases == 0 {
+		t.Error("A leased no block")
+	}
+}
+
+// TestReserveReturnAfterLoss: two instances hold blocks of a fixed window
+// on a redis-server that loses its data (FLUSHALL, or killed and
+// restarted without persistence); new traffic, decided on the store,
+// takes the window's whole limit from the counter made again; then the
+// blocks' leases end and the instances decide again. Their returns give
+// nothing to the new counter, so it admits its limit after the loss, not
+// the limit and the blocks' unused units.
+func TestReserveReturnAfterLoss(t *testing.T) {
+	srv := redistest.ForTest(t)
+	client := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { client.Close() })
+	base := newTestStore(t, client, RedisConfig{Prefix: "loss:"})
+	ctx := context.Background()
+	for _, loss := range []struct {
+		name string
+		lose func() error
+	}{
+		{"flushall", func() error { return client.FlushAll(ctx).Err() }},
+		{"restart", func() error {
+			if err := srv.Kill(); err != nil {
+				return err
+			}
+			return srv.Restart()
+		}},
+	} {
+		t.Run(loss.name, func(t *testing.T) {
+			clock := newStepClock()
+			var stores [2]*ReserveStore
+			for i := range stores {
+				stores[i] = NewReserveStore(base, ReserveConfig{Clock: clock.Since, Instances: func() int { return len(stores) }, Sweep: -1})
+				t.Cleanup(func() { stores[i].Close() })
+			}
+			key := uniqueKey(t)
+			lim := Limit{Algorithm: FixedWindow, Rate: 1000, Period: longPeriod}
+			var admitted int64
+			count := func(r Result, err error) {
+				t.Helper()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Allowed {
+					admitted++
+				}
+			}
+			for range 20 { // enough, fast enough, for each to lease a block
+				for _, s := range stores {
+					count(s.Take(ctx, key, Hash(key), lim, 1))
+				}
+				clock.Advance(10 * time.Microsecond)
+			}
+			if st := stores[0].Stats(); st.Leases == 0 {
+				t.Fatalf("no block leased: %+v", st)
+			}
+			if err := loss.lose(); err != nil {
+				t.Fatal(err)
+			}
+			lost := admitted
+			for i := 0; ; i++ { // a restarted server answers once the client has dialed it again
+				r, err := base.Take(ctx, key, Hash(key), lim, 1)
+				if err == nil {
+					count(r, err)
+					break
+				}
+				if i == 100 {
+					t.Fatal(err)
+				}
+				time.Sleep(20 * time.Millisecond)
+			}
+			for range lim.Rate {
+				count(base.Take(ctx, key, Hash(key), lim, 1))
+			}
+			clock.Advance(DefaultLease) // the blocks' leases end
+			for range lim.Rate {
+				for _, s := range stores {
+					count(s.Take(ctx, key, Hash(key), lim, 1))
+				}
+			}
+			var returned uint64
+			for _, s := range stores {
+				returned += s.Stats().Returned
+			}
+			after := admitted - lost
+			t.Logf("%d admitted before the loss, %d after it in the window of %d; %d units went back", lost, after, lim.Rate, returned)
+			if after != lim.Rate {
+				t.Errorf("%d admitted after the loss, want the limit, %d", after, lim.Rate)
 			}
 		})
 	}
