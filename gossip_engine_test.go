@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/gossip"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
@@ -436,5 +438,51 @@ func TestGossipAloneFromStart(t *testing.T) {
 				t.Errorf("after a decision: hotkey_gossip_alone %v, want %v", got, c.after)
 			}
 		})
+	}
+}
+
+// TestGossipCapsPeerEntry: a peer's entry of 2^63-1 units on a 10/s token
+// bucket denies the key for what the bucket admits in a round's span, not
+// for decades; the capped entry is counted.
+func TestGossipCapsPeerEntry(t *testing.T) {
+	p := &Policy{Name: "g", Limit: PerSecond(10), Sync: SyncGossip}
+	ctx := context.Background()
+	clock := testkit.NewClock()
+	reg := prometheus.NewRegistry()
+	a, _ := newMemoryEngine(t, clock, withGossipRounds())
+	b, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector(), withClock(clock.Now), withGossipRounds(), WithMetrics(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	a.Allow(ctx, "k", p)
+	codec := gossip.NewCodec(gossip.Config{})
+	for _, raw := range a.gossipFlush(clock.Now()) {
+		m, err := codec.Decode(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range m.Entries {
+			m.Entries[i].Units = math.MaxInt64
+		}
+		forged, err := codec.Encode(m.Header, m.Entries)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range forged {
+			if err := b.gossipApply(f); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if r, _ := b.Allow(ctx, "k", p); r.Allowed {
+		t.Fatal("the peer's entry charged nothing")
+	}
+	clock.Advance(5 * time.Second) // a round's span at 10/s is 11 units
+	if r, _ := b.Allow(ctx, "k", p); !r.Allowed {
+		t.Errorf("still denied 5 s after one peer entry: retry after %v", r.RetryAfter)
+	}
+	if got := gather(t, reg)[`hotkey_gossip_entries_total{event="capped"}`]; got != 1 {
+		t.Errorf("capped entries metric %v, want 1", got)
 	}
 }

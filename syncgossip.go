@@ -28,10 +28,11 @@ func (e *Engine) gossipStore() *gossip.Store {
 	}
 	g, peers := e.coord.(coordinator.Gossiper)
 	cfg := gossip.StoreConfig{
-		ID:     e.gossipID,
-		Gossip: gossip.Config{MaxKeyLen: max(gossip.DefaultMaxKeyLen, e.opt.maxKeyLen)},
-		Memory: counter.MemoryConfig{Clock: e.opt.clock},
-		Solo:   !peers && !e.opt.gossipRounds,
+		ID:       e.gossipID,
+		Gossip:   gossip.Config{MaxKeyLen: max(gossip.DefaultMaxKeyLen, e.opt.maxKeyLen)},
+		Memory:   counter.MemoryConfig{Clock: e.opt.clock},
+		Interval: e.opt.gossipInterval,
+		Solo:     !peers && !e.opt.gossipRounds,
 	}
 	if peers {
 		// A message too large for the coordinator is refused by it: at

@@ -1,6 +1,9 @@
 package gossip
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // Dedup decides which messages to apply, so that each (sender, start,
 // round, part) is applied once: a duplicated, replayed or late-reordered
@@ -40,6 +43,7 @@ type sender struct {
 	start int64
 	high  uint64 // highest round accepted in this life
 	seen  uint64 // tick of the last accept
+	at    int64  // Unix ns of the last accept checked with a time, or 0
 	// parts[r % len(parts)] holds round r's parts, if round is r.
 	parts []roundParts
 }
@@ -56,12 +60,36 @@ func NewDedup(cfg Config) *Dedup {
 	return &Dedup{rounds: cfg.Rounds, maxSenders: cfg.MaxSenders, senders: make(map[string]*sender)}
 }
 
-// Accept reports whether the message h heads is new, and notes it: a
-// caller applies the message if and only if Accept says so. A part past
-// MaxParts is refused (Decode never returns one).
+// Verdict is what Dedup.Check says of a message.
+type Verdict uint8
+
+const (
+	// Accepted: the message is new; apply it.
+	Accepted Verdict = iota
+	// Duplicate: the part was accepted before.
+	Duplicate
+	// Late: a part of a round older than the last Rounds, or of the
+	// sender's previous life; it may never have been applied, but cannot
+	// be told from a duplicate any more.
+	Late
+	// OutOfRange: a part index past MaxParts (Decode never returns one).
+	OutOfRange
+)
+
+// Accept is Check for a caller that keeps no time: it reports whether the
+// message h heads is new, and notes it.
 func (d *Dedup) Accept(h Header) bool {
+	v, _ := d.Check(h, time.Time{})
+	return v == Accepted
+}
+
+// Check reports whether the message h heads, received at now, is new, and
+// notes it: a caller applies the message if and only if Check says
+// Accepted. With it comes the time since the sender's previous message
+// accepted (0 for its first, or if either was checked without a time).
+func (d *Dedup) Check(h Header, now time.Time) (Verdict, time.Duration) {
 	if h.Part < 0 || h.Part >= MaxParts {
-		return false
+		return OutOfRange, 0
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -75,13 +103,13 @@ func (d *Dedup) Accept(h Header) bool {
 		d.senders[h.Sender] = s
 	case h.Start < s.start:
 		d.stats.Stale++
-		return false
+		return Late, 0
 	case h.Start > s.start:
 		*s = sender{start: h.Start, high: h.Round, parts: s.parts}
 		clear(s.parts)
 	case s.high >= uint64(d.rounds) && h.Round <= s.high-uint64(d.rounds):
 		d.stats.TooOld++
-		return false
+		return Late, 0
 	}
 	s.high = max(s.high, h.Round)
 	p := &s.parts[h.Round%uint64(len(s.parts))]
@@ -91,12 +119,20 @@ func (d *Dedup) Accept(h Header) bool {
 	w, bit := h.Part/64, uint64(1)<<(h.Part%64)
 	if p.bits[w]&bit != 0 {
 		d.stats.Duplicate++
-		return false
+		return Duplicate, 0
 	}
 	p.bits[w] |= bit
 	d.tick++
 	s.seen = d.tick
-	return true
+	var since time.Duration
+	if !now.IsZero() {
+		at := now.UnixNano()
+		if s.at != 0 && at > s.at {
+			since = time.Duration(at - s.at)
+		}
+		s.at = at
+	}
+	return Accepted, since
 }
 
 // evictLocked forgets the sender heard from least recently.

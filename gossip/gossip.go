@@ -31,6 +31,7 @@ package gossip
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Defaults of Config.
@@ -42,6 +43,9 @@ const (
 	DefaultMaxKeyLen  = 512
 	DefaultMaxSenders = 1024
 	DefaultRounds     = 8
+	// DefaultInterval is StoreConfig.Interval's default, the engine's
+	// default gossip interval.
+	DefaultInterval = 100 * time.Millisecond
 )
 
 // The codec's fixed bounds.

@@ -27,6 +27,12 @@ type StoreConfig struct {
 	// DefaultMaxKeys); a key past it is counted (SnapshotDropped) and left
 	// out of snapshots until a sweep finds room.
 	SnapshotKeys int
+	// Interval is how often peers flush their rounds (default
+	// DefaultInterval): a peer's entry charges at most what its limit
+	// admits over Interval plus the time since the sender's previous
+	// message (counter.Limit.MaxAdmitted), what the peer could have
+	// admitted in the round.
+	Interval time.Duration
 	// Solo keeps no round: the store has no peers to send it to, and
 	// decides as its memory store alone; Flush returns nothing.
 	Solo bool
@@ -43,6 +49,7 @@ type StoreStats struct {
 	Duplicates      uint64 // messages refused by the dedup: duplicated, replayed, stale or too old
 	Malformed       uint64 // messages that did not decode
 	Invalid         uint64 // entries refused: their limit did not parse or Validate
+	Capped          uint64 // entries charged less than they carried: more than their limit admits in the round's span, or a snapshot's above its capacity
 	RoundDropped    uint64 // adds the round did not hold: its key cap (see Round.Add)
 	TallyFull       uint64 // admissions the memory store's tally did not hold, noted in the round (see MemoryStore.TakeTallied)
 	ChargesDropped  uint64 // charges the memory store had no room for (see MemoryStore.ChargeAt)
@@ -57,17 +64,18 @@ type StoreStats struct {
 // joining instance up to its peers' view. It is safe for concurrent use;
 // Take never blocks on I/O.
 type Store struct {
-	mem    *counter.MemoryStore
-	clock  func() time.Time
-	id     string
-	solo   bool
-	start  int64
-	cfg    Config
-	round  *Round
-	codec  *Codec
-	dedup  *Dedup
-	limits [limitCache]atomic.Pointer[limitID]
-	keys   keySet
+	mem      *counter.MemoryStore
+	clock    func() time.Time
+	id       string
+	solo     bool
+	start    int64
+	interval time.Duration
+	cfg      Config
+	round    *Round
+	codec    *Codec
+	dedup    *Dedup
+	limits   [limitCache]atomic.Pointer[limitID]
+	keys     keySet
 
 	flushMu sync.Mutex // guards seq, last; serialises Flush
 	seq     uint64     // the last round's number
@@ -75,7 +83,7 @@ type Store struct {
 
 	rounds, messages, bytes, sent                      atomic.Uint64
 	applied, malformed, invalid, chargesDropped, dupes atomic.Uint64
-	tallyFull                                          atomic.Uint64
+	tallyFull, capped                                  atomic.Uint64
 }
 
 var (
@@ -106,21 +114,25 @@ func NewStore(cfg StoreConfig) *Store {
 	if cfg.SnapshotKeys <= 0 {
 		cfg.SnapshotKeys = DefaultMaxKeys
 	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
 	g := cfg.Gossip.withDefaults()
 	cfg.Memory.TallyKeys = g.MaxKeys
 	if cfg.Solo {
 		cfg.Memory.TallyKeys = 0
 	}
 	s := &Store{
-		mem:   counter.NewMemoryStore(cfg.Memory),
-		clock: cfg.Memory.Clock,
-		id:    cfg.ID,
-		solo:  cfg.Solo,
-		cfg:   g,
-		round: NewRound(g),
-		codec: NewCodec(g),
-		dedup: NewDedup(g),
-		keys:  keySet{keys: make(map[roundKey]counter.Limit), max: cfg.SnapshotKeys},
+		mem:      counter.NewMemoryStore(cfg.Memory),
+		clock:    cfg.Memory.Clock,
+		id:       cfg.ID,
+		solo:     cfg.Solo,
+		interval: cfg.Interval,
+		cfg:      g,
+		round:    NewRound(g),
+		codec:    NewCodec(g),
+		dedup:    NewDedup(g),
+		keys:     keySet{keys: make(map[roundKey]counter.Limit), max: cfg.SnapshotKeys},
 	}
 	s.start = s.clock().UnixNano()
 	return s
@@ -289,19 +301,22 @@ func (s *Store) Apply(payload []byte) error {
 		s.malformed.Add(1)
 		return err
 	}
-	if !s.dedup.Accept(m.Header) {
+	now := s.clock()
+	v, since := s.dedup.Check(m.Header, now)
+	if v != Accepted {
 		s.dupes.Add(1)
 		return nil
 	}
-	s.charge(m.Entries, false)
+	s.charge(now, m.Entries, s.interval+since)
 	return nil
 }
 
-// charge charges entries to the store's counters at its clock: each
-// entry's units, or for a snapshot (join) what its units are above the
+// charge charges entries to the store's counters at now: each entry's
+// units, at most what its limit admits over span; or for a snapshot (join,
+// span < 0) what its units, at most the limit's capacity, are above the
 // store's own view of the key.
-func (s *Store) charge(entries []Entry, join bool) {
-	now := s.clock()
+func (s *Store) charge(now time.Time, entries []Entry, span time.Duration) {
+	join := span < 0
 	var limits limitParser
 	for _, e := range entries {
 		lim, ok := limits.parse(e.Limit)
@@ -311,6 +326,14 @@ func (s *Store) charge(entries []Entry, join bool) {
 		}
 		hash := counter.Hash(e.Key)
 		n := e.Units
+		most := lim.Capacity() // a snapshot's units are used units of a view
+		if !join {
+			most = lim.MaxAdmitted(span)
+		}
+		if n > most {
+			n = most
+			s.capped.Add(1)
+		}
 		if join {
 			n -= used(s.mem, e.Key, hash, lim)
 			if n <= 0 {
@@ -373,7 +396,7 @@ func (s *Store) ApplySnapshot(payload []byte) error {
 		s.malformed.Add(1)
 		return err
 	}
-	s.charge(m.Entries, true)
+	s.charge(s.clock(), m.Entries, -1)
 	return nil
 }
 
@@ -384,7 +407,7 @@ func (s *Store) Stats() StoreStats {
 	s.keys.mu.Unlock()
 	return StoreStats{
 		Rounds: s.rounds.Load(), Messages: s.messages.Load(), Bytes: s.bytes.Load(), EntriesSent: s.sent.Load(),
-		Applied: s.applied.Load(), Duplicates: s.dupes.Load(), Malformed: s.malformed.Load(), Invalid: s.invalid.Load(),
+		Applied: s.applied.Load(), Duplicates: s.dupes.Load(), Malformed: s.malformed.Load(), Invalid: s.invalid.Load(), Capped: s.capped.Load(),
 		RoundDropped: s.round.Dropped(), TallyFull: s.tallyFull.Load(), ChargesDropped: s.chargesDropped.Load(), SnapshotDropped: snapDropped,
 	}
 }
