@@ -6,21 +6,25 @@ import (
 )
 
 // Dedup decides which messages to apply, so that each (sender, start,
-// round, part) is applied once: a duplicated, replayed or late-reordered
-// message changes nothing. Per sender it remembers the start of its latest
-// life, its highest round, and which parts of its last Rounds rounds came:
+// round, part) is applied once: a duplicated, replayed or reordered message
+// changes nothing, and a message late by up to Rounds rounds is still
+// applied, once. Per sender it remembers the start of its latest life, its
+// highest round, and which parts of its last Rounds rounds came:
 //
 //   - a later start is a restart: the sender's rounds count anew;
-//   - an earlier start is a previous life's message: refused (Stale);
-//   - a round more than Rounds behind the highest is refused (TooOld):
-//     its parts are no longer remembered;
+//   - an earlier start is a previous life's message: refused as Late (Stale);
+//   - a round Rounds or more behind the highest is refused as Late
+//     (TooOld): its parts are no longer remembered, so it cannot be told
+//     from a duplicate, and its units are lost to this view;
 //   - any other part is accepted once, and refused after (Duplicate).
 //
-// It remembers at most MaxSenders senders, each in O(Rounds · MaxParts/64)
-// words; a new sender past that takes the place of the one heard from
-// least recently (Evicted), whose older messages would then be accepted
-// again: a sender restarting under a new id leaves its old one to be
-// evicted so. The zero value is not usable; it is safe for concurrent use.
+// It remembers at most MaxSenders senders, each in about 32 bytes a round
+// remembered (2 KiB at the default 64), and 120 bytes more for a round
+// with a part past the 64th; a new sender past that takes the place of
+// the one heard from least recently (Evicted), whose older messages would
+// then be accepted again: a sender restarting under a new id leaves its
+// old one to be evicted so. The zero value is not usable; it is safe for
+// concurrent use.
 type Dedup struct {
 	rounds, maxSenders int
 
@@ -48,10 +52,27 @@ type sender struct {
 	parts []roundParts
 }
 
+// roundParts are the parts of a round that came: the first 64 in lo, the
+// others, rare, in hi once one came.
 type roundParts struct {
 	round uint64
 	used  bool
-	bits  [MaxParts / 64]uint64
+	lo    uint64
+	hi    *[MaxParts/64 - 1]uint64
+}
+
+// mark notes part, and reports whether it was noted before.
+func (p *roundParts) mark(part int) (seen bool) {
+	w, bit := &p.lo, uint64(1)<<(part%64)
+	if part >= 64 {
+		if p.hi == nil {
+			p.hi = new([MaxParts/64 - 1]uint64)
+		}
+		w = &p.hi[part/64-1]
+	}
+	seen = *w&bit != 0
+	*w |= bit
+	return seen
 }
 
 // NewDedup returns a Dedup configured by cfg (MaxSenders, Rounds).
@@ -114,14 +135,16 @@ func (d *Dedup) Check(h Header, now time.Time) (Verdict, time.Duration) {
 	s.high = max(s.high, h.Round)
 	p := &s.parts[h.Round%uint64(len(s.parts))]
 	if !p.used || p.round != h.Round {
-		*p = roundParts{round: h.Round, used: true}
+		hi := p.hi
+		if hi != nil {
+			clear(hi[:])
+		}
+		*p = roundParts{round: h.Round, used: true, hi: hi}
 	}
-	w, bit := h.Part/64, uint64(1)<<(h.Part%64)
-	if p.bits[w]&bit != 0 {
+	if p.mark(h.Part) {
 		d.stats.Duplicate++
 		return Duplicate, 0
 	}
-	p.bits[w] |= bit
 	d.tick++
 	s.seen = d.tick
 	var since time.Duration

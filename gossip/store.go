@@ -46,7 +46,9 @@ type StoreStats struct {
 	EntriesSent uint64 // (limit, key) deltas flushed
 
 	Applied         uint64 // entries charged from peers' messages and snapshots
-	Duplicates      uint64 // messages refused by the dedup: duplicated, replayed, stale or too old
+	Duplicates      uint64 // messages refused by the dedup as applied before: duplicated or replayed
+	Late            uint64 // messages refused by the dedup as too late to tell (Late): a round older than the last Config.Rounds, or of the sender's previous life; their units are lost to this view
+	LateEntries     uint64 // the entries of those messages
 	Malformed       uint64 // messages that did not decode
 	Invalid         uint64 // entries refused: their limit did not parse or Validate
 	Capped          uint64 // entries charged less than they carried: more than their limit admits in the round's span, or a snapshot's above its capacity
@@ -83,7 +85,7 @@ type Store struct {
 
 	rounds, messages, bytes, sent                      atomic.Uint64
 	applied, malformed, invalid, chargesDropped, dupes atomic.Uint64
-	tallyFull, capped                                  atomic.Uint64
+	tallyFull, capped, late, lateEntries               atomic.Uint64
 }
 
 var (
@@ -302,12 +304,15 @@ func (s *Store) Apply(payload []byte) error {
 		return err
 	}
 	now := s.clock()
-	v, since := s.dedup.Check(m.Header, now)
-	if v != Accepted {
+	switch v, since := s.dedup.Check(m.Header, now); v {
+	case Accepted:
+		s.charge(now, m.Entries, s.interval+since)
+	case Late:
+		s.late.Add(1)
+		s.lateEntries.Add(uint64(len(m.Entries)))
+	default:
 		s.dupes.Add(1)
-		return nil
 	}
-	s.charge(now, m.Entries, s.interval+since)
 	return nil
 }
 
@@ -408,6 +413,7 @@ func (s *Store) Stats() StoreStats {
 	return StoreStats{
 		Rounds: s.rounds.Load(), Messages: s.messages.Load(), Bytes: s.bytes.Load(), EntriesSent: s.sent.Load(),
 		Applied: s.applied.Load(), Duplicates: s.dupes.Load(), Malformed: s.malformed.Load(), Invalid: s.invalid.Load(), Capped: s.capped.Load(),
+		Late: s.late.Load(), LateEntries: s.lateEntries.Load(),
 		RoundDropped: s.round.Dropped(), TallyFull: s.tallyFull.Load(), ChargesDropped: s.chargesDropped.Load(), SnapshotDropped: snapDropped,
 	}
 }
