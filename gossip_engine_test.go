@@ -255,6 +255,13 @@ func (g *gossiper) take() [][]byte {
 
 var _ coordinator.Gossiper = (*gossiper)(nil)
 
+// snapshotOf returns the payloads of e's handler's GossipSnapshot.
+func snapshotOf(e *Engine, maxBytes int) [][]byte {
+	var msgs [][]byte
+	handler{e}.GossipSnapshot(maxBytes, func(p []byte) { msgs = append(msgs, p) })
+	return msgs
+}
+
 // TestGossipCoordinator: on a coordinator that carries gossip, the engine
 // publishes its rounds every interval and a last one at Close, charges its
 // peers' (the handler's Gossip), answers a join with its view
@@ -274,7 +281,7 @@ func TestGossipCoordinator(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	if snap := (handler{a}).GossipSnapshot(ga.MaxGossip()); snap != nil {
+	if snap := snapshotOf(a, ga.MaxGossip()); snap != nil {
 		t.Errorf("snapshot before any gossip decision: %d messages, want none", len(snap))
 	}
 	a.AllowN(ctx, "k", p, 30)
@@ -295,7 +302,7 @@ func TestGossipCoordinator(t *testing.T) {
 	for _, m := range round {
 		handler{b}.Gossip(m)
 	}
-	for _, m := range (handler{a}).GossipSnapshot(gb.MaxGossip()) {
+	for _, m := range snapshotOf(a, gb.MaxGossip()) {
 		handler{b}.GossipSync(m) // a's 30 again: b has seen them
 	}
 	if r, _ := b.Peek(ctx, "k", p); r.Remaining != 69 {

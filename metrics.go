@@ -241,7 +241,7 @@ var (
 	descBreaker      = prometheus.NewDesc("hotkey_breaker_open", "1 while the store circuit breaker is open, else 0.", nil, nil)
 	descPeers        = prometheus.NewDesc("hotkey_peers", "Other live instances, as the coordinator sees them.", nil, nil)
 	descSkew         = prometheus.NewDesc("hotkey_clock_skew_seconds", "The store's clock minus this host's, as last measured (Redis TIME).", nil, nil)
-	descCoord        = prometheus.NewDesc("hotkey_coordinator_messages_total", "Coordinator messages by kind: published, received, invalid, rejected (lease table full), dropped, publish_errors.", []string{"kind"}, nil)
+	descCoord        = prometheus.NewDesc("hotkey_coordinator_messages_total", "Coordinator messages by kind: published, received, invalid, rejected (lease table full), dropped, publish_errors, sync_replies (replies to this instance's join syncs applied: leases and gossip snapshot parts), late_replies (replies to its join syncs that came after the wait, not applied).", []string{"kind"}, nil)
 	descReserve      = prometheus.NewDesc("hotkey_reserve_total", "sync: reserve, by event: local (a decision admitted from a block, with no store call), lease (a store call that leased a block), take (a decision taken on the store: a cold key, a cost its block lacked, a sliding log), return (a store call that gave a block's unused units back).", []string{"event"}, nil)
 	descReserveUnits = prometheus.NewDesc("hotkey_reserve_returned_units_total", "sync: reserve: unused units of blocks given back, by outcome: back (the store took them back), kept (its rule kept them: a token bucket's held past their time, a window that ended).", []string{"outcome"}, nil)
 	descGossipMsgs   = prometheus.NewDesc("hotkey_gossip_sent_messages_total", "sync: gossip: messages of this instance's rounds flushed for peers.", nil, nil)
@@ -303,6 +303,7 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		for kind, v := range map[string]uint64{
 			"published": cs.Published, "received": cs.Received, "invalid": cs.Invalid,
 			"rejected": cs.Rejected, "dropped": cs.Dropped, "publish_errors": cs.PublishErrors,
+			"sync_replies": cs.SyncReplies + cs.GossipSyncApplied, "late_replies": cs.LateReplies,
 		} {
 			ch <- prometheus.MustNewConstMetric(descCoord, prometheus.CounterValue, float64(v), kind)
 		}

@@ -134,7 +134,7 @@ func NewStore(cfg StoreConfig) *Store {
 		round:    NewRound(g),
 		codec:    NewCodec(g),
 		dedup:    NewDedup(g),
-		keys:     keySet{keys: make(map[roundKey]counter.Limit), max: cfg.SnapshotKeys},
+		keys:     keySet{index: make(map[roundKey]int), max: cfg.SnapshotKeys},
 	}
 	s.start = s.clock().UnixNano()
 	return s
@@ -365,31 +365,89 @@ func used(m *counter.MemoryStore, key string, hash uint64, lim counter.Limit) in
 	return max(0, u)
 }
 
-// Snapshot returns messages of at most maxBytes each that carry the units
-// each key remembered (SnapshotKeys) has used in this store's view, for a
-// joining peer (ApplySnapshot). Keys with nothing used are left out and
-// forgotten. It returns nothing if maxBytes cannot hold an entry of the
-// longest key (MinBytes). The messages are the caller's.
+// Snapshot returns the messages SnapshotTo sends, for a caller that wants
+// them all at once. The messages are the caller's.
 func (s *Store) Snapshot(maxBytes int) [][]byte {
+	var msgs [][]byte
+	s.SnapshotTo(maxBytes, func(m []byte) { msgs = append(msgs, m) })
+	return msgs
+}
+
+// SnapshotTo calls send with messages of at most maxBytes each that carry
+// the units each key remembered (SnapshotKeys) has used in this store's
+// view, for a joining peer (ApplySnapshot): each message as soon as its
+// keys are read, so that a peer of many keys has the first on their way
+// while it reads the rest. Keys with nothing used are left out and
+// forgotten. It sends nothing if maxBytes cannot hold an entry of the
+// longest key (MinBytes). Decisions and charges go on meanwhile: a key is
+// read when its message is built, and a key moved by a sweep of the full
+// key set meanwhile (see SnapshotKeys) may be left out. send owns each
+// message.
+func (s *Store) SnapshotTo(maxBytes int, send func([]byte)) {
 	cfg := s.cfg
 	cfg.MaxBytes = min(cfg.MaxBytes, maxBytes)
 	if cfg.Validate() != nil {
-		return nil
+		return
 	}
-	var entries []Entry
-	s.keys.mu.Lock()
-	for k, lim := range s.keys.keys {
-		u := used(s.mem, k.key, counter.Hash(k.key), lim)
-		if u <= 0 {
-			delete(s.keys.keys, k)
-			continue
+	codec := NewCodec(cfg)
+	// A batch is sent once it holds snapshotPart entries, or the next
+	// entry might not fit in one message (its entries' sizes, and a group
+	// header for each limit in it): a message reaches the joiner every
+	// snapshotPart peeks, well within its wait for the next. The keys are
+	// read snapshotPart at a time, each window copied under the lock.
+	var batch []Entry
+	groups := map[string]bool{}
+	size, room := 0, cfg.MaxBytes-headerMax
+	sendBatch := func() {
+		msgs, _ := codec.Encode(Header{Sender: s.id, Start: s.start}, batch) // entries the store noted: valid
+		for _, m := range msgs {
+			send(m)
 		}
-		entries = append(entries, Entry{Limit: k.limit, Key: k.key, Units: u})
+		batch, size = batch[:0], 0
+		clear(groups)
+	}
+	var window, unused []snapKey
+	for next := 0; ; next += len(window) {
+		s.keys.mu.Lock()
+		window = append(window[:0], s.keys.list[min(next, len(s.keys.list)):min(next+snapshotPart, len(s.keys.list))]...)
+		s.keys.mu.Unlock()
+		if len(window) == 0 {
+			break
+		}
+		for _, k := range window {
+			u := used(s.mem, k.rk.key, counter.Hash(k.rk.key), k.lim)
+			if u <= 0 {
+				unused = append(unused, k)
+				continue
+			}
+			e := Entry{Limit: k.rk.limit, Key: k.rk.key, Units: u}
+			n := entrySize(e)
+			if !groups[e.Limit] {
+				n += groupMax
+			}
+			if size+n > room && len(batch) > 0 || len(batch) == snapshotPart {
+				sendBatch()
+				n = entrySize(e) + groupMax
+			}
+			batch = append(batch, e)
+			groups[e.Limit] = true
+			size += n
+		}
+	}
+	if len(batch) > 0 {
+		sendBatch()
+	}
+	s.keys.mu.Lock()
+	for _, k := range unused {
+		if used(s.mem, k.rk.key, counter.Hash(k.rk.key), k.lim) <= 0 {
+			s.keys.removeLocked(k.rk)
+		}
 	}
 	s.keys.mu.Unlock()
-	msgs, _ := encodeSplit(NewCodec(cfg), Header{Sender: s.id, Start: s.start}, entries, func() uint64 { return 0 })
-	return msgs
 }
+
+// snapshotPart is the most entries SnapshotTo puts in one message.
+const snapshotPart = 1024
 
 // ApplySnapshot brings the store's view up to a peer's snapshot message:
 // each key is charged what the peer's used units are above its own, so
@@ -419,15 +477,22 @@ func (s *Store) Stats() StoreStats {
 }
 
 // keySet is the keys a Store's snapshots carry: those it admitted on or
-// was charged, at most max of them. When it is full, a sweep (at most one
-// a second) forgets the keys with nothing used; a new key that still finds
-// no room is counted and left out.
+// was charged, at most max of them, in a list a snapshot reads a window at
+// a time. When it is full, a sweep (at most one a second) forgets the keys
+// with nothing used; a new key that still finds no room is counted and
+// left out.
 type keySet struct {
-	mu        sync.Mutex // guards keys, nextSweep, dropped
-	keys      map[roundKey]counter.Limit
+	mu        sync.Mutex // guards index, list, nextSweep, dropped
+	index     map[roundKey]int
+	list      []snapKey // list[index[k]].rk == k
 	max       int
 	nextSweep time.Time
 	dropped   uint64
+}
+
+type snapKey struct {
+	rk  roundKey
+	lim counter.Limit
 }
 
 // keySweep is the least time between two sweeps of a full keySet.
@@ -440,20 +505,44 @@ func (k *keySet) note(s *Store, now time.Time, rk roundKey, lim counter.Limit) {
 }
 
 func (k *keySet) noteLocked(s *Store, now time.Time, rk roundKey, lim counter.Limit) {
-	if _, ok := k.keys[rk]; ok {
+	if _, ok := k.index[rk]; ok {
 		return // lim is rk.limit's: held already
 	}
-	if len(k.keys) >= k.max && !now.Before(k.nextSweep) {
+	if len(k.list) >= k.max && !now.Before(k.nextSweep) {
 		k.nextSweep = now.Add(keySweep)
-		for key, l := range k.keys {
-			if used(s.mem, key.key, counter.Hash(key.key), l) <= 0 {
-				delete(k.keys, key)
+		for i := 0; i < len(k.list); {
+			if e := k.list[i]; used(s.mem, e.rk.key, counter.Hash(e.rk.key), e.lim) <= 0 {
+				k.removeLocked(e.rk) // moves the last key to i
+				continue
 			}
+			i++
 		}
 	}
-	if len(k.keys) >= k.max {
+	if len(k.list) >= k.max {
 		k.dropped++
 		return
 	}
-	k.keys[rk] = lim
+	k.index[rk] = len(k.list)
+	k.list = append(k.list, snapKey{rk, lim})
+}
+
+// removeLocked forgets rk, if held, moving the last key to its place.
+func (k *keySet) removeLocked(rk roundKey) {
+	i, ok := k.index[rk]
+	if !ok {
+		return
+	}
+	last := len(k.list) - 1
+	k.list[i] = k.list[last]
+	k.index[k.list[i].rk] = i
+	k.list[last] = snapKey{}
+	k.list = k.list[:last]
+	delete(k.index, rk)
+}
+
+// len returns the number of keys held.
+func (k *keySet) len() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.list)
 }

@@ -224,7 +224,7 @@ func TestStoreRoundCap(t *testing.T) {
 		t.Errorf("%d messages, want 1", len(msgs))
 	}
 	// The keys kept for snapshots are capped too: all are in use.
-	if n := len(s.keys.keys); n != snapKeys || st.SnapshotDropped != st.EntriesSent-snapKeys {
+	if n := s.keys.len(); n != snapKeys || st.SnapshotDropped != st.EntriesSent-snapKeys {
 		t.Errorf("%d snapshot keys, %d dropped of %d: want %d kept, the rest dropped", n, st.SnapshotDropped, st.EntriesSent, snapKeys)
 	}
 }
@@ -502,5 +502,53 @@ func TestStoreCapsCharge(t *testing.T) {
 				t.Errorf("stats %+v: want 1 applied, none capped", st)
 			}
 		})
+	}
+}
+
+// TestStoreSnapshotParts: a snapshot goes out at most snapshotPart keys a
+// message, every key with units used in one of them once; a key with
+// nothing used is left out and forgotten.
+func TestStoreSnapshotParts(t *testing.T) {
+	clock := testkit.NewClock()
+	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 100, Period: time.Second}
+	s := newTestStore(t, "a", clock, StoreConfig{})
+	const keys = 3*snapshotPart + 10
+	for i := range keys {
+		take(s, fmt.Sprint("k", i), lim, 1)
+	}
+	s.Flush(clock.Now())
+	clock.Advance(time.Second) // their windows end: nothing used
+	for i := range keys - 1 {
+		take(s, fmt.Sprint("k", i), lim, 2)
+	}
+	codec := NewCodec(Config{})
+	seen := map[string]int64{}
+	msgs := 0
+	s.SnapshotTo(DefaultMaxBytes, func(p []byte) {
+		msgs++
+		m, err := codec.Decode(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m.Entries) > snapshotPart {
+			t.Errorf("message %d: %d entries, want at most %d", msgs, len(m.Entries), snapshotPart)
+		}
+		for _, e := range m.Entries {
+			if _, dup := seen[e.Key]; dup {
+				t.Errorf("%s sent twice", e.Key)
+			}
+			seen[e.Key] = e.Units
+		}
+	})
+	if len(seen) != keys-1 || msgs != (keys-1+snapshotPart-1)/snapshotPart {
+		t.Errorf("%d keys in %d messages, want %d in %d", len(seen), msgs, keys-1, (keys-1+snapshotPart-1)/snapshotPart)
+	}
+	for k, u := range seen {
+		if u != 2 {
+			t.Errorf("%s: %d units, want 2", k, u)
+		}
+	}
+	if n := s.keys.len(); n != keys-1 {
+		t.Errorf("%d keys remembered, want %d: the one with nothing used forgotten", n, keys-1)
 	}
 }
