@@ -323,6 +323,7 @@ func (s *Store) Apply(payload []byte) error {
 func (s *Store) charge(now time.Time, entries []Entry, span time.Duration) {
 	join := span < 0
 	var limits limitParser
+	var charged []snapKey
 	for _, e := range entries {
 		lim, ok := limits.parse(e.Limit)
 		if !ok {
@@ -350,8 +351,13 @@ func (s *Store) charge(now time.Time, entries []Entry, span time.Duration) {
 			continue
 		}
 		s.applied.Add(1)
-		s.keys.note(s, now, roundKey{e.Limit, e.Key}, lim)
+		charged = append(charged, snapKey{roundKey{e.Limit, e.Key}, lim})
 	}
+	s.keys.mu.Lock() // once for the message's keys
+	for _, k := range charged {
+		s.keys.noteLocked(s, now, k.rk, k.lim)
+	}
+	s.keys.mu.Unlock()
 }
 
 // used is how many units of key's counter under lim are used in m's view:
@@ -497,12 +503,6 @@ type snapKey struct {
 
 // keySweep is the least time between two sweeps of a full keySet.
 const keySweep = time.Second
-
-func (k *keySet) note(s *Store, now time.Time, rk roundKey, lim counter.Limit) {
-	k.mu.Lock()
-	k.noteLocked(s, now, rk, lim)
-	k.mu.Unlock()
-}
 
 func (k *keySet) noteLocked(s *Store, now time.Time, rk roundKey, lim counter.Limit) {
 	if _, ok := k.index[rk]; ok {
