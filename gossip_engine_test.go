@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"strings"
 	"sync"
@@ -17,6 +18,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/gossip"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 	"github.com/hotkeyd/hotkey/shard"
 )
@@ -253,6 +255,13 @@ func (g *gossiper) take() [][]byte {
 
 var _ coordinator.Gossiper = (*gossiper)(nil)
 
+// snapshotOf returns the payloads of e's handler's GossipSnapshot.
+func snapshotOf(e *Engine, maxBytes int) [][]byte {
+	var msgs [][]byte
+	handler{e}.GossipSnapshot(maxBytes, func(p []byte) { msgs = append(msgs, p) })
+	return msgs
+}
+
 // TestGossipCoordinator: on a coordinator that carries gossip, the engine
 // publishes its rounds every interval and a last one at Close, charges its
 // peers' (the handler's Gossip), answers a join with its view
@@ -272,7 +281,7 @@ func TestGossipCoordinator(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	if snap := (handler{a}).GossipSnapshot(ga.MaxGossip()); snap != nil {
+	if snap := snapshotOf(a, ga.MaxGossip()); snap != nil {
 		t.Errorf("snapshot before any gossip decision: %d messages, want none", len(snap))
 	}
 	a.AllowN(ctx, "k", p, 30)
@@ -293,7 +302,7 @@ func TestGossipCoordinator(t *testing.T) {
 	for _, m := range round {
 		handler{b}.Gossip(m)
 	}
-	for _, m := range (handler{a}).GossipSnapshot(gb.MaxGossip()) {
+	for _, m := range snapshotOf(a, gb.MaxGossip()) {
 		handler{b}.GossipSync(m) // a's 30 again: b has seen them
 	}
 	if r, _ := b.Peek(ctx, "k", p); r.Remaining != 69 {
@@ -436,5 +445,161 @@ func TestGossipAloneFromStart(t *testing.T) {
 				t.Errorf("after a decision: hotkey_gossip_alone %v, want %v", got, c.after)
 			}
 		})
+	}
+}
+
+// TestGossipCapsPeerEntry: a peer's entry of 2^63-1 units on a 10/s token
+// bucket denies the key for what the bucket admits in a round's span, not
+// for decades; the capped entry is counted.
+func TestGossipCapsPeerEntry(t *testing.T) {
+	p := &Policy{Name: "g", Limit: PerSecond(10), Sync: SyncGossip}
+	ctx := context.Background()
+	clock := testkit.NewClock()
+	reg := prometheus.NewRegistry()
+	a, _ := newMemoryEngine(t, clock, withGossipRounds())
+	b, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector(), withClock(clock.Now), withGossipRounds(), WithMetrics(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	a.Allow(ctx, "k", p)
+	codec := gossip.NewCodec(gossip.Config{})
+	for _, raw := range a.gossipFlush(clock.Now()) {
+		m, err := codec.Decode(raw)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for i := range m.Entries {
+			m.Entries[i].Units = math.MaxInt64
+		}
+		forged, err := codec.Encode(m.Header, m.Entries)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, f := range forged {
+			if err := b.gossipApply(f); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if r, _ := b.Allow(ctx, "k", p); r.Allowed {
+		t.Fatal("the peer's entry charged nothing")
+	}
+	clock.Advance(5 * time.Second) // a round's span at 10/s is 11 units
+	if r, _ := b.Allow(ctx, "k", p); !r.Allowed {
+		t.Errorf("still denied 5 s after one peer entry: retry after %v", r.RetryAfter)
+	}
+	if got := gather(t, reg)[`hotkey_gossip_entries_total{event="capped"}`]; got != 1 {
+		t.Errorf("capped entries metric %v, want 1", got)
+	}
+}
+
+// lateGossiper delivers the rounds published on it to a peer's handler
+// out of order: each round at a seeded delay of up to maxLate rounds, some
+// twice, as a Gossiper may (the interface promises no order).
+type lateGossiper struct {
+	rng     *rand.Rand
+	maxLate int
+	queue   []lateDelivery
+	round   int // rounds published
+}
+
+type lateDelivery struct {
+	due int
+	msg []byte
+}
+
+// publish queues a round's messages.
+func (g *lateGossiper) publish(msgs [][]byte) (copies int) {
+	g.round++
+	for _, m := range msgs {
+		for c := range 1 + g.rng.IntN(4)/3 { // a quarter go twice
+			g.queue = append(g.queue, lateDelivery{due: g.round + g.rng.IntN(g.maxLate+1), msg: m})
+			copies += c
+		}
+	}
+	return copies
+}
+
+// deliver hands h the messages due by round, in a shuffled order; all of
+// them if all.
+func (g *lateGossiper) deliver(h coordinator.GossipHandler, round int, all bool) {
+	g.rng.Shuffle(len(g.queue), func(i, j int) { g.queue[i], g.queue[j] = g.queue[j], g.queue[i] })
+	rest := g.queue[:0]
+	for _, d := range g.queue {
+		if d.due <= round || all {
+			h.Gossip(d.msg)
+		} else {
+			rest = append(rest, d)
+		}
+	}
+	g.queue = rest
+}
+
+// TestGossipLateRounds: rounds delivered up to 40 rounds late, shuffled and
+// some twice, are each applied once: the peer's view holds every unit the
+// sender admitted, and the copies are refused as duplicates. A round
+// delivered later than the dedup remembers is refused and counted as late,
+// its entries as dropped, never applied twice.
+func TestGossipLateRounds(t *testing.T) {
+	p := &Policy{Name: "g", Limit: Limit{Algorithm: FixedWindow, Rate: 1 << 30, Period: time.Hour}, Sync: SyncGossip}
+	ctx := context.Background()
+	clock := testkit.NewClock()
+	a, _ := newMemoryEngine(t, clock, withGossipRounds())
+	reg := prometheus.NewRegistry()
+	b, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector(), withClock(clock.Now), withGossipRounds(), WithMetrics(reg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	g := &lateGossiper{rng: rand.New(rand.NewPCG(3, 9)), maxLate: 40}
+	const rounds = 900
+	var sent int64
+	copies := 0
+	for r := range rounds {
+		n := 1 + int64(r%3)
+		if res, _ := a.AllowN(ctx, "k", p, n); !res.Allowed {
+			t.Fatalf("round %d: denied", r)
+		}
+		sent += n
+		clock.Advance(100 * time.Millisecond)
+		copies += g.publish(a.gossipFlush(clock.Now()))
+		g.deliver(handler{b}, r+1, false)
+	}
+	g.deliver(handler{b}, 0, true)
+	held := func() int64 {
+		r, _ := b.Peek(ctx, "k", p)
+		return p.Limit.Rate - r.Remaining - 1
+	}
+	if got := held(); got != sent {
+		t.Errorf("the peer holds %d of the %d units sent", got, sent)
+	}
+	st, _ := b.gossipStats()
+	if st.Duplicates != uint64(copies) || st.Late != 0 {
+		t.Errorf("stats %+v: want %d duplicates (the copies), none late", st, copies)
+	}
+
+	// A round more than the dedup remembers late: refused and counted.
+	a.AllowN(ctx, "k", p, 7)
+	held1 := a.gossipFlush(clock.Now())
+	for range 2 * gossip.DefaultRounds {
+		a.AllowN(ctx, "k", p, 1)
+		sent++
+		for _, m := range a.gossipFlush(clock.Now()) {
+			handler{b}.Gossip(m)
+		}
+	}
+	for range 2 {
+		for _, m := range held1 {
+			handler{b}.Gossip(m)
+		}
+	}
+	if got := held(); got != sent {
+		t.Errorf("the peer holds %d units, want %d: all but the late round's 7", got, sent)
+	}
+	got := gather(t, reg)
+	if got[`hotkey_gossip_refused_messages_total{reason="late"}`] != 2 || got[`hotkey_gossip_dropped_total{reason="late"}`] != 2 ||
+		got[`hotkey_gossip_refused_messages_total{reason="duplicate"}`] != float64(copies) {
+		t.Errorf("metrics %v: want 2 late messages, 2 late entries dropped, %d duplicates", got, copies)
 	}
 }

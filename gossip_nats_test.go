@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -523,5 +524,76 @@ func TestGossipNATSClockStep(t *testing.T) {
 	if got != admitted-lost || stale() != 2 || ca.Stats().Invalid != 2 {
 		t.Errorf("b back within the skew: a charged %d of b's %d, %d messages refused (%v): want all but the %d refused, the 2 rounds sent beyond it",
 			got, admitted, ca.Stats().Invalid, ca.Stats().InvalidBy, lost)
+	}
+}
+
+// TestGossipNATSJoinBusy: an engine joining a peer that holds 130,000 keys
+// (under the snapshot's cap of 131,072) while the peer decides under load
+// gets at least 99% of them from the peer's snapshot, with the default
+// SyncWait. The peer's rounds of those keys went out before the joiner
+// started: only its snapshot carries them.
+func TestGossipNATSJoinBusy(t *testing.T) {
+	checkLeaks(t)
+	const keys, busyKeys = 130_000, 64
+	ctx := context.Background()
+	cfg := gossipNATSConfig()
+	cfg.SyncWait = coordinator.DefaultSyncWait
+	f := startFleetConfig(t, cfg, 0, memoryStores)
+	clock := testkit.NewClock()
+	gossipEngines(t, f, 1, clock.Now, WithGossipInterval(10*time.Millisecond))
+	peer := f.engines[0]
+	p := gossipWindow(1000)
+	names := make([]string, keys)
+	for i := range names {
+		names[i] = fmt.Sprintf("user:%06d", i)
+		if r, err := peer.Allow(ctx, names[i], p); err != nil || !r.Allowed {
+			t.Fatalf("key %d: %+v, %v", i, r, err)
+		}
+	}
+	testkit.For(t, patience, "the peer's rounds of its keys sent", func() bool {
+		st, _ := peer.gossipStats()
+		return st.EntriesSent >= keys
+	})
+
+	// Busy: the peer decides on other keys, as fast as one goroutine can,
+	// while it answers the join.
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var busy atomic.Int64
+	wg.Go(func() {
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			peer.Allow(ctx, fmt.Sprintf("busy:%d", i%busyKeys), p)
+			busy.Add(1)
+		}
+	})
+	reg := prometheus.NewRegistry()
+	joiner := f.add(t, 0, memoryStores(), withClock(clock.Now), WithGossipInterval(10*time.Millisecond), WithMetrics(reg))
+	jc, pc := f.coords[1], f.coords[0]
+	testkit.For(t, patience, "every snapshot message the peer sent received", func() bool {
+		ps, js := pc.Stats(), jc.Stats()
+		return ps.SyncAnswered >= 1 && ps.GossipSyncSent > 0 && js.GossipSyncApplied+js.LateReplies >= ps.GossipSyncSent
+	})
+	close(stop)
+	wg.Wait()
+	held := 0
+	for _, k := range names {
+		if gossipUsed(t, joiner, k, p) > 0 {
+			held++
+		}
+	}
+	ps, js := pc.Stats(), jc.Stats()
+	t.Logf("the joiner holds %d of the peer's %d keys: %d snapshot messages sent, %d applied, %d late; %d busy decisions meanwhile",
+		held, keys, ps.GossipSyncSent, js.GossipSyncApplied, js.LateReplies, busy.Load())
+	if held < keys*99/100 {
+		t.Errorf("the joiner holds %d of %d keys, want at least 99%%", held, keys)
+	}
+	got := gather(t, reg)
+	if late, applied := got[`hotkey_coordinator_messages_total{kind="late_replies"}`], got[`hotkey_coordinator_messages_total{kind="sync_replies"}`]; late != float64(js.LateReplies) || applied < float64(js.GossipSyncApplied) {
+		t.Errorf("metrics: %v late replies, %v applied; want %d, at least %d", late, applied, js.LateReplies, js.GossipSyncApplied)
 	}
 }

@@ -241,15 +241,15 @@ var (
 	descBreaker      = prometheus.NewDesc("hotkey_breaker_open", "1 while the store circuit breaker is open, else 0.", nil, nil)
 	descPeers        = prometheus.NewDesc("hotkey_peers", "Other live instances, as the coordinator sees them.", nil, nil)
 	descSkew         = prometheus.NewDesc("hotkey_clock_skew_seconds", "The store's clock minus this host's, as last measured (Redis TIME).", nil, nil)
-	descCoord        = prometheus.NewDesc("hotkey_coordinator_messages_total", "Coordinator messages by kind: published, received, invalid, rejected (lease table full), dropped, publish_errors.", []string{"kind"}, nil)
+	descCoord        = prometheus.NewDesc("hotkey_coordinator_messages_total", "Coordinator messages by kind: published, received, invalid, rejected (lease table full), dropped, publish_errors, sync_replies (replies to this instance's join syncs applied: leases and gossip snapshot parts), late_replies (replies to its join syncs that came after the wait, not applied).", []string{"kind"}, nil)
 	descReserve      = prometheus.NewDesc("hotkey_reserve_total", "sync: reserve, by event: local (a decision admitted from a block, with no store call), lease (a store call that leased a block), take (a decision taken on the store: a cold key, a cost its block lacked, a sliding log), return (a store call that gave a block's unused units back).", []string{"event"}, nil)
 	descReserveUnits = prometheus.NewDesc("hotkey_reserve_returned_units_total", "sync: reserve: unused units of blocks given back, by outcome: back (the store took them back), kept (its rule kept them: a token bucket's held past their time, a window that ended).", []string{"outcome"}, nil)
 	descGossipMsgs   = prometheus.NewDesc("hotkey_gossip_sent_messages_total", "sync: gossip: messages of this instance's rounds flushed for peers.", nil, nil)
 	descGossipBytes  = prometheus.NewDesc("hotkey_gossip_sent_bytes_total", "sync: gossip: bytes of the messages flushed for peers.", nil, nil)
 	descGossipErrs   = prometheus.NewDesc("hotkey_gossip_send_errors_total", "sync: gossip: messages the coordinator did not take (not connected, too large, closed), and rounds not encoded whole.", nil, nil)
-	descGossipEnt    = prometheus.NewDesc("hotkey_gossip_entries_total", "sync: gossip: (key, units) entries by event: sent (flushed for peers), applied (a peer's units charged here, from its rounds or its snapshot).", []string{"event"}, nil)
-	descGossipRecv   = prometheus.NewDesc("hotkey_gossip_refused_messages_total", "sync: gossip: peers' messages not applied, by reason: duplicate (already applied, replayed, or of a peer's earlier life), malformed (did not decode).", []string{"reason"}, nil)
-	descGossipDrop   = prometheus.NewDesc("hotkey_gossip_dropped_total", "sync: gossip: keys dropped, by reason: round_full (admitted but not sent: the round's key cap), memory_full (a peer's units not charged: the memory store had no room), invalid_limit (a peer's entry under a limit that does not validate), snapshot_full (left out of join snapshots: their key cap).", []string{"reason"}, nil)
+	descGossipEnt    = prometheus.NewDesc("hotkey_gossip_entries_total", "sync: gossip: (key, units) entries by event: sent (flushed for peers), applied (a peer's units charged here, from its rounds or its snapshot), capped (a peer's entry charged less than it carried: more units than its limit admits in the round's span, or a snapshot's above the limit's capacity).", []string{"event"}, nil)
+	descGossipRecv   = prometheus.NewDesc("hotkey_gossip_refused_messages_total", "sync: gossip: peers' messages not applied, by reason: duplicate (already applied, or replayed), late (a round older than the last 64 of its sender, or of the sender's earlier life: too late to tell from a duplicate, its units lost to this view), malformed (did not decode).", []string{"reason"}, nil)
+	descGossipDrop   = prometheus.NewDesc("hotkey_gossip_dropped_total", "sync: gossip: keys dropped, by reason: round_full (admitted but not sent: the round's key cap), memory_full (a peer's units not charged: the memory store had no room), invalid_limit (a peer's entry under a limit that does not validate), snapshot_full (left out of join snapshots: their key cap), late (a peer's units not charged: their message came too late, see hotkey_gossip_refused_messages_total).", []string{"reason"}, nil)
 	descGossipAlone  = prometheus.NewDesc("hotkey_gossip_alone", "1 while sync: gossip policies decide, or would decide, on this instance's counts alone: the coordinator carries no gossip or does not reach NATS. Present from the start with a coordinator that carries gossip (NATS), else from the first sync: gossip decision.", nil, nil)
 	descMemFull      = prometheus.NewDesc("hotkey_memory_store_full_total", "Counters an in-process memory store refused to create, its stripe being full of live counters: takes of new keys (denied) and hot-key moves (left on the counters that hold the usage). By store: store (the engine's own, as hotkeyd's without Redis), local (the local fallback's).", []string{"store"}, nil)
 )
@@ -303,6 +303,7 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 		for kind, v := range map[string]uint64{
 			"published": cs.Published, "received": cs.Received, "invalid": cs.Invalid,
 			"rejected": cs.Rejected, "dropped": cs.Dropped, "publish_errors": cs.PublishErrors,
+			"sync_replies": cs.SyncReplies + cs.GossipSyncApplied, "late_replies": cs.LateReplies,
 		} {
 			ch <- prometheus.MustNewConstMetric(descCoord, prometheus.CounterValue, float64(v), kind)
 		}
@@ -320,10 +321,13 @@ func (c engineCollector) collectGossip(ch chan<- prometheus.Metric, gs gossip.St
 	add(descGossipErrs, c.e.gossipErrors.Load())
 	add(descGossipEnt, gs.EntriesSent, "sent")
 	add(descGossipEnt, gs.Applied, "applied")
+	add(descGossipEnt, gs.Capped, "capped")
 	add(descGossipRecv, gs.Duplicates, "duplicate")
+	add(descGossipRecv, gs.Late, "late")
 	add(descGossipRecv, gs.Malformed, "malformed")
 	add(descGossipDrop, gs.RoundDropped, "round_full")
 	add(descGossipDrop, gs.ChargesDropped, "memory_full")
 	add(descGossipDrop, gs.Invalid, "invalid_limit")
 	add(descGossipDrop, gs.SnapshotDropped, "snapshot_full")
+	add(descGossipDrop, gs.LateEntries, "late")
 }

@@ -237,7 +237,7 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 	}
 	opts := []Option{withClock(now), WithoutDetector()}
 	if cfg.sync == SyncGossip && cfg.engines > 1 {
-		opts = append(opts, withGossipRounds()) // delivered by the test
+		opts = append(opts, withGossipRounds(), WithGossipInterval(modelGossipInterval)) // delivered by the test
 	}
 	if cfg.noDeny {
 		opts = append(opts, withDenyCache(0))

@@ -28,10 +28,11 @@ func (e *Engine) gossipStore() *gossip.Store {
 	}
 	g, peers := e.coord.(coordinator.Gossiper)
 	cfg := gossip.StoreConfig{
-		ID:     e.gossipID,
-		Gossip: gossip.Config{MaxKeyLen: max(gossip.DefaultMaxKeyLen, e.opt.maxKeyLen)},
-		Memory: counter.MemoryConfig{Clock: e.opt.clock},
-		Solo:   !peers && !e.opt.gossipRounds,
+		ID:       e.gossipID,
+		Gossip:   gossip.Config{MaxKeyLen: max(gossip.DefaultMaxKeyLen, e.opt.maxKeyLen)},
+		Memory:   counter.MemoryConfig{Clock: e.opt.clock},
+		Interval: e.opt.gossipInterval,
+		Solo:     !peers && !e.opt.gossipRounds,
 	}
 	if peers {
 		// A message too large for the coordinator is refused by it: at
@@ -178,13 +179,12 @@ func (e *Engine) peekGossip(name string, hash uint64, lim Limit) Result {
 func (h handler) Gossip(payload []byte) { h.e.gossipStore().Apply(payload) }
 
 // GossipSnapshot implements coordinator.GossipHandler: this instance's view
-// of its gossiped counters, none before its first SyncGossip decision.
-func (h handler) GossipSnapshot(maxBytes int) [][]byte {
-	gs := h.e.gossip.Load()
-	if gs == nil {
-		return nil
+// of its gossiped counters, sent as it is read; none before its first
+// SyncGossip decision.
+func (h handler) GossipSnapshot(maxBytes int, send func([]byte)) {
+	if gs := h.e.gossip.Load(); gs != nil {
+		gs.SnapshotTo(maxBytes, send)
 	}
-	return gs.Snapshot(maxBytes)
 }
 
 // GossipSync implements coordinator.GossipHandler: a peer's snapshot

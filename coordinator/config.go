@@ -37,6 +37,10 @@ const (
 	DefaultMaxClockSkew = 30 * time.Second
 	DefaultMaxMessage   = 64 << 10
 	DefaultSyncWait     = 500 * time.Millisecond
+	// MaxSyncSpans bounds how long replies to one join sync are applied:
+	// at most MaxSyncSpans × SyncWait after the request (30 s at the
+	// default), however the replies keep coming.
+	MaxSyncSpans = 60
 
 	// MinInterval is the shortest TTL and Heartbeat accepted.
 	MinInterval = 10 * time.Millisecond
@@ -84,7 +88,9 @@ type Config struct {
 	// until 3 intervals pass without its heartbeat. At least MinInterval.
 	Heartbeat time.Duration
 	// SyncWait is how long replies to a join sync are applied after the
-	// request (default 500 ms).
+	// request, and after each reply applied (default 500 ms): a large
+	// snapshot is taken while its parts keep coming, for at most
+	// MaxSyncSpans × SyncWait after the request.
 	SyncWait time.Duration
 
 	// MaxHotKeys caps the distinct keys in the lease table, own and peers'

@@ -13,14 +13,16 @@ type GossipHandler interface {
 	// coordinator's receiving goroutine, possibly at the same time as the
 	// Handler's other methods, and should return quickly.
 	Gossip(payload []byte)
-	// GossipSnapshot returns payloads of at most maxBytes each that carry
-	// this instance's current view of its gossiped counters. The
-	// coordinator sends them to a joining peer in answer to its sync
-	// request. It is called off the decision path.
-	GossipSnapshot(maxBytes int) [][]byte
+	// GossipSnapshot calls send with each payload, of at most maxBytes,
+	// that carries this instance's current view of its gossiped counters,
+	// as soon as it is built: send hands it to the joining peers that asked
+	// (sync requests), and may block on the network; it keeps no reference
+	// to the payload. It is called off the decision path.
+	GossipSnapshot(maxBytes int, send func(payload []byte))
 	// GossipSync is given one payload of a peer's snapshot, received in
 	// answer to this instance's sync request (at Start and after a
-	// reconnect) within SyncWait, checked as Gossip's are. Gossip and
+	// reconnect) within SyncWait of the request or of the last reply
+	// applied, checked as Gossip's are. Gossip and
 	// GossipSync are never called at the same time, nor after Close has
 	// returned.
 	GossipSync(payload []byte)

@@ -25,6 +25,8 @@ type gossipRecorder struct {
 	*recorder
 	gate     chan struct{}
 	snapshot [][]byte
+	between  func(i int) // if set, called before sending snapshot[i], i > 0
+	onSync   func()      // if set, called by GossipSync before it returns
 
 	inGossip atomic.Int32
 	gmu      sync.Mutex
@@ -57,15 +59,23 @@ func (g *gossipRecorder) GossipSync(payload []byte) {
 	g.enterGossip()
 	defer g.inGossip.Add(-1)
 	g.gmu.Lock()
-	defer g.gmu.Unlock()
 	g.synced = append(g.synced, bytes.Clone(payload))
+	g.gmu.Unlock()
+	if g.onSync != nil {
+		g.onSync()
+	}
 }
 
-func (g *gossipRecorder) GossipSnapshot(maxBytes int) [][]byte {
+func (g *gossipRecorder) GossipSnapshot(maxBytes int, send func([]byte)) {
 	g.gmu.Lock()
-	defer g.gmu.Unlock()
 	g.asked = append(g.asked, maxBytes)
-	return g.snapshot
+	g.gmu.Unlock()
+	for i, p := range g.snapshot {
+		if i > 0 && g.between != nil {
+			g.between(i)
+		}
+		send(p)
+	}
 }
 
 // got returns copies of the payloads handed to Gossip and GossipSync.
@@ -320,6 +330,93 @@ func TestGossipJoinSync(t *testing.T) {
 	testkit.For(t, patience, "a late snapshot counted", func() bool { return b.Stats().LateReplies == late+1 })
 	if _, synced := gb.got(); len(synced) != 3 {
 		t.Errorf("b synced %d payloads, want 3", len(synced))
+	}
+}
+
+// TestGossipJoinSyncProgress: a joiner applies a snapshot whose parts come
+// over more than SyncWait as long as each comes within SyncWait of the
+// one before: parts 0.6 SyncWait apart on its clock, 2.4 SyncWait in all,
+// are all applied.
+func TestGossipJoinSyncProgress(t *testing.T) {
+	s := startServer(t, natsserver.Options{})
+	clk := testkit.NewClock()
+	snapshot := [][]byte{[]byte("p0"), []byte("p1"), []byte("p2"), []byte("p3"), []byte("p4")}
+	a := newCoord(t, signedConfig(clk, "a", testSecret, s.URL()))
+	ga := &gossipRecorder{recorder: newRecorder("a"), snapshot: snapshot}
+	var joiner atomic.Pointer[NATS]
+	ga.between = func(i int) { // on a's publisher: no t.Fatal here
+		for deadline := time.Now().Add(patience); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if st := joiner.Load().Stats(); st.GossipSyncApplied+st.LateReplies >= uint64(i) {
+				break
+			}
+		}
+		clk.Advance(DefaultSyncWait * 6 / 10)
+	}
+	if err := a.Start(ga); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeCoord(t, a, ga.recorder) })
+	b := newCoord(t, signedConfig(clk, "b", testSecret, s.URL()))
+	joiner.Store(b)
+	gb := &gossipRecorder{recorder: newRecorder("b")}
+	if err := b.Start(gb); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeCoord(t, b, gb.recorder) })
+	testkit.For(t, patience, "a answered b's sync", func() bool { return a.Stats().SyncAnswered >= 1 })
+	testkit.For(t, patience, "b received every part", func() bool {
+		st := b.Stats()
+		return st.GossipSyncApplied+st.LateReplies >= uint64(len(snapshot))
+	})
+	_, synced := gb.got()
+	if st := b.Stats(); !slices.EqualFunc(synced, snapshot, bytes.Equal) || st.LateReplies != 0 {
+		t.Errorf("b synced %q, %d late; want %q, none late", synced, st.LateReplies, snapshot)
+	}
+}
+
+// TestGossipJoinSyncQueued: replies queued while the joiner applies one
+// are in time, however long the joiner then takes to reach them: after the
+// first part is applied, the joiner's clock jumps 2 SyncWait before it
+// reads the next, queued behind it, and every part is applied.
+func TestGossipJoinSyncQueued(t *testing.T) {
+	s := startServer(t, natsserver.Options{})
+	clk := testkit.NewClock()
+	snapshot := [][]byte{[]byte("p0"), []byte("p1"), []byte("p2")}
+	startGossip(t, signedConfig(clk, "a", testSecret, s.URL()), snapshot...)
+	cfg := signedConfig(clk, "b", testSecret, s.URL())
+	var jump atomic.Bool // the next read of b's clock returns, then moves it
+	cfg.Now = func() time.Time {
+		now := clk.Now()
+		if jump.Swap(false) {
+			clk.Advance(2 * DefaultSyncWait)
+		}
+		return now
+	}
+	b := newCoord(t, cfg)
+	gb := &gossipRecorder{recorder: newRecorder("b")}
+	var first atomic.Bool
+	gb.onSync = func() { // on b's inbox subscription: no t.Fatal here
+		if first.Swap(true) {
+			return
+		}
+		for deadline := time.Now().Add(patience); time.Now().Before(deadline); time.Sleep(time.Millisecond) {
+			if n, _, _ := b.inboxSub.Pending(); n >= len(snapshot) { // this one and the others
+				break
+			}
+		}
+		jump.Store(true) // read next when the part is counted applied
+	}
+	if err := b.Start(gb); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { closeCoord(t, b, gb.recorder) })
+	testkit.For(t, patience, "b received every part", func() bool {
+		st := b.Stats()
+		return st.GossipSyncApplied+st.LateReplies >= uint64(len(snapshot))
+	})
+	_, synced := gb.got()
+	if st := b.Stats(); !slices.EqualFunc(synced, snapshot, bytes.Equal) || st.LateReplies != 0 {
+		t.Errorf("b synced %q, %d late; want %q, none late", synced, st.LateReplies, snapshot)
 	}
 }
 

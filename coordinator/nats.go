@@ -99,13 +99,14 @@ type NATS struct {
 	live     int                  // instances to hand the Handler: 1 + len(peers), at most MaxInstances
 	toldLive int                  // live count handed to the dispatcher
 
-	syncUntil atomic.Pointer[time.Time] // until when sync replies are applied; nil before Start
-	wakePub   chan struct{}
-	wakeDisp  chan struct{}
-	wakeSweep chan struct{}
-	done      chan struct{}
-	wg        sync.WaitGroup
-	st        counters
+	syncUntil  atomic.Pointer[syncWindow] // when sync replies are applied; nil before Start
+	syncQueued int                        // replies queued when the last was applied; the inbox subscription's goroutine's
+	wakePub    chan struct{}
+	wakeDisp   chan struct{}
+	wakeSweep  chan struct{}
+	done       chan struct{}
+	wg         sync.WaitGroup
+	st         counters
 }
 
 var _ Coordinator = (*NATS)(nil)
@@ -176,9 +177,9 @@ func (c *NATS) now() time.Time { return c.cfg.Now() }
 // confirm the subscriptions if connected (up to the connection's
 // nats.Timeout), tells h there is 1 instance, sends a heartbeat and a join
 // sync request, and starts the goroutines. It does not wait for sync
-// replies: they are applied as they arrive, for SyncWait. It fails on a
-// closed connection, or one that cannot subscribe or flush, and the caller
-// may fall back to Local. Announce applies locally whatever the connection.
+// replies: they are applied as they arrive, while they keep coming (see
+// Config.SyncWait). It fails on a closed connection, or one that cannot
+// subscribe or flush, and the caller may fall back to Local. Announce applies locally whatever the connection.
 func (c *NATS) Start(h Handler) error {
 	if h == nil {
 		return errors.New("coordinator: Start with a nil Handler")

@@ -82,11 +82,16 @@ func (c *NATS) PublishGossip(payload []byte) error {
 	return nil
 }
 
-// requestSync asks the peers for their tables; replies are applied for
-// SyncWait.
+// syncWindow is when replies to the latest join sync are applied: until
+// SyncWait after the request or after the last reply applied, and at most
+// MaxSyncSpans × SyncWait after the request.
+type syncWindow struct{ asked, until time.Time }
+
+// requestSync asks the peers for their tables; replies are applied as
+// they come (see syncWindow).
 func (c *NATS) requestSync() {
-	until := c.now().Add(c.cfg.SyncWait)
-	c.syncUntil.Store(&until)
+	now := c.now()
+	c.syncUntil.Store(&syncWindow{asked: now, until: now.Add(c.cfg.SyncWait)})
 	if err := c.nc.PublishRequest(c.subjSync, c.inbox, c.seal(c.subjSync, encodeControl(c.cfg.ID, typeSyncReq))); err != nil {
 		c.st.publishErrors.Add(1)
 		return
@@ -200,7 +205,8 @@ func (c *NATS) publishLeases(leases map[string]shard.Level) {
 // this instance knows: its own (with a full TTL, since it renews them) and
 // its peers' (with the time they have left); and, if the Handler is a
 // GossipHandler, with the payloads of its GossipSnapshot, taken once for
-// all the requests queued.
+// all the requests queued and sent as it builds them, so that the first
+// reach the joiners while the rest are built.
 func (c *NATS) answerSync() {
 	type item struct {
 		key   string
@@ -233,19 +239,19 @@ func (c *NATS) answerSync() {
 		ch.add(it.key, it.level, it.ttl)
 	}
 	chunks := ch.done()
-	var snapshot [][]byte
-	if gh, ok := c.h.(GossipHandler); ok {
-		snapshot = gh.GossipSnapshot(c.MaxGossip())
-	}
 	for _, reply := range replyTo {
 		for _, b := range chunks {
 			c.publish(reply, b)
 		}
-		for _, p := range snapshot {
-			c.publishGossipSync(reply, p)
-		}
-		c.st.syncAnswered.Add(1)
 	}
+	if gh, ok := c.h.(GossipHandler); ok {
+		gh.GossipSnapshot(c.MaxGossip(), func(p []byte) {
+			for _, reply := range replyTo {
+				c.publishGossipSync(reply, p)
+			}
+		})
+	}
+	c.st.syncAnswered.Add(uint64(len(replyTo)))
 }
 
 // publishGossipSync sends one payload of this instance's gossip snapshot

@@ -118,10 +118,11 @@ func (c *NATS) onSyncReply(m *nats.Msg) {
 	if !ok {
 		return
 	}
-	if until := c.syncUntil.Load(); until == nil || now.After(*until) {
+	if !c.syncReply(now) {
 		c.st.lateReplies.Add(1)
 		return
 	}
+	defer c.syncApplied()
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
@@ -130,6 +131,52 @@ func (c *NATS) onSyncReply(m *nats.Msg) {
 	c.st.syncReplies.Add(1)
 	for _, l := range msg.Leases {
 		c.applyLeaseLocked(msg.Origin, l.Key, l.Level, l.TTLms, now)
+	}
+}
+
+// syncReply reports whether a sync reply received at now is to be applied:
+// one already queued when the reply before it was applied (syncApplied),
+// or one received in the window of the latest request (syncWindow); never
+// past MaxSyncSpans × SyncWait after the request. Called on the inbox
+// subscription's goroutine, as syncApplied.
+func (c *NATS) syncReply(now time.Time) bool {
+	w := c.syncUntil.Load()
+	switch {
+	case w == nil || now.After(w.asked.Add(MaxSyncSpans*c.cfg.SyncWait)):
+		return false
+	case c.syncQueued > 0:
+		c.syncQueued--
+		return true
+	}
+	return !now.After(w.until)
+}
+
+// syncApplied notes that a sync reply was applied: the window stays open
+// until SyncWait from now, and the replies queued behind it meanwhile are
+// in time, however long this instance took to apply it. So replies are
+// taken as long as they keep coming, not for a fixed time.
+func (c *NATS) syncApplied() {
+	c.keepSync(c.now())
+	if n, _, err := c.inboxSub.Pending(); err == nil {
+		c.syncQueued = max(0, n-1) // nats.go counts the message in hand until its callback returns
+	}
+}
+
+// keepSync keeps the latest sync's window open until SyncWait after now,
+// and at most MaxSyncSpans × SyncWait after its request.
+func (c *NATS) keepSync(now time.Time) {
+	for {
+		w := c.syncUntil.Load()
+		if w == nil {
+			return
+		}
+		until := now.Add(c.cfg.SyncWait)
+		if last := w.asked.Add(MaxSyncSpans * c.cfg.SyncWait); until.After(last) {
+			until = last
+		}
+		if !until.After(w.until) || c.syncUntil.CompareAndSwap(w, &syncWindow{asked: w.asked, until: until}) {
+			return
+		}
 	}
 }
 
@@ -213,7 +260,7 @@ func (c *NATS) onGossipSync(m *nats.Msg) {
 	if !ok {
 		return
 	}
-	if until := c.syncUntil.Load(); until == nil || now.After(*until) {
+	if !c.syncReply(now) {
 		c.st.lateReplies.Add(1)
 		return
 	}
@@ -221,6 +268,7 @@ func (c *NATS) onGossipSync(m *nats.Msg) {
 		c.st.gossipSyncApplied.Add(1)
 		h.GossipSync(e.payload)
 	})
+	c.syncApplied()
 }
 
 // handGossip calls f with the Handler if it is a GossipHandler, and counts

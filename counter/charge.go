@@ -1,6 +1,10 @@
 package counter
 
-import "time"
+import (
+	"math"
+	"math/bits"
+	"time"
+)
 
 // A charge is usage added to a counter without a decision: the units
 // another instance admitted on the key (gossip), in the units of the
@@ -32,6 +36,42 @@ const maxDebt = 16 * MaxTolerance
 // a log of maxLogEntries+1 such entries still sums within MaxCount, and one
 // entry is far above MaxLogRate, so it denies as any larger one would.
 const maxLogUnits = MaxCount / (maxLogEntries + 1)
+
+// MaxAdmitted returns the most units l admits on one counter over any span
+// of time: a token bucket's burst (Capacity) plus its rate over the span,
+// rounded up; for the window algorithms the rate of each window the span
+// touches (⌊span/Period⌋ + 2), the most a sliding window or log admits too.
+// It saturates at MaxInt64; a negative span counts as 0, and a limit
+// without a positive Rate and Period admits 0.
+func (l Limit) MaxAdmitted(span time.Duration) int64 {
+	if l.Rate <= 0 || l.Period <= 0 {
+		return 0
+	}
+	span = max(span, 0)
+	if l.Algorithm != TokenBucket {
+		return mulSat(l.Rate, int64(span/l.Period)+2)
+	}
+	hi, lo := bits.Mul64(uint64(l.Rate), uint64(span))
+	if hi >= uint64(l.Period) {
+		return math.MaxInt64
+	}
+	q, r := bits.Div64(hi, lo, uint64(l.Period))
+	if r > 0 {
+		q++
+	}
+	if q > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return addSat(l.Capacity(), int64(q))
+}
+
+// mulSat is a·b for a, b ≥ 0, or MaxInt64 if it is past an int64.
+func mulSat(a, b int64) int64 {
+	if hi, lo := bits.Mul64(uint64(a), uint64(b)); hi != 0 || lo > math.MaxInt64 {
+		return math.MaxInt64
+	}
+	return a * b
+}
 
 // Charge is ChargeAt at the store's clock's now.
 func (s *MemoryStore) Charge(key string, hash uint64, lim Limit, n int64) bool {

@@ -209,3 +209,63 @@ func TestChargeDebtLongBucket(t *testing.T) {
 		}
 	}
 }
+
+// TestLimitMaxAdmitted: the most a limit admits over a span, by algorithm,
+// saturating where it passes an int64.
+func TestLimitMaxAdmitted(t *testing.T) {
+	for _, c := range []struct {
+		give Limit
+		span time.Duration
+		want int64
+	}{
+		{Limit{Algorithm: TokenBucket, Rate: 10, Period: time.Second}, 0, 10},
+		{Limit{Algorithm: TokenBucket, Rate: 10, Period: time.Second}, 100 * time.Millisecond, 11},
+		{Limit{Algorithm: TokenBucket, Rate: 10, Period: time.Second}, 101 * time.Millisecond, 12},
+		{Limit{Algorithm: TokenBucket, Rate: 7, Period: time.Second, Burst: 20}, 2 * time.Second, 34},
+		{Limit{Algorithm: FixedWindow, Rate: 10, Period: time.Second}, 0, 20},
+		{Limit{Algorithm: FixedWindow, Rate: 10, Period: time.Second}, 999 * time.Millisecond, 20},
+		{Limit{Algorithm: SlidingWindow, Rate: 10, Period: time.Second}, 2500 * time.Millisecond, 40},
+		{Limit{Algorithm: SlidingLog, Rate: 10, Period: time.Minute}, time.Second, 20},
+		{Limit{Algorithm: TokenBucket, Rate: MaxCount, Period: time.Nanosecond}, time.Duration(math.MaxInt64), math.MaxInt64},
+		{Limit{Algorithm: FixedWindow, Rate: MaxCount, Period: time.Nanosecond}, time.Duration(math.MaxInt64), math.MaxInt64},
+		{Limit{Algorithm: TokenBucket, Rate: 10, Period: time.Second}, -time.Second, 10},
+		{Limit{}, time.Second, 0},
+	} {
+		if got := c.give.MaxAdmitted(c.span); got != c.want {
+			t.Errorf("%+v.MaxAdmitted(%v) = %d, want %d", c.give, c.span, got, c.want)
+		}
+	}
+}
+
+// TestMaxAdmittedBoundsTakes: over any span of a seeded run of takes on one
+// counter, the units admitted stay within MaxAdmitted of the span.
+func TestMaxAdmittedBoundsTakes(t *testing.T) {
+	for _, lim := range chargeLimits {
+		t.Run(limitName(lim), func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(4, uint64(lim.Algorithm)))
+			m := NewMemoryStore(MemoryConfig{})
+			type admit struct {
+				at time.Time
+				n  int64
+			}
+			var admits []admit
+			now := t0
+			for range 3000 {
+				now = now.Add(time.Duration(rng.Int64N(int64(40 * time.Millisecond))))
+				n := 1 + rng.Int64N(3)
+				if m.TakeAt(now, "k", 0, lim, n).Allowed {
+					admits = append(admits, admit{now, n})
+				}
+			}
+			for i := range admits {
+				var sum int64
+				for _, a := range admits[i:] {
+					sum += a.n
+					if span := a.at.Sub(admits[i].at); sum > lim.MaxAdmitted(span) {
+						t.Fatalf("%d units admitted in %v, MaxAdmitted %d", sum, span, lim.MaxAdmitted(span))
+					}
+				}
+			}
+		})
+	}
+}

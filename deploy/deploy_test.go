@@ -827,6 +827,7 @@ func composeEnv(t *testing.T, where string, v any) map[string]string {
 
 type compose struct {
 	services map[string]composeService
+	secrets  map[string]any           // the top-level secrets, by name
 	hotkeyd  map[string]daemon.Config // the services built from the Dockerfile
 }
 
@@ -834,6 +835,7 @@ func loadCompose(t *testing.T) compose {
 	t.Helper()
 	var doc struct {
 		Services map[string]composeService `yaml:"services"`
+		Secrets  map[string]any            `yaml:"secrets"`
 	}
 	if err := yaml.Unmarshal(readFile(t, composeFile), &doc); err != nil {
 		t.Fatalf("%s: %v", composeFile, err)
@@ -841,7 +843,7 @@ func loadCompose(t *testing.T) compose {
 	if len(doc.Services) == 0 {
 		t.Fatalf("%s: no services", composeFile)
 	}
-	return compose{services: doc.Services, hotkeyd: map[string]daemon.Config{}}
+	return compose{services: doc.Services, secrets: doc.Secrets, hotkeyd: map[string]daemon.Config{}}
 }
 
 // serviceByImage returns the one service whose image starts with prefix.
@@ -946,6 +948,7 @@ func TestCompose(t *testing.T) {
 		} else {
 			c.hostIsService(t, where+": --redis", cfg.Redis, "redis")
 		}
+		c.checkSecret(t, where, s, cfg.NATSSecretFile)
 		if cfg.Policies != "" {
 			host, ok := composeMounts(t, name, s).resolve(cfg.Policies)
 			if !ok {
@@ -969,6 +972,28 @@ func TestCompose(t *testing.T) {
 
 	checkComposePrometheus(t, c)
 	checkComposeGrafana(t, c)
+}
+
+// checkSecret: a daemon of the fleet signs its NATS messages with a secret
+// file (--nats-secret-file), one of the compose file's secrets given to s.
+func (c compose) checkSecret(t *testing.T, where string, s composeService, file string) {
+	t.Helper()
+	name, ok := strings.CutPrefix(file, "/run/secrets/")
+	if !ok {
+		t.Errorf("%s: --nats-secret-file %q, want a compose secret's /run/secrets/NAME: unsigned, anyone who reaches NATS can forge leases and gossip rounds", where, file)
+		return
+	}
+	given := false
+	if list, ok := s.Extra["secrets"].([]any); ok {
+		for _, v := range list {
+			if v == name {
+				given = true
+			}
+		}
+	}
+	if _, defined := c.secrets[name]; !defined || !given {
+		t.Errorf("%s: --nats-secret-file %s: secret %q defined %v, given to the service %v; want both", where, file, name, defined, given)
+	}
 }
 
 func checkComposePrometheus(t *testing.T, c compose) {
@@ -1209,6 +1234,9 @@ type deploymentSpec struct {
 					Name  string
 					Items []struct{ Key, Path string }
 				} `yaml:"configMap"`
+				Secret *struct {
+					SecretName string `yaml:"secretName"`
+				} `yaml:"secret"`
 			}
 		}
 	}
@@ -1444,6 +1472,21 @@ func TestKubernetes(t *testing.T) {
 		} else {
 			checkPolicies(t, cm.file+": "+key, []byte(data))
 		}
+	}
+
+	// The NATS secret, from a Secret.
+	secretVol := ""
+	for _, vm := range c.VolumeMounts {
+		if cfg.NATSSecretFile != "" && strings.HasPrefix(cfg.NATSSecretFile, strings.TrimSuffix(vm.MountPath, "/")+"/") {
+			secretVol = vm.Name
+		}
+	}
+	fromSecret := false
+	for _, v := range spec.Template.Spec.Volumes {
+		fromSecret = fromSecret || v.Name == secretVol && v.Secret != nil && v.Secret.SecretName != ""
+	}
+	if !fromSecret {
+		t.Errorf("%s: --nats-secret-file %q: want a file of a mounted Secret: unsigned, anyone who reaches NATS can forge leases and gossip rounds", where, cfg.NATSSecretFile)
 	}
 
 	// The Service and the budget.

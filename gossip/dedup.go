@@ -1,23 +1,30 @@
 package gossip
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // Dedup decides which messages to apply, so that each (sender, start,
-// round, part) is applied once: a duplicated, replayed or late-reordered
-// message changes nothing. Per sender it remembers the start of its latest
-// life, its highest round, and which parts of its last Rounds rounds came:
+// round, part) is applied once: a duplicated, replayed or reordered message
+// changes nothing, and a message late by up to Rounds rounds is still
+// applied, once. Per sender it remembers the start of its latest life, its
+// highest round, and which parts of its last Rounds rounds came:
 //
 //   - a later start is a restart: the sender's rounds count anew;
-//   - an earlier start is a previous life's message: refused (Stale);
-//   - a round more than Rounds behind the highest is refused (TooOld):
-//     its parts are no longer remembered;
+//   - an earlier start is a previous life's message: refused as Late (Stale);
+//   - a round Rounds or more behind the highest is refused as Late
+//     (TooOld): its parts are no longer remembered, so it cannot be told
+//     from a duplicate, and its units are lost to this view;
 //   - any other part is accepted once, and refused after (Duplicate).
 //
-// It remembers at most MaxSenders senders, each in O(Rounds · MaxParts/64)
-// words; a new sender past that takes the place of the one heard from
-// least recently (Evicted), whose older messages would then be accepted
-// again: a sender restarting under a new id leaves its old one to be
-// evicted so. The zero value is not usable; it is safe for concurrent use.
+// It remembers at most MaxSenders senders, each in about 32 bytes a round
+// remembered (2 KiB at the default 64), and 120 bytes more for a round
+// with a part past the 64th; a new sender past that takes the place of
+// the one heard from least recently (Evicted), whose older messages would
+// then be accepted again: a sender restarting under a new id leaves its
+// old one to be evicted so. The zero value is not usable; it is safe for
+// concurrent use.
 type Dedup struct {
 	rounds, maxSenders int
 
@@ -40,14 +47,32 @@ type sender struct {
 	start int64
 	high  uint64 // highest round accepted in this life
 	seen  uint64 // tick of the last accept
+	at    int64  // Unix ns of the last accept checked with a time, or 0
 	// parts[r % len(parts)] holds round r's parts, if round is r.
 	parts []roundParts
 }
 
+// roundParts are the parts of a round that came: the first 64 in lo, the
+// others, rare, in hi once one came.
 type roundParts struct {
 	round uint64
 	used  bool
-	bits  [MaxParts / 64]uint64
+	lo    uint64
+	hi    *[MaxParts/64 - 1]uint64
+}
+
+// mark notes part, and reports whether it was noted before.
+func (p *roundParts) mark(part int) (seen bool) {
+	w, bit := &p.lo, uint64(1)<<(part%64)
+	if part >= 64 {
+		if p.hi == nil {
+			p.hi = new([MaxParts/64 - 1]uint64)
+		}
+		w = &p.hi[part/64-1]
+	}
+	seen = *w&bit != 0
+	*w |= bit
+	return seen
 }
 
 // NewDedup returns a Dedup configured by cfg (MaxSenders, Rounds).
@@ -56,12 +81,36 @@ func NewDedup(cfg Config) *Dedup {
 	return &Dedup{rounds: cfg.Rounds, maxSenders: cfg.MaxSenders, senders: make(map[string]*sender)}
 }
 
-// Accept reports whether the message h heads is new, and notes it: a
-// caller applies the message if and only if Accept says so. A part past
-// MaxParts is refused (Decode never returns one).
+// Verdict is what Dedup.Check says of a message.
+type Verdict uint8
+
+const (
+	// Accepted: the message is new; apply it.
+	Accepted Verdict = iota
+	// Duplicate: the part was accepted before.
+	Duplicate
+	// Late: a part of a round older than the last Rounds, or of the
+	// sender's previous life; it may never have been applied, but cannot
+	// be told from a duplicate any more.
+	Late
+	// OutOfRange: a part index past MaxParts (Decode never returns one).
+	OutOfRange
+)
+
+// Accept is Check for a caller that keeps no time: it reports whether the
+// message h heads is new, and notes it.
 func (d *Dedup) Accept(h Header) bool {
+	v, _ := d.Check(h, time.Time{})
+	return v == Accepted
+}
+
+// Check reports whether the message h heads, received at now, is new, and
+// notes it: a caller applies the message if and only if Check says
+// Accepted. With it comes the time since the sender's previous message
+// accepted (0 for its first, or if either was checked without a time).
+func (d *Dedup) Check(h Header, now time.Time) (Verdict, time.Duration) {
 	if h.Part < 0 || h.Part >= MaxParts {
-		return false
+		return OutOfRange, 0
 	}
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -75,28 +124,38 @@ func (d *Dedup) Accept(h Header) bool {
 		d.senders[h.Sender] = s
 	case h.Start < s.start:
 		d.stats.Stale++
-		return false
+		return Late, 0
 	case h.Start > s.start:
 		*s = sender{start: h.Start, high: h.Round, parts: s.parts}
 		clear(s.parts)
 	case s.high >= uint64(d.rounds) && h.Round <= s.high-uint64(d.rounds):
 		d.stats.TooOld++
-		return false
+		return Late, 0
 	}
 	s.high = max(s.high, h.Round)
 	p := &s.parts[h.Round%uint64(len(s.parts))]
 	if !p.used || p.round != h.Round {
-		*p = roundParts{round: h.Round, used: true}
+		hi := p.hi
+		if hi != nil {
+			clear(hi[:])
+		}
+		*p = roundParts{round: h.Round, used: true, hi: hi}
 	}
-	w, bit := h.Part/64, uint64(1)<<(h.Part%64)
-	if p.bits[w]&bit != 0 {
+	if p.mark(h.Part) {
 		d.stats.Duplicate++
-		return false
+		return Duplicate, 0
 	}
-	p.bits[w] |= bit
 	d.tick++
 	s.seen = d.tick
-	return true
+	var since time.Duration
+	if !now.IsZero() {
+		at := now.UnixNano()
+		if s.at != 0 && at > s.at {
+			since = time.Duration(at - s.at)
+		}
+		s.at = at
+	}
+	return Accepted, since
 }
 
 // evictLocked forgets the sender heard from least recently.

@@ -3,6 +3,7 @@ package gossip
 import (
 	"fmt"
 	"testing"
+	"time"
 )
 
 func hdr(sender string, start int64, round uint64, part int) Header {
@@ -101,5 +102,43 @@ func TestDedupSenders(t *testing.T) {
 	}
 	if got := d.Stats().Evicted; got != 2 {
 		t.Errorf("Evicted = %d, want 2", got)
+	}
+}
+
+// TestDedupCheck: Check tells a duplicate from a part too late to tell,
+// remembers parts past the 64th per round (and forgets them with the
+// round), and gives the time since the sender's previous accepted message.
+func TestDedupCheck(t *testing.T) {
+	d := NewDedup(Config{Rounds: 4})
+	t0 := time.Unix(1000, 0)
+	for _, step := range []struct {
+		name  string
+		give  Header
+		at    time.Duration // after t0
+		want  Verdict
+		since time.Duration
+	}{
+		{"first", hdr("a", 100, 10, 0), 0, Accepted, 0},
+		{"high part", hdr("a", 100, 10, 700), time.Second, Accepted, time.Second},
+		{"high part again", hdr("a", 100, 10, 700), 2 * time.Second, Duplicate, 0},
+		{"another high part", hdr("a", 100, 10, 701), 3 * time.Second, Accepted, 2 * time.Second},
+		{"3 rounds late", hdr("a", 100, 13, 0), 3 * time.Second, Accepted, 0},
+		{"round 10 still remembered", hdr("a", 100, 10, 700), 4 * time.Second, Duplicate, 0},
+		{"4 rounds on", hdr("a", 100, 14, 700), 5 * time.Second, Accepted, 2 * time.Second},
+		{"round 10 too late to tell", hdr("a", 100, 10, 700), 5 * time.Second, Late, 0},
+		{"round 10's new part too late", hdr("a", 100, 10, 5), 5 * time.Second, Late, 0},
+		{"slot of round 10 reused, its high parts forgotten", hdr("a", 100, 14, 701), 5 * time.Second, Accepted, 0},
+		{"previous life", hdr("a", 99, 20, 0), 5 * time.Second, Late, 0},
+		{"restart: its first message", hdr("a", 200, 0, 0), 6 * time.Second, Accepted, 0},
+		{"part out of range", hdr("a", 200, 1, MaxParts), 6 * time.Second, OutOfRange, 0},
+	} {
+		v, since := d.Check(step.give, t0.Add(step.at))
+		if v != step.want || since != step.since {
+			t.Errorf("%s: Check(%+v) = %v, %v; want %v, %v", step.name, step.give, v, since, step.want, step.since)
+		}
+	}
+	want := DedupStats{Duplicate: 2, Stale: 1, TooOld: 2}
+	if got := d.Stats(); got != want {
+		t.Errorf("Stats() = %+v, want %+v", got, want)
 	}
 }

@@ -31,6 +31,7 @@ package gossip
 import (
 	"errors"
 	"fmt"
+	"time"
 )
 
 // Defaults of Config.
@@ -41,7 +42,10 @@ const (
 	DefaultMaxKeys    = 1 << 17
 	DefaultMaxKeyLen  = 512
 	DefaultMaxSenders = 1024
-	DefaultRounds     = 8
+	DefaultRounds     = 64
+	// DefaultInterval is StoreConfig.Interval's default, the engine's
+	// default gossip interval.
+	DefaultInterval = 100 * time.Millisecond
 )
 
 // The codec's fixed bounds.
@@ -81,7 +85,9 @@ type Config struct {
 	// MaxSenders caps the senders a Dedup remembers (default 1024).
 	MaxSenders int
 	// Rounds is how many of a sender's latest rounds a Dedup remembers the
-	// parts of (default 8): a part of an older round is refused.
+	// parts of (default 64, 6.4 s of rounds at the default interval): a
+	// part late by fewer rounds is applied once, a part of an older round
+	// is refused as late.
 	Rounds int
 }
 

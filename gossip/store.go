@@ -27,6 +27,12 @@ type StoreConfig struct {
 	// DefaultMaxKeys); a key past it is counted (SnapshotDropped) and left
 	// out of snapshots until a sweep finds room.
 	SnapshotKeys int
+	// Interval is how often peers flush their rounds (default
+	// DefaultInterval): a peer's entry charges at most what its limit
+	// admits over Interval plus the time since the sender's previous
+	// message (counter.Limit.MaxAdmitted), what the peer could have
+	// admitted in the round.
+	Interval time.Duration
 	// Solo keeps no round: the store has no peers to send it to, and
 	// decides as its memory store alone; Flush returns nothing.
 	Solo bool
@@ -40,9 +46,12 @@ type StoreStats struct {
 	EntriesSent uint64 // (limit, key) deltas flushed
 
 	Applied         uint64 // entries charged from peers' messages and snapshots
-	Duplicates      uint64 // messages refused by the dedup: duplicated, replayed, stale or too old
+	Duplicates      uint64 // messages refused by the dedup as applied before: duplicated or replayed
+	Late            uint64 // messages refused by the dedup as too late to tell (Late): a round older than the last Config.Rounds, or of the sender's previous life; their units are lost to this view
+	LateEntries     uint64 // the entries of those messages
 	Malformed       uint64 // messages that did not decode
 	Invalid         uint64 // entries refused: their limit did not parse or Validate
+	Capped          uint64 // entries charged less than they carried: more than their limit admits in the round's span, or a snapshot's above its capacity
 	RoundDropped    uint64 // adds the round did not hold: its key cap (see Round.Add)
 	TallyFull       uint64 // admissions the memory store's tally did not hold, noted in the round (see MemoryStore.TakeTallied)
 	ChargesDropped  uint64 // charges the memory store had no room for (see MemoryStore.ChargeAt)
@@ -57,17 +66,18 @@ type StoreStats struct {
 // joining instance up to its peers' view. It is safe for concurrent use;
 // Take never blocks on I/O.
 type Store struct {
-	mem    *counter.MemoryStore
-	clock  func() time.Time
-	id     string
-	solo   bool
-	start  int64
-	cfg    Config
-	round  *Round
-	codec  *Codec
-	dedup  *Dedup
-	limits [limitCache]atomic.Pointer[limitID]
-	keys   keySet
+	mem      *counter.MemoryStore
+	clock    func() time.Time
+	id       string
+	solo     bool
+	start    int64
+	interval time.Duration
+	cfg      Config
+	round    *Round
+	codec    *Codec
+	dedup    *Dedup
+	limits   [limitCache]atomic.Pointer[limitID]
+	keys     keySet
 
 	flushMu sync.Mutex // guards seq, last; serialises Flush
 	seq     uint64     // the last round's number
@@ -75,7 +85,7 @@ type Store struct {
 
 	rounds, messages, bytes, sent                      atomic.Uint64
 	applied, malformed, invalid, chargesDropped, dupes atomic.Uint64
-	tallyFull                                          atomic.Uint64
+	tallyFull, capped, late, lateEntries               atomic.Uint64
 }
 
 var (
@@ -106,21 +116,25 @@ func NewStore(cfg StoreConfig) *Store {
 	if cfg.SnapshotKeys <= 0 {
 		cfg.SnapshotKeys = DefaultMaxKeys
 	}
+	if cfg.Interval <= 0 {
+		cfg.Interval = DefaultInterval
+	}
 	g := cfg.Gossip.withDefaults()
 	cfg.Memory.TallyKeys = g.MaxKeys
 	if cfg.Solo {
 		cfg.Memory.TallyKeys = 0
 	}
 	s := &Store{
-		mem:   counter.NewMemoryStore(cfg.Memory),
-		clock: cfg.Memory.Clock,
-		id:    cfg.ID,
-		solo:  cfg.Solo,
-		cfg:   g,
-		round: NewRound(g),
-		codec: NewCodec(g),
-		dedup: NewDedup(g),
-		keys:  keySet{keys: make(map[roundKey]counter.Limit), max: cfg.SnapshotKeys},
+		mem:      counter.NewMemoryStore(cfg.Memory),
+		clock:    cfg.Memory.Clock,
+		id:       cfg.ID,
+		solo:     cfg.Solo,
+		interval: cfg.Interval,
+		cfg:      g,
+		round:    NewRound(g),
+		codec:    NewCodec(g),
+		dedup:    NewDedup(g),
+		keys:     keySet{index: make(map[roundKey]int), max: cfg.SnapshotKeys},
 	}
 	s.start = s.clock().UnixNano()
 	return s
@@ -289,20 +303,27 @@ func (s *Store) Apply(payload []byte) error {
 		s.malformed.Add(1)
 		return err
 	}
-	if !s.dedup.Accept(m.Header) {
+	now := s.clock()
+	switch v, since := s.dedup.Check(m.Header, now); v {
+	case Accepted:
+		s.charge(now, m.Entries, s.interval+since)
+	case Late:
+		s.late.Add(1)
+		s.lateEntries.Add(uint64(len(m.Entries)))
+	default:
 		s.dupes.Add(1)
-		return nil
 	}
-	s.charge(m.Entries, false)
 	return nil
 }
 
-// charge charges entries to the store's counters at its clock: each
-// entry's units, or for a snapshot (join) what its units are above the
+// charge charges entries to the store's counters at now: each entry's
+// units, at most what its limit admits over span; or for a snapshot (join,
+// span < 0) what its units, at most the limit's capacity, are above the
 // store's own view of the key.
-func (s *Store) charge(entries []Entry, join bool) {
-	now := s.clock()
+func (s *Store) charge(now time.Time, entries []Entry, span time.Duration) {
+	join := span < 0
 	var limits limitParser
+	var charged []snapKey
 	for _, e := range entries {
 		lim, ok := limits.parse(e.Limit)
 		if !ok {
@@ -311,6 +332,14 @@ func (s *Store) charge(entries []Entry, join bool) {
 		}
 		hash := counter.Hash(e.Key)
 		n := e.Units
+		most := lim.Capacity() // a snapshot's units are used units of a view
+		if !join {
+			most = lim.MaxAdmitted(span)
+		}
+		if n > most {
+			n = most
+			s.capped.Add(1)
+		}
 		if join {
 			n -= used(s.mem, e.Key, hash, lim)
 			if n <= 0 {
@@ -322,8 +351,13 @@ func (s *Store) charge(entries []Entry, join bool) {
 			continue
 		}
 		s.applied.Add(1)
-		s.keys.note(s, now, roundKey{e.Limit, e.Key}, lim)
+		charged = append(charged, snapKey{roundKey{e.Limit, e.Key}, lim})
 	}
+	s.keys.mu.Lock() // once for the message's keys
+	for _, k := range charged {
+		s.keys.noteLocked(s, now, k.rk, k.lim)
+	}
+	s.keys.mu.Unlock()
 }
 
 // used is how many units of key's counter under lim are used in m's view:
@@ -337,31 +371,89 @@ func used(m *counter.MemoryStore, key string, hash uint64, lim counter.Limit) in
 	return max(0, u)
 }
 
-// Snapshot returns messages of at most maxBytes each that carry the units
-// each key remembered (SnapshotKeys) has used in this store's view, for a
-// joining peer (ApplySnapshot). Keys with nothing used are left out and
-// forgotten. It returns nothing if maxBytes cannot hold an entry of the
-// longest key (MinBytes). The messages are the caller's.
+// Snapshot returns the messages SnapshotTo sends, for a caller that wants
+// them all at once. The messages are the caller's.
 func (s *Store) Snapshot(maxBytes int) [][]byte {
+	var msgs [][]byte
+	s.SnapshotTo(maxBytes, func(m []byte) { msgs = append(msgs, m) })
+	return msgs
+}
+
+// SnapshotTo calls send with messages of at most maxBytes each that carry
+// the units each key remembered (SnapshotKeys) has used in this store's
+// view, for a joining peer (ApplySnapshot): each message as soon as its
+// keys are read, so that a peer of many keys has the first on their way
+// while it reads the rest. Keys with nothing used are left out and
+// forgotten. It sends nothing if maxBytes cannot hold an entry of the
+// longest key (MinBytes). Decisions and charges go on meanwhile: a key is
+// read when its message is built, and a key moved by a sweep of the full
+// key set meanwhile (see SnapshotKeys) may be left out. send owns each
+// message.
+func (s *Store) SnapshotTo(maxBytes int, send func([]byte)) {
 	cfg := s.cfg
 	cfg.MaxBytes = min(cfg.MaxBytes, maxBytes)
 	if cfg.Validate() != nil {
-		return nil
+		return
 	}
-	var entries []Entry
-	s.keys.mu.Lock()
-	for k, lim := range s.keys.keys {
-		u := used(s.mem, k.key, counter.Hash(k.key), lim)
-		if u <= 0 {
-			delete(s.keys.keys, k)
-			continue
+	codec := NewCodec(cfg)
+	// A batch is sent once it holds snapshotPart entries, or the next
+	// entry might not fit in one message (its entries' sizes, and a group
+	// header for each limit in it): a message reaches the joiner every
+	// snapshotPart peeks, well within its wait for the next. The keys are
+	// read snapshotPart at a time, each window copied under the lock.
+	var batch []Entry
+	groups := map[string]bool{}
+	size, room := 0, cfg.MaxBytes-headerMax
+	sendBatch := func() {
+		msgs, _ := codec.Encode(Header{Sender: s.id, Start: s.start}, batch) // entries the store noted: valid
+		for _, m := range msgs {
+			send(m)
 		}
-		entries = append(entries, Entry{Limit: k.limit, Key: k.key, Units: u})
+		batch, size = batch[:0], 0
+		clear(groups)
+	}
+	var window, unused []snapKey
+	for next := 0; ; next += len(window) {
+		s.keys.mu.Lock()
+		window = append(window[:0], s.keys.list[min(next, len(s.keys.list)):min(next+snapshotPart, len(s.keys.list))]...)
+		s.keys.mu.Unlock()
+		if len(window) == 0 {
+			break
+		}
+		for _, k := range window {
+			u := used(s.mem, k.rk.key, counter.Hash(k.rk.key), k.lim)
+			if u <= 0 {
+				unused = append(unused, k)
+				continue
+			}
+			e := Entry{Limit: k.rk.limit, Key: k.rk.key, Units: u}
+			n := entrySize(e)
+			if !groups[e.Limit] {
+				n += groupMax
+			}
+			if size+n > room && len(batch) > 0 || len(batch) == snapshotPart {
+				sendBatch()
+				n = entrySize(e) + groupMax
+			}
+			batch = append(batch, e)
+			groups[e.Limit] = true
+			size += n
+		}
+	}
+	if len(batch) > 0 {
+		sendBatch()
+	}
+	s.keys.mu.Lock()
+	for _, k := range unused {
+		if used(s.mem, k.rk.key, counter.Hash(k.rk.key), k.lim) <= 0 {
+			s.keys.removeLocked(k.rk)
+		}
 	}
 	s.keys.mu.Unlock()
-	msgs, _ := encodeSplit(NewCodec(cfg), Header{Sender: s.id, Start: s.start}, entries, func() uint64 { return 0 })
-	return msgs
 }
+
+// snapshotPart is the most entries SnapshotTo puts in one message.
+const snapshotPart = 1024
 
 // ApplySnapshot brings the store's view up to a peer's snapshot message:
 // each key is charged what the peer's used units are above its own, so
@@ -373,7 +465,7 @@ func (s *Store) ApplySnapshot(payload []byte) error {
 		s.malformed.Add(1)
 		return err
 	}
-	s.charge(m.Entries, true)
+	s.charge(s.clock(), m.Entries, -1)
 	return nil
 }
 
@@ -384,47 +476,73 @@ func (s *Store) Stats() StoreStats {
 	s.keys.mu.Unlock()
 	return StoreStats{
 		Rounds: s.rounds.Load(), Messages: s.messages.Load(), Bytes: s.bytes.Load(), EntriesSent: s.sent.Load(),
-		Applied: s.applied.Load(), Duplicates: s.dupes.Load(), Malformed: s.malformed.Load(), Invalid: s.invalid.Load(),
+		Applied: s.applied.Load(), Duplicates: s.dupes.Load(), Malformed: s.malformed.Load(), Invalid: s.invalid.Load(), Capped: s.capped.Load(),
+		Late: s.late.Load(), LateEntries: s.lateEntries.Load(),
 		RoundDropped: s.round.Dropped(), TallyFull: s.tallyFull.Load(), ChargesDropped: s.chargesDropped.Load(), SnapshotDropped: snapDropped,
 	}
 }
 
 // keySet is the keys a Store's snapshots carry: those it admitted on or
-// was charged, at most max of them. When it is full, a sweep (at most one
-// a second) forgets the keys with nothing used; a new key that still finds
-// no room is counted and left out.
+// was charged, at most max of them, in a list a snapshot reads a window at
+// a time. When it is full, a sweep (at most one a second) forgets the keys
+// with nothing used; a new key that still finds no room is counted and
+// left out.
 type keySet struct {
-	mu        sync.Mutex // guards keys, nextSweep, dropped
-	keys      map[roundKey]counter.Limit
+	mu        sync.Mutex // guards index, list, nextSweep, dropped
+	index     map[roundKey]int
+	list      []snapKey // list[index[k]].rk == k
 	max       int
 	nextSweep time.Time
 	dropped   uint64
 }
 
+type snapKey struct {
+	rk  roundKey
+	lim counter.Limit
+}
+
 // keySweep is the least time between two sweeps of a full keySet.
 const keySweep = time.Second
 
-func (k *keySet) note(s *Store, now time.Time, rk roundKey, lim counter.Limit) {
-	k.mu.Lock()
-	k.noteLocked(s, now, rk, lim)
-	k.mu.Unlock()
-}
-
 func (k *keySet) noteLocked(s *Store, now time.Time, rk roundKey, lim counter.Limit) {
-	if _, ok := k.keys[rk]; ok {
+	if _, ok := k.index[rk]; ok {
 		return // lim is rk.limit's: held already
 	}
-	if len(k.keys) >= k.max && !now.Before(k.nextSweep) {
+	if len(k.list) >= k.max && !now.Before(k.nextSweep) {
 		k.nextSweep = now.Add(keySweep)
-		for key, l := range k.keys {
-			if used(s.mem, key.key, counter.Hash(key.key), l) <= 0 {
-				delete(k.keys, key)
+		for i := 0; i < len(k.list); {
+			if e := k.list[i]; used(s.mem, e.rk.key, counter.Hash(e.rk.key), e.lim) <= 0 {
+				k.removeLocked(e.rk) // moves the last key to i
+				continue
 			}
+			i++
 		}
 	}
-	if len(k.keys) >= k.max {
+	if len(k.list) >= k.max {
 		k.dropped++
 		return
 	}
-	k.keys[rk] = lim
+	k.index[rk] = len(k.list)
+	k.list = append(k.list, snapKey{rk, lim})
+}
+
+// removeLocked forgets rk, if held, moving the last key to its place.
+func (k *keySet) removeLocked(rk roundKey) {
+	i, ok := k.index[rk]
+	if !ok {
+		return
+	}
+	last := len(k.list) - 1
+	k.list[i] = k.list[last]
+	k.index[k.list[i].rk] = i
+	k.list[last] = snapKey{}
+	k.list = k.list[:last]
+	delete(k.index, rk)
+}
+
+// len returns the number of keys held.
+func (k *keySet) len() int {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return len(k.list)
 }

@@ -224,7 +224,7 @@ func TestStoreRoundCap(t *testing.T) {
 		t.Errorf("%d messages, want 1", len(msgs))
 	}
 	// The keys kept for snapshots are capped too: all are in use.
-	if n := len(s.keys.keys); n != snapKeys || st.SnapshotDropped != st.EntriesSent-snapKeys {
+	if n := s.keys.len(); n != snapKeys || st.SnapshotDropped != st.EntriesSent-snapKeys {
 		t.Errorf("%d snapshot keys, %d dropped of %d: want %d kept, the rest dropped", n, st.SnapshotDropped, st.EntriesSent, snapKeys)
 	}
 }
@@ -440,5 +440,115 @@ func TestStoreTwoEntriesOneKey(t *testing.T) {
 	}
 	if got, want := lim.Capacity()-remaining(b, "k", lim), int64(math.MaxUint32+5); got != want {
 		t.Errorf("peer used %d, want %d", got, want)
+	}
+}
+
+// TestStoreCapsCharge: a peer's entry charges at most what the key's limit
+// admits over the round's span (the interval, plus the time since the
+// sender's last message), however many units it carries; a snapshot's
+// entry at most the limit's capacity. Each capped entry is counted.
+func TestStoreCapsCharge(t *testing.T) {
+	const interval = 100 * time.Millisecond
+	for _, lim := range []counter.Limit{
+		counter.PerSecond(10),
+		{Algorithm: counter.TokenBucket, Rate: 7, Period: time.Second, Burst: 20},
+		{Algorithm: counter.SlidingWindow, Rate: 10, Period: time.Second},
+		{Algorithm: counter.FixedWindow, Rate: 10, Period: time.Second},
+		{Algorithm: counter.SlidingLog, Rate: 10, Period: time.Second},
+	} {
+		t.Run(lim.Algorithm.String(), func(t *testing.T) {
+			clock := testkit.NewClock()
+			codec := NewCodec(Config{})
+			apply := func(s *Store, round uint64, units int64, snapshot bool) {
+				t.Helper()
+				msgs, err := codec.Encode(Header{Sender: "p", Start: 1, Round: round}, []Entry{{Limit: EncodeLimit(lim), Key: "k", Units: units}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if snapshot {
+					err = s.ApplySnapshot(msgs[0])
+				} else {
+					err = s.Apply(msgs[0])
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			s := newTestStore(t, "a", clock, StoreConfig{Interval: interval})
+			apply(s, 1, math.MaxInt64, false)
+			// The entry charged at most MaxAdmitted(interval): once that
+			// many units' time has passed, the key admits again.
+			wait := time.Duration(lim.MaxAdmitted(interval)+lim.Capacity()) * lim.Period / time.Duration(lim.Rate)
+			clock.Advance(wait)
+			if !take(s, "k", lim, 1) {
+				t.Errorf("a peer's entry of 2^63-1 units still denies after %v", wait)
+			}
+			// A minute later the sender's next round spans the minute too:
+			// a token bucket owes a minute's rate, more than the wait.
+			clock.Advance(time.Minute)
+			apply(s, 2, math.MaxInt64, false)
+			clock.Advance(wait)
+			if r, _ := s.Peek(context.Background(), "k", counter.Hash("k"), lim); lim.Algorithm == counter.TokenBucket && r.Allowed {
+				t.Errorf("a round spanning a minute charged less than its span admits: admits again after %v", wait)
+			}
+			apply(s, 0, math.MaxInt64, true)
+			if st := s.Stats(); st.Capped != 3 {
+				t.Errorf("stats %+v: want 3 entries capped", st)
+			}
+			// An entry within the bound is charged whole, and not counted.
+			whole := newTestStore(t, "b", clock, StoreConfig{Interval: interval})
+			apply(whole, 1, lim.MaxAdmitted(interval), false)
+			if st := whole.Stats(); st.Capped != 0 || st.Applied != 1 {
+				t.Errorf("stats %+v: want 1 applied, none capped", st)
+			}
+		})
+	}
+}
+
+// TestStoreSnapshotParts: a snapshot goes out at most snapshotPart keys a
+// message, every key with units used in one of them once; a key with
+// nothing used is left out and forgotten.
+func TestStoreSnapshotParts(t *testing.T) {
+	clock := testkit.NewClock()
+	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 100, Period: time.Second}
+	s := newTestStore(t, "a", clock, StoreConfig{})
+	const keys = 3*snapshotPart + 10
+	for i := range keys {
+		take(s, fmt.Sprint("k", i), lim, 1)
+	}
+	s.Flush(clock.Now())
+	clock.Advance(time.Second) // their windows end: nothing used
+	for i := range keys - 1 {
+		take(s, fmt.Sprint("k", i), lim, 2)
+	}
+	codec := NewCodec(Config{})
+	seen := map[string]int64{}
+	msgs := 0
+	s.SnapshotTo(DefaultMaxBytes, func(p []byte) {
+		msgs++
+		m, err := codec.Decode(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(m.Entries) > snapshotPart {
+			t.Errorf("message %d: %d entries, want at most %d", msgs, len(m.Entries), snapshotPart)
+		}
+		for _, e := range m.Entries {
+			if _, dup := seen[e.Key]; dup {
+				t.Errorf("%s sent twice", e.Key)
+			}
+			seen[e.Key] = e.Units
+		}
+	})
+	if len(seen) != keys-1 || msgs != (keys-1+snapshotPart-1)/snapshotPart {
+		t.Errorf("%d keys in %d messages, want %d in %d", len(seen), msgs, keys-1, (keys-1+snapshotPart-1)/snapshotPart)
+	}
+	for k, u := range seen {
+		if u != 2 {
+			t.Errorf("%s: %d units, want 2", k, u)
+		}
+	}
+	if n := s.keys.len(); n != keys-1 {
+		t.Errorf("%d keys remembered, want %d: the one with nothing used forgotten", n, keys-1)
 	}
 }

@@ -2,9 +2,13 @@ package daemon
 
 import (
 	"context"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
 // gossipSent returns the messages d's engine flushed for its peers
@@ -49,5 +53,44 @@ func TestGossipIntervalFlag(t *testing.T) {
 	shutdown(t, d)
 	if n := gossipSent(t, d); n != 1 {
 		t.Errorf("at Shutdown: %v messages sent, want 1, the round of the decision", n)
+	}
+}
+
+// TestGossipUnsignedWarn: a daemon deciding sync: gossip policies over NATS
+// without --nats-secret-file warns at start, naming the risk and the flag;
+// with a secret, with no gossip policy or with --nats none it does not.
+func TestGossipUnsignedWarn(t *testing.T) {
+	const warning = "anyone who can publish on NATS"
+	dir := t.TempDir()
+	gossipPolicies := filepath.Join(dir, "gossip.yaml")
+	writeTestFile(t, gossipPolicies, "policies:\n  g:\n    limit: 5\n    period: 1m\n    sync: gossip\n")
+	storePolicies := filepath.Join(dir, "store.yaml")
+	writeTestFile(t, storePolicies, "policies:\n  s:\n    limit: 5\n    period: 1m\n")
+	secret := filepath.Join(dir, "secret")
+	if err := os.WriteFile(secret, []byte("0123456789abcdef0123456789abcdef\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range []struct {
+		name string
+		give []string
+		want bool // warned
+	}{
+		{"gossip unsigned", []string{"--nats-listen", "127.0.0.1:0", "--policies", gossipPolicies}, true},
+		{"gossip signed", []string{"--nats-listen", "127.0.0.1:0", "--policies", gossipPolicies, "--nats-secret-file", secret}, false},
+		{"no gossip", []string{"--nats-listen", "127.0.0.1:0", "--policies", storePolicies}, false},
+		{"no NATS", []string{"--nats", "none", "--policies", gossipPolicies}, false},
+	} {
+		var logs testkit.Buffer
+		d, err := startLogged(t, &logs, nil, append([]string{"--reload-interval", "0"}, c.give...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shutdown(t, d)
+		out := logs.String()
+		if got := strings.Contains(out, warning); got != c.want {
+			t.Errorf("%s: warned %v, want %v; log:\n%s", c.name, got, c.want, out)
+		} else if got && (!strings.Contains(out, "level=WARN") || !strings.Contains(out, "--nats-secret-file (HOTKEYD_NATS_SECRET_FILE)") || !strings.Contains(out, "policies=g")) {
+			t.Errorf("%s: the warning must be a WARN naming the flag and the policies; log:\n%s", c.name, out)
+		}
 	}
 }

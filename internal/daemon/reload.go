@@ -266,6 +266,7 @@ func (d *Daemon) Reload(cause string) error {
 		attrs = append(attrs, "envoy_domains", strings.Join(r.envoy.Domains(), ","))
 	}
 	d.log.Info("reloaded", attrs...)
+	d.warnUnsignedGossip(old, r)
 	d.reloads.ok.Inc()
 	d.reloads.success.Set(1)
 	return nil

@@ -190,4 +190,17 @@ func (d *Daemon) logServing(r *rules, version string) {
 	if d.grpcLn != nil && r.envoy == nil {
 		log.Info("the gRPC rate-limit service has no rules: every descriptor is answered OK until " + flagName("envoy-config") + " gives some")
 	}
+	d.warnUnsignedGossip(nil, r)
+}
+
+// warnUnsignedGossip warns when r's sync: gossip policies (or rules) go
+// over NATS unsigned and old's did not: a peer's round is charged as it
+// says, so whoever can publish on the namespace's gossip subject can deny
+// any key of theirs.
+func (d *Daemon) warnUnsignedGossip(old, r *rules) {
+	if d.nc == nil || d.cfg.NATSSecretFile != "" || len(r.gossip) == 0 || old != nil && len(old.gossip) > 0 {
+		return
+	}
+	d.log.Warn("sync: gossip over NATS without "+flagName("nats-secret-file")+": anyone who can publish on NATS in this namespace can send gossip rounds that charge units to any key of these policies, denying it; give every daemon the same secret",
+		"policies", strings.Join(r.gossip, ","), "namespace", d.cfg.Namespace)
 }
