@@ -10,6 +10,7 @@ import (
 	"net"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -30,10 +31,15 @@ const (
 // tests.
 var handshakeTimeout = 30 * time.Second
 
-// maxCtrl bounds the frames the reader queues for the writer (ACKs,
-// resets, window updates) while the client does not read them; past it
-// the connection ends with ENHANCE_YOUR_CALM, as net/http's server does.
-const maxCtrl = 10000
+// maxCtrlBytes bounds the bytes of the frames the reader queues for the
+// writer (ACKs, resets, window updates, the answers of calls refused
+// before a stream opens) while the client does not read them, about
+// 10,000 frames with no header block; past it the connection ends with
+// ENHANCE_YOUR_CALM, as net/http's server does past 10,000 frames.
+const maxCtrlBytes = 512 << 10
+
+// ctrlSize is what a frame queued costs, but its header block.
+const ctrlSize = int(unsafe.Sizeof(ctrl{}))
 
 // goAwayWait is how long a connection that sent a GOAWAY for a protocol
 // error waits for it to be written before it closes.
@@ -54,6 +60,7 @@ type conn struct {
 	streams    map[uint32]*stream // open: not reset, trailers not written
 	pending    []*stream          // with frames to write
 	ctrl       []ctrl
+	ctrlBlocks int   // bytes of the header blocks in ctrl
 	sendWindow int64 // the connection's
 	initWindow int64 // each stream's first send window: the client's SETTINGS_INITIAL_WINDOW_SIZE
 	maxFrame   int   // the client's SETTINGS_MAX_FRAME_SIZE
@@ -236,7 +243,7 @@ func (c *conn) readLoop() error {
 		}
 		if err == nil {
 			c.mu.Lock()
-			flood := len(c.ctrl) > maxCtrl
+			flood := len(c.ctrl)*ctrlSize+c.ctrlBlocks > maxCtrlBytes
 			c.mu.Unlock()
 			if !flood {
 				continue

@@ -241,12 +241,25 @@ func (s *Server) lookup(path string) (*method, string) {
 	}
 	svc, name, ok := strings.Cut(strings.TrimPrefix(path, "/"), "/")
 	if !ok {
-		return nil, fmt.Sprintf("malformed method name: %q", path)
+		return nil, fmt.Sprintf("malformed method name: %q", clip(path))
 	}
 	if _, known := s.info[svc]; known {
-		return nil, fmt.Sprintf("unknown method %v for service %v", name, svc)
+		return nil, fmt.Sprintf("unknown method %v for service %v", clip(name), svc)
 	}
-	return nil, fmt.Sprintf("unknown service %v", svc)
+	return nil, fmt.Sprintf("unknown service %v", clip(svc))
+}
+
+// maxEcho bounds the bytes of a client's value that an error message
+// quotes, so that an answer costs little more than the request that
+// asked for it.
+const maxEcho = 64
+
+// clip returns v, or its first maxEcho bytes and "...".
+func clip(v string) string {
+	if len(v) <= maxEcho {
+		return v
+	}
+	return v[:maxEcho] + "..."
 }
 
 // Serve accepts connections on ln and serves them until Stop or

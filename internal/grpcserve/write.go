@@ -42,7 +42,7 @@ func (c *conn) writeLoop() {
 			}
 		}
 		closing := c.closeAfter
-		ctrls, c.ctrl = c.ctrl, ctrls[:0]
+		ctrls, c.ctrl, c.ctrlBlocks = c.ctrl, ctrls[:0], 0
 		items = c.planLocked(items[:0])
 		maxFrame := c.maxFrame
 		c.mu.Unlock()

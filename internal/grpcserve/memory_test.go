@@ -1,0 +1,162 @@
+package grpcserve_test
+
+import (
+	"bytes"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/net/http2"
+	"golang.org/x/net/http2/hpack"
+	"google.golang.org/grpc"
+	testgrpc "google.golang.org/grpc/interop/grpc_testing"
+	testpb "google.golang.org/grpc/interop/grpc_testing"
+
+	"github.com/hotkeyd/hotkey/internal/grpcserve"
+)
+
+// refusedCalls returns the bytes a client sends to make n calls that are
+// refused before a stream opens, each asking for an answer that quotes
+// the client's value of 3,990 bytes: the value is sent once, indexed in
+// the HPACK table, and each call after costs 13 bytes.
+func refusedCalls(kind string, n int) []byte {
+	var b, hb bytes.Buffer
+	fr, he := http2.NewFramer(&b, nil), hpack.NewEncoder(&hb)
+	io.WriteString(&b, http2.ClientPreface)
+	fr.WriteSettings()
+	path, ct := "/"+strings.Repeat("%", 3990)+"/m", "application/grpc" // unknown service
+	if kind == "content-type" {
+		path, ct = "/x", strings.Repeat("\xff", 3990)
+	}
+	for i := range n {
+		hb.Reset()
+		for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", path}, {"content-type", ct}} {
+			he.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: hb.Bytes(), EndHeaders: true, EndStream: true})
+	}
+	return b.Bytes()
+}
+
+// readersQuiet reports whether every connection of the lean server
+// accepted is past its handshake, and its reader, if still reading, waits
+// for bytes to read.
+func readersQuiet() bool {
+	buf := make([]byte, 4<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "grpcserve.(*conn).handshake") ||
+			strings.Contains(g, "grpcserve.(*conn).readLoop") && !strings.Contains(g, "[IO wait") {
+			return false
+		}
+	}
+	return true
+}
+
+// unreadAttack has conns clients each send calls refused before a stream
+// opens (half an unknown service, half a bad content-type) and read no
+// answer, while a bystander makes calls on a connection of its own; it
+// returns the heap the attack holds once the server has read it all, and
+// the bystander's p99 before the attack, while the server reads it, and
+// once it has read it. quiet reports when the server has read all it was
+// sent.
+func unreadAttack(t *testing.T, addr string, conns, calls int, quiet func() bool) (held int64, p99 [3]time.Duration) {
+	t.Helper()
+	req := &testpb.SimpleRequest{ResponseSize: 32}
+	const bystander = 200
+	lat := func() time.Duration {
+		by := testgrpc.NewTestServiceClient(grpcClient(t, addr)) // dials now
+		ds := make([]time.Duration, bystander)
+		for i := range ds {
+			begin := time.Now()
+			if _, err := by.UnaryCall(testCtx(t), req); err != nil {
+				t.Fatalf("the bystander's call: %v", err)
+			}
+			ds[i] = time.Since(begin)
+		}
+		slices.Sort(ds)
+		return ds[len(ds)*99/100]
+	}
+	p99[0] = lat()
+	floods := [][]byte{refusedCalls("service", calls), refusedCalls("content-type", calls)}
+	base := heapAlloc()
+	for i := range conns {
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		nc.SetDeadline(time.Now().Add(time.Minute)) // only catches a hang
+		go nc.Write(floods[i%2])                    // fails once the server cuts the connection off
+	}
+	p99[1] = lat() // once its connection is served, the server has accepted the attack's
+	for !quiet() {
+		runtime.Gosched()
+	}
+	held = heapAlloc() - base
+	p99[2] = lat()
+	return held, p99
+}
+
+// TestRawUnreadRefusedAnswers: clients that make calls refused before a
+// stream opens, each answered with an error naming the client's long
+// value, and read no answer make the server hold a bounded heap, however
+// many calls they make; a bystander's calls are served meanwhile.
+func TestRawUnreadRefusedAnswers(t *testing.T) {
+	const (
+		conns = 8
+		calls = 6000 // under 10,000 a connection: a cap on control frames alone never cuts it off
+		bound = 64 << 20
+	)
+	s := serve(t, grpcserve.Config{})
+	held, p99 := unreadAttack(t, s.addr, conns, calls, readersQuiet)
+	t.Logf("lean: %d connections of %d refused calls unread hold %.1f MiB of heap; a bystander's p99 %v before, %v while read, %v after",
+		conns, calls, float64(held)/(1<<20), p99[0], p99[1], p99[2])
+	if held > bound {
+		t.Errorf("%d connections of %d refused calls unread hold %.1f MiB of heap, want at most %d MiB", conns, calls, float64(held)/(1<<20), bound>>20)
+	}
+}
+
+// TestRawUnreadRefusedAnswersGRPCGo is TestRawUnreadRefusedAnswers's
+// attack on grpc-go's server, on 1 connection then 8, for the figures
+// (GRPCSERVE_MEASURE=1 go test -run UnreadRefused -v): it holds gigabytes.
+func TestRawUnreadRefusedAnswersGRPCGo(t *testing.T) {
+	if os.Getenv("GRPCSERVE_MEASURE") == "" {
+		t.Skip("a measurement: set GRPCSERVE_MEASURE=1")
+	}
+	const calls = 6000
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(srv, newTestServer())
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	// grpc-go's reader has read all once its heap stops growing.
+	var last int64
+	var stable int
+	settled := func() bool {
+		time.Sleep(100 * time.Millisecond) // a measurement, not an assertion
+		h := heapAlloc()
+		if h > last {
+			stable = 0
+		} else {
+			stable++
+		}
+		last = max(last, h)
+		return stable == 5
+	}
+	for _, conns := range []int{1, 8} {
+		last, stable = 0, 0
+		held, p99 := unreadAttack(t, ln.Addr().String(), conns, calls, settled)
+		t.Logf("grpc-go: %d connections of %d refused calls unread hold %.1f MiB of heap; a bystander's p99 %v before, %v while read, %v after",
+			conns, calls, float64(held)/(1<<20), p99[0], p99[1], p99[2])
+	}
+}
