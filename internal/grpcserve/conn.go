@@ -74,8 +74,11 @@ type conn struct {
 	dead       bool
 	ageTimer   *time.Timer
 	graceTimer *time.Timer
-	recvAvail  int64 // of the connection's receive window, as the client was told
-	recvUnsent int64 // read and no longer held, not yet given back by a WINDOW_UPDATE
+	idleTimer  *time.Timer
+	idleMark   uint32 // lastID at the last idle check
+	quiet      int    // idle checks in a row that found no call
+	recvAvail  int64  // of the connection's receive window, as the client was told
+	recvUnsent int64  // read and no longer held, not yet given back by a WINDOW_UPDATE
 
 	// Owned by the reader.
 	dec *hpack.Decoder
@@ -128,11 +131,14 @@ func (c *conn) serve() {
 	if sh != nil {
 		sh.HandleConn(c.ctx, &stats.ConnBegin{})
 	}
+	c.mu.Lock()
 	if c.s.cfg.MaxConnectionAge > 0 {
-		c.mu.Lock()
 		c.ageTimer = time.AfterFunc(c.s.age(), c.ageOut)
-		c.mu.Unlock()
 	}
+	if c.s.cfg.IdleTimeout > 0 {
+		c.idleTimer = time.AfterFunc(c.s.cfg.IdleTimeout/idleChecks, c.idleCheck)
+	}
+	c.mu.Unlock()
 	err := c.readLoop()
 	if errors.Is(err, errGoAway) {
 		t := time.AfterFunc(goAwayWait, func() { c.close(err) })
@@ -142,7 +148,7 @@ func (c *conn) serve() {
 	c.close(err)
 	<-c.writerDone
 	c.mu.Lock()
-	for _, t := range []*time.Timer{c.ageTimer, c.graceTimer} {
+	for _, t := range []*time.Timer{c.ageTimer, c.graceTimer, c.idleTimer} {
 		if t != nil {
 			t.Stop()
 		}
@@ -194,7 +200,7 @@ func (c *conn) handshake() error {
 		return errors.New("not an HTTP/2 client preface")
 	}
 	br := bufio.NewReaderSize(nc, 32<<10)
-	c.bw = bufio.NewWriterSize(nc, 32<<10)
+	c.bw = bufio.NewWriterSize(&stallWriter{nc: nc, timeout: c.s.cfg.WriteTimeout}, 32<<10)
 	c.fr = http2.NewFramer(c.bw, br)
 	c.fr.SetReuseFrames()
 	c.fr.SetMaxReadFrameSize(16384) // the default the server's SETTINGS leave
@@ -222,7 +228,7 @@ func (c *conn) handshake() error {
 	c.mu.Lock()
 	c.ready = true
 	c.mu.Unlock()
-	return nc.SetDeadline(time.Time{})
+	return nc.SetReadDeadline(time.Time{}) // the writes' is stallWriter's
 }
 
 // errGoAway is readLoop's error once it queued a GOAWAY for a protocol
@@ -492,6 +498,39 @@ func (c *conn) ageOut() {
 		c.mu.Unlock()
 	}
 }
+
+// idleChecks is how many times in an IdleTimeout a connection checks
+// whether it has a call.
+const idleChecks = 4
+
+// idleCheck drains c once idleChecks checks in a row found no call open
+// and none opened since the check before.
+func (c *conn) idleCheck() {
+	c.mu.Lock()
+	if c.dead || c.draining {
+		c.mu.Unlock()
+		return
+	}
+	if len(c.streams) == 0 && c.running == 0 && !c.opening && c.lastID == c.idleMark {
+		c.quiet++
+	} else {
+		c.quiet, c.idleMark = 0, c.lastID
+	}
+	idle := c.quiet >= idleChecks
+	if !idle {
+		c.idleTimer.Reset(c.s.cfg.IdleTimeout / idleChecks)
+	}
+	c.mu.Unlock()
+	if idleCheckHook != nil {
+		idleCheckHook()
+	}
+	if idle {
+		c.drain()
+	}
+}
+
+// idleCheckHook, if set (by tests), runs after each idle check.
+var idleCheckHook func()
 
 // close closes the connection, if open, and cancels its calls.
 func (c *conn) close(err error) {

@@ -26,3 +26,10 @@ func DrainAll(s *Server) {
 		c.drain()
 	}
 }
+
+// SetIdleCheckHook has f run after each check of a connection for
+// IdleTimeout, and returns a func that removes it.
+func SetIdleCheckHook(f func()) (restore func()) {
+	idleCheckHook = f
+	return func() { idleCheckHook = nil }
+}

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/hotkeyd/hotkey/internal/grpcserve"
 )
@@ -158,5 +160,94 @@ func TestRawUnreadRefusedAnswersGRPCGo(t *testing.T) {
 		held, p99 := unreadAttack(t, ln.Addr().String(), conns, calls, settled)
 		t.Logf("grpc-go: %d connections of %d refused calls unread hold %.1f MiB of heap; a bystander's p99 %v before, %v while read, %v after",
 			conns, calls, float64(held)/(1<<20), p99[0], p99[1], p99[2])
+	}
+}
+
+// TestRawIdleTimeout: a connection with no call for IdleTimeout is sent a
+// GOAWAY and closed; one whose call stays open over many checks is not,
+// until the call ends.
+func TestRawIdleTimeout(t *testing.T) {
+	var checks atomic.Int64
+	t.Cleanup(grpcserve.SetIdleCheckHook(func() { checks.Add(1) }))
+	s := serve(t, grpcserve.Config{IdleTimeout: 20 * time.Millisecond})
+	c := dialRaw(t, s.addr)
+	c.nc.SetDeadline(time.Now().Add(10 * time.Second)) // only catches a hang
+	c.headers(1, testgrpc.TestService_UnaryCall_FullMethodName, false)
+	c.message(1, &testpb.SimpleRequest{Payload: &testpb.Payload{Body: []byte("hold")}})
+	waitFor(t, s.ts.started)
+	deadline := time.Now().Add(10 * time.Second)                            // only catches a hang
+	for base := checks.Load(); checks.Load() < base+12; runtime.Gosched() { // three IdleTimeouts' checks, and more
+		if time.Now().After(deadline) {
+			t.Fatalf("%d idle checks in 10 s", checks.Load()-base)
+		}
+	}
+	close(s.ts.release)
+	goAway := false
+	answered := false
+	for {
+		f, err := c.fr.ReadFrame()
+		if err != nil {
+			if !goAway {
+				t.Fatalf("the connection ended with no GOAWAY: %v", err)
+			}
+			break
+		}
+		switch f := f.(type) {
+		case *http2.GoAwayFrame:
+			if !answered {
+				t.Fatal("GOAWAY while a call was open")
+			}
+			if f.ErrCode != http2.ErrCodeNo {
+				t.Errorf("GOAWAY %v, want NO_ERROR", f.ErrCode)
+			}
+			goAway = true
+		case *http2.MetaHeadersFrame:
+			if f.StreamID == 1 && f.StreamEnded() {
+				answered = true
+			}
+		}
+	}
+}
+
+// serverGoroutines returns the count of goroutines of the lean server's
+// connections: their readers and writers.
+func serverGoroutines() int {
+	buf := make([]byte, 4<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "grpcserve.(*conn).serve") || strings.Contains(g, "grpcserve.(*conn).writeLoop") {
+			n++
+		}
+	}
+	return n
+}
+
+// TestRawWriteTimeout: a connection whose client reads none of its
+// answers is closed once the writer makes no progress for WriteTimeout.
+func TestRawWriteTimeout(t *testing.T) {
+	s := serve(t, grpcserve.Config{WriteTimeout: 20 * time.Millisecond})
+	nc, err := net.Dial("tcp", s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.(*net.TCPConn).SetReadBuffer(4 << 10)
+	var b, hb bytes.Buffer
+	fr, he := http2.NewFramer(&b, nil), hpack.NewEncoder(&hb)
+	io.WriteString(&b, http2.ClientPreface)
+	fr.WriteSettings(http2.Setting{ID: http2.SettingInitialWindowSize, Val: 1 << 30})
+	fr.WriteWindowUpdate(0, 1<<30)
+	req, _ := proto.Marshal(&testpb.SimpleRequest{ResponseSize: 1 << 20})
+	for id := uint32(1); id < 64; id += 2 { // 32 MiB of answers, unread
+		callFrames(fr, &hb, he, id, req)
+	}
+	if _, err := nc.Write(b.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); serverGoroutines() > 0; runtime.Gosched() { // only catches a hang
+		if time.Now().After(deadline) {
+			t.Fatal("a connection whose client reads nothing is still served")
+		}
 	}
 }

@@ -98,6 +98,14 @@ type Config struct {
 	// Workers is the count of idle goroutines kept to run calls, whose
 	// stacks have grown to what a call needs. 0: 256.
 	Workers int
+	// IdleTimeout, if positive, is how long a connection may have no
+	// call open, and open none, before it is sent a GOAWAY and closed
+	// (up to a quarter more), as grpc-go's MaxConnectionIdle; 0: never.
+	IdleTimeout time.Duration
+	// WriteTimeout is how long a write to a client may go without
+	// progress, the client reading nothing, before its connection is
+	// closed. 0: 30 seconds.
+	WriteTimeout time.Duration
 }
 
 // AppendMarshaler is a codec's fast path for answers: AppendMarshal
@@ -166,6 +174,9 @@ func NewServer(cfg Config) *Server {
 	}
 	if cfg.Workers <= 0 {
 		cfg.Workers = 256
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 30 * time.Second
 	}
 	s := &Server{
 		cfg:     cfg,

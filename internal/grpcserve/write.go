@@ -1,7 +1,11 @@
 package grpcserve
 
 import (
+	"errors"
+	"net"
+	"os"
 	"runtime"
+	"time"
 
 	"golang.org/x/net/http2"
 )
@@ -197,4 +201,31 @@ func (c *conn) writeBlock(id uint32, block []byte, end bool, maxFrame int) error
 		block = block[n:]
 	}
 	return nil
+}
+
+// stallWriter writes to nc, and fails a write that makes no progress for
+// timeout (three quarters of it at least): the deadline is moved on only
+// once a quarter of it has passed, so that most writes set none.
+type stallWriter struct {
+	nc      net.Conn
+	timeout time.Duration
+	set     time.Time // when the deadline was last set
+}
+
+func (w *stallWriter) Write(p []byte) (int, error) {
+	written := 0
+	for {
+		if now := time.Now(); now.Sub(w.set) > w.timeout/4 {
+			if err := w.nc.SetWriteDeadline(now.Add(w.timeout)); err != nil {
+				return written, err
+			}
+			w.set = now
+		}
+		n, err := w.nc.Write(p)
+		written += n
+		if n == 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return written, err
+		}
+		p, w.set = p[n:], time.Time{} // some progress: a deadline anew
+	}
 }
