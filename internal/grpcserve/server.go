@@ -23,10 +23,14 @@
 // at most 16 MiB (or MaxRecvMsgSize and 1 MiB, if more) of request bytes
 // not yet handed to a handler, all its streams together, at most
 // MaxRecvMsgSize of request for each call its handlers run, their
-// answers, and at most 10,000 control frames unread (ENHANCE_YOUR_CALM
-// past it). Streams that together hold that window wait until other calls
-// end or they are reset; one message of MaxRecvMsgSize always fits. A header
-// block of over twice MaxHeaderListSize bytes ends the connection. Frames
+// answers, and at most 512 KiB of control frames and answers of calls
+// refused before they open unread (ENHANCE_YOUR_CALM past it), each error
+// quoting at most 64 bytes of what the client sent. Streams that together
+// hold that window wait until other calls end or they are reset; one
+// message of MaxRecvMsgSize always fits. A connection whose client reads
+// nothing for WriteTimeout while the server has frames for it is closed,
+// and so is one with no call for IdleTimeout. A header block of over
+// twice MaxHeaderListSize bytes ends the connection. Frames
 // that cost only the time to read them (empty DATA, PRIORITY, frames of
 // unknown types) are not counted. A HEADERS on a stream the server has
 // reset ends the connection, as in grpc-go and net/http, though RFC 9113
