@@ -1,7 +1,6 @@
 package grpcserve
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -50,8 +49,9 @@ const goAwayWait = time.Second
 type conn struct {
 	s          *Server
 	ctx        context.Context // the peer, and what StatsHandler.TagConn added
-	bw         *bufio.Writer
-	fr         *http2.Framer // written by the writer, read by the reader
+	br         *connReader     // the reader's
+	bw         *connWriter     // the writer's
+	fr         *http2.Framer   // written by the writer, read by the reader
 	writerDone chan struct{}
 
 	mu         sync.Mutex // guards the fields below, and a stream's fields said to be under conn.mu
@@ -140,6 +140,7 @@ func (c *conn) serve() {
 	}
 	c.mu.Unlock()
 	err := c.readLoop()
+	c.br.release()
 	if errors.Is(err, errGoAway) {
 		t := time.AfterFunc(goAwayWait, func() { c.close(err) })
 		<-c.writerDone
@@ -190,8 +191,8 @@ func (c *conn) handshake() error {
 	if sh := c.s.cfg.StatsHandler; sh != nil {
 		c.ctx = sh.TagConn(c.ctx, &stats.ConnTagInfo{RemoteAddr: p.Addr, LocalAddr: p.LocalAddr})
 	}
-	// The buffers are made once the preface came, so that connections
-	// that send nothing cost little.
+	// The framer and decoder are made once the preface came, so that
+	// connections that send nothing cost little.
 	var preface [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(nc, preface[:]); err != nil {
 		return err
@@ -199,9 +200,9 @@ func (c *conn) handshake() error {
 	if string(preface[:]) != http2.ClientPreface {
 		return errors.New("not an HTTP/2 client preface")
 	}
-	br := bufio.NewReaderSize(nc, 32<<10)
-	c.bw = bufio.NewWriterSize(&stallWriter{nc: nc, timeout: c.s.cfg.WriteTimeout}, 32<<10)
-	c.fr = http2.NewFramer(c.bw, br)
+	c.br = &connReader{nc: nc}
+	c.bw = &connWriter{w: &stallWriter{nc: nc, timeout: c.s.cfg.WriteTimeout}}
+	c.fr = http2.NewFramer(c.bw, c.br)
 	c.fr.SetReuseFrames()
 	c.fr.SetMaxReadFrameSize(16384) // the default the server's SETTINGS leave
 	c.dec = hpack.NewDecoder(4096, c.onField)
@@ -214,6 +215,7 @@ func (c *conn) handshake() error {
 	if err := c.bw.Flush(); err != nil {
 		return err
 	}
+	c.bw.release()
 	f, err := c.fr.ReadFrame()
 	if err != nil {
 		return err

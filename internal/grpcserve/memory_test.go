@@ -251,3 +251,63 @@ func TestRawWriteTimeout(t *testing.T) {
 		}
 	}
 }
+
+// openIdle opens n connections to addr that send the preface and SETTINGS,
+// read the server's frames until the ACK of their SETTINGS, and then
+// nothing: the handshake is done on both sides.
+func openIdle(t *testing.T, addr string, n int) {
+	t.Helper()
+	var b bytes.Buffer
+	io.WriteString(&b, http2.ClientPreface)
+	http2.NewFramer(&b, nil).WriteSettings()
+	hello := b.Bytes()
+	for range n {
+		nc, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { nc.Close() })
+		nc.SetDeadline(time.Now().Add(time.Minute)) // only catches a hang
+		if _, err := nc.Write(hello); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			var h [9]byte
+			if _, err := io.ReadFull(nc, h[:]); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.CopyN(io.Discard, nc, int64(h[0])<<16|int64(h[1])<<8|int64(h[2])); err != nil {
+				t.Fatal(err)
+			}
+			if http2.FrameType(h[3]) == http2.FrameSettings && http2.Flags(h[4]).Has(http2.FlagSettingsAck) {
+				break
+			}
+		}
+	}
+}
+
+// TestRawIdleConnsOpen: a connection past its handshake that sends
+// nothing more holds less heap on the lean server than on grpc-go's.
+func TestRawIdleConnsOpen(t *testing.T) {
+	const n = 1000
+	perConn := func(addr string) int64 {
+		base := heapAlloc()
+		openIdle(t, addr, n)
+		return (heapAlloc() - base) / n
+	}
+	lean := perConn(serve(t, grpcserve.Config{}).addr)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	testgrpc.RegisterTestServiceServer(srv, newTestServer())
+	done := make(chan struct{})
+	go func() { defer close(done); srv.Serve(ln) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+	grpcGo := perConn(ln.Addr().String())
+	t.Logf("%d idle connections: %d bytes of heap each on the lean server, %d on grpc-go's (the client's included)", n, lean, grpcGo)
+	if lean > grpcGo {
+		t.Errorf("an idle connection holds %d bytes of heap on the lean server, more than grpc-go's %d", lean, grpcGo)
+	}
+}

@@ -19,7 +19,9 @@
 //
 // What a client may hold is bounded: a connection that sends no preface
 // is closed after 30 seconds, holding about 2 KiB of heap and a goroutine
-// meanwhile; an open one holds at most MaxConcurrentStreams calls, with
+// meanwhile; one past its handshake holds its read and write buffers (32
+// KiB each, pooled) only while it moves bytes, about 5 KiB of heap and
+// two goroutines while it waits; an open one holds at most MaxConcurrentStreams calls, with
 // at most 16 MiB (or MaxRecvMsgSize and 1 MiB, if more) of request bytes
 // not yet handed to a handler, all its streams together, at most
 // MaxRecvMsgSize of request for each call its handlers run, their

@@ -28,6 +28,7 @@ func (c *conn) writeLoop() {
 	for {
 		c.mu.Lock()
 		for !c.dead && len(c.ctrl) == 0 && !c.closeAfter && !c.readyLocked() {
+			c.bw.release()
 			c.work.Wait()
 		}
 		if c.dead {
