@@ -83,6 +83,9 @@ type conn struct {
 	// Owned by the reader.
 	dec *hpack.Decoder
 	hdr reqHeaders // of the header block being read
+
+	// Owned by the writer.
+	fh [9]byte // the header of the frame being written
 }
 
 // ctrl is a frame that is not a stream's answer.

@@ -168,7 +168,7 @@ func (c *conn) write(ctrls []ctrl, items []item, maxFrame int) error {
 		}
 		for b := it.data; len(b) > 0; {
 			n := min(len(b), maxFrame)
-			if err := c.fr.WriteData(id, false, b[:n]); err != nil {
+			if err := c.writeFrame(http2.FrameData, 0, id, b[:n]); err != nil {
 				return err
 			}
 			b = b[n:]
@@ -191,17 +191,41 @@ func (c *conn) write(ctrls []ctrl, items []item, maxFrame int) error {
 // over maxFrame.
 func (c *conn) writeBlock(id uint32, block []byte, end bool, maxFrame int) error {
 	first := min(len(block), maxFrame)
-	if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block[:first], EndStream: end, EndHeaders: first == len(block)}); err != nil {
+	var flags http2.Flags
+	if end {
+		flags |= http2.FlagHeadersEndStream
+	}
+	if first == len(block) {
+		flags |= http2.FlagHeadersEndHeaders
+	}
+	if err := c.writeFrame(http2.FrameHeaders, flags, id, block[:first]); err != nil {
 		return err
 	}
 	for block = block[first:]; len(block) > 0; {
 		n := min(len(block), maxFrame)
-		if err := c.fr.WriteContinuation(id, n == len(block), block[:n]); err != nil {
+		flags = 0
+		if n == len(block) {
+			flags = http2.FlagContinuationEndHeaders
+		}
+		if err := c.writeFrame(http2.FrameContinuation, flags, id, block[:n]); err != nil {
 			return err
 		}
 		block = block[n:]
 	}
 	return nil
+}
+
+// writeFrame writes a frame of stream id into the buffer, as the framer
+// would without copying payload into a buffer of its own, which would
+// keep the size of the largest frame written for the connection's life.
+func (c *conn) writeFrame(t http2.FrameType, flags http2.Flags, id uint32, payload []byte) error {
+	n := len(payload)
+	c.fh = [9]byte{byte(n >> 16), byte(n >> 8), byte(n), byte(t), byte(flags), byte(id >> 24), byte(id >> 16), byte(id >> 8), byte(id)}
+	if _, err := c.bw.Write(c.fh[:]); err != nil {
+		return err
+	}
+	_, err := c.bw.Write(payload)
+	return err
 }
 
 // stallWriter writes to nc, and fails a write that makes no progress for
