@@ -386,3 +386,74 @@ func TestRawIdleConnsAfterCall(t *testing.T) {
 		t.Errorf("a connection idle after a call holds %d bytes of heap on the lean server, more than grpc-go's %d", lean, grpcGo)
 	}
 }
+
+// smallBufListener accepts connections whose kernel send buffer is small,
+// so that a client that reads nothing soon holds up the server's writer.
+type smallBufListener struct{ net.Listener }
+
+func (l smallBufListener) Accept() (net.Conn, error) {
+	nc, err := l.Listener.Accept()
+	if err == nil {
+		nc.(*net.TCPConn).SetWriteBuffer(4 << 10)
+	}
+	return nc, err
+}
+
+// TestRawCtrlBytes: the frames queued for a client that reads none are
+// capped in bytes, not frames: 4,000 refused calls, whose answers are
+// some 200 bytes each, end the connection before they are all answered.
+func TestRawCtrlBytes(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpcserve.NewServer(grpcserve.Config{})
+	testgrpc.RegisterTestServiceServer(srv, newTestServer())
+	done := make(chan error, 1)
+	go func() { done <- srv.Serve(smallBufListener{ln}) }()
+	t.Cleanup(func() { srv.Stop(); <-done })
+
+	const calls = 4000
+	nc, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	nc.(*net.TCPConn).SetReadBuffer(4 << 10)
+	nc.SetDeadline(time.Now().Add(time.Minute)) // only catches a hang
+	var b, hb bytes.Buffer
+	fr, he := http2.NewFramer(&b, nil), hpack.NewEncoder(&hb)
+	io.WriteString(&b, http2.ClientPreface)
+	fr.WriteSettings()
+	for i := range calls {
+		hb.Reset()
+		for _, f := range [][2]string{{":method", "POST"}, {":scheme", "http"}, {":path", "/" + strings.Repeat("%", 200) + "/m"}, {"content-type", "application/grpc"}} {
+			he.WriteField(hpack.HeaderField{Name: f[0], Value: f[1]})
+		}
+		fr.WriteHeaders(http2.HeadersFrameParam{StreamID: uint32(2*i + 1), BlockFragment: hb.Bytes(), EndHeaders: true, EndStream: true})
+	}
+	fr.WritePing(false, [8]byte{1})
+	if _, err := nc.Write(b.Bytes()); err != nil {
+		t.Fatal(err)
+	}
+	for !readersQuiet() {
+		runtime.Gosched()
+	}
+	rd := http2.NewFramer(nil, nc)
+	answered := 0
+	for {
+		f, err := rd.ReadFrame()
+		if err != nil {
+			t.Logf("the connection ended after %d answers of %d: %v", answered, calls, err)
+			return
+		}
+		switch f := f.(type) {
+		case *http2.HeadersFrame:
+			answered++
+		case *http2.PingFrame:
+			if f.IsAck() {
+				t.Fatalf("all %d refused calls were answered, unread while they were queued", calls)
+			}
+		}
+	}
+}
