@@ -360,11 +360,12 @@ func callThenIdle(t *testing.T, addr string, n, size int) {
 }
 
 // TestRawIdleConnsAfterCall: a connection that made a call answered with
-// 64 KiB, to a client that takes frames of 1 MiB, holds no more heap once
-// idle than on grpc-go's server. The connections are many, so that what
-// the servers pool for all (the codec's buffers) counts little in each.
+// 30 KiB, in one frame (the client takes frames of 1 MiB), holds no more
+// heap once idle than on grpc-go's server. The answer fits the codec's
+// pooled buffers of 32 KiB, and the connections are many, so that what
+// the servers pool for all counts little in each.
 func TestRawIdleConnsAfterCall(t *testing.T) {
-	const n, size = 500, 64 << 10
+	const n, size = 500, 30 << 10
 	perConn := func(addr string) int64 {
 		base := heapAlloc()
 		callThenIdle(t, addr, n, size)
