@@ -139,7 +139,7 @@ func (c *conn) serve() {
 		c.ageTimer = time.AfterFunc(c.s.age(), c.ageOut)
 	}
 	if c.s.cfg.IdleTimeout > 0 {
-		c.idleTimer = time.AfterFunc(c.s.cfg.IdleTimeout/idleChecks, c.idleCheck)
+		c.idleTimer = time.AfterFunc(c.s.idlePeriod, c.idleCheck)
 	}
 	c.mu.Unlock()
 	err := c.readLoop()
@@ -523,7 +523,7 @@ func (c *conn) idleCheck() {
 	}
 	idle := c.quiet >= idleChecks
 	if !idle {
-		c.idleTimer.Reset(c.s.cfg.IdleTimeout / idleChecks)
+		c.idleTimer.Reset(c.s.idlePeriod)
 	}
 	c.mu.Unlock()
 	if idleCheckHook != nil {

@@ -33,3 +33,7 @@ func SetIdleCheckHook(f func()) (restore func()) {
 	idleCheckHook = f
 	return func() { idleCheckHook = nil }
 }
+
+// IdlePeriod returns how often s's connections check whether they are
+// idle.
+func IdlePeriod(s *Server) time.Duration { return s.idlePeriod }

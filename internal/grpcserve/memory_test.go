@@ -458,3 +458,21 @@ func TestRawCtrlBytes(t *testing.T) {
 		}
 	}
 }
+
+// TestIdlePeriod: a connection checks whether it is idle four times an
+// IdleTimeout, and never more often than each millisecond, so that a tiny
+// IdleTimeout does not have its timer fire without pause.
+func TestIdlePeriod(t *testing.T) {
+	cases := []struct {
+		give, want time.Duration
+	}{
+		{5 * time.Minute, 75 * time.Second},
+		{20 * time.Millisecond, 5 * time.Millisecond},
+		{time.Nanosecond, time.Millisecond},
+	}
+	for _, c := range cases {
+		if got := grpcserve.IdlePeriod(grpcserve.NewServer(grpcserve.Config{IdleTimeout: c.give})); got != c.want {
+			t.Errorf("IdleTimeout %v: checked every %v, want %v", c.give, got, c.want)
+		}
+	}
+}

@@ -105,8 +105,9 @@ type Config struct {
 	// stacks have grown to what a call needs. 0: 256.
 	Workers int
 	// IdleTimeout, if positive, is how long a connection may have no
-	// call open, and open none, before it is sent a GOAWAY and closed
-	// (up to a quarter more), as grpc-go's MaxConnectionIdle; 0: never.
+	// call open, and open none, before it is sent a GOAWAY and closed, as
+	// grpc-go's MaxConnectionIdle; it checks every quarter of it (every
+	// millisecond at most), so up to a quarter more. 0: never.
 	IdleTimeout time.Duration
 	// WriteTimeout is how long a write to a client may go without
 	// progress, the client reading nothing, before its connection is
@@ -140,7 +141,8 @@ type Server struct {
 	info    map[string]grpc.ServiceInfo
 
 	handshakeTimeout time.Duration
-	window           int64 // the connection's receive window: the request bytes a connection holds
+	window           int64         // the connection's receive window: the request bytes a connection holds
+	idlePeriod       time.Duration // how often a connection checks whether it is idle, if IdleTimeout is set
 
 	mu       sync.Mutex // guards the fields below
 	lns      map[net.Listener]bool
@@ -198,6 +200,7 @@ func NewServer(cfg Config) *Server {
 	// One message of MaxRecvMsgSize must fit in the window with room to
 	// spare, or its call could never be read whole.
 	s.window = max(connWindow, min(int64(cfg.MaxRecvMsgSize)+streamWindow, 1<<31-1))
+	s.idlePeriod = max(cfg.IdleTimeout/idleChecks, time.Millisecond)
 	s.app, _ = cfg.Codec.(AppendMarshaler)
 	s.bu, _ = cfg.Codec.(BorrowUnmarshaler)
 	return s
