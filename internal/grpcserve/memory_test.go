@@ -106,10 +106,10 @@ func unreadAttack(t *testing.T, addr string, conns, calls int, quiet func() bool
 	return held, p99
 }
 
-// TestRawUnreadRefusedAnswers: clients that make calls refused before a
+// TestRawUnreadRefusedAnswers: 8 clients that make calls refused before a
 // stream opens, each answered with an error naming the client's long
-// value, and read no answer make the server hold a bounded heap, however
-// many calls they make; a bystander's calls are served meanwhile.
+// value, and read no answer make the server hold at most 64 MiB of heap
+// in all; a bystander's calls are served meanwhile.
 func TestRawUnreadRefusedAnswers(t *testing.T) {
 	const (
 		conns = 8
