@@ -24,13 +24,6 @@ import (
 // start was a tenth of the server's CPU time under load.
 const grpcStreamWorkers = 256
 
-// grpcWriteTimeout is how long either gRPC server bears a client that
-// reads none of what it is sent before it closes the connection: the
-// lean server's WriteTimeout; grpc-go's keepalive, which pings a client
-// silent for that long, and closes the connection if the ping is not
-// answered within as long again. A variable for the tests.
-var grpcWriteTimeout = 30 * time.Second
-
 // grpcMaxConcurrentStreams is the count of calls a gRPC connection may
 // have open at once, on either server; more are refused REFUSED_STREAM.
 const grpcMaxConcurrentStreams = 1000
@@ -67,7 +60,7 @@ func (d *Daemon) startGRPC() error {
 	timer := rpcTimer{newObservers(d.reqs.api(apiGRPC), grpcCodes())}
 	if d.cfg.GRPCServer == GRPCServerLean && d.tracer == nil {
 		cfg := grpcserve.Config{Codec: newRLSCodec(), MaxRecvMsgSize: MaxBody, StatsHandler: timer, Workers: grpcStreamWorkers,
-			MaxConcurrentStreams: grpcMaxConcurrentStreams, IdleTimeout: d.cfg.GRPCIdleTimeout, WriteTimeout: grpcWriteTimeout,
+			MaxConcurrentStreams: grpcMaxConcurrentStreams, IdleTimeout: d.cfg.GRPCIdleTimeout,
 			MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace}
 		if d.tls != nil {
 			cfg.TLS = d.tls.config("h2")
@@ -79,7 +72,7 @@ func (d *Daemon) startGRPC() error {
 		}
 		opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(timer), grpc.ForceServerCodecV2(newRLSCodec()),
 			grpc.NumStreamWorkers(grpcStreamWorkers), grpc.MaxConcurrentStreams(grpcMaxConcurrentStreams),
-			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: d.cfg.GRPCIdleTimeout, Time: grpcWriteTimeout, Timeout: grpcWriteTimeout,
+			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: d.cfg.GRPCIdleTimeout,
 				MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace})}
 		opts = append(opts, d.tracer.grpcOptions()...)
 		if d.tls != nil {
