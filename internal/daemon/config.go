@@ -50,6 +50,10 @@ const (
 	// minGossipInterval and maxGossipInterval bound --gossip-interval
 	// (hotkey.WithGossipInterval).
 	minGossipInterval, maxGossipInterval = time.Millisecond, time.Minute
+	// DefaultGRPCIdleTimeout is --grpc-idle-timeout's default: longer
+	// than any pause of a client that sends requests at all, short
+	// enough that connections left open cost nothing for long.
+	DefaultGRPCIdleTimeout = 5 * time.Minute
 	// DefaultReloadInterval is how often the rules' files are checked for
 	// changes.
 	DefaultReloadInterval = 2 * time.Second
@@ -89,6 +93,10 @@ type Config struct {
 	// GRPCMaxConnectionAgeGrace is how long the requests in flight on a
 	// connection past its age may take before it is closed; 0: for ever.
 	GRPCMaxConnectionAgeGrace time.Duration
+	// GRPCIdleTimeout is how long a gRPC connection may have no request
+	// in flight before the server sends it a GOAWAY and closes it; 0:
+	// for ever.
+	GRPCIdleTimeout time.Duration
 	// GRPCServer is the gRPC server: GRPCServerLean (internal/grpcserve),
 	// or GRPCServerGRPCGo. With tracing on, GRPCServerLean falls back to
 	// grpc-go, whose stats handler carries the spans.
@@ -218,6 +226,8 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.AdminListen, "admin-listen", DefaultAdminListen, "")
 	fs.Var((*durationFlag)(&cfg.GRPCMaxConnectionAge), "grpc-max-connection-age", "")
 	fs.Var((*durationFlag)(&cfg.GRPCMaxConnectionAgeGrace), "grpc-max-connection-age-grace", "")
+	cfg.GRPCIdleTimeout = DefaultGRPCIdleTimeout
+	fs.Var((*durationFlag)(&cfg.GRPCIdleTimeout), "grpc-idle-timeout", "")
 	fs.StringVar(&cfg.GRPCServer, "grpc-server", GRPCServerLean, "")
 	fs.Var((*durationFlag)(&cfg.DrainDelay), "drain-delay", "")
 	fs.StringVar(&cfg.TLSCert, "tls-cert", "", "")

@@ -45,7 +45,7 @@ func (c *Config) check() error {
 	if c.GRPCServer != GRPCServerLean && c.GRPCServer != GRPCServerGRPCGo {
 		return fmt.Errorf("%s %q: want %s or %s", flagName("grpc-server"), c.GRPCServer, GRPCServerLean, GRPCServerGRPCGo)
 	}
-	for _, f := range []string{"grpc-max-connection-age", "grpc-max-connection-age-grace", "grpc-server"} {
+	for _, f := range []string{"grpc-max-connection-age", "grpc-max-connection-age-grace", "grpc-idle-timeout", "grpc-server"} {
 		if c.set[f] && c.GRPCListen == "" {
 			return fmt.Errorf("%s applies to gRPC, which an empty %s turns off", flagName(f), flagName("grpc-listen"))
 		}
@@ -55,6 +55,8 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 5m, or 0 to keep connections for ever", flagName("grpc-max-connection-age"), c.GRPCMaxConnectionAge)
 	case c.GRPCMaxConnectionAgeGrace < 0:
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 30s, or 0 to wait for the requests in flight for ever", flagName("grpc-max-connection-age-grace"), c.GRPCMaxConnectionAgeGrace)
+	case c.GRPCIdleTimeout < 0:
+		return fmt.Errorf("%s %v: want a positive duration, e.g. 5m, or 0 to keep idle connections for ever", flagName("grpc-idle-timeout"), c.GRPCIdleTimeout)
 	case c.GRPCMaxConnectionAgeGrace > 0 && c.GRPCMaxConnectionAge == 0:
 		return fmt.Errorf("%s follows %s, which is 0 (connections kept for ever): set it too", flagName("grpc-max-connection-age-grace"), flagName("grpc-max-connection-age"))
 	}

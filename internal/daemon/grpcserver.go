@@ -24,6 +24,10 @@ import (
 // start was a tenth of the server's CPU time under load.
 const grpcStreamWorkers = 256
 
+// grpcMaxConcurrentStreams is the count of calls a gRPC connection may
+// have open at once, on either server; more are refused REFUSED_STREAM.
+const grpcMaxConcurrentStreams = 1000
+
 // grpcServer is the gRPC server startGRPC builds: grpcserve's or
 // grpc-go's, which serve the same services.
 type grpcServer interface {
@@ -41,7 +45,8 @@ var (
 
 // startGRPC listens on --grpc-listen and serves the rate-limit service, the
 // health service and reflection, over TLS only with --tls-cert, sending each connection a GOAWAY at
-// --grpc-max-connection-age (0: never), on the server --grpc-server names.
+// --grpc-max-connection-age (0: never) and after --grpc-idle-timeout with no call (0: never), on the
+// server --grpc-server names.
 // It does nothing when the flag is empty.
 func (d *Daemon) startGRPC() error {
 	if d.cfg.GRPCListen == "" {
@@ -55,6 +60,7 @@ func (d *Daemon) startGRPC() error {
 	timer := rpcTimer{newObservers(d.reqs.api(apiGRPC), grpcCodes())}
 	if d.cfg.GRPCServer == GRPCServerLean && d.tracer == nil {
 		cfg := grpcserve.Config{Codec: newRLSCodec(), MaxRecvMsgSize: MaxBody, StatsHandler: timer, Workers: grpcStreamWorkers,
+			MaxConcurrentStreams: grpcMaxConcurrentStreams, IdleTimeout: d.cfg.GRPCIdleTimeout,
 			MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace}
 		if d.tls != nil {
 			cfg.TLS = d.tls.config("h2")
@@ -65,8 +71,9 @@ func (d *Daemon) startGRPC() error {
 			d.log.Info("gRPC served by grpc-go, not the lean server: tracing is on, and only grpc-go's server carries its spans")
 		}
 		opts := []grpc.ServerOption{grpc.MaxRecvMsgSize(MaxBody), grpc.StatsHandler(timer), grpc.ForceServerCodecV2(newRLSCodec()),
-			grpc.NumStreamWorkers(grpcStreamWorkers),
-			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace})}
+			grpc.NumStreamWorkers(grpcStreamWorkers), grpc.MaxConcurrentStreams(grpcMaxConcurrentStreams),
+			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: d.cfg.GRPCIdleTimeout,
+				MaxConnectionAge: d.cfg.GRPCMaxConnectionAge, MaxConnectionAgeGrace: d.cfg.GRPCMaxConnectionAgeGrace})}
 		opts = append(opts, d.tracer.grpcOptions()...)
 		if d.tls != nil {
 			opts = append(opts, grpc.Creds(credentials.NewTLS(d.tls.config("h2"))))

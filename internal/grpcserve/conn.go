@@ -1,7 +1,6 @@
 package grpcserve
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -10,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"time"
+	"unsafe"
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
@@ -32,10 +32,15 @@ const (
 // tests.
 var handshakeTimeout = 30 * time.Second
 
-// maxCtrl bounds the frames the reader queues for the writer (ACKs,
-// resets, window updates) while the client does not read them; past it
-// the connection ends with ENHANCE_YOUR_CALM, as net/http's server does.
-const maxCtrl = 10000
+// maxCtrlBytes bounds the bytes of the frames the reader queues for the
+// writer (ACKs, resets, window updates, the answers of calls refused
+// before a stream opens) while the client does not read them, about
+// 10,000 frames with no header block; past it the connection ends with
+// ENHANCE_YOUR_CALM, as net/http's server does past 10,000 frames.
+const maxCtrlBytes = 512 << 10
+
+// ctrlSize is what a frame queued costs, but its header block.
+const ctrlSize = int(unsafe.Sizeof(ctrl{}))
 
 // goAwayWait is how long a connection that sent a GOAWAY for a protocol
 // error waits for it to be written before it closes.
@@ -46,8 +51,9 @@ const goAwayWait = time.Second
 type conn struct {
 	s          *Server
 	ctx        context.Context // the peer, and what StatsHandler.TagConn added
-	bw         *bufio.Writer
-	fr         *http2.Framer // written by the writer, read by the reader
+	br         *connReader     // the reader's
+	bw         *connWriter     // the writer's
+	fr         *http2.Framer   // written by the writer, read by the reader
 	writerDone chan struct{}
 
 	mu         sync.Mutex // guards the fields below, and a stream's fields said to be under conn.mu
@@ -56,6 +62,7 @@ type conn struct {
 	streams    map[uint32]*stream // open: not reset, trailers not written
 	pending    []*stream          // with frames to write
 	ctrl       []ctrl
+	ctrlBlocks int   // bytes of the header blocks in ctrl
 	sendWindow int64 // the connection's
 	initWindow int64 // each stream's first send window: the client's SETTINGS_INITIAL_WINDOW_SIZE
 	maxFrame   int   // the client's SETTINGS_MAX_FRAME_SIZE
@@ -69,6 +76,9 @@ type conn struct {
 	dead       bool
 	ageTimer   *time.Timer
 	graceTimer *time.Timer
+	idleTimer  *time.Timer
+	idleMark   uint32     // lastID at the last idle check
+	quiet      int        // idle checks in a row that found no call
 	recvAvail  int64      // of the connection's receive window, as the client was told
 	recvUnsent int64      // read and no longer held, not yet given back by a WINDOW_UPDATE
 	resets     [32]uint32 // the streams the server sent RST_STREAM on last, as a ring
@@ -77,6 +87,9 @@ type conn struct {
 	// Owned by the reader.
 	dec *hpack.Decoder
 	hdr reqHeaders // of the header block being read
+
+	// Owned by the writer.
+	fh [9]byte // the header of the frame being written
 }
 
 // ctrl is a frame that is not a stream's answer.
@@ -125,12 +138,16 @@ func (c *conn) serve() {
 	if sh != nil {
 		sh.HandleConn(c.ctx, &stats.ConnBegin{})
 	}
+	c.mu.Lock()
 	if c.s.cfg.MaxConnectionAge > 0 {
-		c.mu.Lock()
 		c.ageTimer = time.AfterFunc(c.s.age(), c.ageOut)
-		c.mu.Unlock()
 	}
+	if c.s.cfg.IdleTimeout > 0 {
+		c.idleTimer = time.AfterFunc(c.s.idlePeriod, c.idleCheck)
+	}
+	c.mu.Unlock()
 	err := c.readLoop()
+	c.br.release()
 	if errors.Is(err, errGoAway) {
 		t := time.AfterFunc(goAwayWait, func() { c.close(err) })
 		<-c.writerDone
@@ -139,7 +156,7 @@ func (c *conn) serve() {
 	c.close(err)
 	<-c.writerDone
 	c.mu.Lock()
-	for _, t := range []*time.Timer{c.ageTimer, c.graceTimer} {
+	for _, t := range []*time.Timer{c.ageTimer, c.graceTimer, c.idleTimer} {
 		if t != nil {
 			t.Stop()
 		}
@@ -181,8 +198,8 @@ func (c *conn) handshake() error {
 	if sh := c.s.cfg.StatsHandler; sh != nil {
 		c.ctx = sh.TagConn(c.ctx, &stats.ConnTagInfo{RemoteAddr: p.Addr, LocalAddr: p.LocalAddr})
 	}
-	// The buffers are made once the preface came, so that connections
-	// that send nothing cost little.
+	// The framer and decoder are made once the preface came, so that
+	// connections that send nothing cost little.
 	var preface [len(http2.ClientPreface)]byte
 	if _, err := io.ReadFull(nc, preface[:]); err != nil {
 		return err
@@ -190,9 +207,9 @@ func (c *conn) handshake() error {
 	if string(preface[:]) != http2.ClientPreface {
 		return errors.New("not an HTTP/2 client preface")
 	}
-	br := bufio.NewReaderSize(nc, 32<<10)
-	c.bw = bufio.NewWriterSize(nc, 32<<10)
-	c.fr = http2.NewFramer(c.bw, br)
+	c.br = &connReader{nc: nc}
+	c.bw = &connWriter{w: &stallWriter{nc: nc, timeout: c.s.cfg.WriteTimeout}}
+	c.fr = http2.NewFramer(c.bw, c.br)
 	c.fr.SetReuseFrames()
 	c.fr.SetMaxReadFrameSize(16384) // the default the server's SETTINGS leave
 	c.dec = hpack.NewDecoder(4096, c.onField)
@@ -205,6 +222,7 @@ func (c *conn) handshake() error {
 	if err := c.bw.Flush(); err != nil {
 		return err
 	}
+	c.bw.release()
 	f, err := c.fr.ReadFrame()
 	if err != nil {
 		return err
@@ -219,7 +237,7 @@ func (c *conn) handshake() error {
 	c.mu.Lock()
 	c.ready = true
 	c.mu.Unlock()
-	return nc.SetDeadline(time.Time{})
+	return nc.SetReadDeadline(time.Time{}) // the writes' is stallWriter's
 }
 
 // errGoAway is readLoop's error once it queued a GOAWAY for a protocol
@@ -240,7 +258,7 @@ func (c *conn) readLoop() error {
 		}
 		if err == nil {
 			c.mu.Lock()
-			flood := len(c.ctrl) > maxCtrl
+			flood := len(c.ctrl)*ctrlSize+c.ctrlBlocks > maxCtrlBytes
 			c.mu.Unlock()
 			if !flood {
 				continue
@@ -503,6 +521,39 @@ func (c *conn) ageOut() {
 		c.mu.Unlock()
 	}
 }
+
+// idleChecks is how many times in an IdleTimeout a connection checks
+// whether it has a call.
+const idleChecks = 4
+
+// idleCheck drains c once idleChecks checks in a row found no call open
+// and none opened since the check before.
+func (c *conn) idleCheck() {
+	c.mu.Lock()
+	if c.dead || c.draining {
+		c.mu.Unlock()
+		return
+	}
+	if len(c.streams) == 0 && c.running == 0 && !c.opening && c.lastID == c.idleMark {
+		c.quiet++
+	} else {
+		c.quiet, c.idleMark = 0, c.lastID
+	}
+	idle := c.quiet >= idleChecks
+	if !idle {
+		c.idleTimer.Reset(c.s.idlePeriod)
+	}
+	c.mu.Unlock()
+	if idleCheckHook != nil {
+		idleCheckHook()
+	}
+	if idle {
+		c.drain()
+	}
+}
+
+// idleCheckHook, if set (by tests), runs after each idle check.
+var idleCheckHook func()
 
 // close closes the connection, if open, and cancels its calls.
 func (c *conn) close(err error) {

@@ -26,3 +26,14 @@ func DrainAll(s *Server) {
 		c.drain()
 	}
 }
+
+// SetIdleCheckHook has f run after each check of a connection for
+// IdleTimeout, and returns a func that removes it.
+func SetIdleCheckHook(f func()) (restore func()) {
+	idleCheckHook = f
+	return func() { idleCheckHook = nil }
+}
+
+// IdlePeriod returns how often s's connections check whether they are
+// idle.
+func IdlePeriod(s *Server) time.Duration { return s.idlePeriod }

@@ -93,7 +93,7 @@ func TestRawRapidReset(t *testing.T) {
 		}
 		if b.Len() > 64<<10 {
 			if _, err := c.nc.Write(b.Bytes()); err != nil {
-				break // cut off: refusals and resets unread past maxCtrl
+				break // cut off: refusals and resets unread past maxCtrlBytes
 			}
 			b.Reset()
 		}

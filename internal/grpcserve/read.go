@@ -167,18 +167,18 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 	}
 	httpMethod, path, contentType, encoding, timeout, hasTimeout := h.method, h.path, h.contentType, h.encoding, h.timeout, h.hasTimeout
 	if !isGRPC(contentType) {
-		c.abort(id, http.StatusUnsupportedMediaType, status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", contentType), end)
+		c.abort(id, http.StatusUnsupportedMediaType, status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", clip(contentType)), end)
 		return nil
 	}
 	if httpMethod != http.MethodPost {
-		c.abort(id, http.StatusMethodNotAllowed, status.Newf(codes.Internal, "Received a HEADERS frame with :method %q which should be POST", httpMethod), end)
+		c.abort(id, http.StatusMethodNotAllowed, status.Newf(codes.Internal, "Received a HEADERS frame with :method %q which should be POST", clip(httpMethod)), end)
 		return nil
 	}
 	var d time.Duration
 	if hasTimeout {
 		var err error
 		if d, err = parseTimeout(timeout); err != nil {
-			c.abort(id, http.StatusBadRequest, status.Newf(codes.Internal, "malformed grpc-timeout: %q", timeout), end)
+			c.abort(id, http.StatusBadRequest, status.Newf(codes.Internal, "malformed grpc-timeout: %q", clip(timeout)), end)
 			return nil
 		}
 	}
@@ -188,7 +188,7 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 		return nil
 	}
 	if encoding != "" && encoding != "identity" {
-		c.abort(id, http.StatusOK, status.Newf(codes.Unimplemented, "grpc: Decompressor is not installed for grpc-encoding %q", encoding), end)
+		c.abort(id, http.StatusOK, status.Newf(codes.Unimplemented, "grpc: Decompressor is not installed for grpc-encoding %q", clip(encoding)), end)
 		return nil
 	}
 	st = c.s.newStream(c, id, m)
@@ -263,6 +263,7 @@ func (c *conn) abort(id uint32, code int, s *status.Status, ended bool) {
 		return
 	}
 	c.ctrl = append(c.ctrl, ctrl{kind: ctrlHeaders, id: id, block: b})
+	c.ctrlBlocks += len(b)
 	if !ended {
 		c.ctrl = append(c.ctrl, ctrl{kind: ctrlRST, id: id, val: uint32(http2.ErrCodeNo)})
 		c.sentResetLocked(id)

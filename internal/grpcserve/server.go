@@ -19,14 +19,20 @@
 //
 // What a client may hold is bounded: a connection that sends no preface
 // is closed after 30 seconds, holding about 2 KiB of heap and a goroutine
-// meanwhile; an open one holds at most MaxConcurrentStreams calls, with
+// meanwhile; one past its handshake holds its read and write buffers (32
+// KiB each, pooled) only while it moves bytes, about 5 KiB of heap and
+// two goroutines while it waits; an open one holds at most MaxConcurrentStreams calls, with
 // at most 16 MiB (or MaxRecvMsgSize and 1 MiB, if more) of request bytes
 // not yet handed to a handler, all its streams together, at most
 // MaxRecvMsgSize of request for each call its handlers run, their
-// answers, and at most 10,000 control frames unread (ENHANCE_YOUR_CALM
-// past it). Streams that together hold that window wait until other calls
-// end or they are reset; one message of MaxRecvMsgSize always fits. A header
-// block of over twice MaxHeaderListSize bytes ends the connection. Frames
+// answers, and at most 512 KiB of control frames and answers of calls
+// refused before they open unread (ENHANCE_YOUR_CALM past it), each error
+// quoting at most 64 bytes of what the client sent. Streams that together
+// hold that window wait until other calls end or they are reset; one
+// message of MaxRecvMsgSize always fits. A connection whose client reads
+// nothing for WriteTimeout while the server has frames for it is closed,
+// and so is one with no call for IdleTimeout. A header block of over
+// twice MaxHeaderListSize bytes ends the connection. Frames
 // that cost only the time to read them (empty DATA, PRIORITY, frames of
 // unknown types) are not counted. A HEADERS on a stream the server has
 // reset ends the connection, as in grpc-go and net/http, though RFC 9113
@@ -98,6 +104,15 @@ type Config struct {
 	// Workers is the count of idle goroutines kept to run calls, whose
 	// stacks have grown to what a call needs. 0: 256.
 	Workers int
+	// IdleTimeout, if positive, is how long a connection may have no
+	// call open, and open none, before it is sent a GOAWAY and closed, as
+	// grpc-go's MaxConnectionIdle; it checks every quarter of it (every
+	// millisecond at most), so up to a quarter more. 0: never.
+	IdleTimeout time.Duration
+	// WriteTimeout is how long a write to a client may go without
+	// progress, the client reading nothing, before its connection is
+	// closed. 0: 30 seconds.
+	WriteTimeout time.Duration
 }
 
 // AppendMarshaler is a codec's fast path for answers: AppendMarshal
@@ -126,7 +141,8 @@ type Server struct {
 	info    map[string]grpc.ServiceInfo
 
 	handshakeTimeout time.Duration
-	window           int64 // the connection's receive window: the request bytes a connection holds
+	window           int64         // the connection's receive window: the request bytes a connection holds
+	idlePeriod       time.Duration // how often a connection checks whether it is idle, if IdleTimeout is set
 
 	mu       sync.Mutex // guards the fields below
 	lns      map[net.Listener]bool
@@ -167,6 +183,9 @@ func NewServer(cfg Config) *Server {
 	if cfg.Workers <= 0 {
 		cfg.Workers = 256
 	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 30 * time.Second
+	}
 	s := &Server{
 		cfg:     cfg,
 		methods: map[string]*method{},
@@ -181,6 +200,7 @@ func NewServer(cfg Config) *Server {
 	// One message of MaxRecvMsgSize must fit in the window with room to
 	// spare, or its call could never be read whole.
 	s.window = max(connWindow, min(int64(cfg.MaxRecvMsgSize)+streamWindow, 1<<31-1))
+	s.idlePeriod = max(cfg.IdleTimeout/idleChecks, time.Millisecond)
 	s.app, _ = cfg.Codec.(AppendMarshaler)
 	s.bu, _ = cfg.Codec.(BorrowUnmarshaler)
 	return s
@@ -241,12 +261,25 @@ func (s *Server) lookup(path string) (*method, string) {
 	}
 	svc, name, ok := strings.Cut(strings.TrimPrefix(path, "/"), "/")
 	if !ok {
-		return nil, fmt.Sprintf("malformed method name: %q", path)
+		return nil, fmt.Sprintf("malformed method name: %q", clip(path))
 	}
 	if _, known := s.info[svc]; known {
-		return nil, fmt.Sprintf("unknown method %v for service %v", name, svc)
+		return nil, fmt.Sprintf("unknown method %v for service %v", clip(name), svc)
 	}
-	return nil, fmt.Sprintf("unknown service %v", svc)
+	return nil, fmt.Sprintf("unknown service %v", clip(svc))
+}
+
+// maxEcho bounds the bytes of a client's value that an error message
+// quotes, so that an answer costs little more than the request that
+// asked for it.
+const maxEcho = 64
+
+// clip returns v, or its first maxEcho bytes and "...".
+func clip(v string) string {
+	if len(v) <= maxEcho {
+		return v
+	}
+	return v[:maxEcho] + "..."
 }
 
 // Serve accepts connections on ln and serves them until Stop or

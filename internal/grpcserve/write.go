@@ -1,7 +1,11 @@
 package grpcserve
 
 import (
+	"errors"
+	"net"
+	"os"
 	"runtime"
+	"time"
 
 	"golang.org/x/net/http2"
 )
@@ -24,6 +28,7 @@ func (c *conn) writeLoop() {
 	for {
 		c.mu.Lock()
 		for !c.dead && len(c.ctrl) == 0 && !c.closeAfter && !c.readyLocked() {
+			c.bw.release()
 			c.work.Wait()
 		}
 		if c.dead {
@@ -42,7 +47,7 @@ func (c *conn) writeLoop() {
 			}
 		}
 		closing := c.closeAfter
-		ctrls, c.ctrl = c.ctrl, ctrls[:0]
+		ctrls, c.ctrl, c.ctrlBlocks = c.ctrl, ctrls[:0], 0
 		items = c.planLocked(items[:0])
 		maxFrame := c.maxFrame
 		c.mu.Unlock()
@@ -165,7 +170,7 @@ func (c *conn) write(ctrls []ctrl, items []item, maxFrame int) error {
 		}
 		for b := it.data; len(b) > 0; {
 			n := min(len(b), maxFrame)
-			if err := c.fr.WriteData(id, false, b[:n]); err != nil {
+			if err := c.writeFrame(http2.FrameData, 0, id, b[:n]); err != nil {
 				return err
 			}
 			b = b[n:]
@@ -188,15 +193,66 @@ func (c *conn) write(ctrls []ctrl, items []item, maxFrame int) error {
 // over maxFrame.
 func (c *conn) writeBlock(id uint32, block []byte, end bool, maxFrame int) error {
 	first := min(len(block), maxFrame)
-	if err := c.fr.WriteHeaders(http2.HeadersFrameParam{StreamID: id, BlockFragment: block[:first], EndStream: end, EndHeaders: first == len(block)}); err != nil {
+	var flags http2.Flags
+	if end {
+		flags |= http2.FlagHeadersEndStream
+	}
+	if first == len(block) {
+		flags |= http2.FlagHeadersEndHeaders
+	}
+	if err := c.writeFrame(http2.FrameHeaders, flags, id, block[:first]); err != nil {
 		return err
 	}
 	for block = block[first:]; len(block) > 0; {
 		n := min(len(block), maxFrame)
-		if err := c.fr.WriteContinuation(id, n == len(block), block[:n]); err != nil {
+		flags = 0
+		if n == len(block) {
+			flags = http2.FlagContinuationEndHeaders
+		}
+		if err := c.writeFrame(http2.FrameContinuation, flags, id, block[:n]); err != nil {
 			return err
 		}
 		block = block[n:]
 	}
 	return nil
+}
+
+// writeFrame writes a frame of stream id into the buffer, as the framer
+// would without copying payload into a buffer of its own, which would
+// keep the size of the largest frame written for the connection's life.
+func (c *conn) writeFrame(t http2.FrameType, flags http2.Flags, id uint32, payload []byte) error {
+	n := len(payload)
+	c.fh = [9]byte{byte(n >> 16), byte(n >> 8), byte(n), byte(t), byte(flags), byte(id >> 24), byte(id >> 16), byte(id >> 8), byte(id)}
+	if _, err := c.bw.Write(c.fh[:]); err != nil {
+		return err
+	}
+	_, err := c.bw.Write(payload)
+	return err
+}
+
+// stallWriter writes to nc, and fails a write that makes no progress for
+// timeout (three quarters of it at least): the deadline is moved on only
+// once a quarter of it has passed, so that most writes set none.
+type stallWriter struct {
+	nc      net.Conn
+	timeout time.Duration
+	set     time.Time // when the deadline was last set
+}
+
+func (w *stallWriter) Write(p []byte) (int, error) {
+	written := 0
+	for {
+		if now := time.Now(); now.Sub(w.set) > w.timeout/4 {
+			if err := w.nc.SetWriteDeadline(now.Add(w.timeout)); err != nil {
+				return written, err
+			}
+			w.set = now
+		}
+		n, err := w.nc.Write(p)
+		written += n
+		if n == 0 || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return written, err
+		}
+		p, w.set = p[n:], time.Time{} // some progress: a deadline anew
+	}
 }
