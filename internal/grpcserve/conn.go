@@ -85,8 +85,9 @@ type conn struct {
 	resetsNext int
 
 	// Owned by the reader.
-	dec *hpack.Decoder
-	hdr reqHeaders // of the header block being read
+	dec     *hpack.Decoder
+	hdr     reqHeaders // of the header block being read
+	refused int        // calls refused before a stream opened, less those served since (tally)
 
 	// Owned by the writer.
 	fh [9]byte // the header of the frame being written
@@ -500,12 +501,21 @@ func (c *conn) drain() {
 		c.close(errors.New("server stopped before the handshake ended"))
 		return
 	}
+	c.mu.Unlock()
+	c.goAway(http2.ErrCodeNo)
+}
+
+// goAway sends a GOAWAY code, unless one was sent: the streams opened so
+// far are served, later ones refused, and the connection closes once
+// none is left.
+func (c *conn) goAway(code http2.ErrCode) {
+	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.dead || c.draining {
 		return
 	}
 	c.draining, c.goAwayID = true, c.lastID
-	c.ctrl = append(c.ctrl, ctrl{kind: ctrlGoAway, id: c.lastID, val: uint32(http2.ErrCodeNo)})
+	c.ctrl = append(c.ctrl, ctrl{kind: ctrlGoAway, id: c.lastID, val: uint32(code)})
 	c.work.Signal()
 	c.closeIfDoneLocked()
 }

@@ -37,3 +37,7 @@ func SetIdleCheckHook(f func()) (restore func()) {
 // IdlePeriod returns how often s's connections check whether they are
 // idle.
 func IdlePeriod(s *Server) time.Duration { return s.idlePeriod }
+
+// MaxRefused is how far a connection's refused calls may outrun its
+// served ones before it is sent a GOAWAY ENHANCE_YOUR_CALM.
+const MaxRefused = maxRefused

@@ -122,9 +122,9 @@ func (c *conn) onField(f hpack.HeaderField) {
 }
 
 // onHeaders opens a stream for a call, or answers it at once when it
-// cannot be made; a header block on an open stream, its trailers, ends
-// the client's side, or resets the stream if it is malformed or does not
-// end it.
+// cannot be made, and tallies which it did; a header block on an open
+// stream, its trailers, ends the client's side, or resets the stream if
+// it is malformed or does not end it.
 func (c *conn) onHeaders(h *reqHeaders) error {
 	id, end := h.id, h.end
 	c.mu.Lock()
@@ -145,6 +145,59 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 	if id%2 == 0 || id <= c.lastID {
 		return errProtocol
 	}
+	o, err := c.open(h)
+	if err != nil {
+		return err
+	}
+	return c.tally(o)
+}
+
+// callOutcome is what became of a call whose HEADERS opened a new stream
+// ID.
+type callOutcome uint8
+
+const (
+	callServed     callOutcome = iota // a stream opened
+	callRefused                       // answered or reset at once: the call cannot be made
+	callTurnedAway                    // reset REFUSED_STREAM: the stream cap is reached, or a GOAWAY sent
+)
+
+// maxRefused is how far a connection's calls refused before a stream
+// opens may outrun the calls it served: each refused call counts one up,
+// each served call one down, never below 0. Past maxRefused the client is
+// sent a GOAWAY ENHANCE_YOUR_CALM, and the connection closes once its
+// streams end; past twice maxRefused it is closed at once. So a client
+// that sends calls no stream is opened for, each read, decoded and
+// answered at its pace, cannot take more of the server's time than the
+// calls it has served did; one with a refused call now and then among
+// its served ones keeps its connection. Calls turned away count only
+// past maxRefused: a client that respects the stream cap may still meet
+// it while the handlers of the calls it cancelled run.
+const maxRefused = 100
+
+// tally counts a call's outcome against maxRefused; an error ends the
+// connection.
+func (c *conn) tally(o callOutcome) error {
+	switch {
+	case o == callServed:
+		c.refused = max(c.refused-1, 0)
+		return nil
+	case o == callTurnedAway && c.refused <= maxRefused:
+		return nil
+	}
+	switch c.refused++; {
+	case c.refused > 2*maxRefused:
+		return http2.ConnectionError(http2.ErrCodeEnhanceYourCalm)
+	case c.refused > maxRefused:
+		c.goAway(http2.ErrCodeEnhanceYourCalm)
+	}
+	return nil
+}
+
+// open opens a stream for the call h, whose ID is new, or answers it at
+// once when it cannot be made, and says which it did.
+func (c *conn) open(h *reqHeaders) (callOutcome, error) {
+	id, end := h.id, h.end
 	c.mu.Lock()
 	c.lastID, c.opening = id, true
 	max := int(c.s.cfg.MaxConcurrentStreams)
@@ -157,41 +210,41 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 	switch {
 	case refuse:
 		c.resetStream(id, http2.ErrCodeRefusedStream)
-		return nil
+		return callTurnedAway, nil
 	case h.size > int(c.s.cfg.MaxHeaderListSize):
 		c.resetStream(id, http2.ErrCodeFrameSize)
-		return nil
+		return callRefused, nil
 	case h.malformed || h.pseudo&hasRequired != hasRequired || h.path == "":
 		c.resetStream(id, http2.ErrCodeProtocol)
-		return nil
+		return callRefused, nil
 	}
 	httpMethod, path, contentType, encoding, timeout, hasTimeout := h.method, h.path, h.contentType, h.encoding, h.timeout, h.hasTimeout
 	if !isGRPC(contentType) {
 		c.abort(id, http.StatusUnsupportedMediaType, status.Newf(codes.InvalidArgument, "invalid gRPC request content-type %q", clip(contentType)), end)
-		return nil
+		return callRefused, nil
 	}
 	if httpMethod != http.MethodPost {
 		c.abort(id, http.StatusMethodNotAllowed, status.Newf(codes.Internal, "Received a HEADERS frame with :method %q which should be POST", clip(httpMethod)), end)
-		return nil
+		return callRefused, nil
 	}
 	var d time.Duration
 	if hasTimeout {
 		var err error
 		if d, err = parseTimeout(timeout); err != nil {
 			c.abort(id, http.StatusBadRequest, status.Newf(codes.Internal, "malformed grpc-timeout: %q", clip(timeout)), end)
-			return nil
+			return callRefused, nil
 		}
 	}
 	m, msg := c.s.lookup(path)
 	if m == nil {
 		c.abort(id, http.StatusOK, status.New(codes.Unimplemented, msg), end)
-		return nil
+		return callRefused, nil
 	}
 	if encoding != "" && encoding != "identity" {
 		c.abort(id, http.StatusOK, status.Newf(codes.Unimplemented, "grpc: Decompressor is not installed for grpc-encoding %q", clip(encoding)), end)
-		return nil
+		return callRefused, nil
 	}
-	st = c.s.newStream(c, id, m)
+	st := c.s.newStream(c, id, m)
 	st.refs.Add(1) // the reader's
 	defer st.release()
 	c.mu.Lock()
@@ -200,7 +253,7 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 		// it found, and would not cancel this one.
 		c.mu.Unlock()
 		st.release() // the connection's
-		return errClosed
+		return callRefused, errClosed
 	}
 	st.sendWindow = c.initWindow
 	st.dataLeft = h.contentLength
@@ -223,7 +276,7 @@ func (c *conn) onHeaders(h *reqHeaders) error {
 	if end {
 		c.endOfStream(st)
 	}
-	return nil
+	return callServed, nil
 }
 
 // opened ends what onHeaders took on with a stream's ID: the stream is

@@ -27,7 +27,12 @@
 // MaxRecvMsgSize of request for each call its handlers run, their
 // answers, and at most 512 KiB of control frames and answers of calls
 // refused before they open unread (ENHANCE_YOUR_CALM past it), each error
-// quoting at most 64 bytes of what the client sent. Streams that together
+// quoting at most 64 bytes of what the client sent. A connection whose
+// calls refused before a stream opens (an unknown method, a bad
+// content-type, a malformed header list) outnumber the calls it served
+// by 100, counting one down for each served call and never below 0, is
+// sent a GOAWAY ENHANCE_YOUR_CALM and closes once its open calls end; by
+// 200, it is closed at once. Streams that together
 // hold that window wait until other calls end or they are reset; one
 // message of MaxRecvMsgSize always fits. A connection whose client reads
 // nothing for WriteTimeout while the server has frames for it is closed,
