@@ -22,14 +22,7 @@ import (
 // grpc-go's in the same run; allocations are the client's and the
 // server's.
 func BenchmarkUnary(b *testing.B) {
-	servers := []struct {
-		name  string
-		serve func(b *testing.B) string
-	}{
-		{"lean", func(b *testing.B) string { return serve(b, grpcserve.Config{}).addr }},
-		{"grpc-go", serveGRPCGo},
-	}
-	for _, s := range servers {
+	for _, s := range benchServers {
 		b.Run(s.name, func(b *testing.B) {
 			c := testgrpc.NewTestServiceClient(leanClient(b, s.serve(b), nil))
 			req := &testpb.SimpleRequest{ResponseSize: 32, Payload: &testpb.Payload{Body: make([]byte, 64)}}
@@ -46,18 +39,28 @@ func BenchmarkUnary(b *testing.B) {
 	}
 }
 
-// serveGRPCGo starts grpc-go's server with the test service on loopback,
-// stopped with the benchmark, and returns its address.
-func serveGRPCGo(b *testing.B) string {
+// benchServers are the servers a benchmark compares in one run: the lean
+// one and grpc-go's.
+var benchServers = []struct {
+	name  string
+	serve func(b *testing.B) string
+}{
+	{"lean", func(b *testing.B) string { return serve(b, grpcserve.Config{}).addr }},
+	{"grpc-go", func(b *testing.B) string { return serveGRPCGo(b, grpc.NumStreamWorkers(256)) }},
+}
+
+// serveGRPCGo starts grpc-go's server made with opts, with the test
+// service, on loopback, stopped with t, and returns its address.
+func serveGRPCGo(t testing.TB, opts ...grpc.ServerOption) string {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
-	srv := grpc.NewServer(grpc.NumStreamWorkers(256))
+	srv := grpc.NewServer(opts...)
 	testgrpc.RegisterTestServiceServer(srv, newTestServer())
 	done := make(chan struct{})
 	go func() { defer close(done); srv.Serve(ln) }()
-	b.Cleanup(func() { srv.Stop(); <-done })
+	t.Cleanup(func() { srv.Stop(); <-done })
 	return ln.Addr().String()
 }
 
@@ -68,14 +71,7 @@ func serveGRPCGo(b *testing.B) string {
 // value, so each changes every stream's window. grpc-go's server is the
 // baseline.
 func BenchmarkSettingsFlood(b *testing.B) {
-	servers := []struct {
-		name  string
-		serve func(b *testing.B) string
-	}{
-		{"lean", func(b *testing.B) string { return serve(b, grpcserve.Config{}).addr }},
-		{"grpc-go", serveGRPCGo},
-	}
-	for _, srv := range servers {
+	for _, srv := range benchServers {
 		for _, n := range []int{1, 100, 2730} {
 			b.Run(fmt.Sprintf("%s/entries=%d", srv.name, n), func(b *testing.B) {
 				settingsFlood(b, srv.serve(b), n)

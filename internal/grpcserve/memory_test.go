@@ -15,7 +15,6 @@ import (
 
 	"golang.org/x/net/http2"
 	"golang.org/x/net/http2/hpack"
-	"google.golang.org/grpc"
 	testgrpc "google.golang.org/grpc/interop/grpc_testing"
 	testpb "google.golang.org/grpc/interop/grpc_testing"
 	"google.golang.org/protobuf/proto"
@@ -142,15 +141,7 @@ func TestRawUnreadRefusedAnswersFigures(t *testing.T) {
 				conns, calls, float64(held)/(1<<20), p99[0], p99[1], p99[2])
 		})
 		t.Run(fmt.Sprint("grpc-go/", calls), func(t *testing.T) {
-			ln, err := net.Listen("tcp", "127.0.0.1:0")
-			if err != nil {
-				t.Fatal(err)
-			}
-			srv := grpc.NewServer()
-			testgrpc.RegisterTestServiceServer(srv, newTestServer())
-			done := make(chan struct{})
-			go func() { defer close(done); srv.Serve(ln) }()
-			t.Cleanup(func() { srv.Stop(); <-done })
+			addr := serveGRPCGo(t)
 			// grpc-go's readers have read all once its heap stops growing.
 			var last int64
 			var stable int
@@ -165,7 +156,7 @@ func TestRawUnreadRefusedAnswersFigures(t *testing.T) {
 				last = max(last, h)
 				return stable == 5
 			}
-			held, p99 := unreadAttack(t, ln.Addr().String(), conns, calls, settled)
+			held, p99 := unreadAttack(t, addr, conns, calls, settled)
 			t.Logf("grpc-go: %d connections of %d refused calls unread hold %.1f MiB of heap; a bystander's p99 %v before, %v while read, %v after",
 				conns, calls, float64(held)/(1<<20), p99[0], p99[1], p99[2])
 		})
@@ -305,16 +296,7 @@ func TestRawIdleConnsOpen(t *testing.T) {
 		return (heapAlloc() - base) / n
 	}
 	lean := perConn(serve(t, grpcserve.Config{}).addr)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(srv, newTestServer())
-	done := make(chan struct{})
-	go func() { defer close(done); srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Stop(); <-done })
-	grpcGo := perConn(ln.Addr().String())
+	grpcGo := perConn(serveGRPCGo(t))
 	t.Logf("%d idle connections: %d bytes of heap each on the lean server, %d on grpc-go's (the client's included)", n, lean, grpcGo)
 	if lean > grpcGo {
 		t.Errorf("an idle connection holds %d bytes of heap on the lean server, more than grpc-go's %d", lean, grpcGo)
@@ -372,16 +354,7 @@ func TestRawIdleConnsAfterCall(t *testing.T) {
 		return (heapAlloc() - base) / n
 	}
 	lean := perConn(serve(t, grpcserve.Config{}).addr)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := grpc.NewServer()
-	testgrpc.RegisterTestServiceServer(srv, newTestServer())
-	done := make(chan struct{})
-	go func() { defer close(done); srv.Serve(ln) }()
-	t.Cleanup(func() { srv.Stop(); <-done })
-	grpcGo := perConn(ln.Addr().String())
+	grpcGo := perConn(serveGRPCGo(t))
 	t.Logf("%d connections idle after a call of %d KiB: %d bytes of heap each on the lean server, %d on grpc-go's (the client's included)", n, size>>10, lean, grpcGo)
 	if lean > grpcGo {
 		t.Errorf("a connection idle after a call holds %d bytes of heap on the lean server, more than grpc-go's %d", lean, grpcGo)
