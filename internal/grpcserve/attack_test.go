@@ -2,6 +2,7 @@ package grpcserve_test
 
 import (
 	"bytes"
+	"io"
 	"net"
 	"runtime"
 	"slices"
@@ -586,5 +587,27 @@ func TestRawDataOnClosed(t *testing.T) {
 			t.Errorf("%s, then 3 DATA: RST_STREAMs %v, want %v", tc.name, got, tc.want)
 		}
 		c.nc.Close()
+	}
+}
+
+// TestRawBadPreface: a client whose preface is not HTTP/2's sees its
+// connection closed, not reset, though it sent more bytes than the
+// preface's length, which the server does not read as frames (RFC 9113
+// 3.4; h2spec 3.5/2).
+func TestRawBadPreface(t *testing.T) {
+	s := serve(t, grpcserve.Config{})
+	for _, give := range []string{"invalid connection preface\r\n", "GET / HTTP/1.1\r\nHost: x\r\n\r\n" + strings.Repeat("x", 4096)} {
+		nc, err := net.Dial("tcp", s.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		nc.SetDeadline(time.Now().Add(time.Minute)) // only catches a hang
+		if _, err := nc.Write([]byte(give)); err != nil {
+			t.Fatal(err)
+		}
+		if n, err := io.Copy(io.Discard, nc); n != 0 || err != nil {
+			t.Errorf("a preface of %q: %d bytes read, then %v; want the connection closed (EOF) with nothing sent", give[:12], n, err)
+		}
 	}
 }

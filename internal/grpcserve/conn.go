@@ -206,6 +206,7 @@ func (c *conn) handshake() error {
 		return err
 	}
 	if string(preface[:]) != http2.ClientPreface {
+		linger(nc)
 		return errors.New("not an HTTP/2 client preface")
 	}
 	c.br = &connReader{nc: nc}
@@ -239,6 +240,18 @@ func (c *conn) handshake() error {
 	c.ready = true
 	c.mu.Unlock()
 	return nc.SetReadDeadline(time.Time{}) // the writes' is stallWriter's
+}
+
+// linger ends the server's side of nc and reads on what the client sent,
+// up to 64 KiB for at most a second, before nc is closed: a close with
+// bytes unread resets the connection, and the client may read the reset
+// rather than the end of the stream.
+func linger(nc net.Conn) {
+	if cw, ok := nc.(interface{ CloseWrite() error }); ok {
+		cw.CloseWrite()
+	}
+	nc.SetReadDeadline(time.Now().Add(time.Second))
+	io.CopyN(io.Discard, nc, 64<<10)
 }
 
 // errGoAway is readLoop's error once it queued a GOAWAY for a protocol
