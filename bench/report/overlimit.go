@@ -47,7 +47,8 @@ type olRow struct {
 	worstN, worstLim int64
 	over             int // windows over their limit
 	p50, p99         float64
-	bins             []int64 // admissions per olBin
+	bins             []int64 // admissions per olBin, from bin binFrom of the wall-clock second the row began in
+	binFrom          int
 }
 
 // runOverlimit sends one hot key 1.5 and 10 times its limit, open loop,
@@ -113,20 +114,20 @@ func runOverlimit(ctx context.Context, s *setup) (*scenario.Section, error) {
 	}
 	var lines []series
 	lines = append(lines, series{name: fmt.Sprintf("limit (%d per %v)", olLimit*int64(olBin)/int64(time.Second), olBin), dash: true})
+	var end float64
 	for _, r := range rows {
 		if r.load != 10 || (r.alg != hotkey.TokenBucket && r.alg != hotkey.FixedWindow) {
 			continue
 		}
 		l := series{name: fmt.Sprintf("%v, %s", r.alg, r.system)}
 		for i, n := range r.bins {
-			l.pts = append(l.pts, plotter.XY{X: (time.Duration(i)*olBin + olBin/2).Seconds(), Y: float64(n)})
+			l.pts = append(l.pts, plotter.XY{X: (time.Duration(r.binFrom+i)*olBin + olBin/2).Seconds(), Y: float64(n)})
 		}
 		lines = append(lines, l)
-		if n := len(l.pts); n > len(lines[0].pts) {
-			lines[0].pts = plotter.XYs{{X: 0, Y: olLimit * olBin.Seconds()}, {X: (time.Duration(n) * olBin).Seconds(), Y: olLimit * olBin.Seconds()}}
-		}
+		end = max(end, (time.Duration(r.binFrom+len(r.bins)) * olBin).Seconds())
 	}
-	img, err := s.savePlot("overlimit", fmt.Sprintf("One key at 10× its limit: admitted per %v", olBin), "seconds into the row", fmt.Sprintf("admitted per %v", olBin), lines)
+	lines[0].pts = plotter.XYs{{X: 0, Y: olLimit * olBin.Seconds()}, {X: end, Y: olLimit * olBin.Seconds()}}
+	img, err := s.savePlot("overlimit", fmt.Sprintf("One key at 10× its limit: admitted per %v", olBin), "seconds from the wall-clock second the row began in", fmt.Sprintf("admitted per %v", olBin), lines)
 	if err != nil {
 		return nil, err
 	}
@@ -228,9 +229,16 @@ func (t *recordTarget) row(res *loadgen.Result, lim hotkey.Limit) olRow {
 	recs := t.recs
 	slices.SortFunc(recs, func(a, b olDecision) int { return cmp.Compare(a.start, b.start) })
 	r.decisions = int64(len(recs))
+	if len(recs) == 0 {
+		return r
+	}
 	baseNano := t.base.UnixNano()
 	window := func(at time.Duration) int64 { return (baseNano + int64(at)) / int64(lim.Period) }
 	perWindow := map[int64]int64{}
+	origin := window(recs[0].start) * int64(lim.Period)
+	bin := func(at time.Duration) int { return int((baseNano + int64(at) - origin) / int64(olBin)) }
+	r.binFrom = bin(recs[0].start)
+	r.bins = make([]int64, bin(recs[len(recs)-1].start)-r.binFrom+1)
 	var admittedBy []time.Duration // the admissions' starts, in order
 	for _, d := range recs {
 		if !d.allowed {
@@ -242,11 +250,7 @@ func (t *recordTarget) row(res *loadgen.Result, lim hotkey.Limit) olRow {
 		if w := window(d.start); w == window(d.end) {
 			perWindow[w]++
 		}
-		b := int((d.start - recs[0].start) / olBin)
-		for len(r.bins) <= b {
-			r.bins = append(r.bins, 0)
-		}
-		r.bins[b]++
+		r.bins[bin(d.start)-r.binFrom]++
 	}
 	for w, n := range perWindow {
 		l := lim.Rate
