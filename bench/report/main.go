@@ -44,6 +44,7 @@ var scenarios = []named{
 	{"envoy", "Envoy's gRPC protocol and batches", runEnvoy},
 	{"reserve", "sync: reserve against sync: store: 3 engines on one redis-server", runReserve},
 	{"gossip", "sync: gossip: 10 engines on a 3-node NATS cluster", runGossip},
+	{"overlimit", "One key over its limit: sync: reserve against sync: store, every algorithm", runOverlimit},
 	{"ratelimit", "hotkeyd against envoyproxy/ratelimit: the same rules, the same load", runRatelimit},
 	{"rlscap", "hotkeyd against envoyproxy/ratelimit at capacity: calls/s from one client", runRatelimitCapacity},
 }

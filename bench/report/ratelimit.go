@@ -37,13 +37,19 @@ const (
 	rlsLimit  = 100
 )
 
-var rlsRules = fmt.Sprintf(`domain: %s
+var rlsRules = rulesOf(rlsLimit)
+
+// rulesOf returns the rules file that gives each value of descriptor key
+// "user" of domain rlsDomain limit requests a second.
+func rulesOf(limit int) string {
+	return fmt.Sprintf(`domain: %s
 descriptors:
   - key: user
     rate_limit:
       unit: second
       requests_per_unit: %d
-`, rlsDomain, rlsLimit)
+`, rlsDomain, limit)
+}
 
 // rlsSystem is one rate-limit service under test, reached over gRPC.
 type rlsSystem struct {
@@ -88,7 +94,7 @@ func runRatelimit(ctx context.Context, s *setup) (*scenario.Section, error) {
 	buildTook := time.Since(built)
 
 	// The rules: one file, where each system wants it.
-	rules, err := writeRules(dir)
+	rules, err := writeRules(dir, rlsRules)
 	if err != nil {
 		return nil, err
 	}
@@ -406,17 +412,17 @@ func freeLoopbackPorts() ([3]int, error) {
 	return ports, nil
 }
 
-// writeRules writes rlsRules where both services read it:
+// writeRules writes rules where both services read it:
 // dir/runtime/rls/config/bench.yaml (envoyproxy/ratelimit reads the
 // config directory under RUNTIME_ROOT/RUNTIME_SUBDIRECTORY), and returns
 // its path.
-func writeRules(dir string) (string, error) {
+func writeRules(dir, rules string) (string, error) {
 	rulesDir := filepath.Join(dir, "runtime", "rls", "config")
 	if err := os.MkdirAll(rulesDir, 0o755); err != nil {
 		return "", err
 	}
-	rules := filepath.Join(rulesDir, "bench.yaml")
-	return rules, os.WriteFile(rules, []byte(rlsRules), 0o644)
+	file := filepath.Join(rulesDir, "bench.yaml")
+	return file, os.WriteFile(file, []byte(rules), 0o644)
 }
 
 // median returns the median of v (the upper one of an even count),

@@ -90,10 +90,10 @@ type fleet struct {
 	run     int // runs so far: each run's keys are new
 }
 
-// startFleet starts the engines on the redis-server at addr and waits
-// until each counts the others live (so a block is at most a third of a
-// limit).
-func startFleet(ctx context.Context, addr string) (f *fleet, err error) {
+// startFleet starts the engines on the redis-server at addr, with opts
+// after WithoutDetector, and waits until each counts the others live (so
+// a block is at most a third of a limit).
+func startFleet(ctx context.Context, addr string, opts ...hotkey.Option) (f *fleet, err error) {
 	f = &fleet{}
 	defer func() {
 		if err != nil {
@@ -112,7 +112,7 @@ func startFleet(ctx context.Context, addr string) (f *fleet, err error) {
 			f.stores = append(f.stores, st)
 			return st, nil
 		},
-		Options: []hotkey.Option{hotkey.WithoutDetector()},
+		Options: append([]hotkey.Option{hotkey.WithoutDetector()}, opts...),
 	})
 	if err != nil {
 		return f, err

@@ -125,7 +125,7 @@ func runRatelimitCapacity(ctx context.Context, s *setup) (*scenario.Section, err
 	if out, err := exec.CommandContext(ctx, "go", "build", "-o", hkBin, "github.com/hotkeyd/hotkey/cmd/hotkeyd").CombinedOutput(); err != nil {
 		return nil, fmt.Errorf("go build hotkeyd: %w: %s", err, tailOf(out, 2000))
 	}
-	rules, err := writeRules(dir)
+	rules, err := writeRules(dir, rlsRules)
 	if err != nil {
 		return nil, err
 	}
