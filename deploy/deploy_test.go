@@ -1984,6 +1984,25 @@ func TestMetricNames(t *testing.T) {
 		return resp.StatusCode
 	}
 	allow := func(key string) int { return allowN(key, 1) }
+	// allowMany asks for one unit of key n times in one request, so that
+	// the detector sees them all within a sub-window however slow each
+	// request is, and counts the answers in statuses.
+	allowMany := func(key string, n int, statuses map[int]int) {
+		one := fmt.Sprintf(`{"policy":"default","key":%q}`, key)
+		body := `{"requests":[` + strings.Repeat(one+",", n-1) + one + `]}`
+		resp, err := client.Post(base+"/v1/allow", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var br daemon.BatchResponse
+		if err := json.NewDecoder(resp.Body).Decode(&br); err != nil || resp.StatusCode != http.StatusOK || len(br.Responses) != n {
+			t.Fatalf("a batch of %d: %s, %d answers, %v", n, resp.Status, len(br.Responses), err)
+		}
+		for _, r := range br.Responses {
+			statuses[r.Status]++
+		}
+	}
 	scrape := func() map[string]*dto.MetricFamily {
 		resp, err := client.Get("http://" + d.AdminAddr() + "/metrics")
 		if err != nil {
@@ -2025,9 +2044,7 @@ func TestMetricNames(t *testing.T) {
 	// A hot key, allowed then denied, until it splits.
 	statuses := map[int]int{}
 	took := testkit.For(t, testkit.Patience, "a hot key split (hotkey_level_changes_total in /metrics)", func() bool {
-		for range 300 {
-			statuses[allow("deploy-hot")]++
-		}
+		allowMany("deploy-hot", 300, statuses)
 		statuses[allow(fmt.Sprintf("deploy-cold-%d", len(statuses)))]++
 		got := scrape()
 		add(got)
