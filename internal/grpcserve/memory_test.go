@@ -260,7 +260,14 @@ func openIdle(t *testing.T, addr string, n int) {
 	var b bytes.Buffer
 	io.WriteString(&b, http2.ClientPreface)
 	http2.NewFramer(&b, nil).WriteSettings()
-	hello := b.Bytes()
+	dialQuiet(t, addr, n, b.Bytes(), http2.FrameSettings, http2.FlagSettingsAck)
+}
+
+// dialQuiet opens n connections to addr, each sending hello and reading
+// the server's frames until one of type last with flag set; then they
+// send nothing. They are closed with t.
+func dialQuiet(t *testing.T, addr string, n int, hello []byte, last http2.FrameType, flag http2.Flags) {
+	t.Helper()
 	for range n {
 		nc, err := net.Dial("tcp", addr)
 		if err != nil {
@@ -279,7 +286,7 @@ func openIdle(t *testing.T, addr string, n int) {
 			if _, err := io.CopyN(io.Discard, nc, int64(h[0])<<16|int64(h[1])<<8|int64(h[2])); err != nil {
 				t.Fatal(err)
 			}
-			if http2.FrameType(h[3]) == http2.FrameSettings && http2.Flags(h[4]).Has(http2.FlagSettingsAck) {
+			if http2.FrameType(h[3]) == last && http2.Flags(h[4]).Has(flag) {
 				break
 			}
 		}
@@ -315,30 +322,7 @@ func callThenIdle(t *testing.T, addr string, n, size int) {
 	fr.WriteWindowUpdate(0, 1<<30)
 	req, _ := proto.Marshal(&testpb.SimpleRequest{ResponseSize: int32(size)})
 	callFrames(fr, &hb, he, 1, req)
-	hello := b.Bytes()
-	for range n {
-		nc, err := net.Dial("tcp", addr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { nc.Close() })
-		nc.SetDeadline(time.Now().Add(time.Minute)) // only catches a hang
-		if _, err := nc.Write(hello); err != nil {
-			t.Fatal(err)
-		}
-		for {
-			var h [9]byte
-			if _, err := io.ReadFull(nc, h[:]); err != nil {
-				t.Fatal(err)
-			}
-			if _, err := io.CopyN(io.Discard, nc, int64(h[0])<<16|int64(h[1])<<8|int64(h[2])); err != nil {
-				t.Fatal(err)
-			}
-			if http2.FrameType(h[3]) == http2.FrameHeaders && http2.Flags(h[4]).Has(http2.FlagHeadersEndStream) {
-				break
-			}
-		}
-	}
+	dialQuiet(t, addr, n, b.Bytes(), http2.FrameHeaders, http2.FlagHeadersEndStream)
 }
 
 // TestRawIdleConnsAfterCall: a connection that made a call answered with
