@@ -164,6 +164,65 @@ func TestPlacementChangeBetweenVisits(t *testing.T) {
 	}
 }
 
+// TestPlacementSeenOnAnotherKey: b takes on a split key under a node map
+// that a only sees on another key; the node map changes again, a moves
+// the key's usage to it, and the key merges. a's move must read the key's
+// counters under the node map it saw on the other key, where b wrote:
+// before, the merge carried the larger of a's and b's units, not both, and
+// the key admitted 375 of 320.
+func TestPlacementSeenOnAnotherKey(t *testing.T) {
+	checkLeaks(t)
+	for _, alg := range []Algorithm{TokenBucket, SlidingWindow, FixedWindow, SlidingLog} {
+		t.Run(alg.String(), func(t *testing.T) {
+			clock := testkit.NewClock()
+			store := newPlacedStore(clock, 0)
+			a, b := newEngineOn(t, store, clock), newEngineOn(t, store, clock)
+			lim := Limit{Algorithm: alg, Rate: 320, Period: time.Hour}
+			if alg == TokenBucket {
+				lim.Burst = 320
+			}
+			p := &Policy{Name: "p", Limit: lim}
+			ctx := context.Background()
+			var admitted int64
+			allow := func(e *Engine, key string, n int) {
+				t.Helper()
+				for range n {
+					r, err := e.Allow(ctx, key, p)
+					if err != nil {
+						t.Fatal(err)
+					}
+					if r.Allowed && key == "k" {
+						admitted++
+					}
+				}
+			}
+			set := func(key string, l shard.Level) {
+				name := nameOf(p.Name, key)
+				for _, e := range []*Engine{a, b} {
+					handler{e}.SetLevel(name, hashKey(name), l)
+					e.settle()
+				}
+			}
+			set("k", 4)
+			set("other", 4)
+			allow(a, "k", 1)
+			allow(b, "k", 1)
+			store.p.Store(newPlacement(2, 2))
+			allow(b, "k", 100)
+			allow(a, "other", 1) // a sees node map 2, but not on k
+			store.p.Store(newPlacement(4, 3))
+			allow(a, "k", 100)
+			store.p.Store(newPlacement(3, 4))
+			set("k", 1)
+			allow(a, "k", 320)
+			allow(b, "k", 320)
+			if admitted > 320 || admitted < 300 {
+				t.Errorf("k admitted %d units of 320; want the key full (300 or more), not over", admitted)
+			}
+		})
+	}
+}
+
 // TestPlacementChange: when the store's node map changes, a split key's
 // subcounters get new names; its usage moves to them, so the change hands
 // out no quota.

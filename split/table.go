@@ -71,8 +71,12 @@ type Table struct {
 	sharer Sharer
 	share  int64
 	mu     sync.Mutex // serialises writers
-	max    int
-	parked int // entries parked (see Park), not counted against max; under mu
+	// placeV is the version of the placement last noted on every entry
+	// (see placement); placeMu serialises the noting.
+	placeV  atomic.Uint64
+	placeMu sync.Mutex
+	max     int
+	parked  int // entries parked (see Park), not counted against max; under mu
 }
 
 // NewTable returns an empty table configured by c.
@@ -107,12 +111,38 @@ func (t *Table) Moved(hash uint64, gen uint32) bool {
 	return t.moves != nil && t.moves[hash&(moveStripes-1)].Load() != gen
 }
 
-// placement returns the store's current placement.
+// placement returns the store's current placement. One whose version is
+// not the last noted is noted on every entry first (NotePlacement): from
+// now on other instances may name any split key's counters under it, and a
+// later move of a key this instance made no decision on meanwhile must read
+// them there too. The check costs a load per call.
 func (t *Table) placement() shard.Placement {
 	if t.placer == nil {
 		return nil
 	}
-	return t.placer.Placement()
+	p := t.placer.Placement()
+	if p != nil && t.placeV.Load() != p.Version() {
+		t.notePlacement(p)
+	}
+	return p
+}
+
+// notePlacement notes p on every entry, in the table and kept out of it.
+func (t *Table) notePlacement(p shard.Placement) {
+	t.placeMu.Lock()
+	defer t.placeMu.Unlock()
+	if t.placeV.Load() == p.Version() {
+		return
+	}
+	for _, e := range t.load() {
+		e.NotePlacement(p)
+	}
+	for i := range t.static {
+		if e := t.static[i].Load(); e != nil {
+			e.NotePlacement(p)
+		}
+	}
+	t.placeV.Store(p.Version())
 }
 
 // Enter lets a decision under lim on e in, and returns the counters it is to

@@ -318,6 +318,57 @@ func TestTransferReadsNotedPlacements(t *testing.T) {
 	}
 }
 
+// placerFunc is a Placer that calls itself.
+type placerFunc func() shard.Placement
+
+func (f placerFunc) Placement() shard.Placement { return f() }
+
+// TestEnterNotesPlacementOnEveryKey: the node map was v2 while this
+// instance decided on another key only; others may have written k's
+// counters under it. When the map is v3, k's move reads level 4 under v1,
+// where this instance held it, and under v2.
+func TestEnterNotesPlacementOnEveryKey(t *testing.T) {
+	v1, v2, v3 := versioned(1), versioned(2), versioned(3)
+	var p shard.Placement = v1
+	type read struct {
+		key   string
+		level shard.Level
+		v     uint64
+	}
+	var reads []read
+	var mover moverFunc = func(e *Entry, from Counters) error {
+		reads = append(reads, read{e.Key, from.Level, version(from.P)})
+		return nil
+	}
+	tb := NewTable(Config{Mover: mover, Placer: placerFunc(func() shard.Placement { return p })})
+	tb.Set("k", 1, shard.Level4, shard.Level4, v1)
+	tb.Set("o", 2, shard.Level4, shard.Level4, v1)
+	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 320, Period: time.Minute}
+	enter := func(key string, hash uint64) {
+		t.Helper()
+		e := tb.Lookup(key, hash)
+		if _, err := tb.Enter(context.Background(), e, lim); err != nil {
+			t.Fatal(err)
+		}
+		tb.Exit(e)
+	}
+	p = v2
+	enter("o", 2)
+	p = v3
+	enter("k", 1)
+	if want := []read{{"o", shard.Level4, 1}, {"k", shard.Level4, 1}, {"k", shard.Level4, 2}}; !slices.Equal(reads, want) {
+		t.Errorf("read %v, want %v", reads, want)
+	}
+}
+
+// moverFunc is a Mover that calls itself with the entry and the counters
+// moved from.
+type moverFunc func(e *Entry, from Counters) error
+
+func (f moverFunc) Move(_ context.Context, e *Entry, from, _ Counters, _, _ counter.Limit) error {
+	return f(e, from)
+}
+
 // TestTableMerge: a merged key stays in the table at level 1 until Remove,
 // which leaves a key that was split again meanwhile alone.
 func TestTableMerge(t *testing.T) {
