@@ -24,7 +24,7 @@ type denial struct {
 	id    uint64 // fingerprint of subcounter and limit
 	cost  int64
 	at    int64 // when it denied, Unix ns
-	until int64 // at + retry-after
+	until int64 // when it is forgotten: at + retry-after, or sooner
 	res   counter.Result
 }
 
@@ -56,18 +56,19 @@ func (c *denyCache) lookup(id uint64, cost int64, clock func() time.Time) (count
 		return counter.Result{}, false
 	}
 	res := d.res
-	res.RetryAfter = time.Duration(d.until - now)
+	res.RetryAfter -= time.Duration(now - d.at)
 	res.ResetAfter = max(0, res.ResetAfter-time.Duration(now-d.at))
 	return res, true
 }
 
-// add records that the subcounter id denied cost at now with res.
-func (c *denyCache) add(id uint64, cost int64, now time.Time, res counter.Result) {
-	if res.RetryAfter <= 0 {
+// add records that the subcounter id denied cost at now with res, for its
+// retry-after or hold, whichever is shorter.
+func (c *denyCache) add(id uint64, cost int64, now time.Time, res counter.Result, hold time.Duration) {
+	if res.RetryAfter <= 0 || hold <= 0 {
 		return
 	}
 	t := now.UnixNano()
-	c.slots[id&c.mask].Store(&denial{id: id, cost: cost, at: t, until: t + int64(res.RetryAfter), res: res})
+	c.slots[id&c.mask].Store(&denial{id: id, cost: cost, at: t, until: t + int64(min(res.RetryAfter, hold)), res: res})
 }
 
 // forget drops the deny of the subcounter and limit id, if the cache holds

@@ -61,7 +61,7 @@ func TestDenyCacheAgreesWithStore(t *testing.T) {
 func TestDenyCacheClockStep(t *testing.T) {
 	c := newDenyCache(16)
 	at := time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC)
-	c.add(7, 1, at, counter.Result{RetryAfter: time.Second})
+	c.add(7, 1, at, counter.Result{RetryAfter: time.Second}, time.Hour)
 	for _, tt := range []struct {
 		give time.Duration // from the deny
 		want bool
@@ -129,5 +129,21 @@ func TestDenyCacheEndsWithTheWindow(t *testing.T) {
 	t.Logf("the next window's first request denied in %d of %d", denied, windows)
 	if denied > 0 {
 		t.Errorf("the next window's first request denied in %d of %d: the deny cache outlived the window by the store's round trip", denied, windows)
+	}
+}
+
+// TestDenyCacheHold: a denial remembered for a hold shorter than its
+// retry-after is forgotten at the hold's end, and answers the store's
+// retry-after while remembered.
+func TestDenyCacheHold(t *testing.T) {
+	c := newDenyCache(16)
+	at := time.Date(2026, 1, 1, 0, 1, 0, 0, time.UTC)
+	c.add(7, 1, at, counter.Result{RetryAfter: time.Minute}, 100*time.Millisecond)
+	clock := func(d time.Duration) func() time.Time { return func() time.Time { return at.Add(d) } }
+	if r, ok := c.lookup(7, 1, clock(99*time.Millisecond)); !ok || r.RetryAfter != time.Minute-99*time.Millisecond {
+		t.Errorf("within the hold: %+v %v, want covered, retry-after %v", r, ok, time.Minute-99*time.Millisecond)
+	}
+	if _, ok := c.lookup(7, 1, clock(100*time.Millisecond)); ok {
+		t.Error("at the hold's end: still covered")
 	}
 }

@@ -234,6 +234,10 @@ func windowLeft(lim Limit, r Result) time.Duration {
 	return math.MaxInt64
 }
 
+// LeaseTime returns how long a block is admitted from, at most: within it
+// every block an instance leased is spent or ended.
+func (s *ReserveStore) LeaseTime() time.Duration { return time.Duration(s.lease) }
+
 // take decides n units on the store itself.
 func (s *ReserveStore) take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
 	s.takes.Add(1)
