@@ -337,7 +337,11 @@ func (e *Engine) take(ctx context.Context, st counter.Store, name string, hash u
 	asked := e.opt.clock()
 	r, err := e.storeTake(ctx, st, name, hash, lim, n)
 	if err == nil {
-		e.rememberID(id, n, r, asked)
+		var h holding
+		if st == e.store {
+			h = holdFor(lim, e.opt.clock().Sub(asked))
+		}
+		e.rememberID(id, n, r, asked, h)
 	}
 	return r, err
 }
@@ -366,22 +370,22 @@ func (e *Engine) knownDeniedID(id uint64, n int64) (counter.Result, bool) {
 // from asked ends no later than the store's.
 func (e *Engine) remember(hash uint64, lim Limit, n int64, r counter.Result, asked time.Time) {
 	if e.deny != nil {
-		e.rememberID(denyID(hash, lim), n, r, asked)
+		e.rememberID(denyID(hash, lim), n, r, asked, holding{})
 	}
 }
 
-// rememberID is remember of the counter and limit whose denyID is id; the
-// deny cache is on.
-func (e *Engine) rememberID(id uint64, n int64, r counter.Result, asked time.Time) {
+// rememberID is remember of the counter and limit whose denyID is id, the
+// denial held as h lets it (denyCache.addHeld); the deny cache is on.
+func (e *Engine) rememberID(id uint64, n int64, r counter.Result, asked time.Time, h holding) {
 	switch {
 	case !r.Allowed:
-		e.deny.add(id, n, asked, r)
+		e.deny.addHeld(id, n, asked, r, h, 1)
 	case r.NextAfter > 0:
 		// The admission emptied the bucket: the store says when its next
 		// unit is due. Remember that as a denial too, or a key over its
 		// limit would cost a store call per unit admitted plus one per
 		// unit refused. Other instances can only empty the bucket further.
-		e.deny.add(id, 1, asked, counter.Result{Limit: r.Limit, RetryAfter: r.NextAfter, ResetAfter: r.ResetAfter})
+		e.deny.addHeld(id, 1, asked, counter.Result{Limit: r.Limit, RetryAfter: r.NextAfter, ResetAfter: r.ResetAfter}, h, 0)
 	}
 }
 
