@@ -211,3 +211,21 @@ func TestNextHold(t *testing.T) {
 		}
 	}
 }
+
+// TestDenyHoldLookupAllocs: a lookup that a held denial answers does not
+// allocate.
+func TestDenyHoldLookupAllocs(t *testing.T) {
+	lim := Limit{Rate: 2000, Period: time.Second}
+	h := holdFor(lim, 0)
+	c := newDenyCache(16)
+	at := time.Unix(1000, 0)
+	c.addHeld(7, 1, at, counter.Result{RetryAfter: time.Second}, h, 1)
+	clock := func() time.Time { return at }
+	if n := testing.AllocsPerRun(100, func() {
+		if _, ok := c.lookup(7, 1, clock); !ok {
+			t.Fatal("the held denial did not deny")
+		}
+	}); n != 0 {
+		t.Errorf("a lookup allocated %v times", n)
+	}
+}
