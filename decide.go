@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"time"
 
 	"github.com/hotkeyd/hotkey/counter"
@@ -338,7 +337,11 @@ func (e *Engine) take(ctx context.Context, st counter.Store, name string, hash u
 	asked := e.opt.clock()
 	r, err := e.storeTake(ctx, st, name, hash, lim, n)
 	if err == nil {
-		e.rememberID(id, n, r, asked, denyHold(st))
+		h := holding{life: denyHold(st)}
+		if st == e.store {
+			h = holdFor(lim, e.opt.clock().Sub(asked))
+		}
+		e.rememberID(id, n, r, asked, h)
 	}
 	return r, err
 }
@@ -346,13 +349,13 @@ func (e *Engine) take(ctx context.Context, st counter.Store, name string, hash u
 // denyHold is how long a denial st answered may be remembered, at most.
 // Under SyncReserve, one lease: other instances give their blocks' unused
 // units back, so the store's denial holds no longer than what the
-// instance knows of their blocks. Else its retry-after: other instances
-// only charge more.
+// instance knows of their blocks. Else 0: no bound but its retry-after
+// (other instances only charge more), and store mode's hold (holdFor).
 func denyHold(st counter.Store) time.Duration {
 	if rs, ok := st.(*counter.ReserveStore); ok {
 		return rs.LeaseTime()
 	}
-	return math.MaxInt64
+	return 0
 }
 
 // knownDenied answers a take of n from the counter hashed hash under lim if
@@ -379,22 +382,22 @@ func (e *Engine) knownDeniedID(id uint64, n int64) (counter.Result, bool) {
 // from asked ends no later than the store's.
 func (e *Engine) remember(hash uint64, lim Limit, n int64, r counter.Result, asked time.Time) {
 	if e.deny != nil {
-		e.rememberID(denyID(hash, lim), n, r, asked, math.MaxInt64)
+		e.rememberID(denyID(hash, lim), n, r, asked, holding{})
 	}
 }
 
-// rememberID is remember of the counter and limit whose denyID is id, for
-// at most hold (denyHold); the deny cache is on.
-func (e *Engine) rememberID(id uint64, n int64, r counter.Result, asked time.Time, hold time.Duration) {
+// rememberID is remember of the counter and limit whose denyID is id, the
+// denial held as h lets it (denyCache.addHeld); the deny cache is on.
+func (e *Engine) rememberID(id uint64, n int64, r counter.Result, asked time.Time, h holding) {
 	switch {
 	case !r.Allowed:
-		e.deny.add(id, n, asked, r, hold)
+		e.deny.addHeld(id, n, asked, r, h, 1)
 	case r.NextAfter > 0:
 		// The admission emptied the bucket: the store says when its next
 		// unit is due. Remember that as a denial too, or a key over its
 		// limit would cost a store call per unit admitted plus one per
-		// unit refused.
-		e.deny.add(id, 1, asked, counter.Result{Limit: r.Limit, RetryAfter: r.NextAfter, ResetAfter: r.ResetAfter}, hold)
+		// unit refused. Other instances can only empty the bucket further.
+		e.deny.addHeld(id, 1, asked, counter.Result{Limit: r.Limit, RetryAfter: r.NextAfter, ResetAfter: r.ResetAfter}, h, 0)
 	}
 }
 

@@ -57,6 +57,6 @@ func runDenyCache(ctx context.Context, s *setup) (*scenario.Section, error) {
 	sec := &scenario.Section{Setup: fmt.Sprintf("one engine on a redis-server; one key with a token-bucket limit of %d/s sent %.0f requests/s (10×) for %v, from 64 senders.", lim.Rate, rate, d)}
 	sec.Printf("| decisions | denied | store calls | store calls per denied decision | admitted ÷ limit |\n|---|---|---|---|---|\n")
 	sec.Printf("| %d | %d | %d | %.3f | %.3f |\n\n", res.Allowed+res.Denied, res.Denied, takes, perDenied, float64(res.Allowed)/ideal)
-	sec.Printf("Without the deny cache every denied decision is a store call (1.0). With it, a denial, or an admission that empties the bucket, is remembered until the next unit is due as the store reckons it; until then the key is denied without a store call. The denials that still cost one are those already in flight when the bucket emptied, and those that race a unit coming due.\n")
+	sec.Printf("Without the deny cache every denied decision is a store call (1.0). With it, a denial, or an admission that empties the bucket, is remembered until the next unit is due as the store reckons it, and for a key asked at least twice as fast as its limit, held while up to 1/8 of the period's units more come due; until then the key is denied without a store call. The denials that still cost one are those asked between the bucket emptying and the store's answer saying so.\n")
 	return sec, nil
 }

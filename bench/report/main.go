@@ -4,6 +4,7 @@
 //
 //	go run . -md ../../docs/benchmarks.md -plots ../../docs/bench   # appends to the file
 //	go run . -quick                                                 # short runs, to stdout
+//	OVERLIMIT_ROWS='/store/' go run . -run '^overlimit$'            # some of overlimit's rows
 //
 // It lives in a module of its own so that its plotting dependencies stay
 // out of the library's.

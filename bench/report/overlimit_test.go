@@ -90,3 +90,32 @@ func TestSlidingWorst(t *testing.T) {
 		t.Errorf("worst %d of %d, %d windows over; want 20 of 10, 10 over", r.worstN, r.worstLim, r.over)
 	}
 }
+
+func TestOverlimitRowFilter(t *testing.T) {
+	tests := []struct {
+		give string // OVERLIMIT_ROWS
+		row  string
+		want bool
+	}{
+		{"", "token_bucket/reserve/1.5", true},
+		{"", "ratelimit", true},
+		{"/store/", "sliding_log/store/10", true},
+		{"/store/", "sliding_log/reserve/10", false},
+		{"/store/", "ratelimit", false},
+		{"^token_bucket/store/10$", "token_bucket/store/1.5", false},
+	}
+	for _, tt := range tests {
+		t.Setenv("OVERLIMIT_ROWS", tt.give)
+		re, err := olRowFilter()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := re.MatchString(tt.row); got != tt.want {
+			t.Errorf("OVERLIMIT_ROWS=%q, row %q: %v, want %v", tt.give, tt.row, got, tt.want)
+		}
+	}
+	t.Setenv("OVERLIMIT_ROWS", "(")
+	if _, err := olRowFilter(); err == nil {
+		t.Error("OVERLIMIT_ROWS=( did not fail")
+	}
+}
