@@ -53,9 +53,10 @@ var scenarios = []named{
 type setup struct {
 	env      *redistest.Env
 	quick    bool
-	plots    string // directory the plots go to
-	format   string // svg or png
-	plotLink string // how the markdown names that directory
+	plots    string         // directory the plots go to
+	format   string         // svg or png
+	plotLink string         // how the markdown names that directory
+	rows     *regexp.Regexp // the overlimit scenario's rows to run (algorithm/system/load)
 }
 
 // scale returns full, or quick in quick mode.
@@ -81,21 +82,26 @@ func main() {
 	plots := flag.String("plots", "plots", "directory for the plots")
 	only := flag.String("run", ".", "run the scenarios whose names match this regexp")
 	format := flag.String("format", "svg", "plot format: svg or png")
+	rows := flag.String("rows", ".", "in the overlimit scenario, run the rows whose algorithm/system/load match this regexp (e.g. 'reserve/10$', 'token_bucket/store/', 'ratelimit')")
 	flag.Parse()
 	if *format != "svg" && *format != "png" {
 		fmt.Fprintln(os.Stderr, "report: -format: want svg or png")
 		os.Exit(2)
 	}
-	if err := run(*quick, *md, *plots, *only, *format); err != nil {
+	if err := run(*quick, *md, *plots, *only, *rows, *format); err != nil {
 		fmt.Fprintln(os.Stderr, "report:", err)
 		os.Exit(1)
 	}
 }
 
-func run(quick bool, md, plots, only, format string) error {
+func run(quick bool, md, plots, only, rows, format string) error {
 	re, err := regexp.Compile(only)
 	if err != nil {
 		return fmt.Errorf("-run: %w", err)
+	}
+	rowsRe, err := regexp.Compile(rows)
+	if err != nil {
+		return fmt.Errorf("-rows: %w", err)
 	}
 	if err := os.MkdirAll(plots, 0o755); err != nil {
 		return err
@@ -111,7 +117,7 @@ func run(quick bool, md, plots, only, format string) error {
 		return err
 	}
 	defer env.Close()
-	s := &setup{env: env, quick: quick, plots: plots, plotLink: link, format: format}
+	s := &setup{env: env, quick: quick, plots: plots, plotLink: link, format: format, rows: rowsRe}
 	if err := scenario.Append(md, fmt.Sprintf("\n## Scenarios\n\n%s\n", machine(env, quick))); err != nil {
 		return err
 	}
