@@ -86,6 +86,11 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 	if err == nil && p.Sync != SyncStore && p.Sync != SyncGossip && (p.Sync != SyncReserve || e.leaser == nil) {
 		err = fmt.Errorf("policy %q: sync %v on a store that cannot keep it: %w", p.Name, p.Sync, errors.ErrUnsupported)
 	}
+	if err == nil {
+		if err = p.Sync.Keeps(p.Limit.Algorithm); err != nil {
+			err = fmt.Errorf("policy %q: %w", p.Name, err)
+		}
+	}
 	if err != nil {
 		e.metrics.rejectInput(p)
 		return "", 0, err

@@ -242,7 +242,7 @@ var (
 	descPeers        = prometheus.NewDesc("hotkey_peers", "Other live instances, as the coordinator sees them.", nil, nil)
 	descSkew         = prometheus.NewDesc("hotkey_clock_skew_seconds", "The store's clock minus this host's, as last measured (Redis TIME).", nil, nil)
 	descCoord        = prometheus.NewDesc("hotkey_coordinator_messages_total", "Coordinator messages by kind: published, received, invalid, rejected (lease table full), dropped, publish_errors, sync_replies (replies to this instance's join syncs applied: leases and gossip snapshot parts), late_replies (replies to its join syncs that came after the wait, not applied).", []string{"kind"}, nil)
-	descReserve      = prometheus.NewDesc("hotkey_reserve_total", "sync: reserve, by event: local (a decision admitted from a block, with no store call), lease (a store call that leased a block), take (a decision taken on the store: a cold key, a cost its block lacked, a sliding log), return (a store call that gave a block's unused units back).", []string{"event"}, nil)
+	descReserve      = prometheus.NewDesc("hotkey_reserve_total", "sync: reserve, by event: local (a decision admitted from a block, with no store call), denied (a decision denied with no store call while the store lacked a block's worth), lease (a store call that leased a block), take (a decision taken on the store: a cold key, a cost its block lacked), return (a store call that gave a block's unused units back).", []string{"event"}, nil)
 	descReserveUnits = prometheus.NewDesc("hotkey_reserve_returned_units_total", "sync: reserve: unused units of blocks given back, by outcome: back (the store took them back), kept (its rule kept them: a token bucket's held past their time, a window that ended).", []string{"outcome"}, nil)
 	descGossipMsgs   = prometheus.NewDesc("hotkey_gossip_sent_messages_total", "sync: gossip: messages of this instance's rounds flushed for peers.", nil, nil)
 	descGossipBytes  = prometheus.NewDesc("hotkey_gossip_sent_bytes_total", "sync: gossip: bytes of the messages flushed for peers.", nil, nil)
@@ -283,7 +283,7 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	ch <- prometheus.MustNewConstMetric(descMemFull, prometheus.CounterValue, float64(e.local.Full()), "local")
 	if rs, ok := e.reserveStats(); ok {
-		for event, v := range map[string]uint64{"local": rs.Local, "lease": rs.Leases, "take": rs.Takes, "return": rs.Returns} {
+		for event, v := range map[string]uint64{"local": rs.Local, "denied": rs.Denied, "lease": rs.Leases, "take": rs.Takes, "return": rs.Returns} {
 			ch <- prometheus.MustNewConstMetric(descReserve, prometheus.CounterValue, float64(v), event)
 		}
 		ch <- prometheus.MustNewConstMetric(descReserveUnits, prometheus.CounterValue, float64(rs.Returned), "back")

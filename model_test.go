@@ -92,7 +92,7 @@ type modelConfig struct {
 	maxHot   int         // WithMaxHotKeys, 0 for the default
 	memKeys  int         // the memory store's MaxKeys, 0 for the default; floods fill it
 	store    modelStore
-	sync     Sync // every policy's
+	sync     Sync // every policy's it keeps (Sync.Keeps); the others are SyncStore
 	noDeny   bool // withDenyCache(0): a gossip engine alone answers as the memory store, field for field
 }
 
@@ -269,7 +269,9 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 
 	policies := modelPolicies(period)
 	for _, p := range policies {
-		p.Sync = cfg.sync
+		if cfg.sync.Keeps(p.Limit.Algorithm) == nil {
+			p.Sync = cfg.sync
+		}
 	}
 	varying := []Limit{policies[4].Limit, {Algorithm: TokenBucket, Rate: 640, Period: period, Burst: 160}}
 	// Keys are counted by their bytes, UTF-8 or not; "a|4|0" is a key of

@@ -1,10 +1,13 @@
 package hotkey
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
+
+	"github.com/hotkeyd/hotkey/counter"
 )
 
 // Fallback is what a decision does when the store cannot answer: while the
@@ -72,8 +75,8 @@ const (
 	// costs about one store call per lease (WithReserveLease) instead of
 	// one per decision. Units leave the store before they are admitted, so
 	// windows hold their limit exactly; a token bucket admits at most rate
-	// × lease more than one deciding each unit as it is admitted, and a
-	// sliding log is decided as under SyncStore. Its error is a denial
+	// × lease more than one deciding each unit as it is admitted. It does
+	// not keep a sliding log (see Keeps). Its error is a denial
 	// while units sit in another instance's block. The store must lease
 	// (counter.LeaseStore: the memory and Redis stores do).
 	SyncReserve
@@ -120,6 +123,18 @@ func (s *Sync) UnmarshalText(text []byte) error {
 		}
 	}
 	return fmt.Errorf("unknown sync mode: %q (want store, reserve or gossip)", text)
+}
+
+// Keeps reports whether the mode can keep a limit of algorithm a: an
+// error wrapping errors.ErrUnsupported if not. SyncReserve cannot keep a
+// sliding log: a unit of a log counts from the instant it is admitted,
+// which a block leased before cannot know, so a block would cost a store
+// call per decision as SyncStore does, or admit more than the limit.
+func (s Sync) Keeps(a Algorithm) error {
+	if s == SyncReserve && a == counter.SlidingLog {
+		return fmt.Errorf("sync reserve cannot keep a %v (each unit counts from the instant it is admitted, which a block leased before cannot know): use sync store, or a sliding_window: %w", a, errors.ErrUnsupported)
+	}
+	return nil
 }
 
 // Policy is a limit with what to do when the store fails. A Policy must not

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -123,18 +124,18 @@ func TestReserveCloseReturns(t *testing.T) {
 		clock.Advance(time.Microsecond)
 	}
 	name := nameOf("r", "k")
-	// The store's view while the block is out: the block holds what is
-	// left, so a probe is denied (and charges nothing).
-	if r := store.TakeAt(clock.Now(), name, 0, lim, 1); r.Allowed {
-		t.Fatalf("the store admitted with the block out: %+v", r)
+	// The store's view while the block is out: the block's unspent
+	// units count as used.
+	if r, err := store.Peek(context.Background(), name, 0, lim); err != nil || r.Remaining >= lim.Rate-20 {
+		t.Fatalf("the store's view with the block out: %+v, %v; want fewer than %d left", r, err, lim.Rate-20)
 	}
 	if err := e.Close(); err != nil {
 		t.Fatal(err)
 	}
-	r := store.TakeAt(clock.Now(), name, 0, lim, 1)
+	r, err := store.Peek(context.Background(), name, 0, lim)
 	t.Logf("after Close: %+v", r)
-	if want := lim.Rate - 20 - 1; !r.Allowed || r.Remaining != want { // the 20 decisions and this probe are all that is charged
-		t.Errorf("after Close: %+v, want %d left: the block's unused units not all back", r, want)
+	if want := lim.Rate - 20 - 1; err != nil || r.Remaining != want { // the 20 decisions are all that is charged; a peek reads as a Take of 1
+		t.Errorf("after Close: %+v, %v; want %d left: the block's unused units not all back", r, err, want)
 	}
 }
 
@@ -157,6 +158,28 @@ func TestReserveNeedsLeases(t *testing.T) {
 		if !errors.Is(d.Err, errors.ErrUnsupported) {
 			t.Errorf("batch %d: %v, want errors.ErrUnsupported", i, d.Err)
 		}
+	}
+}
+
+// TestReserveRefusesSlidingLog: SyncReserve does not keep a sliding log
+// (Sync.Keeps), and a decision under such a policy says so.
+func TestReserveRefusesSlidingLog(t *testing.T) {
+	e, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	p := &Policy{Name: "r", Limit: Limit{Algorithm: SlidingLog, Rate: 10, Period: time.Second}, Sync: SyncReserve}
+	if _, err := e.Allow(context.Background(), "k", p); !errors.Is(err, errors.ErrUnsupported) || !strings.Contains(err.Error(), "sliding_log") {
+		t.Errorf("Allow = %v, want errors.ErrUnsupported naming the sliding_log", err)
+	}
+	for _, a := range []Algorithm{TokenBucket, FixedWindow, SlidingWindow} {
+		if err := SyncReserve.Keeps(a); err != nil {
+			t.Errorf("SyncReserve.Keeps(%v) = %v", a, err)
+		}
+	}
+	if err := SyncStore.Keeps(SlidingLog); err != nil {
+		t.Errorf("SyncStore.Keeps(sliding_log) = %v", err)
 	}
 }
 
@@ -221,8 +244,8 @@ func testReserveStoreGone(t *testing.T, addr string, fail func()) {
 	if err := reg.Register(engineCollector{e}); err != nil {
 		t.Fatal(err)
 	}
-	if n, err := testutil.GatherAndCount(reg, "hotkey_reserve_total", "hotkey_reserve_returned_units_total"); err != nil || n != 6 {
-		t.Errorf("reserve metrics: %d series, %v; want 6", n, err)
+	if n, err := testutil.GatherAndCount(reg, "hotkey_reserve_total", "hotkey_reserve_returned_units_total"); err != nil || n != 7 {
+		t.Errorf("reserve metrics: %d series, %v; want 7", n, err)
 	}
 	fail()
 	var fromBlock, degraded int

@@ -43,6 +43,7 @@ type ReserveConfig struct {
 // ReserveStats counts what a ReserveStore did.
 type ReserveStats struct {
 	Local    uint64 // decisions admitted from a block, with no store call
+	Denied   uint64 // decisions denied with no store call, while the store lacked a block's worth
 	Leases   uint64 // store calls that leased a block
 	Takes    uint64 // decisions taken on the store, not from a block (a cold key, a cost the block lacked)
 	Returns  uint64 // store calls that returned a block's unused units
@@ -56,7 +57,10 @@ type ReserveStats struct {
 // back. A block lasts about one lease at the key's local rate, and is at
 // most the counter's capacity divided by the live instances, so that no
 // instance holds more than its part; a key too slow to fill a block of 2
-// is decided on the store, one call per decision.
+// is decided on the store, one call per decision. A key over its limit
+// costs about one lease a lease interval too: once a lease finds the store
+// short, the key is denied locally until a refill worth leasing is due
+// (see shortfall).
 //
 // Units leave the store before they are admitted, so a ReserveStore never
 // admits more units than the store counted: its error is a denial while
@@ -66,7 +70,8 @@ type ReserveStats struct {
 // it is leased, and they may be admitted up to a lease later, while the
 // bucket refills for others: over any interval it admits at most rate ×
 // lease more than a bucket deciding each unit when admitted. A sliding
-// log, whose units count from their instant, is decided on the store.
+// log, whose units count from their instant, is decided on the store
+// (the engine does not send it here: hotkey.Sync.Keeps).
 // The store's clock decides what is counted and when a window ends; the
 // instance measures a block's life, from the store's answer, on a clock
 // that does not step, so a step of its wall clock changes no block's life.
@@ -81,7 +86,7 @@ type ReserveStore struct {
 	shards [64]reserveShard
 	n      atomic.Int64 // blocks held
 
-	local, leases, takes, returns, returned, unspent atomic.Uint64
+	local, denied, leases, takes, returns, returned, unspent atomic.Uint64
 
 	closed   atomic.Bool
 	stop     chan struct{}
@@ -112,6 +117,13 @@ type block struct {
 	perLease float64
 	idle     int  // sweeps since the key was last decided
 	dead     bool // forgotten: a decision that found it looks again
+
+	// wait, when the last lease found the store short, says until when
+	// the key is denied locally. short is wait while a lease of the key
+	// is under way, read without b.mu.
+	wait  *reserveDenial
+	short atomic.Pointer[reserveDenial]
+	edge  int64 // for a window algorithm, when the last lease's window ends (ns on ReserveConfig.Clock); 0 if not known
 }
 
 // LeaseStore is a store that leases blocks of units: the memory and Redis
@@ -155,12 +167,13 @@ func NewReserveStore(base LeaseStore, cfg ReserveConfig) *ReserveStore {
 
 // Stats returns what the store did so far.
 func (s *ReserveStore) Stats() ReserveStats {
-	return ReserveStats{Local: s.local.Load(), Leases: s.leases.Load(), Takes: s.takes.Load(),
+	return ReserveStats{Local: s.local.Load(), Denied: s.denied.Load(), Leases: s.leases.Load(), Takes: s.takes.Load(),
 		Returns: s.returns.Load(), Returned: s.returned.Load(), Unspent: s.unspent.Load()}
 }
 
 // Take implements Store: from the key's block when it holds n units under
-// lim, else from a block leased now, else on the store.
+// lim; denied locally while the store is known to lack a block's worth;
+// else from a block leased now, or on the store.
 func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Result, error) {
 	if s.closed.Load() {
 		return s.take(ctx, key, hash, lim, n)
@@ -169,6 +182,13 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 	for {
 		if b = s.block(key, hash); b == nil { // no room for another block
 			return s.take(ctx, key, hash, lim, n)
+		}
+		if d := b.short.Load(); d != nil && d.lim == lim {
+			// A lease of this key found the store short and another is
+			// under way: its answer goes to the decisions that wait for
+			// it, not to this one.
+			s.denied.Add(1)
+			return d.result(int64(s.clock()), lim), nil
 		}
 		b.mu.Lock()
 		if !b.dead {
@@ -189,6 +209,12 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 		s.local.Add(1)
 		return Result{Allowed: true, Limit: lim.Capacity(), Remaining: b.left}, nil
 	}
+	if d := b.wait; d != nil && d.lim == lim && now < d.until && now >= d.at {
+		// The store lacked a block's worth when last asked, and will
+		// not have one before d.until.
+		s.denied.Add(1)
+		return d.result(now, lim), nil
+	}
 	// The block is spent, ended or of another limit: what is left of it
 	// goes back before the next is leased.
 	s.giveBack(ctx, key, b)
@@ -196,11 +222,22 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 	if size <= n || lim.Algorithm == SlidingLog {
 		return s.take(ctx, key, hash, lim, n)
 	}
+	if d := b.wait; d != nil && d.lim == lim {
+		b.short.Store(d) // the key is over its limit: decisions meanwhile are denied, not queued
+	}
 	l, err := s.base.Lease(ctx, key, hash, lim, size)
+	b.short.Store(nil)
 	if err != nil {
 		return Result{}, err
 	}
 	s.leases.Add(1)
+	b.wait, b.edge = nil, 0
+	if left := windowLeft(lim, l.Result); left > 0 && left < math.MaxInt64 {
+		b.edge = now + int64(left)
+	}
+	if l.Granted < size {
+		b.wait = s.shortfall(now, lim, l, size)
+	}
 	switch {
 	case l.Granted >= n:
 		b.lim, b.left, b.token, b.from, b.until = lim, l.Granted-n, l.Token, now, now+min(s.lease, int64(windowLeft(lim, l.Result)))
@@ -213,9 +250,81 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 	case l.Granted > 0: // fewer than n fit: not a block, and not n
 		b.lim, b.left, b.token = lim, l.Granted, l.Token
 		s.giveBack(ctx, key, b)
+		b.wait = nil
 		return s.take(ctx, key, hash, lim, n)
 	}
-	return l.Result, nil // not one unit fits: the store's denial
+	return b.wait.result(now, lim), nil // not one unit fits: the store's denial
+}
+
+// shortfall is what a lease of size that got fewer units (l) tells of
+// the store at now, read before the call: when a refill worth leasing
+// will be there for this instance, at the earliest. A refill worth
+// leasing is the instance's part of what the store frees in a lease, at
+// least 2 units and at most size. It is there when the store's next unit
+// is due and then the rest of it has been freed at the instance's part of
+// the rate (the other live instances lease their parts meanwhile): for a
+// token bucket, at one emission interval a unit; for a sliding window as
+// fast at most, since the previous window's weight frees units no faster
+// than the limit's rate. A fixed window frees its units at its end. The
+// instant is at most a lease away: other instances return unused units,
+// which the store's answer does not foresee, and a lease is as long as an
+// instance goes without asking the store.
+func (s *ReserveStore) shortfall(now int64, lim Limit, l Lease, size int64) *reserveDenial {
+	r := l.Result
+	first := r.RetryAfter // not one unit fit
+	if l.Granted > 0 {
+		first = r.NextAfter // set by a token bucket the lease emptied
+	}
+	unit := int64(lim.Period) / max(lim.Rate, 1)
+	n := int64(max(1, s.instances()))
+	if l.Granted == 0 {
+		n = 1 // the others took what there was: this instance's turn is next
+	}
+	k := max(2, min(size, int64(math.Ceil(float64(lim.Rate)*float64(s.lease)/float64(lim.Period)/float64(n)))))
+	var wait int64
+	switch lim.Algorithm {
+	case FixedWindow:
+		wait = int64(r.ResetAfter)
+	case TokenBucket, SlidingWindow:
+		if first <= 0 {
+			first = time.Duration(unit)
+		}
+		wait = addSat(int64(first), mulSat(mulSat(k-1, unit), n))
+		if left := int64(windowLeft(lim, r)); lim.Algorithm == SlidingWindow && left > 0 {
+			// A unit a sliding window frees and no one takes before its
+			// window ends is lost: the window's count is the next one's
+			// weight. So the waits shorten toward the end, to half of
+			// what is left (down to a millisecond).
+			wait = min(wait, max(left/2, min(left, int64(time.Millisecond))))
+		}
+	}
+	until := addSat(now, min(max(wait, 1), s.lease))
+	if r.Allowed { // the lease's own result: the store's answer to the next unit
+		r.Allowed, r.Remaining = false, 0
+	}
+	r.RetryAfter = max(r.RetryAfter, time.Duration(until-now))
+	r.NextAfter = 0
+	return &reserveDenial{lim: lim, at: now, until: until, res: r}
+}
+
+// reserveDenial is a key's denial while its store lacks a block's worth:
+// from at to until, both on ReserveConfig.Clock, as the store answered at
+// at.
+type reserveDenial struct {
+	lim       Limit
+	at, until int64
+	res       Result
+}
+
+// result is d's answer at now: its store's answer with the times that
+// have passed since taken off, and a retry no sooner than d ends.
+func (d *reserveDenial) result(now int64, lim Limit) Result {
+	r := d.res
+	r.Limit = lim.Capacity()
+	passed := time.Duration(max(0, now-d.at))
+	r.RetryAfter = max(r.RetryAfter-passed, time.Duration(max(0, d.until-now)), time.Millisecond)
+	r.ResetAfter = max(0, r.ResetAfter-passed)
+	return r
 }
 
 // windowLeft is how long the window a lease of a window algorithm charged
@@ -260,14 +369,39 @@ func (s *ReserveStore) size(b *block, now int64, lim Limit, n int64) int64 {
 		// A first estimate, before a whole lease has passed, once the
 		// key has been decided often enough for one to mean something.
 		b.perLease = float64(b.used) * float64(s.lease) / float64(max(elapsed, s.lease/10))
-	case b.open(now) && b.until-now > s.lease/2:
-		// The last block was spent within half its lease: the key is
-		// faster than the estimate, which doubles until the next.
+	case b.wait == nil && b.open(now) && b.until-now > s.lease/2:
+		// The last block, leased whole, was spent within half its lease:
+		// the key is faster than the estimate, which doubles until the
+		// next. (A block the store cut short says nothing of the rate.)
 		b.perLease *= 2
 	}
-	want := int64(math.Min(math.Ceil(b.perLease*1.25), math.MaxInt64/2))
+	// One lease at the estimated rate, and no more: what is left of a
+	// block when its lease ends costs a return, and for a token bucket
+	// the units held are lost (see lease.go); a key that turns faster
+	// spends its block early and leases the next, with a doubled estimate.
+	want := int64(math.Min(math.Ceil(b.perLease), math.MaxInt64/2))
+	if left := b.windowLeft(now, lim); left < s.lease {
+		// A window algorithm's block ends with its window, and what is
+		// left of it then is lost to the window: lease what the key uses
+		// until then.
+		want = min(want, max(2, int64(math.Ceil(b.perLease*float64(left)/float64(s.lease)))))
+	}
 	fair := lim.Capacity() / int64(max(1, s.instances()))
 	return max(n, min(want, fair))
+}
+
+// windowLeft is how long the window of lim that holds now has left, as
+// the key's last lease under lim told (b.edge); MaxInt64 if it did not
+// tell (a token bucket, or no lease yet).
+func (b *block) windowLeft(now int64, lim Limit) int64 {
+	if b.edge == 0 || b.lim != lim || now < b.edge-int64(lim.Period) {
+		return math.MaxInt64
+	}
+	if now < b.edge {
+		return b.edge - now
+	}
+	p := int64(lim.Period)
+	return p - (now-b.edge)%p
 }
 
 // open reports whether b's lease holds at now: ended at its end, and at a

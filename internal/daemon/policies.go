@@ -217,8 +217,8 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 	}
 	p := &hotkey.Policy{Name: name, OnStoreFailure: hotkey.FallbackLocal}
 	var (
-		limitNode, periodNode, burstNode, algNode *yaml.Node
-		haveBurst                                 bool
+		limitNode, periodNode, burstNode, algNode, syncNode *yaml.Node
+		haveBurst                                           bool
 	)
 	err := eachField(n, path, func(key string, k, v *yaml.Node) error {
 		field := path + "." + key
@@ -281,6 +281,7 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 			}
 			p.Allowlist = list
 		case "sync":
+			syncNode = v
 			s, err := scalarString(v, field)
 			if err != nil {
 				return err
@@ -312,6 +313,9 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 	}
 	if haveBurst && p.Limit.Algorithm != counter.TokenBucket {
 		return nil, perr(burstNode, path+".burst", "applies to token_bucket only, not %v", p.Limit.Algorithm)
+	}
+	if err := p.Sync.Keeps(p.Limit.Algorithm); err != nil {
+		return nil, perr(syncNode, path+".sync", "%v", err)
 	}
 	if err := p.Limit.Validate(); err != nil {
 		at, field := limitNode, path+".limit"

@@ -97,6 +97,7 @@ func TestParsePoliciesRefused(t *testing.T) {
 		{"missing period", "policies:\n  a:\n    limit: 5\n", 3, "policies.a.period", "missing"},
 		{"burst on window", "policies:\n  a:\n    algorithm: sliding_window\n    limit: 5\n    period: 1s\n    burst: 9\n", 6, "policies.a.burst", "token_bucket only"},
 		{"zero burst", "policies:\n  a:\n    limit: 5\n    period: 1s\n    burst: 0\n", 5, "policies.a.burst", "positive"},
+		{"reserve sliding log", "policies:\n  a:\n    algorithm: sliding_log\n    limit: 5\n    period: 1s\n    sync: reserve\n", 6, "policies.a.sync", `sync reserve cannot keep a sliding_log`},
 		{"bad sync", "policies:\n  a:\n    limit: 5\n    period: 1s\n    sync: gossipy\n", 5, "policies.a.sync", `unknown value "gossipy": want store, reserve or gossip`},
 		{"sync not a value", "policies:\n  a:\n    limit: 5\n    period: 1s\n    sync: [reserve]\n", 5, "policies.a.sync", "single value"},
 		{"bad fallback", "policies:\n  a:\n    limit: 5\n    period: 1s\n    on_store_failure: error\n", 5, "policies.a.on_store_failure", "want local, open or closed"},

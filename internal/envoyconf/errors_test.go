@@ -57,6 +57,7 @@ func TestRefused(t *testing.T) {
 		{"sliding_log too large", head + "  - key: a\n    rate_limit:\n      unit: second\n      algorithm: sliding_log\n      requests_per_unit: 200000\n", 7, "descriptors[0].rate_limit.requests_per_unit", "too large"},
 		{"unknown algorithm", head + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: leaky}\n", 4, "descriptors[0].rate_limit.algorithm", `unknown algorithm "leaky"`},
 		{"on_store_failure error", head + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, on_store_failure: error}\n", 4, "descriptors[0].rate_limit.on_store_failure", `unknown value "error"`},
+		{"reserve sliding log", head + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, algorithm: sliding_log, sync: reserve}\n", 4, "descriptors[0].rate_limit.sync", `sync reserve cannot keep a sliding_log`},
 		{"unknown sync", head + "  - key: a\n    rate_limit: {unit: second, requests_per_unit: 1, sync: gossipy}\n", 4, "descriptors[0].rate_limit.sync", `unknown value "gossipy": want store, reserve or gossip`},
 		{"sync with unlimited", head + "  - key: a\n    rate_limit: {unlimited: true, sync: reserve}\n", 4, "descriptors[0].rate_limit.sync", "unlimited"},
 		{"sync outside rate_limit", head + "  - key: a\n    sync: reserve\n", 4, "descriptors[0].sync", "belongs inside rate_limit"},

@@ -642,6 +642,9 @@ func (p *parser) rateLimit(v *yaml.Node, field *field, r *Rule) error {
 		}
 		return p.errf(at, f, "%v", err)
 	}
+	if err := mode.Keeps(lim.Algorithm); err != nil {
+		return p.errf(syncNode, field.dot("sync"), "%v", err)
+	}
 	r.Policy = &hotkey.Policy{Name: PolicyName(r.Path), Limit: lim, OnStoreFailure: fallback, Sync: mode}
 	return nil
 }
