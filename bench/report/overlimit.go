@@ -80,10 +80,17 @@ func runOverlimit(ctx context.Context, s *setup) (*scenario.Section, error) {
 		return nil, err
 	}
 	var rows []olRow
+	var refused []string // what a sync mode refuses to keep, rather than a row
 	for _, alg := range olAlgorithms {
 		for _, mode := range []hotkey.Sync{hotkey.SyncStore, hotkey.SyncReserve} {
 			for _, load := range loads {
 				if !only.MatchString(fmt.Sprintf("%v/%s/%g", alg, mode, load)) {
+					continue
+				}
+				if err := mode.Keeps(alg); err != nil {
+					if !slices.Contains(refused, err.Error()) {
+						refused = append(refused, err.Error())
+					}
 					continue
 				}
 				r, err := f.overLimit(ctx, admin, hits, alg, mode, load, d)
@@ -118,6 +125,9 @@ func runOverlimit(ctx context.Context, s *setup) (*scenario.Section, error) {
 		sec.Printf("| %v | %s | %.1f× | %d | %d | %.4f | %.4f | %.3f (%d of %d) | %.3f (%d of %d) | %d | %.2f | %.2f |\n",
 			r.alg, r.system, r.load, r.decisions, r.admitted, float64(r.calls)/float64(max(r.decisions, 1)), r.deniedCalls,
 			float64(r.admitted)/float64(max(r.ideal, 1)), r.admitted, r.ideal, r.worst, r.worstN, r.worstLim, r.over, r.p50, r.p99)
+	}
+	for _, r := range refused {
+		sec.Printf("\nNo row: the engines refuse the policy (%s).\n", r)
 	}
 	sec.Printf("\nStore calls are the scripts the redis-server ran over the row (INFO commandstats before, and after the engines' sweepers have given the last blocks back). Store calls per denied decision: under `sync: store`, the denied decisions the deny cache did not answer (each a Take the store ran; Takes that meet in one round trip share a script) ÷ the denied; under `sync: reserve`, whose denials are decided from the engines' blocks, every store call of the row ÷ the denied (a bound above what the denials cost). The ideal is what one exact limiter of the same algorithm and limit, on one clock, admits of the same requests at the instants their decisions began: a token bucket that starts full; a fixed window that admits the limit in each 1 s window; a sliding window weighing the previous window's count by the part of it still inside (rounded down, as the store does); a sliding log that admits the limit in every 1 s. A window is a 1 s window of the wall clock (the store's window for the fixed and sliding windows), or for a sliding log the 1 s from each admission's start; it counts the admissions whose decision began and ended in it, and its limit is the limit, or for a token bucket the limit plus what the bucket held at the window's start (full at the row's first decision, less the admissions since, plus rate × the time since, at most the burst). Latency is counted from the instant each request was meant to be sent.\n\n")
 
