@@ -86,7 +86,7 @@ func (e *Engine) allowMany(ctx context.Context, reqs []Request, out []Decision) 
 		switch r.Policy.Sync {
 		case SyncReserve:
 			// Mostly from a block in memory: no round trip to share.
-			res, err := e.decideStore(ctx, e.storeFor(r.Policy), name, hash, r.Policy.Limit, r.Cost)
+			res, err := e.decideReserve(ctx, name, hash, r.Policy.Limit, r.Cost)
 			out[i].Result, out[i].Err = e.conclude(ctx, d, res, err)
 			continue
 		case SyncGossip: // in memory

@@ -74,8 +74,22 @@ func (e *Engine) allow(ctx context.Context, key string, p *Policy, n int64) (Res
 	if p.Sync == SyncGossip {
 		return e.conclude(ctx, d, e.decideGossip(name, hash, p.Limit, n), nil)
 	}
-	r, err := e.decideStore(ctx, e.storeFor(p), name, hash, p.Limit, n)
+	if p.Sync == SyncReserve {
+		r, err := e.decideReserve(ctx, name, hash, p.Limit, n)
+		return e.conclude(ctx, d, r, err)
+	}
+	r, err := e.decideStore(ctx, e.store, name, hash, p.Limit, n)
 	return e.conclude(ctx, d, r, err)
+}
+
+// decideReserve decides n units of counter name under lim from the blocks
+// leased from the store (SyncReserve). A key is never split under
+// SyncReserve: its store calls follow its leases, about one per lease per
+// instance whatever its demand, so it makes no hot shard to spread, and a
+// split would multiply those calls by its level and cut its blocks as
+// small. The detector still sees the key.
+func (e *Engine) decideReserve(ctx context.Context, name string, hash uint64, lim Limit, n int64) (Result, error) {
+	return e.decide(ctx, e.reserveStore(), name, hash, lim, n)
 }
 
 // admit checks a decision's input and names its counter (counterName), then

@@ -326,8 +326,8 @@ func runModel(t testing.TB, cfg modelConfig, seed uint64, ops int) *modelRun {
 			}
 			from = now()
 			rp := p
-			if cfg.sync == SyncGossip {
-				rp = &Policy{Name: p.Name, Limit: p.Limit} // the memory store itself
+			if cfg.sync != SyncStore {
+				rp = &Policy{Name: p.Name, Limit: p.Limit} // the memory store itself, each decision exact
 			}
 			rr, err := ref.AllowN(ctx, key, rp, n)
 			if err != nil {

@@ -22,8 +22,9 @@ var errNoPeek = fmt.Errorf("the store cannot peek: %w", errors.ErrUnsupported)
 // what each holds less the unit, RetryAfter (when none would) the soonest
 // one of them admits, ResetAfter the latest one is empty again. A
 // decision, which tries one or two subcounters, may so be denied where
-// Peek allows. A SyncReserve policy is read on the store: units in the
-// blocks of instances count as used. A SyncGossip policy is read on this
+// Peek allows. A SyncReserve policy is read on the store, on its key's one
+// counter (it is never split): units in the blocks of instances count as
+// used. A SyncGossip policy is read on this
 // instance's view. Peek feeds neither the hot-key detector nor the
 // decision metrics, and moves no usage. When the store cannot answer,
 // p.OnStoreFailure decides as for AllowN, and its local counters are
@@ -47,7 +48,7 @@ func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error
 	if !ok {
 		return Result{}, errNoPeek
 	}
-	r, err := e.peekStore(ctx, peeker, name, hash, p.Limit)
+	r, err := e.peekStore(ctx, peeker, name, hash, p.Limit, p.Sync != SyncReserve)
 	if err == nil {
 		return r, nil
 	}
@@ -58,9 +59,10 @@ func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error
 }
 
 // peekStore peeks at the counters that hold the usage of counter name: the
-// unsplit one, or every subcounter of a split key (see Peek).
-func (e *Engine) peekStore(ctx context.Context, peeker counter.Peeker, name string, hash uint64, lim Limit) (Result, error) {
-	if ent := e.entry(name, hash); ent != nil {
+// unsplit one, or every subcounter of a split key when splits (see Peek;
+// a SyncReserve key is never split).
+func (e *Engine) peekStore(ctx context.Context, peeker counter.Peeker, name string, hash uint64, lim Limit, splits bool) (Result, error) {
+	if ent := e.entry(name, hash); ent != nil && splits {
 		level, pl := ent.HeldAt()
 		if e.reshard == nil { // no move: decisions take where the key's level fits
 			level, pl = shard.Fit(ent.Level(), lim.Rate, lim.Capacity(), e.opt.minShare, 1), e.placement()

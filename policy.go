@@ -76,7 +76,7 @@ const (
 	// one per decision. Units leave the store before they are admitted, so
 	// windows hold their limit exactly; a token bucket admits at most rate
 	// × lease more than one deciding each unit as it is admitted. It does
-	// not keep a sliding log (see Keeps). Its error is a denial
+	// not keep a sliding log (see Keeps), and never splits a key. Its error is a denial
 	// while units sit in another instance's block. The store must lease
 	// (counter.LeaseStore: the memory and Redis stores do).
 	SyncReserve

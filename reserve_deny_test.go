@@ -29,7 +29,7 @@ func TestReserveDenyReturned(t *testing.T) {
 		return e
 	}
 	a, b := engine(), engine()
-	lim := Limit{Algorithm: FixedWindow, Rate: 100, Period: time.Minute}
+	lim := Limit{Algorithm: FixedWindow, Rate: 50, Period: time.Minute}
 	p := &Policy{Name: "r", Limit: lim, Sync: SyncReserve}
 	ctx := context.Background()
 	allow := func(e *Engine) bool {
@@ -39,7 +39,21 @@ func TestReserveDenyReturned(t *testing.T) {
 		}
 		return r.Allowed
 	}
-	for range 20 { // enough, fast enough, for B to lease the rest of the window
+	name := nameOf(p.Name, "k")
+	left := func() int64 {
+		r, err := store.Peek(ctx, name, 0, lim)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !r.Allowed {
+			return 0
+		}
+		return r.Remaining + 1
+	}
+	for i := 0; left() > 0; i++ { // B leases the rest of the window
+		if i == int(lim.Rate) {
+			t.Fatalf("B leased no more after %d decisions: %d left in the store", i, left())
+		}
 		if !allow(b) {
 			t.Fatal("B denied under the limit")
 		}
@@ -51,7 +65,6 @@ func TestReserveDenyReturned(t *testing.T) {
 	if err := b.Close(); err != nil { // B's unused units go back
 		t.Fatal(err)
 	}
-	name := nameOf(p.Name, "k")
 	free, err := store.Peek(ctx, name, 0, lim)
 	if err != nil {
 		t.Fatal(err)

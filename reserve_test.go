@@ -19,6 +19,7 @@ import (
 	"github.com/hotkeyd/hotkey/internal/faultproxy"
 	"github.com/hotkeyd/hotkey/internal/redistest"
 	"github.com/hotkeyd/hotkey/internal/testkit"
+	"github.com/hotkeyd/hotkey/shard"
 )
 
 // TestReserveEngines: three engines, each with a Redis client of its own,
@@ -180,6 +181,43 @@ func TestReserveRefusesSlidingLog(t *testing.T) {
 	}
 	if err := SyncStore.Keeps(SlidingLog); err != nil {
 		t.Errorf("SyncStore.Keeps(sliding_log) = %v", err)
+	}
+}
+
+// TestReserveNotSplit: a SyncReserve key is decided on its one counter,
+// even where every key is split: its store calls follow its leases, so it
+// makes no hot shard, and a split would multiply them.
+func TestReserveNotSplit(t *testing.T) {
+	clock := testkit.NewClock()
+	e, err := New(counter.NewMemoryStore(counter.MemoryConfig{Clock: clock.Now}), WithoutDetector(), withClock(clock.Now), withSplitAll(shard.Level4), withoutReserveSweep())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	ctx := context.Background()
+	for _, p := range []*Policy{{Name: "store", Limit: PerSecond(1000)}, {Name: "reserve", Limit: PerSecond(1000), Sync: SyncReserve}} {
+		var shards shard.Level
+		for range 200 {
+			r, err := e.Allow(ctx, "k", p)
+			if err != nil || !r.Allowed {
+				t.Fatalf("%s: %+v, %v", p.Name, r, err)
+			}
+			shards = max(shards, r.Shards)
+			clock.Advance(100 * time.Microsecond)
+		}
+		want := shard.Level4
+		if p.Sync == SyncReserve {
+			want = shard.Level1
+		}
+		if shards != want {
+			t.Errorf("%s: decided on %d counters, want %d", p.Name, shards, want)
+		}
+		if pr, err := e.Peek(ctx, "k", p); err != nil || pr.Shards != want {
+			t.Errorf("%s: peek %+v, %v: want %d counters", p.Name, pr, err, want)
+		}
+	}
+	if st, _ := e.reserveStats(); st.Leases == 0 || st.Leases > 20 {
+		t.Errorf("reserve: %+v, want a few leases", st)
 	}
 }
 
