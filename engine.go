@@ -238,7 +238,9 @@ func (e *Engine) reserveStore() counter.Store {
 		start := e.opt.clock()
 		since = func() time.Duration { return e.opt.clock().Sub(start) }
 	}
-	rs := counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.liveInstances, Clock: since, Sweep: e.opt.reserveSweep})
+	// A store in this process answers at once: nothing to lease ahead for.
+	_, inMemory := e.leaser.(*counter.MemoryStore)
+	rs := counter.NewReserveStore(e.leaser, counter.ReserveConfig{Lease: e.opt.reserveLease, Instances: e.liveInstances, Clock: since, Sweep: e.opt.reserveSweep, Ahead: !inMemory})
 	e.reserve.Store(rs)
 	return rs
 }

@@ -127,6 +127,7 @@ func (s *ReserveStore) Delete(ctx context.Context, counters []Shard) error {
 	for _, b := range held {
 		if err == nil {
 			b.left, b.until, b.wait = 0, 0, nil
+			b.epoch++
 		}
 		b.mu.Unlock()
 	}

@@ -33,6 +33,13 @@ type ReserveConfig struct {
 	// step, as Go's monotonic clock does not. Nil means Go's monotonic
 	// clock.
 	Clock func() time.Duration
+	// Ahead leases the next block of a key over its limit in the
+	// background: the decision that finds the key's wait over is denied as
+	// the wait did, and the decisions after the lease admit from its block,
+	// so that no decision of such a key waits on the store (a token bucket
+	// or sliding window; not a fixed window, see leaseAhead). For a store
+	// across a network; a store in memory answers at once.
+	Ahead bool
 	// Sweep is how often the blocks of ended leases are returned, and
 	// idle keys forgotten; 0 means half the lease. Negative: never (tests
 	// on a clock of their own, where returns must come at points they
@@ -88,6 +95,10 @@ type ReserveStore struct {
 
 	local, denied, leases, takes, returns, returned, unspent atomic.Uint64
 
+	ahead   bool
+	aheadMu sync.RWMutex   // held to start a lease ahead, and by Close to stop them
+	aheads  sync.WaitGroup // leases ahead under way
+
 	closed   atomic.Bool
 	stop     chan struct{}
 	stopped  chan struct{}
@@ -123,7 +134,8 @@ type block struct {
 	// is under way, read without b.mu.
 	wait  *reserveDenial
 	short atomic.Pointer[reserveDenial]
-	edge  int64 // for a window algorithm, when the last lease's window ends (ns on ReserveConfig.Clock); 0 if not known
+	epoch uint64 // counts Deletes of the key: a lease ahead from before one gives its block back
+	edge  int64  // for a window algorithm, when the last lease's window ends (ns on ReserveConfig.Clock); 0 if not known
 }
 
 // LeaseStore is a store that leases blocks of units: the memory and Redis
@@ -149,7 +161,7 @@ func NewReserveStore(base LeaseStore, cfg ReserveConfig) *ReserveStore {
 	if cfg.Instances == nil {
 		cfg.Instances = func() int { return 1 }
 	}
-	s := &ReserveStore{base: base, lease: int64(cfg.Lease), instances: cfg.Instances, clock: cfg.Clock, maxBlocks: int64(cfg.MaxBlocks),
+	s := &ReserveStore{base: base, lease: int64(cfg.Lease), instances: cfg.Instances, clock: cfg.Clock, maxBlocks: int64(cfg.MaxBlocks), ahead: cfg.Ahead,
 		stop: make(chan struct{}), stopped: make(chan struct{})}
 	for i := range s.shards {
 		s.shards[i].blocks = make(map[string]*block)
@@ -224,20 +236,17 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 	}
 	if d := b.wait; d != nil && d.lim == lim {
 		b.short.Store(d) // the key is over its limit: decisions meanwhile are denied, not queued
+		if s.leaseAhead(key, hash, b, lim, size, now) {
+			s.denied.Add(1)
+			return d.result(now, lim), nil
+		}
 	}
 	l, err := s.base.Lease(ctx, key, hash, lim, size)
 	b.short.Store(nil)
 	if err != nil {
 		return Result{}, err
 	}
-	s.leases.Add(1)
-	b.wait, b.edge = nil, 0
-	if left := windowLeft(lim, l.Result); left > 0 && left < math.MaxInt64 {
-		b.edge = now + int64(left)
-	}
-	if l.Granted < size {
-		b.wait = s.shortfall(now, lim, l, size)
-	}
+	s.noteLease(b, now, lim, l, size)
 	switch {
 	case l.Granted >= n:
 		b.lim, b.left, b.token, b.from, b.until = lim, l.Granted-n, l.Token, now, now+min(s.lease, int64(windowLeft(lim, l.Result)))
@@ -255,6 +264,70 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 	}
 	return b.wait.result(now, lim), nil // not one unit fits: the store's denial
 }
+
+// noteLease counts l, a lease of size for b under lim asked at now, and
+// notes what it tells of the store: where its window ends, and if it got
+// fewer units than asked, how long the key waits (shortfall). The caller
+// holds b.mu.
+func (s *ReserveStore) noteLease(b *block, now int64, lim Limit, l Lease, size int64) {
+	s.leases.Add(1)
+	b.wait, b.edge = nil, 0
+	if left := windowLeft(lim, l.Result); left > 0 && left < math.MaxInt64 {
+		b.edge = now + int64(left)
+	}
+	if l.Granted < size {
+		b.wait = s.shortfall(now, lim, l, size)
+	}
+}
+
+// leaseAhead starts leasing b's next block of size under lim in the
+// background (ReserveConfig.Ahead), asked at now, and reports whether it
+// did. The caller holds b.mu, and has stored b's wait in b.short, which
+// the lease clears. A lease that fails leaves no wait, so that the next
+// decision leases itself and meets the error.
+//
+// Not for a fixed window: its wait ends with its window, when the whole
+// limit is back, and a decision then is likely one the next block admits;
+// a token bucket's or sliding window's ends when a part of a refill is
+// due, to a key still over its limit.
+func (s *ReserveStore) leaseAhead(key string, hash uint64, b *block, lim Limit, size, now int64) bool {
+	if !s.ahead || lim.Algorithm == FixedWindow {
+		return false
+	}
+	s.aheadMu.RLock()
+	defer s.aheadMu.RUnlock()
+	if s.closed.Load() {
+		return false
+	}
+	s.aheads.Add(1)
+	epoch := b.epoch
+	go func() {
+		defer s.aheads.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), reserveAheadTimeout)
+		defer cancel()
+		l, err := s.base.Lease(ctx, key, hash, lim, size)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.short.Store(nil)
+		if err != nil {
+			b.wait = nil
+			return
+		}
+		s.noteLease(b, now, lim, l, size)
+		if l.Granted == 0 {
+			return
+		}
+		s.giveBack(ctx, key, b) // a block leased meanwhile under another limit
+		b.lim, b.left, b.token, b.from, b.until = lim, l.Granted, l.Token, now, now+min(s.lease, int64(windowLeft(lim, l.Result)))
+		if b.dead || b.epoch != epoch || s.closed.Load() {
+			s.giveBack(ctx, key, b) // forgotten, deleted or closed meanwhile
+		}
+	}()
+	return true
+}
+
+// reserveAheadTimeout bounds a lease in the background.
+const reserveAheadTimeout = 5 * time.Second
 
 // shortfall is what a lease of size that got fewer units (l) tells of
 // the store at now, read before the call: when a refill worth leasing
@@ -525,8 +598,11 @@ func (s *ReserveStore) sweepOnce(all bool) {
 func (s *ReserveStore) Close() error {
 	s.once.Do(func() {
 		s.closed.Store(true)
+		s.aheadMu.Lock() // no lease ahead starts after this
+		s.aheadMu.Unlock()
 		close(s.stop)
 		<-s.stopped
+		s.aheads.Wait()
 		s.sweepOnce(true)
 	})
 	return nil

@@ -3,6 +3,7 @@ package counter
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -84,5 +85,87 @@ func TestReserveOverLimit(t *testing.T) {
 				}
 			})
 		}
+	}
+}
+
+// gatedLeaser is a memory store whose leases wait for the test to open
+// its gate, as a store across a network answers later.
+type gatedLeaser struct {
+	*MemoryStore
+	gate   chan struct{}
+	asked  chan struct{}
+	leases atomic.Int64
+}
+
+func (g *gatedLeaser) Lease(ctx context.Context, key string, hash uint64, lim Limit, n int64) (Lease, error) {
+	g.leases.Add(1)
+	g.asked <- struct{}{}
+	<-g.gate
+	return g.MemoryStore.Lease(ctx, key, hash, lim, n)
+}
+
+// TestReserveLeaseAhead: with Ahead, a key over its limit (a token
+// bucket) has its next block leased in the background: the decision that
+// finds its wait over, and those during the lease, are denied at once,
+// never waiting on the store; the decisions after it admit from the
+// block; Close waits for the lease and gives its block back.
+func TestReserveLeaseAhead(t *testing.T) {
+	ctx := context.Background()
+	clock := newStepClock()
+	g := &gatedLeaser{MemoryStore: NewMemoryStore(MemoryConfig{Clock: clock.Now}), gate: make(chan struct{}), asked: make(chan struct{}, 1)}
+	close(g.gate) // open until the key is over its limit
+	s := NewReserveStore(g, ReserveConfig{Clock: clock.Since, Sweep: -1, Ahead: true})
+	lim := Limit{Algorithm: TokenBucket, Rate: 1000, Period: time.Second, Burst: 1000}
+	for range 2000 { // the burst, and more: the store runs short
+		if _, err := s.Take(ctx, "hot", 1, lim, 1); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-g.asked:
+		default:
+		}
+		clock.Advance(10 * time.Microsecond)
+	}
+	if s.Stats().Denied == 0 {
+		t.Fatalf("the key never ran short: %+v", s.Stats())
+	}
+	g.gate = make(chan struct{}) // leases now wait
+	clock.Advance(DefaultLease)  // every wait is over
+	leases := g.leases.Load()
+	r, err := s.Take(ctx, "hot", 1, lim, 1)
+	if err != nil || r.Allowed || r.RetryAfter <= 0 {
+		t.Fatalf("the decision that starts the lease: %+v, %v; want denied at once, with a retry", r, err)
+	}
+	<-g.asked // the lease is under way
+	for range 10 {
+		if r, err := s.Take(ctx, "hot", 1, lim, 1); err != nil || r.Allowed {
+			t.Fatalf("a decision during the lease: %+v, %v; want denied at once", r, err)
+		}
+	}
+	if got := g.leases.Load() - leases; got != 1 {
+		t.Fatalf("%d leases under way, want 1", got)
+	}
+	close(g.gate)
+	admitted := false
+	for i := 0; !admitted; i++ { // the block, once the lease is in
+		if i == 5000 {
+			t.Fatal("nothing admitted from the block leased ahead")
+		}
+		r, err := s.Take(ctx, "hot", 1, lim, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if admitted = r.Allowed; !admitted {
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if got := g.leases.Load() - leases; got != 1 {
+		t.Fatalf("%d leases after the one ahead, want none: its block answers", got-1)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Leases == 0 {
+		t.Fatalf("%+v", st)
 	}
 }
