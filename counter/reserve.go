@@ -36,8 +36,8 @@ type ReserveConfig struct {
 	// Ahead leases the next block of a key over its limit in the
 	// background: the decision that finds the key's wait over is denied as
 	// the wait did, and the decisions after the lease admit from its block,
-	// so that no decision of such a key waits on the store (a token bucket
-	// or sliding window; not a fixed window, see leaseAhead). For a store
+	// so that no decision of such a key waits on the store (but the first
+	// of a fixed window's next window, see leaseAhead). For a store
 	// across a network; a store in memory answers at once.
 	Ahead bool
 	// Sweep is how often the blocks of ended leases are returned, and
@@ -132,10 +132,11 @@ type block struct {
 	// wait, when the last lease found the store short, says until when
 	// the key is denied locally. short is wait while a lease of the key
 	// is under way, read without b.mu.
-	wait  *reserveDenial
-	short atomic.Pointer[reserveDenial]
-	epoch uint64 // counts Deletes of the key: a lease ahead from before one gives its block back
-	edge  int64  // for a window algorithm, when the last lease's window ends (ns on ReserveConfig.Clock); 0 if not known
+	wait   *reserveDenial
+	short  atomic.Pointer[reserveDenial]
+	epoch  uint64 // counts Deletes of the key: a lease ahead from before one gives its block back
+	edge   int64  // for a window algorithm, when the last lease's window ends (ns on ReserveConfig.Clock); 0 if not known
+	edgeAt int64  // when the last lease was asked, that told edge
 }
 
 // LeaseStore is a store that leases blocks of units: the memory and Redis
@@ -271,7 +272,7 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 // holds b.mu.
 func (s *ReserveStore) noteLease(b *block, now int64, lim Limit, l Lease, size int64) {
 	s.leases.Add(1)
-	b.wait, b.edge = nil, 0
+	b.wait, b.edge, b.edgeAt = nil, 0, now
 	if left := windowLeft(lim, l.Result); left > 0 && left < math.MaxInt64 {
 		b.edge = now + int64(left)
 	}
@@ -286,12 +287,13 @@ func (s *ReserveStore) noteLease(b *block, now int64, lim Limit, l Lease, size i
 // the lease clears. A lease that fails leaves no wait, so that the next
 // decision leases itself and meets the error.
 //
-// Not for a fixed window: its wait ends with its window, when the whole
-// limit is back, and a decision then is likely one the next block admits;
-// a token bucket's or sliding window's ends when a part of a refill is
-// due, to a key still over its limit.
+// Not for a fixed window whose last lease was in an earlier window: the
+// whole limit is back, and a decision then is likely one the next block
+// admits. A token bucket's or sliding window's wait ends when a part of a
+// refill is due, and a fixed window's within its window (to see units
+// returned), to a key still over its limit.
 func (s *ReserveStore) leaseAhead(key string, hash uint64, b *block, lim Limit, size, now int64) bool {
-	if !s.ahead || lim.Algorithm == FixedWindow {
+	if !s.ahead || lim.Algorithm == FixedWindow && !(b.edgeAt <= now && now < b.edge) {
 		return false
 	}
 	s.aheadMu.RLock()
@@ -467,8 +469,8 @@ func (s *ReserveStore) size(b *block, now int64, lim Limit, n int64) int64 {
 // the key's last lease under lim told (b.edge); MaxInt64 if it did not
 // tell (a token bucket, or no lease yet).
 func (b *block) windowLeft(now int64, lim Limit) int64 {
-	if b.edge == 0 || b.lim != lim || now < b.edge-int64(lim.Period) {
-		return math.MaxInt64
+	if b.edge == 0 || b.lim != lim || now < b.edgeAt {
+		return math.MaxInt64 // not told, or the clock stepped back before it was
 	}
 	if now < b.edge {
 		return b.edge - now
