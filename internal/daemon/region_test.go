@@ -183,3 +183,33 @@ func TestSupercluster(t *testing.T) {
 		t.Errorf("eu's /readyz warnings: %q, want none (it lists no gateway)", w)
 	}
 }
+
+// TestGatewayListenWarn: a gateway port on loopback without credentials is
+// let through with a warning that names the flags to add; with them, there
+// is no warning.
+func TestGatewayListenWarn(t *testing.T) {
+	const warning = "accepts gateways without authentication"
+	for _, c := range []struct {
+		give []string
+		want bool // warned
+	}{
+		{nil, true},
+		{[]string{"--nats-token", "s3cret-token"}, false},
+	} {
+		var logs testkit.Buffer
+		d, err := startLogged(t, &logs, nil, append([]string{"--nats-listen", "127.0.0.1:0", "--region", "eu", "--nats-gateway-listen", "127.0.0.1:0"}, c.give...)...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		shutdown(t, d)
+		out := logs.String()
+		if got := strings.Contains(out, warning); got != c.want {
+			t.Errorf("%v: warned %v, want %v; log:\n%s", c.give, got, c.want, out)
+		} else if got && (!strings.Contains(out, "level=WARN") || !strings.Contains(out, "--nats-token (HOTKEYD_NATS_TOKEN)") || !strings.Contains(out, "gateway=127.0.0.1:")) {
+			t.Errorf("%v: the warning must be a WARN naming the flags to add and the gateway address; log:\n%s", c.give, out)
+		}
+		if strings.Contains(out, "s3cret-token") {
+			t.Errorf("%v: the token is in the log", c.give)
+		}
+	}
+}
