@@ -96,10 +96,8 @@ func (c *Config) check() error {
 		}
 	} else {
 		if c.NATSClusterListen != "" {
-			if _, port, err := net.SplitHostPort(c.NATSClusterListen); err != nil {
-				return fmt.Errorf("%s %q: want host:port, e.g. 0.0.0.0:6222", flagName("nats-cluster-listen"), c.NATSClusterListen)
-			} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
-				return fmt.Errorf("%s %q: bad port", flagName("nats-cluster-listen"), c.NATSClusterListen)
+			if err := checkListen("nats-cluster-listen", c.NATSClusterListen, "0.0.0.0:6222"); err != nil {
+				return err
 			}
 		} else {
 			if c.set["nats-routes"] {
@@ -134,10 +132,8 @@ func (c *Config) check() error {
 			return fmt.Errorf("%s %q: any host that reaches it could join the daemons' NATS cluster with no password or token, and publish as a daemon; add %s and %s, or %s (the same on every daemon: routes log in with them), or listen on a loopback address",
 				flagName("nats-cluster-listen"), c.NATSClusterListen, flagName("nats-user"), flagName("nats-password"), flagName("nats-token"))
 		}
-		if _, port, err := net.SplitHostPort(c.NATSListen); err != nil {
-			return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:4222", flagName("nats-listen"), c.NATSListen)
-		} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
-			return fmt.Errorf("%s %q: bad port", flagName("nats-listen"), c.NATSListen)
+		if err := checkListen("nats-listen", c.NATSListen, "127.0.0.1:4222"); err != nil {
+			return err
 		}
 		for _, f := range []string{"nats-nkey-seed", "nats-creds", "nats-ca", "nats-cert", "nats-key"} {
 			if c.set[f] {
@@ -321,7 +317,7 @@ func gatewayURL(s string) (*url.URL, error) {
 }
 
 // checkListen refuses an address of flag f that is not host:port with a
-// port number.
+// port number; example is one that is.
 func checkListen(f, addr, example string) error {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
