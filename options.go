@@ -169,10 +169,10 @@ func WithGossipInterval(d time.Duration) Option {
 	}
 }
 
-// MaxRegionLen bounds a region's name (WithRegion).
-const MaxRegionLen = namespace.Max
+// maxRegionLen bounds a region's name (WithRegion).
+const maxRegionLen = namespace.Max
 
-// WithRegion names the region this engine decides in: 1 to MaxRegionLen of
+// WithRegion names the region this engine decides in: 1 to maxRegionLen of
 // A-Z a-z 0-9 - _, one NATS subject token. Stats reports it, and the
 // metrics as hotkey_region_info. It changes no decision: each region's
 // engines enforce a policy's whole limit on their own store (default: no
@@ -180,7 +180,7 @@ const MaxRegionLen = namespace.Max
 func WithRegion(name string) Option {
 	return func(o *options) error {
 		if !namespace.Valid(name) {
-			return fmt.Errorf("region %q: want 1 to %d of A-Z a-z 0-9 - _ (one NATS subject token: no '.', spaces or wildcards)", name, MaxRegionLen)
+			return fmt.Errorf("region %q: want 1 to %d of A-Z a-z 0-9 - _ (one NATS subject token: no '.', spaces or wildcards)", name, maxRegionLen)
 		}
 		o.region = name
 		return nil

@@ -22,8 +22,8 @@ func TestRegion(t *testing.T) {
 	}{
 		{"eu-west_1", true},
 		{"US2", true},
-		{strings.Repeat("r", MaxRegionLen), true},
-		{strings.Repeat("r", MaxRegionLen+1), false},
+		{strings.Repeat("r", maxRegionLen), true},
+		{strings.Repeat("r", maxRegionLen+1), false},
 		{"", false},
 		{"eu.west", false},
 		{"eu west", false},
