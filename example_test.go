@@ -2,6 +2,7 @@ package hotkey_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -114,4 +115,22 @@ func ExampleEngine_Middleware() {
 	handler.ServeHTTP(rec, req)
 	fmt.Println(rec.Code, rec.Header().Get("X-RateLimit-Remaining"), rec.Body.String())
 	// Output: 200 99 hello
+}
+
+// An engine named for its region reports it; a name that is not one NATS
+// subject token is refused. The region changes no decision: each region
+// enforces the whole limit on its own store.
+func ExampleWithRegion() {
+	store := counter.NewMemoryStore(counter.MemoryConfig{})
+	engine, err := hotkey.New(store, hotkey.WithRegion("eu-west"))
+	if err != nil {
+		panic(err)
+	}
+	defer engine.Close()
+	fmt.Println(engine.Stats().Region)
+	_, err = hotkey.New(store, hotkey.WithRegion("eu.west"))
+	fmt.Println(errors.Is(err, hotkey.ErrInvalidConfig))
+	// Output:
+	// eu-west
+	// true
 }

@@ -90,6 +90,15 @@ func newMetrics(r prometheus.Registerer, e *Engine) (*metrics, error) {
 		}, []string{"state"}),
 	}
 	cs := []prometheus.Collector{m.decisions, m.nearLimit, m.decisionSeconds, m.denyHits, m.storeSeconds, m.storeErrors, m.levels, m.breaker, engineCollector{e}}
+	if region := e.opt.region; region != "" {
+		info := prometheus.NewGauge(prometheus.GaugeOpts{
+			Name:        "hotkey_region_info",
+			Help:        "Always 1; the engine's region (WithRegion, hotkeyd's --region) as a label. Absent without a region.",
+			ConstLabels: prometheus.Labels{"region": region},
+		})
+		info.Set(1)
+		cs = append(cs, info)
+	}
 	for _, c := range cs {
 		if err := r.Register(c); err != nil {
 			return nil, err

@@ -10,6 +10,7 @@ import (
 
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/internal/namespace"
 	"github.com/hotkeyd/hotkey/shard"
 )
 
@@ -41,7 +42,8 @@ type options struct {
 	reserveLease                  time.Duration
 	reserveSweep                  time.Duration // see counter.ReserveConfig.Sweep
 	gossipInterval                time.Duration
-	gossipRounds                  bool // keep SyncGossip's rounds without a Gossiper (see withGossipRounds)
+	gossipRounds                  bool   // keep SyncGossip's rounds without a Gossiper (see withGossipRounds)
+	region                        string // WithRegion's; empty: none
 }
 
 // DefaultMaxKeyLen is the longest key accepted by default (WithMaxKeyLen).
@@ -163,6 +165,24 @@ func WithGossipInterval(d time.Duration) Option {
 			return fmt.Errorf("gossip interval %v: want at least 1ms, at most 1m", d)
 		}
 		o.gossipInterval = d
+		return nil
+	}
+}
+
+// maxRegionLen bounds a region's name (WithRegion).
+const maxRegionLen = namespace.Max
+
+// WithRegion names the region this engine decides in: 1 to maxRegionLen of
+// A-Z a-z 0-9 - _, one NATS subject token. Stats reports it, and the
+// metrics as hotkey_region_info. It changes no decision: each region's
+// engines enforce a policy's whole limit on their own store (default: no
+// region).
+func WithRegion(name string) Option {
+	return func(o *options) error {
+		if !namespace.Valid(name) {
+			return fmt.Errorf("region %q: want 1 to %d of A-Z a-z 0-9 - _ (one NATS subject token: no '.', spaces or wildcards)", name, maxRegionLen)
+		}
+		o.region = name
 		return nil
 	}
 }

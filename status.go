@@ -61,6 +61,8 @@ func (e *Engine) HotKeys() []HotKey {
 
 // Stats is a snapshot of an engine's state, for metrics and status pages.
 type Stats struct {
+	// Region is the engine's region (WithRegion); empty for none.
+	Region string
 	// Instances is the number of live instances the coordinator counts,
 	// this one included.
 	Instances int
@@ -76,7 +78,7 @@ type Stats struct {
 
 // Stats returns a snapshot of the engine's state.
 func (e *Engine) Stats() Stats {
-	st := Stats{Instances: e.liveInstances(), Breaker: e.brk.State(), HotKeys: map[shard.Level]int{}}
+	st := Stats{Region: e.opt.region, Instances: e.liveInstances(), Breaker: e.brk.State(), HotKeys: map[shard.Level]int{}}
 	e.table.Range(func(ent *split.Entry) bool {
 		if level := ent.Level(); level > shard.Level1 {
 			st.HotKeys[level]++

@@ -72,6 +72,12 @@ type Config struct {
 	// Each is 1 to 64 of A-Z a-z 0-9 - _ (defaults "hotkey", "default").
 	Prefix    string
 	Namespace string
+	// Region, if set, keeps instances of one namespace in different regions
+	// of a NATS supercluster apart: the subjects become
+	// <Prefix>.<Namespace>.<Region>.lease, .hb, .sync and .gossip, so that
+	// leases, membership and gossip stay within the region. 1 to 64 of A-Z
+	// a-z 0-9 - _; empty: no region.
+	Region string
 	// ID names this instance in messages; unique per instance, 1 to 64
 	// bytes of UTF-8 (default 16 random hex digits).
 	ID string
@@ -167,6 +173,9 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if !validToken(c.Namespace) {
 		return c, fmt.Errorf("coordinator: Namespace %q: want 1 to %d of A-Z a-z 0-9 - _", c.Namespace, maxTokenLen)
+	}
+	if c.Region != "" && !validToken(c.Region) {
+		return c, fmt.Errorf("coordinator: Region %q: want 1 to %d of A-Z a-z 0-9 - _", c.Region, maxTokenLen)
 	}
 	if c.ID == "" {
 		var b [8]byte

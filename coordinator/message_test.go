@@ -342,6 +342,9 @@ func TestConfig(t *testing.T) {
 		{Config{Namespace: "x>"}, "Namespace"},
 		{Config{Namespace: "a b"}, "Namespace"},
 		{Config{Namespace: strings.Repeat("n", 65)}, "Namespace"},
+		{Config{Region: "eu.west"}, "Region"},
+		{Config{Region: "eu west"}, "Region"},
+		{Config{Region: strings.Repeat("r", 65)}, "Region"},
 		{Config{ID: strings.Repeat("i", 65)}, "ID"},
 		{Config{ID: "\xff"}, "ID"},
 		{Config{TTL: -time.Second}, "TTL -1s is negative"},
@@ -368,6 +371,9 @@ func TestConfig(t *testing.T) {
 	}
 	if _, err := NewNATS(nc, Config{Prefix: "acme-prod_1", Namespace: "eu", ID: "pod-7", MaxKeyLen: 100, MaxMessage: 1200}); err != nil {
 		t.Error(err)
+	}
+	if c := unstarted(t, Config{Region: "eu-west_1"}); c.subjLease != "hotkey.default.eu-west_1.lease" || c.subjGossip != "hotkey.default.eu-west_1.gossip" {
+		t.Errorf("subjects in region eu-west_1: %s %s", c.subjLease, c.subjGossip)
 	}
 	// MaxInstances defaults to MaxPeers+1 when that is smaller; the secret
 	// is copied.

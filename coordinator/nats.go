@@ -128,7 +128,11 @@ func NewNATS(nc *nats.Conn, cfg Config) (*NATS, error) {
 	if err != nil {
 		return nil, configError{err}
 	}
-	subj := cfg.Prefix + "." + cfg.Namespace + "."
+	scope := cfg.Prefix + "." + cfg.Namespace
+	if cfg.Region != "" {
+		scope += "." + cfg.Region
+	}
+	subj := scope + "."
 	c := &NATS{
 		cfg:        cfg,
 		nc:         nc,
@@ -149,7 +153,7 @@ func NewNATS(nc *nats.Conn, cfg Config) (*NATS, error) {
 		done:       make(chan struct{}),
 	}
 	if cfg.Secret != nil {
-		c.sign = &signer{secret: cfg.Secret, scope: cfg.Prefix + "." + cfg.Namespace, window: cfg.MaxClockSkew}
+		c.sign = &signer{secret: cfg.Secret, scope: scope, window: cfg.MaxClockSkew}
 		c.seenMsg = newReplayGuard(cfg.MaxClockSkew, cfg.MaxPeers)
 		c.seenSync = newReplayGuard(cfg.MaxClockSkew, cfg.MaxPeers)
 		c.seenGossip = newReplayGuard(cfg.MaxClockSkew, cfg.MaxPeers)

@@ -62,7 +62,7 @@ const (
 // safe for concurrent use.
 type signer struct {
 	secret []byte
-	scope  string        // <prefix>.<namespace>
+	scope  string        // <prefix>.<namespace>[.<region>]
 	window time.Duration // MaxClockSkew; zero keeps stamps increasing whatever the clock does
 	last   atomic.Int64
 }

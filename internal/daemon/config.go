@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/netip"
+	"slices"
 	"strings"
 	"time"
 
@@ -14,6 +15,8 @@ import (
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/detector"
+	"github.com/hotkeyd/hotkey/internal/namespace"
+	"github.com/hotkeyd/hotkey/internal/redact"
 )
 
 // Defaults of the flags.
@@ -141,7 +144,15 @@ type Config struct {
 	// the other daemons' embedded servers; empty: no cluster.
 	NATSClusterListen string
 	NATSRoutes        []string // the other daemons' route URLs
-	NATSClusterName   string
+	// NATSClusterName names the embedded servers' cluster; Region by
+	// default when it is set, else DefaultNATSClusterName.
+	NATSClusterName string
+	// NATSGatewayListen is where the embedded server accepts gateways from
+	// the other regions' clusters (a NATS supercluster); empty: no gateway.
+	// The gateway's name is the cluster's, which is then Region.
+	NATSGatewayListen string
+	// NATSGateways are the other regions' gateways to connect to.
+	NATSGateways []NATSGateway
 	// NATSClientUser and NATSClientPassword are a second user of the
 	// embedded server, for API clients: it may only ask for decisions.
 	NATSClientUser, NATSClientPassword string
@@ -156,6 +167,12 @@ type Config struct {
 	// NATSSecretFile names a file holding the coordinator's shared secret
 	// (coordinator.Config.Secret): read at start, never passed in argv.
 	NATSSecretFile string
+
+	// Region names this daemon's region (hotkey.WithRegion): its
+	// coordinator's subjects are the region's, so that daemons of other
+	// regions on one NATS supercluster are not counted or heard; empty:
+	// none.
+	Region string
 
 	// Namespace names the NATS subjects of this fleet (namespace.AllowSubject, the
 	// coordinator's Namespace, the micro service's name, the inboxes):
@@ -206,6 +223,13 @@ type Config struct {
 	set map[string]bool
 }
 
+// NATSGateway is another region's gateway, of --nats-gateways: the region,
+// which names its cluster, and its servers' gateway URLs.
+type NATSGateway struct {
+	Region string
+	URLs   []string
+}
+
 // errHelp is returned by ParseArgs for --help: usage was printed.
 var errHelp = errors.New("help requested")
 
@@ -220,6 +244,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs := flag.NewFlagSet("hotkeyd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	var cluster, sentinels, routes, level string
+	var gateways stringsFlag
 	var showVersion bool
 	fs.StringVar(&cfg.Listen, "listen", DefaultListen, "")
 	fs.StringVar(&cfg.GRPCListen, "grpc-listen", DefaultGRPCListen, "")
@@ -253,6 +278,9 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.NATSClusterListen, "nats-cluster-listen", "", "")
 	fs.StringVar(&routes, "nats-routes", "", "")
 	fs.StringVar(&cfg.NATSClusterName, "nats-cluster-name", DefaultNATSClusterName, "")
+	fs.StringVar(&cfg.NATSGatewayListen, "nats-gateway-listen", "", "")
+	fs.Var(&gateways, "nats-gateways", "")
+	fs.StringVar(&cfg.Region, "region", "", "")
 	fs.StringVar(&cfg.NATSUser, "nats-user", "", "")
 	fs.StringVar(&cfg.NATSClientUser, "nats-client-user", "", "")
 	fs.StringVar(&cfg.NATSClientPassword, "nats-client-password", "", "")
@@ -323,6 +351,7 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	if envErr != nil {
 		return cfg, envErr
 	}
+	var err error
 	cfg.RedisCluster = addrList(cluster)
 	cfg.RedisSentinel = addrList(sentinels)
 	for _, r := range strings.Split(routes, ",") {
@@ -330,13 +359,18 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 			cfg.NATSRoutes = append(cfg.NATSRoutes, r)
 		}
 	}
+	if cfg.NATSGateways, err = parseGateways(gateways); err != nil {
+		return cfg, err
+	}
+	if cfg.Region != "" && !cfg.set["nats-cluster-name"] {
+		cfg.NATSClusterName = cfg.Region
+	}
 	if err := cfg.LogLevel.UnmarshalText([]byte(level)); err != nil {
 		return cfg, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
 	if cfg.LogFormat != LogText && cfg.LogFormat != LogJSON {
 		return cfg, fmt.Errorf("%s %q: want text or json", flagName("log-format"), cfg.LogFormat)
 	}
-	var err error
 	if cfg.Tracing, err = tracingFromEnv(lookup); err != nil {
 		return cfg, err
 	}
@@ -353,6 +387,59 @@ func addrList(s string) []string {
 		}
 	}
 	return addrs
+}
+
+// stringsFlag is a flag that may be repeated: each value, in order.
+type stringsFlag []string
+
+func (f *stringsFlag) String() string { return strings.Join(*f, ";") }
+
+func (f *stringsFlag) Set(s string) error {
+	*f = append(*f, s)
+	return nil
+}
+
+// parseGateways parses --nats-gateways: REGION=URL[,URL...] entries,
+// separated by ';' or given in flags of their own; nil if there is none.
+// It checks the syntax only (check the rest).
+func parseGateways(specs []string) ([]NATSGateway, error) {
+	var gws []NATSGateway
+	for _, spec := range specs {
+		for _, e := range strings.Split(spec, ";") {
+			if e = strings.TrimSpace(e); e == "" {
+				continue
+			}
+			region, urls, ok := strings.Cut(e, "=")
+			region = strings.TrimSpace(region)
+			g := NATSGateway{Region: region, URLs: addrList(urls)}
+			if !ok || region == "" || len(g.URLs) == 0 {
+				return nil, fmt.Errorf("%s %q: want REGION=URL[,URL...], entries separated by ';', e.g. us-east=nats://10.1.0.5:7222,10.1.0.6:7222", flagName("nats-gateways"), redactGateway(e))
+			}
+			if !namespace.Valid(region) {
+				return nil, fmt.Errorf("%s: region %q: want 1 to %d of A-Z a-z 0-9 - _, the other region's --region", flagName("nats-gateways"), region, namespace.Max)
+			}
+			for _, u := range g.URLs {
+				if _, err := gatewayURL(u); err != nil {
+					return nil, fmt.Errorf("%s: region %s: %q: %v", flagName("nats-gateways"), region, redact.URL(u), err)
+				}
+			}
+			if slices.ContainsFunc(gws, func(o NATSGateway) bool { return o.Region == region }) {
+				return nil, fmt.Errorf("%s: region %s given twice: give all its URLs in one entry, comma-separated", flagName("nats-gateways"), region)
+			}
+			gws = append(gws, g)
+		}
+	}
+	return gws, nil
+}
+
+// redactGateway is entry of --nats-gateways, for errors, with the
+// passwords of its URLs hidden.
+func redactGateway(entry string) string {
+	region, urls, ok := strings.Cut(entry, "=")
+	if !ok {
+		return redact.URL(entry)
+	}
+	return region + "=" + redact.URLs(strings.Split(urls, ","))
 }
 
 // durationFlag is a time.Duration flag whose error says what to write.

@@ -69,6 +69,9 @@ func (c *Config) check() error {
 	if c.RedisPrefix == "" || strings.ContainsAny(c.RedisPrefix, "{}") {
 		return fmt.Errorf("%s %q: want a non-empty prefix without '{' or '}' (a counter's own hash tag decides its Cluster slot)", flagName("redis-prefix"), c.RedisPrefix)
 	}
+	if c.set["region"] && !namespace.Valid(c.Region) {
+		return fmt.Errorf("%s %q: want 1 to %d of A-Z a-z 0-9 - _ (one NATS subject token: no '.', spaces or wildcards)", flagName("region"), c.Region, namespace.Max)
+	}
 	switch c.NATS {
 	case NATSNone:
 		for _, d := range flagDocs {
@@ -86,24 +89,26 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s %q: want none to run with no NATS, or a URL such as nats://host:4222", flagName("nats"), c.NATS)
 	}
 	if c.NATS != "" {
-		for _, f := range []string{"nats-listen", "nats-cluster-listen", "nats-routes", "nats-cluster-name", "nats-client-user", "nats-client-password"} {
+		for _, f := range []string{"nats-listen", "nats-cluster-listen", "nats-routes", "nats-cluster-name", "nats-gateway-listen", "nats-gateways", "nats-client-user", "nats-client-password"} {
 			if c.set[f] {
 				return fmt.Errorf("%s is for the embedded NATS server, which %s replaces: give one or the other", flagName(f), flagName("nats"))
 			}
 		}
 	} else {
 		if c.NATSClusterListen != "" {
-			if _, port, err := net.SplitHostPort(c.NATSClusterListen); err != nil {
-				return fmt.Errorf("%s %q: want host:port, e.g. 0.0.0.0:6222", flagName("nats-cluster-listen"), c.NATSClusterListen)
-			} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
-				return fmt.Errorf("%s %q: bad port", flagName("nats-cluster-listen"), c.NATSClusterListen)
+			if err := checkListen("nats-cluster-listen", c.NATSClusterListen, "0.0.0.0:6222"); err != nil {
+				return err
 			}
 		} else {
-			for _, f := range []string{"nats-routes", "nats-cluster-name"} {
-				if c.set[f] {
-					return fmt.Errorf("%s needs %s: the embedded server accepts routes there", flagName(f), flagName("nats-cluster-listen"))
-				}
+			if c.set["nats-routes"] {
+				return fmt.Errorf("%s needs %s: the embedded server accepts routes there", flagName("nats-routes"), flagName("nats-cluster-listen"))
 			}
+			if c.set["nats-cluster-name"] && c.NATSGatewayListen == "" {
+				return fmt.Errorf("%s needs %s (the embedded server accepts routes there) or %s", flagName("nats-cluster-name"), flagName("nats-cluster-listen"), flagName("nats-gateway-listen"))
+			}
+		}
+		if err := c.checkGateways(); err != nil {
+			return err
 		}
 		for _, r := range c.NATSRoutes {
 			if _, err := routeURL(r); err != nil {
@@ -127,10 +132,8 @@ func (c *Config) check() error {
 			return fmt.Errorf("%s %q: any host that reaches it could join the daemons' NATS cluster with no password or token, and publish as a daemon; add %s and %s, or %s (the same on every daemon: routes log in with them), or listen on a loopback address",
 				flagName("nats-cluster-listen"), c.NATSClusterListen, flagName("nats-user"), flagName("nats-password"), flagName("nats-token"))
 		}
-		if _, port, err := net.SplitHostPort(c.NATSListen); err != nil {
-			return fmt.Errorf("%s %q: want host:port, e.g. 127.0.0.1:4222", flagName("nats-listen"), c.NATSListen)
-		} else if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
-			return fmt.Errorf("%s %q: bad port", flagName("nats-listen"), c.NATSListen)
+		if err := checkListen("nats-listen", c.NATSListen, "127.0.0.1:4222"); err != nil {
+			return err
 		}
 		for _, f := range []string{"nats-nkey-seed", "nats-creds", "nats-ca", "nats-cert", "nats-key"} {
 			if c.set[f] {
@@ -171,6 +174,37 @@ func (c *Config) check() error {
 		return fmt.Errorf("%s %v: want a duration from %v to %v, e.g. 100ms", flagName("gossip-interval"), c.GossipInterval, minGossipInterval, maxGossipInterval)
 	case c.ReloadInterval < 0:
 		return fmt.Errorf("%s %v: want a positive duration, e.g. 2s, or 0 to check never", flagName("reload-interval"), c.ReloadInterval)
+	}
+	return nil
+}
+
+// checkGateways refuses gateway settings of the embedded server that
+// cannot make a supercluster: gateways without a listener or a region, a
+// cluster named apart from its region, a gateway to this region, a gateway
+// listener off loopback that lets anyone in.
+func (c *Config) checkGateways() error {
+	if c.NATSGatewayListen == "" {
+		if c.set["nats-gateways"] {
+			return fmt.Errorf("%s needs %s: the embedded server joins the other regions' clusters through its own gateway", flagName("nats-gateways"), flagName("nats-gateway-listen"))
+		}
+		return nil
+	}
+	if err := checkListen("nats-gateway-listen", c.NATSGatewayListen, "0.0.0.0:7222"); err != nil {
+		return err
+	}
+	switch {
+	case c.Region == "":
+		return fmt.Errorf("%s needs %s: the gateway, and the embedded cluster, are named by their region, as the other regions' %s name them", flagName("nats-gateway-listen"), flagName("region"), flagName("nats-gateways"))
+	case c.NATSClusterName != c.Region:
+		return fmt.Errorf("%s %q is not %s %q: with %s the cluster is named by its region; leave %s out", flagName("nats-cluster-name"), c.NATSClusterName, flagName("region"), c.Region, flagName("nats-gateway-listen"), flagName("nats-cluster-name"))
+	case !c.routeAuth() && !loopback(c.NATSGatewayListen):
+		return fmt.Errorf("%s %q: any host that reaches it could join the regions' NATS supercluster with no password or token, and publish as a daemon; add %s and %s, or %s (the same in every region: gateways log in with them), or listen on a loopback address",
+			flagName("nats-gateway-listen"), c.NATSGatewayListen, flagName("nats-user"), flagName("nats-password"), flagName("nats-token"))
+	}
+	for _, g := range c.NATSGateways {
+		if g.Region == c.Region {
+			return fmt.Errorf("%s: region %s is this daemon's own %s: list the other regions' gateways", flagName("nats-gateways"), g.Region, flagName("region"))
+		}
 	}
 	return nil
 }
@@ -260,4 +294,37 @@ func routeURL(s string) (*url.URL, error) {
 		return nil, errors.New("want nats-route://host:port or host:port")
 	}
 	return u, nil
+}
+
+// gatewayURL parses a URL of --nats-gateways: nats://host:port or
+// host:port, without credentials (the daemon adds its own).
+func gatewayURL(s string) (*url.URL, error) {
+	if !strings.Contains(s, "://") {
+		s = "nats://" + s
+	}
+	u, err := url.Parse(s)
+	switch {
+	case err != nil:
+		return nil, errors.New("want nats://host:port or host:port")
+	case u.Scheme != "nats":
+		return nil, fmt.Errorf("scheme %q: want nats://host:port or host:port", u.Scheme)
+	case u.User != nil:
+		return nil, errors.New("no credentials in a gateway URL: gateways log in with --nats-user/--nats-password or --nats-token")
+	case u.Hostname() == "" || u.Port() == "" || u.Path != "" && u.Path != "/":
+		return nil, errors.New("want nats://host:port or host:port")
+	}
+	return u, nil
+}
+
+// checkListen refuses an address of flag f that is not host:port with a
+// port number; example is one that is.
+func checkListen(f, addr, example string) error {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%s %q: want host:port, e.g. %s", flagName(f), addr, example)
+	}
+	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
+		return fmt.Errorf("%s %q: bad port", flagName(f), addr)
+	}
+	return nil
 }

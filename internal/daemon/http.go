@@ -188,7 +188,8 @@ func (d *Daemon) handleReady(w http.ResponseWriter, r *http.Request) {
 
 // warnings are /readyz's: daemons on memory counters that share NATS
 // with policies other than sync: gossip; sync: gossip policies with
-// --nats none; an embedded NATS server with routes configured and none up.
+// --nats none; an embedded NATS server with routes configured and none up,
+// or gateways configured and some down.
 func (d *Daemon) warnings() []string {
 	var w []string
 	if n, apart := d.engine.Stats().Instances, d.rules.Load().apart; d.redis == nil && n > 1 && len(apart) > 0 {
@@ -201,6 +202,10 @@ func (d *Daemon) warnings() []string {
 	}
 	if d.ns != nil && len(d.cfg.NATSRoutes) > 0 && d.ns.Server().NumRoutes() == 0 {
 		w = append(w, "no route of the embedded NATS server to the other daemons' (--nats-routes) is up: this daemon agrees hot keys with none of them; check their addresses, that they run, and that they share --nats-user/--nats-password")
+	}
+	if down := d.gatewaysDown(); len(down) > 0 {
+		w = append(w, fmt.Sprintf("no gateway of the embedded NATS server is up to %s of --nats-gateways: NATS messages do not cross to it; check the addresses, that the region runs, and that it shares --nats-user/--nats-password or --nats-token",
+			plural(down, "region ", "regions ")))
 	}
 	return w
 }

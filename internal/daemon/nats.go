@@ -154,7 +154,7 @@ func (d *Daemon) startEmbedded() error {
 	port, _ := strconv.Atoi(portStr)
 	// nats-server reports a port in use only as a readiness timeout: try
 	// the address first, for a clear message.
-	for _, a := range []struct{ addr, flag string }{{addr, "nats-listen"}, {d.cfg.NATSClusterListen, "nats-cluster-listen"}} {
+	for _, a := range []struct{ addr, flag string }{{addr, "nats-listen"}, {d.cfg.NATSClusterListen, "nats-cluster-listen"}, {d.cfg.NATSGatewayListen, "nats-gateway-listen"}} {
 		if _, p, _ := net.SplitHostPort(a.addr); p == "" || p == "0" {
 			continue
 		}
@@ -187,12 +187,17 @@ func (d *Daemon) startEmbedded() error {
 				o.Authorization = d.cfg.NATSToken
 			}
 			d.configureCluster(o)
+			configureGateway(o, &d.cfg)
 		},
 	})
 	if err != nil {
 		return fmt.Errorf("embedded NATS server on %s: %w; change the address with %s, or join another NATS with %s", addr, err, flagName("nats-listen"), flagName("nats"))
 	}
 	d.ns = ns
+	if d.cfg.NATSGatewayListen != "" && !d.cfg.routeAuth() {
+		d.log.Warn("the embedded NATS server accepts gateways without authentication: any process on this host can join the regions' NATS supercluster and publish as a daemon; add "+
+			flagName("nats-user")+" and "+flagName("nats-password")+", or "+flagName("nats-token"), "gateway", ns.Server().GatewayAddr().String())
+	}
 	if d.cfg.NATSClusterListen != "" && !d.cfg.routeAuth() {
 		// check refuses this off loopback; on it, any process of this host
 		// may still join.
@@ -258,6 +263,57 @@ func (d *Daemon) configureCluster(o *server.Options) {
 		u.User = creds
 		o.Routes = append(o.Routes, u)
 	}
+}
+
+// configureGateway sets o's gateway from --nats-gateway-listen and
+// --nats-gateways: named by the region, which names the cluster too; the
+// gateways log in as routes do (configureCluster).
+func configureGateway(o *server.Options, cfg *Config) {
+	if cfg.NATSGatewayListen == "" {
+		return
+	}
+	host, portStr, _ := net.SplitHostPort(cfg.NATSGatewayListen)
+	port, _ := strconv.Atoi(portStr)
+	if port == 0 {
+		port = server.RANDOM_PORT
+	}
+	if host == "" {
+		host = "0.0.0.0"
+	}
+	o.Gateway.Name, o.Gateway.Host, o.Gateway.Port = cfg.Region, host, port
+	switch {
+	case cfg.NATSUser != "":
+		o.Gateway.Username, o.Gateway.Password = cfg.NATSUser, cfg.NATSPassword
+	case cfg.NATSToken != "":
+		o.Gateway.Username, o.Gateway.Password = routeUser, cfg.NATSToken
+	}
+	for _, g := range cfg.NATSGateways {
+		r := &server.RemoteGatewayOpts{Name: g.Region}
+		for _, s := range g.URLs {
+			u, _ := gatewayURL(s) // checked by ParseArgs
+			r.URLs = append(r.URLs, u)
+		}
+		o.Gateway.Gateways = append(o.Gateway.Gateways, r)
+	}
+}
+
+// gatewaysDown returns the regions of --nats-gateways that the embedded
+// server has no outbound gateway connection to.
+func (d *Daemon) gatewaysDown() []string {
+	if d.ns == nil || len(d.cfg.NATSGateways) == 0 {
+		return nil
+	}
+	gz, err := d.ns.Server().Gatewayz(nil)
+	if err != nil {
+		return nil
+	}
+	var down []string
+	for _, g := range d.cfg.NATSGateways {
+		if r := gz.OutboundGateways[g.Region]; r == nil || r.Connection == nil {
+			down = append(down, g.Region)
+		}
+	}
+	return down
 }
 
 // loopback reports whether addr's host is a loopback address or

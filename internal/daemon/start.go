@@ -108,6 +108,9 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		hotkey.WithReserveLease(cfg.ReserveLease),
 		hotkey.WithGossipInterval(cfg.GossipInterval),
 	}
+	if cfg.Region != "" {
+		opts = append(opts, hotkey.WithRegion(cfg.Region))
+	}
 	// Without NATS the engine's own coordinator.Local agrees hot keys with
 	// this daemon alone.
 	if d.nc != nil {
@@ -116,7 +119,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		// (startNATS), which shutdown drains and closes.
 		// Hot keys are counter names, policy|key: room for the longest.
 		maxName := max(maxPolicyName, envoyconf.MaxPolicyName) + 1 + hotkey.DefaultMaxKeyLen
-		if d.coord, err = coordinator.NewNATS(d.nc, coordinator.Config{ID: d.id, Namespace: cfg.Namespace, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
+		if d.coord, err = coordinator.NewNATS(d.nc, coordinator.Config{ID: d.id, Namespace: cfg.Namespace, Region: cfg.Region, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
 			return nil, fmt.Errorf("coordinator: %w", err)
 		}
 		opts = append(opts, hotkey.WithCoordinator(d.coord))
@@ -166,6 +169,13 @@ func (d *Daemon) logServing(r *rules, version string) {
 		if cfg.NATSClusterListen != "" {
 			nats += fmt.Sprintf(" cluster %s on %s routes %s", cfg.NATSClusterName, d.ns.Server().ClusterAddr(), strings.Join(cfg.NATSRoutes, ","))
 		}
+		if cfg.NATSGatewayListen != "" {
+			gws := make([]string, len(cfg.NATSGateways))
+			for i, g := range cfg.NATSGateways {
+				gws[i] = g.Region + "=" + strings.Join(g.URLs, ",")
+			}
+			nats += fmt.Sprintf(" gateway %s on %s gateways %s", cfg.Region, d.ns.Server().GatewayAddr(), strings.Join(gws, ";"))
+		}
 	}
 	grpcAddr, domains := "off", "none"
 	if d.grpcLn != nil {
@@ -185,7 +195,7 @@ func (d *Daemon) logServing(r *rules, version string) {
 	if d.adminLn != nil {
 		adminAddr = d.AdminAddr()
 	}
-	log.Info("serving", "http", d.Addr(), "admin", adminAddr, "grpc", grpcAddr, "tls", tlsMode, "nats", nats, "namespace", cfg.Namespace, "store", store, "instance", d.id,
+	log.Info("serving", "http", d.Addr(), "admin", adminAddr, "grpc", grpcAddr, "tls", tlsMode, "nats", nats, "namespace", cfg.Namespace, "region", cfg.Region, "store", store, "instance", d.id,
 		"policies", strings.Join(r.policies.Names(), ","), "envoy_domains", domains, "version", version)
 	if d.grpcLn != nil && r.envoy == nil {
 		log.Info("the gRPC rate-limit service has no rules: every descriptor is answered OK until " + flagName("envoy-config") + " gives some")
