@@ -1,6 +1,7 @@
 package counter
 
 import (
+	"context"
 	"math"
 	"math/bits"
 	"time"
@@ -73,9 +74,18 @@ func mulSat(a, b int64) int64 {
 	return a * b
 }
 
-// Charge is ChargeAt at the store's clock's now.
-func (s *MemoryStore) Charge(key string, hash uint64, lim Limit, n int64) bool {
-	return s.ChargeAt(s.clock(), key, hash, lim, n)
+// Charge implements Charger: ChargeAt at the store's clock's now. It
+// never fails.
+func (s *MemoryStore) Charge(_ context.Context, key string, hash uint64, lim Limit, n int64) (bool, error) {
+	return s.ChargeAt(s.clock(), key, hash, lim, n), nil
+}
+
+// ChargeBatch implements BatchCharger: a Charge of each op in turn.
+func (s *MemoryStore) ChargeBatch(ctx context.Context, ops []ChargeOp) {
+	for i := range ops {
+		op := &ops[i]
+		op.Charged, op.Err = s.Charge(ctx, op.Key, op.Hash, op.Limit, op.N)
+	}
 }
 
 // ChargeAt adds n units of usage to key's counter under lim at now, with
