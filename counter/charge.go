@@ -8,7 +8,7 @@ import (
 )
 
 // A charge is usage added to a counter without a decision: the units
-// another instance admitted on the key (gossip), in the units of the
+// another instance or region admitted on the key, in the units of the
 // algorithm. A charge of n leaves a counter as an admitted Take of n would,
 // for every n a Take could admit; beyond that, it saturates at a bound of
 // its algorithm, so that an absurd n can neither overflow a counter nor
