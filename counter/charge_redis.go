@@ -146,13 +146,15 @@ return 1
 `
 
 // slidingLogChargeScript charges a sliding log: n units stamped now, as
-// slidingLogScript adds a take's, but one instant's units stop at the
-// limit's rate, and units older than the newest rate ones are dropped. A
-// log's Results under its limit depend only on its newest rate units
-// (whether there are rate of them, and which instant holds the one a
-// take's retry waits for), so neither cut changes a decision, and a
-// charge costs at most rate entries. Members are named apart from a
-// take's ("ts:c<j>"). ARGV: rate, period in µs, n (at most rate).
+// slidingLogScript adds a take's, but one instant's units stop at twice
+// the limit's rate, and units older than the newest 2·rate ones are
+// dropped, so that a log holds at most 2·rate entries. Neither cut changes
+// a decision: a log's Results under its limit depend only on its newest
+// rate units (whether there are rate of them, and which instant holds the
+// one a take's retry waits for), and the returns of the leases still open
+// in its window can take back at most rate units (each lease was admitted
+// within the rate). Members are named apart from a take's ("ts:c<j>").
+// ARGV: rate, period in µs, n (at most 2·rate).
 const slidingLogChargeScript = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
@@ -164,7 +166,7 @@ else
 	redis.call('ZREMRANGEBYSCORE', key, '(' .. string.format('%.0f', now + p), '+inf')
 end
 local here = redis.call('ZCOUNT', key, ts, ts)
-local c = math.min(n, math.max(0, rate - here))
+local c = math.min(n, math.max(0, 2 * rate - here))
 local added = 0
 while added < c do
 	local args = {}
@@ -175,7 +177,7 @@ while added < c do
 	end
 	redis.call('ZADD', key, unpack(args))
 end
-local extra = math.min(redis.call('ZCARD', key) - rate, redis.call('ZCOUNT', key, '-inf', '(' .. ts))
+local extra = math.min(redis.call('ZCARD', key) - 2 * rate, redis.call('ZCOUNT', key, '-inf', '(' .. ts))
 if extra > 0 then redis.call('ZREMRANGEBYRANK', key, 0, extra - 1) end
 redis.call('PEXPIRE', key, int(math.ceil(p / 1000)))
 keepGen()
@@ -190,7 +192,7 @@ func chargeArgs(lim Limit, n int64) []any {
 	case TokenBucket:
 		return []any{c.ivArg, c.level, n}
 	case SlidingLog:
-		return []any{c.rate, c.period, min(n, c.rate)}
+		return []any{c.rate, c.period, min(n, 2*c.rate)}
 	}
 	return []any{c.rate, c.period, min(n, MaxCount)}
 }

@@ -31,10 +31,12 @@ func sameResult(got, want Result) bool {
 		nearMicro(got.NextAfter, want.NextAfter)
 }
 
-// TestRedisChargeMatchesMemory runs seeded sequences of Takes and Charges
-// on two counters, on fixed instants, through the scripts (TIME replaced by
-// arguments) and the memory store: every Take, and every Peek, must answer
-// the same on both. Charges go up to three capacities, so that token
+// TestRedisChargeMatchesMemory runs seeded sequences of Charges, Takes,
+// Peeks, Leases and Returns on two counters, on fixed instants, through the
+// scripts (TIME replaced by arguments) and the memory store: each must
+// answer the same on both, but that a log's Return may give back fewer
+// (a charge keeps a log's newest 2·rate units only: the units it dropped
+// count in no decision, whatever goes back later). Charges go up to three capacities, so that token
 // buckets owe units and windows and logs go past their rate. Token
 // intervals are exact on both stores' grids: a rounded one drifts apart
 // by a grid step per unit, on Take and Charge alike, and charges carry
@@ -42,6 +44,7 @@ func sameResult(got, want Result) bool {
 func TestRedisChargeMatchesMemory(t *testing.T) {
 	checkLeaks(t)
 	client := newTestClient(t, testRedisAddr)
+	ctx := context.Background()
 	for _, lim := range []Limit{
 		{Algorithm: TokenBucket, Rate: 10, Period: time.Hour},
 		{Algorithm: TokenBucket, Rate: 6, Period: time.Minute, Burst: 3},
@@ -57,42 +60,86 @@ func TestRedisChargeMatchesMemory(t *testing.T) {
 		{Algorithm: SlidingLog, Rate: 600, Period: time.Minute},
 	} {
 		t.Run(fmt.Sprintf("%v/%d/%v/%d", lim.Algorithm, lim.Rate, lim.Period, lim.Burst), func(t *testing.T) {
-			peek := strings.Replace(peekSources[lim.Algorithm], "redis.call('TIME')", "{ARGV[#ARGV - 1], ARGV[#ARGV]}", 1)
+			peek := scriptSrcAt(peekSources[lim.Algorithm])
+			lease := scriptSrcAt(leaseSources[lim.Algorithm])
+			ret := scriptSrcAt(returnSources[lim.Algorithm])
 			mem := NewMemoryStore(MemoryConfig{})
 			counters := []string{testKey(t), testKey(t)}
+			open := make(map[string][]openLease)
 			rng := rand.New(rand.NewPCG(41, uint64(lim.Algorithm)<<32|uint64(lim.Rate)))
 			now := t0.UnixMicro()
 			span := lim.Period.Microseconds() / 4
 			if lim.Algorithm == TokenBucket {
 				span = lim.Period.Microseconds() * lim.Capacity() / lim.Rate / 4
 			}
-			allowed, takes, charges := 0, 0, 0
-			for i := range 300 {
+			allowed, takes, charges, returns, granted, returned := 0, 0, 0, 0, int64(0), int64(0)
+			for i := range 400 {
 				now += rng.Int64N(span + 1)
 				key := counters[rng.IntN(len(counters))]
+				keys := []string{key, genKey(key)}
 				at := time.UnixMicro(now)
-				switch rng.IntN(3) {
+				tm := []any{now / 1e6, now % 1e6}
+				var c call
+				c.setArgs(lim, 1)
+				switch rng.IntN(5) {
 				case 0:
 					n := []int64{1, 1, 1 + rng.Int64N(lim.Capacity()), 1 + rng.Int64N(3*lim.Capacity())}[rng.IntN(4)]
-					chargeAt(t, client, []string{key}, lim, n, now)
+					chargeAt(t, client, keys, lim, n, now)
 					if !mem.ChargeAt(at, key, 0, lim, n) {
 						t.Fatalf("step %d: memory dropped a charge", i)
 					}
 					charges++
 				case 1:
-					var c call
-					c.setArgs(lim, 1)
-					v, err := redis.NewScript(peek).Run(context.Background(), client, []string{key}, append(c.appendArgs(nil), now/1e6, now%1e6)...).Int64Slice()
+					v, err := peek.Run(ctx, client, []string{key}, append(c.appendArgs(nil), tm...)...).Int64Slice()
 					if err != nil {
 						t.Fatalf("peek script: %v", err)
 					}
 					got := c.decode(v)
 					ns := at.UnixNano()
 					c0 := mem.peek(Shard{Name: key, Limit: lim}, ns, lim.Algorithm == SlidingLog)
-					want := c0.take(ns, lim, 1)
-					if !sameResult(got, want) {
+					if want := c0.take(ns, lim, 1); !sameResult(got, want) {
 						t.Fatalf("step %d: peek: redis %+v, memory %+v", i, got, want)
 					}
+				case 2:
+					n := 1 + rng.Int64N(lim.Capacity())
+					v, err := lease.Run(ctx, client, keys, append(append(c.appendArgs(nil), n), tm...)...).Int64Slice()
+					if err != nil {
+						t.Fatalf("lease script: %v", err)
+					}
+					got, err := decodeLease(lim, v)
+					if err != nil {
+						t.Fatal(err)
+					}
+					want := mem.LeaseAt(at, key, lim, n)
+					if got.Granted != want.Granted || !sameResult(got.Result, want.Result) {
+						t.Fatalf("step %d: lease of %d: redis %+v, memory %+v", i, n, got, want)
+					}
+					if got.Granted > 0 {
+						granted += got.Granted
+						open[key] = append(open[key], openLease{want.Token, got.Token, got.Granted - rng.Int64N(got.Granted+1)})
+					}
+				case 3:
+					ls := open[key]
+					if len(ls) == 0 {
+						continue
+					}
+					j := rng.IntN(len(ls))
+					l := ls[j]
+					open[key] = append(ls[:j], ls[j+1:]...)
+					if l.left == 0 {
+						continue
+					}
+					r := 1 + rng.Int64N(l.left)
+					got, err := ret.Run(ctx, client, keys, append(append(c.appendArgs(nil), r, l.redisTok.at, l.redisTok.gen), tm...)...).Int64()
+					if err != nil {
+						t.Fatalf("return script: %v", err)
+					}
+					want := mem.ReturnAt(at, key, lim, r, l.memTok)
+					if got != want && (lim.Algorithm != SlidingLog || got > want) {
+						t.Fatalf("step %d: return of %d: redis %d went back, memory %d", i, r, got, want)
+					}
+					returns++
+					returned += got
 				default:
 					n := []int64{1, 1 + rng.Int64N(lim.Capacity())}[rng.IntN(2)]
 					got := scriptAt(t, client, []string{key}, lim, n, now)[0]
@@ -105,8 +152,12 @@ func TestRedisChargeMatchesMemory(t *testing.T) {
 					}
 				}
 			}
-			if allowed < takes/10 || allowed > takes*9/10 || charges < 50 {
-				t.Errorf("%d of %d takes allowed, %d charges: want a mix of decisions", allowed, takes, charges)
+			// A bucket's lease gives back nothing once held for the
+			// intervals it would return: most steps are longer.
+			mix := fmt.Sprintf("%d of %d takes allowed, %d charges, %d units leased, %d returned in %d returns", allowed, takes, charges, granted, returned, returns)
+			t.Log(mix)
+			if allowed < takes/10 || allowed > takes*9/10 || charges < 50 || granted == 0 || returns == 0 || returned == 0 && lim.Algorithm != TokenBucket {
+				t.Errorf("%s: want a mix", mix)
 			}
 		})
 	}
@@ -210,8 +261,8 @@ func TestRedisChargeSaturates(t *testing.T) {
 					t.Errorf("%s: TTL %v after saturating charges, want in (0, %v]", limitName(lim), ttl, most)
 				}
 				if lim.Algorithm == SlidingLog {
-					if units, _ := client.ZCard(ctx, s.cfg.Prefix+key).Result(); units != lim.Rate {
-						t.Errorf("%s: %d entries after saturating charges, want the rate %d", limitName(lim), units, lim.Rate)
+					if units, _ := client.ZCard(ctx, s.cfg.Prefix+key).Result(); units != 2*lim.Rate {
+						t.Errorf("%s: %d entries after saturating charges, want twice the rate %d", limitName(lim), units, lim.Rate)
 					}
 				}
 			}
