@@ -27,14 +27,15 @@ var chargeSources = [numAlgorithms]string{
 }
 
 // chargeKeepGen defines keepGen, which pushes the expiry of the
-// generation's key, if there is one, to the counter's.
+// generation's key, if there is one, to the counter's (formatted: see
+// intArg).
 const chargeKeepGen = `
 local function keepGen()
 	if not KEYS[2] then return end
 	local g = redis.call('PTTL', KEYS[2])
 	if g <= 0 then return end
 	local c = redis.call('PTTL', KEYS[1])
-	if c > g then redis.call('PEXPIRE', KEYS[2], c) end
+	if c > g then redis.call('PEXPIRE', KEYS[2], string.format('%.0f', c)) end
 end
 `
 
