@@ -18,7 +18,7 @@ import (
 func chargeAt(t *testing.T, client redis.UniversalClient, keys []string, lim Limit, n, now int64) {
 	t.Helper()
 	src := strings.Replace(chargeSources[lim.Algorithm], "redis.call('TIME')", "{ARGV[#ARGV - 1], ARGV[#ARGV]}", 1)
-	args := append(chargeArgs(lim, n), now/1e6, now%1e6)
+	args := append(appendChargeArgs(nil, lim, n, len(keys) > 1), now/1e6, now%1e6)
 	if err := redis.NewScript(src).Run(context.Background(), client, keys, args...).Err(); err != nil {
 		t.Fatalf("charge script: %v", err)
 	}
@@ -232,7 +232,9 @@ func TestRedisChargeSaturates(t *testing.T) {
 			for _, lim := range append(chargeLimits,
 				Limit{Algorithm: TokenBucket, Rate: 700_000, Period: time.Second},
 				Limit{Algorithm: TokenBucket, Rate: 1, Period: MaxTolerance},
-				Limit{Algorithm: SlidingLog, Rate: MaxLogRate, Period: time.Hour},
+				// A log's charge adds up to 2·rate entries, one per unit as a
+				// take's: at MaxLogRate a script of seconds on a loaded machine.
+				Limit{Algorithm: SlidingLog, Rate: 10_000, Period: time.Hour},
 			) {
 				key := testKey(t)
 				var ops []ChargeOp
@@ -270,9 +272,11 @@ func TestRedisChargeSaturates(t *testing.T) {
 	}
 }
 
-// TestRedisChargeTTL: a charged key expires as a taken one would: a Take
-// and a Charge of the same units at the same instant, on two fresh keys,
-// leave the same TTL, within the real time the four calls took.
+// TestRedisChargeTTL: a charged key expires as a taken one would: Takes
+// and Charges of the same units at the same instants, on two fresh keys,
+// leave the same TTL after each step (a token bucket's kept while its TAT
+// stays in its half-span, set anew past it), within the real time
+// between a take and its charge and the two reads.
 func TestRedisChargeTTL(t *testing.T) {
 	checkLeaks(t)
 	client := newTestClient(t, testRedisAddr)
@@ -283,26 +287,37 @@ func TestRedisChargeTTL(t *testing.T) {
 		Limit{Algorithm: FixedWindow, Rate: 10, Period: time.Hour},
 		Limit{Algorithm: SlidingWindow, Rate: 10, Period: time.Hour},
 	) {
-		for range 20 {
+		steps := 0
+		for range 5 {
 			took, charged := testKey(t), testKey(t)
 			now := time.Now().UnixMicro() + rng.Int64N(lim.Period.Microseconds())
-			n := 1 + rng.Int64N(lim.Capacity())
-			start := time.Now()
-			if r := scriptAt(t, client, []string{took}, lim, n, now)[0]; !r.Allowed {
-				t.Fatalf("%s: a fresh counter denied %d", limitName(lim), n)
+			var apart time.Duration // the most real time between a step's take and charge: a kept expiry is one set steps ago
+			for range 10 {
+				now += lim.Period.Microseconds() / lim.Rate / 2 * (1 + rng.Int64N(2)) // a unit's refill, or half of it
+				n := 1 + rng.Int64N(lim.Capacity()/8+1)
+				start := time.Now()
+				if r := scriptAt(t, client, []string{took}, lim, n, now)[0]; !r.Allowed {
+					break
+				}
+				chargeAt(t, client, []string{charged}, lim, n, now)
+				apart = max(apart, time.Since(start))
+				read := time.Now()
+				a, err := client.PTTL(ctx, took).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, err := client.PTTL(ctx, charged).Result()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if gap := apart + time.Since(read) + 2*time.Millisecond; a <= 0 || a-b > gap || b-a > gap {
+					t.Fatalf("%s, %d units: TTL %v after a take, %v after a charge", limitName(lim), n, a, b)
+				}
+				steps++
 			}
-			chargeAt(t, client, []string{charged}, lim, n, now)
-			a, err := client.PTTL(ctx, took).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			b, err := client.PTTL(ctx, charged).Result()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if gap := time.Since(start) + 2*time.Millisecond; a <= 0 || a-b > gap || b-a > gap {
-				t.Errorf("%s, %d units: TTL %v after a take, %v after a charge", limitName(lim), n, a, b)
-			}
+		}
+		if steps < 20 {
+			t.Errorf("%s: %d steps compared", limitName(lim), steps)
 		}
 	}
 }
@@ -362,7 +377,8 @@ func TestRedisChargeKeepsGeneration(t *testing.T) {
 
 // TestRedisChargeBatchCluster charges many keys, spread over a Cluster's
 // slots, in one ChargeBatch, as a memory store is charged, and then takes
-// from each on both: the decisions and Remaining agree. Limits are per
+// from each on both: the decisions and Remaining agree, on a key charged
+// under two algorithms in turn too. Limits are per
 // hour, so that the milliseconds between the two stores' instants change
 // nothing.
 func TestRedisChargeBatchCluster(t *testing.T) {
@@ -383,6 +399,12 @@ func TestRedisChargeBatchCluster(t *testing.T) {
 				key := fmt.Sprintf("%s:%d", base, k)
 				ops = append(ops, ChargeOp{Key: key, Hash: Hash(key), Limit: lim, N: 1 + rng.Int64N(25)})
 			}
+			// A key charged under two algorithms: each reads the other's
+			// state as no usage, so the order of its charges decides.
+			mixed := base + ":mixed"
+			fixed := Limit{Algorithm: FixedWindow, Rate: 20, Period: time.Hour}
+			ops = append(ops, ChargeOp{Key: mixed, Limit: fixed, N: 3}, ChargeOp{Key: mixed, Limit: Limit{Rate: 20, Period: time.Hour}, N: 2},
+				ChargeOp{Key: mixed, Limit: fixed, N: 4})
 			ops = append(ops, ChargeOp{Key: "none", Limit: ops[0].Limit, N: 0}, ChargeOp{Key: "bad", Limit: Limit{Algorithm: numAlgorithms, Rate: 1, Period: time.Second}, N: 1})
 			at := now(t)
 			s.ChargeBatch(ctx, ops)
