@@ -11,7 +11,7 @@ import (
 // algorithm, each on any number of counters one after the other at one
 // instant (on a Cluster or Ring, one: a script's keys must share a slot).
 // Per counter, KEYS hold the counter and its generation's key if it has
-// one (genKey), and ARGV four arguments (chargeArgs): the limit's two, n,
+// one (genKey), and ARGV four arguments (appendChargeArgs): the limit's two, n,
 // and 1 if a generation's key follows. The reply is 1. A charge reads a
 // counter's state as the Take script does (a value no take writes, or
 // another algorithm's, is no usage), and a charge of n that a Take could

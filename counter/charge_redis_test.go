@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -436,5 +437,48 @@ func TestRedisChargeBatchCluster(t *testing.T) {
 				t.Errorf("%d of %d takes denied: want a mix", denied, len(ops)-2)
 			}
 		})
+	}
+}
+
+// TestRedisChargeBatchNoScript: after the server lost its scripts,
+// ChargeBatch loads them again and charges, in a round trip more, and a
+// server that cannot be reached fails every op.
+func TestRedisChargeBatchNoScript(t *testing.T) {
+	checkLeaks(t)
+	ctx := context.Background()
+	srv := startOwnServer(t)
+	client := newTestClient(t, srv.Addr)
+	s := newTestStore(t, client, RedisConfig{})
+	sent := &cmdRecorder{}
+	client.AddHook(sent)
+	ops := make([]ChargeOp, 8)
+	for i := range ops {
+		ops[i] = ChargeOp{Key: testKey(t), Limit: Limit{Algorithm: Algorithm(i) % numAlgorithms, Rate: 3, Period: longPeriod}, N: 1}
+	}
+	if err := newTestClient(t, srv.Addr).ScriptFlush(ctx).Err(); err != nil {
+		t.Fatal(err)
+	}
+	s.ChargeBatch(ctx, ops)
+	for i, op := range ops {
+		if op.Err != nil || !op.Charged {
+			t.Errorf("op %d after SCRIPT FLUSH: %v, %v; want charged", i, op.Charged, op.Err)
+		} else if r := mustTake(t, s, op.Key, op.Limit, 1); !r.Allowed || r.Remaining != 1 {
+			t.Errorf("op %d: a take after the charge: %+v, want 1 left", i, r)
+		}
+	}
+	sent.mu.Lock()
+	names := slices.Clone(sent.names)
+	sent.mu.Unlock()
+	if want := []string{"pipeline evalsha", "pipeline script", "pipeline evalsha"}; len(names) < 3 || !slices.Equal(names[:3], want) {
+		t.Errorf("round trips %q, want %q first", names, want)
+	}
+	if err := srv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	s.ChargeBatch(ctx, ops)
+	for i, op := range ops {
+		if op.Err == nil || op.Charged {
+			t.Errorf("op %d, server down: %v, %v; want an error", i, op.Charged, op.Err)
+		}
 	}
 }
