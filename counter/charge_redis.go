@@ -60,17 +60,17 @@ return 1
 
 // gcraChargeScript charges a token bucket, in the grid units of its
 // limit's level k (see gcraGrid). Its arguments: I, the limit's interval
-// in those units, and k. The TAT found (d = max(TAT, now) - now, read as gcraScript
-// reads it) moves to d + n·I, written as gcraScript writes it, while that
-// is within L = 2^41 ms of units: 32 spans of any level up to 36, and
-// maxDebt at 36 and 37, where the debt stops. Below level 36 a debt past
-// L goes to the least level up to 36 whose L holds it, written under the
-// limit's interval rounded up to that level's grid, so that a take reads
-// it in units of the limit (gcraOffset) and never less; at level 36 L is
-// maxDebt. A debt already at maxDebt is left as it is. The expiry is the
-// one a take writing the TAT sets, from the spans of the limit's level,
-// and kept as a take keeps it (SETRANGE) while the TAT stays in the
-// half-span of the one it replaces.
+// in those units, and k. The TAT found (d = max(TAT, now) - now, read as
+// gcraScript reads it) moves to d + n·I, written as gcraScript writes it,
+// while that is at most L = 2^41 ms ahead: 32 expiry spans at any level up
+// to 36 (within the half-cycle a state is read in), and maxDebt, where a
+// debt stops, at 36 and 37. Below level 36 a debt past L goes to the least
+// level up to 36 whose L holds it, under the limit's interval rounded up
+// to that level's grid, so that a take reads it in units of the limit
+// (gcraOffset), never fewer; a debt already at maxDebt is left as it is.
+// The expiry is the one a take writing the TAT sets, from the spans of the
+// limit's level, and kept as a take keeps it (SETRANGE) while the TAT
+// stays in the half-span of the one it replaces.
 const gcraChargeScript = `
 local O, L = 2e15, 2199023255552000
 -- put sets key's TAT y units of level kk ahead of now, under interval ivs,
