@@ -233,45 +233,6 @@ func appendChargeArgs(args []any, lim Limit, n int64, gen bool) []any {
 	return append(args, c.rate, c.period, min(n, MaxCount), g)
 }
 
-// ChargeOp is one charge of a ChargeBatch: its arguments, and once the
-// batch is done, whether the counter holds it (Charged) or Err.
-type ChargeOp struct {
-	Key   string
-	Hash  uint64
-	Limit Limit
-	N     int64
-
-	Charged bool
-	Err     error
-}
-
-// Charger is implemented by stores that take charges: usage added to a
-// counter without a decision (see charge.go).
-type Charger interface {
-	// Charge adds n units of usage to key's counter under lim now, leaving
-	// it as an admitted Take of n would, for every n a Take could admit,
-	// and saturating beyond (see charge.go). It reports whether the counter
-	// holds the charge (a memory store whose stripe is full drops it). A
-	// charge of n ≤ 0, or under a limit without a positive Rate and Period,
-	// changes nothing and reports true. It may block on I/O.
-	Charge(ctx context.Context, key string, hash uint64, lim Limit, n int64) (bool, error)
-}
-
-// BatchCharger is implemented by Chargers that charge many counters in
-// fewer calls than one each.
-type BatchCharger interface {
-	Charger
-	// ChargeBatch charges each of ops as Charge would, one after the other,
-	// and sets its Charged or Err. It returns when all are done. It may
-	// block on I/O.
-	ChargeBatch(ctx context.Context, ops []ChargeOp)
-}
-
-var (
-	_ BatchCharger = (*MemoryStore)(nil)
-	_ BatchCharger = (*RedisStore)(nil)
-)
-
 // Charge implements Charger: one script run, in a round trip of its own,
 // bounded by the store's Timeout. An unknown algorithm is an error.
 func (s *RedisStore) Charge(ctx context.Context, key string, hash uint64, lim Limit, n int64) (bool, error) {

@@ -406,7 +406,8 @@ func TestRedisChargeBatchCluster(t *testing.T) {
 			fixed := Limit{Algorithm: FixedWindow, Rate: 20, Period: time.Hour}
 			ops = append(ops, ChargeOp{Key: mixed, Limit: fixed, N: 3}, ChargeOp{Key: mixed, Limit: Limit{Rate: 20, Period: time.Hour}, N: 2},
 				ChargeOp{Key: mixed, Limit: fixed, N: 4})
-			ops = append(ops, ChargeOp{Key: "none", Limit: ops[0].Limit, N: 0}, ChargeOp{Key: "bad", Limit: Limit{Algorithm: numAlgorithms, Rate: 1, Period: time.Second}, N: 1})
+			ops = append(ops, ChargeOp{Key: "none", Limit: ops[0].Limit, N: 0}, ChargeOp{Key: "none", Limit: Limit{Period: time.Hour}, N: 5},
+				ChargeOp{Key: "bad", Limit: Limit{Algorithm: numAlgorithms, Rate: 1, Period: time.Second}, N: 1})
 			at := now(t)
 			s.ChargeBatch(ctx, ops)
 			for i, op := range ops[:len(ops)-1] {
@@ -419,11 +420,11 @@ func TestRedisChargeBatchCluster(t *testing.T) {
 				t.Error("a charge under an unknown algorithm did not fail")
 			}
 			if n, _ := client.Exists(ctx, s.cfg.Prefix+"none").Result(); n != 0 {
-				t.Error("a charge of 0 wrote a counter")
+				t.Error("a charge of 0, or under a limit of no rate, wrote a counter")
 			}
 			at = now(t)
 			denied := 0
-			for _, op := range ops[:len(ops)-2] {
+			for _, op := range ops[:len(ops)-3] {
 				got := mustTake(t, s, op.Key, op.Limit, 2)
 				want := mem.TakeAt(at, op.Key, 0, op.Limit, 2)
 				if got.Allowed != want.Allowed || got.Remaining != want.Remaining {
@@ -433,8 +434,8 @@ func TestRedisChargeBatchCluster(t *testing.T) {
 					denied++
 				}
 			}
-			if denied == 0 || denied == len(ops)-2 {
-				t.Errorf("%d of %d takes denied: want a mix", denied, len(ops)-2)
+			if denied == 0 || denied == len(ops)-3 {
+				t.Errorf("%d of %d takes denied: want a mix", denied, len(ops)-3)
 			}
 		})
 	}
