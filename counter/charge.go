@@ -1,13 +1,14 @@
 package counter
 
 import (
+	"context"
 	"math"
 	"math/bits"
 	"time"
 )
 
 // A charge is usage added to a counter without a decision: the units
-// another instance admitted on the key (gossip), in the units of the
+// another instance or region admitted on the key, in the units of the
 // algorithm. A charge of n leaves a counter as an admitted Take of n would,
 // for every n a Take could admit; beyond that, it saturates at a bound of
 // its algorithm, so that an absurd n can neither overflow a counter nor
@@ -73,9 +74,57 @@ func mulSat(a, b int64) int64 {
 	return a * b
 }
 
-// Charge is ChargeAt at the store's clock's now.
-func (s *MemoryStore) Charge(key string, hash uint64, lim Limit, n int64) bool {
-	return s.ChargeAt(s.clock(), key, hash, lim, n)
+// ChargeOp is one charge of a ChargeBatch: its arguments, and once the
+// batch is done, whether the counter holds it (Charged) or Err.
+type ChargeOp struct {
+	Key   string
+	Hash  uint64
+	Limit Limit
+	N     int64
+
+	Charged bool
+	Err     error
+}
+
+// Charger is implemented by stores that take charges: usage added to a
+// counter without a decision (see above).
+type Charger interface {
+	// Charge adds n units of usage to key's counter under lim now, leaving
+	// it as an admitted Take of n would, for every n a Take could admit,
+	// and saturating beyond (see above). It reports whether the counter
+	// holds the charge (a memory store whose stripe is full drops it). A
+	// charge of n ≤ 0, or under a limit without a positive Rate and Period,
+	// changes nothing and reports true. It may block on I/O.
+	Charge(ctx context.Context, key string, hash uint64, lim Limit, n int64) (bool, error)
+}
+
+// BatchCharger is implemented by Chargers that charge many counters in
+// fewer calls than one each.
+type BatchCharger interface {
+	Charger
+	// ChargeBatch charges each of ops as Charge would, one after the other,
+	// and sets its Charged or Err. It returns when all are done. It may
+	// block on I/O.
+	ChargeBatch(ctx context.Context, ops []ChargeOp)
+}
+
+var (
+	_ BatchCharger = (*MemoryStore)(nil)
+	_ BatchCharger = (*RedisStore)(nil)
+)
+
+// Charge implements Charger: ChargeAt at the store's clock's now. It
+// never fails.
+func (s *MemoryStore) Charge(_ context.Context, key string, hash uint64, lim Limit, n int64) (bool, error) {
+	return s.ChargeAt(s.clock(), key, hash, lim, n), nil
+}
+
+// ChargeBatch implements BatchCharger: a Charge of each op in turn.
+func (s *MemoryStore) ChargeBatch(ctx context.Context, ops []ChargeOp) {
+	for i := range ops {
+		op := &ops[i]
+		op.Charged, op.Err = s.Charge(ctx, op.Key, op.Hash, op.Limit, op.N)
+	}
 }
 
 // ChargeAt adds n units of usage to key's counter under lim at now, with

@@ -1,6 +1,7 @@
 package counter
 
 import (
+	"context"
 	"math"
 	"math/rand/v2"
 	"testing"
@@ -267,5 +268,31 @@ func TestMaxAdmittedBoundsTakes(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestMemoryChargeBatch: the memory store's Charger charges as ChargeAt
+// at its clock's now, and a batch as its ops one after the other.
+func TestMemoryChargeBatch(t *testing.T) {
+	clock := func() time.Time { return t0 }
+	s := NewMemoryStore(MemoryConfig{Clock: clock})
+	want := NewMemoryStore(MemoryConfig{})
+	lim := Limit{Rate: 10, Period: time.Second}
+	ops := []ChargeOp{{Key: "a", Limit: lim, N: 3}, {Key: "b", Limit: lim, N: 20}, {Key: "a", Limit: lim, N: 4}, {Key: "a", Limit: lim, N: -1}}
+	s.ChargeBatch(context.Background(), ops)
+	for i, op := range ops {
+		if !op.Charged || op.Err != nil {
+			t.Errorf("op %d: %v, %v", i, op.Charged, op.Err)
+		}
+		want.ChargeAt(t0, op.Key, 0, op.Limit, op.N)
+	}
+	if ok, err := s.Charge(context.Background(), "b", 0, lim, 1); !ok || err != nil {
+		t.Errorf("Charge: %v, %v", ok, err)
+	}
+	want.ChargeAt(t0, "b", 0, lim, 1)
+	for _, key := range []string{"a", "b"} {
+		if got, want := s.TakeAt(t0, key, 0, lim, 1), want.TakeAt(t0, key, 0, lim, 1); got != want {
+			t.Errorf("%s: %+v after the batch, want %+v", key, got, want)
+		}
 	}
 }

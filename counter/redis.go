@@ -296,17 +296,21 @@ func (s *RedisStore) loadScripts(ctx context.Context) error {
 	return nil
 }
 
-// loadOn loads every script, Take's and Peek's, on the node c talks to, in
+// loadOn loads every script, Take's, Peek's and Charge's, on the node c talks to, in
 // one round trip.
 func (s *RedisStore) loadOn(ctx context.Context, c redis.Cmdable) error {
 	cmds := make([]*redis.StringCmd, len(scripts))
 	peeks := make([]*redis.StringCmd, len(peekSources))
+	charges := make([]*redis.StringCmd, len(chargeSources))
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, src := range scripts {
 			cmds[i] = p.ScriptLoad(ctx, src)
 		}
 		for i, src := range peekSources {
 			peeks[i] = p.ScriptLoad(ctx, src)
+		}
+		for i, src := range chargeSources {
+			charges[i] = p.ScriptLoad(ctx, src)
 		}
 		return nil
 	}) // every command carries its own error
@@ -318,6 +322,11 @@ func (s *RedisStore) loadOn(ctx context.Context, c redis.Cmdable) error {
 	for i, cmd := range peeks {
 		if err := checkLoad(cmd, peekScripts[i].Hash()); err != nil {
 			return fmt.Errorf("load %v peek script: %w", Algorithm(i), err)
+		}
+	}
+	for i, cmd := range charges {
+		if err := checkLoad(cmd, chargeScripts[i].Hash()); err != nil {
+			return fmt.Errorf("load %v charge script: %w", Algorithm(i), err)
 		}
 	}
 	return nil

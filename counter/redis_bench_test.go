@@ -166,3 +166,69 @@ func runHot(b *testing.B, client *redis.Client, decide func(goroutine int) (Resu
 	})
 	reportRate(b, client, cpu0)
 }
+
+// BenchmarkRedisChargeBatch charges batches of 256 distinct keys, as a
+// round of charges from other regions does, on one goroutine: one pipeline
+// a batch. BenchmarkRedisTakeBatch is the same batches taken (one script
+// call for the batch's keys on one server), its baseline. An op is one
+// key.
+func BenchmarkRedisChargeBatch(b *testing.B) {
+	client, s := benchStore(b)
+	ops := make([]ChargeOp, 256)
+	runBatches(b, client, len(ops), func(start int) error {
+		for i := range ops {
+			ops[i] = ChargeOp{Key: benchKeys[(start+i)%len(benchKeys)], Limit: benchLimit, N: 1}
+		}
+		s.ChargeBatch(context.Background(), ops)
+		for _, op := range ops {
+			if op.Err != nil || !op.Charged {
+				return fmt.Errorf("charge = %v, %v", op.Charged, op.Err)
+			}
+		}
+		return nil
+	})
+}
+
+func BenchmarkRedisTakeBatch(b *testing.B) {
+	client, s := benchStore(b)
+	ops := make([]Op, 256)
+	runBatches(b, client, len(ops), func(start int) error {
+		for i := range ops {
+			ops[i] = Op{Key: benchKeys[(start+i)%len(benchKeys)], Limit: benchLimit, N: 1}
+		}
+		s.TakeBatch(context.Background(), ops)
+		for _, op := range ops {
+			if op.Err != nil || !op.Result.Allowed {
+				return fmt.Errorf("take = %+v, %v", op.Result, op.Err)
+			}
+		}
+		return nil
+	})
+}
+
+// benchStore returns a client of the test server and a store over it,
+// closed when b ends.
+func benchStore(b *testing.B) (*redis.Client, *RedisStore) {
+	client := redis.NewClient(&redis.Options{Addr: testRedisAddr})
+	b.Cleanup(func() { client.Close() })
+	s, err := NewRedisStore(context.Background(), client, RedisConfig{Prefix: "bench-batch:"})
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { s.Close() })
+	return client, s
+}
+
+// runBatches runs batch, of size keys each, until b.N keys are done, and
+// reports keys/s and the server's CPU time per key.
+func runBatches(b *testing.B, client *redis.Client, size int, batch func(start int) error) {
+	b.ReportAllocs()
+	cpu0 := serverCPU(b, client)
+	b.ResetTimer()
+	for done := 0; done < b.N; done += size {
+		if err := batch(done); err != nil {
+			b.Fatal(err)
+		}
+	}
+	reportRate(b, client, cpu0)
+}
