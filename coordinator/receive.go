@@ -247,8 +247,8 @@ func (c *NATS) onGossip(m *nats.Msg) {
 		return
 	}
 	c.handGossip(func(h GossipHandler) {
-		c.st.gossipReceived.Add(1)
 		h.Gossip(e.payload)
+		c.st.gossipReceived.Add(1) // once handled: a reader of the count sees its charges
 	})
 }
 

@@ -36,7 +36,7 @@ type Stats struct {
 	GossipPublished      uint64 // gossip messages PublishGossip handed to NATS
 	GossipPublishErrors  uint64 // PublishGossip calls that returned an error: payload empty or over MaxGossip, not connected, closed, or refused by nats.go
 	GossipBytesPublished uint64 // bytes of those messages, envelopes included
-	GossipReceived       uint64 // peers' gossip payloads handed to the Handler's Gossip
+	GossipReceived       uint64 // peers' gossip payloads the Handler's Gossip has handled
 	GossipIgnored        uint64 // valid gossip payloads dropped because the Handler is no GossipHandler
 	GossipSyncSent       uint64 // gossip snapshot payloads sent in answer to peers' sync requests
 	GossipSyncApplied    uint64 // peers' gossip snapshot payloads handed to the Handler's GossipSync (late ones count in LateReplies)
