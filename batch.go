@@ -109,7 +109,7 @@ func (e *Engine) allowMany(ctx context.Context, reqs []Request, out []Decision) 
 				if prev != nil {
 					<-prev
 				}
-				res, err := e.decideStore(ctx, e.storeFor(r.Policy), name, hash, r.Policy.Limit, r.Cost)
+				res, err := e.decideStore(ctx, e.store, name, hash, r.Policy.Limit, r.Cost)
 				res, err = e.conclude(ctx, d, res, err)
 				splitOut[i] = Decision{Result: res, Err: err}
 			}()

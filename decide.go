@@ -449,15 +449,6 @@ func subLimit(lim Limit, n shard.Level, i int) Limit {
 	return split.Share(lim, lim.Capacity(), n, i)
 }
 
-// storeFor returns the store p's decisions are taken on: the engine's,
-// or for SyncReserve the blocks leased from it.
-func (e *Engine) storeFor(p *Policy) counter.Store {
-	if p.Sync == SyncReserve && e.leaser != nil {
-		return e.reserveStore()
-	}
-	return e.store
-}
-
 // check checks a decision of n units of key under p, and returns what p
 // was found to be.
 func (e *Engine) check(key string, p *Policy, n int64) (*checked, error) {

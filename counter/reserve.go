@@ -250,7 +250,7 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 	s.noteLease(b, now, lim, l, size)
 	switch {
 	case l.Granted >= n:
-		b.lim, b.left, b.token, b.from, b.until = lim, l.Granted-n, l.Token, now, now+min(s.lease, int64(windowLeft(lim, l.Result)))
+		s.hold(b, lim, l, l.Granted-n, now)
 		r := l.Result
 		r.Allowed, r.Remaining = true, b.left
 		if b.left > 0 {
@@ -279,6 +279,13 @@ func (s *ReserveStore) noteLease(b *block, now int64, lim Limit, l Lease, size i
 	if l.Granted < size {
 		b.wait = s.shortfall(now, lim, l, size)
 	}
+}
+
+// hold makes l, leased for b under lim asked at now, b's block, with left
+// of its units not admitted yet: it lasts a lease, or to the end of the
+// window that counted it if sooner. The caller holds b.mu.
+func (s *ReserveStore) hold(b *block, lim Limit, l Lease, left, now int64) {
+	b.lim, b.left, b.token, b.from, b.until = lim, left, l.Token, now, now+min(s.lease, int64(windowLeft(lim, l.Result)))
 }
 
 // leaseAhead starts leasing b's next block of size under lim in the
@@ -320,7 +327,7 @@ func (s *ReserveStore) leaseAhead(key string, hash uint64, b *block, lim Limit, 
 			return
 		}
 		s.giveBack(ctx, key, b) // a block leased meanwhile under another limit
-		b.lim, b.left, b.token, b.from, b.until = lim, l.Granted, l.Token, now, now+min(s.lease, int64(windowLeft(lim, l.Result)))
+		s.hold(b, lim, l, l.Granted, now)
 		if b.dead || b.epoch != epoch || s.closed.Load() {
 			s.giveBack(ctx, key, b) // forgotten, deleted or closed meanwhile
 		}
