@@ -126,7 +126,7 @@ func (s *ReserveStore) Delete(ctx context.Context, counters []Shard) error {
 	err := d.Delete(ctx, counters)
 	for _, b := range held {
 		if err == nil {
-			b.left, b.until, b.wait = 0, 0, nil
+			b.left, b.until, b.wait, b.next = 0, 0, nil, nil // the units of both were on the counters deleted
 			b.epoch++
 		}
 		b.mu.Unlock()

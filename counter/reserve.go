@@ -33,12 +33,18 @@ type ReserveConfig struct {
 	// step, as Go's monotonic clock does not. Nil means Go's monotonic
 	// clock.
 	Clock func() time.Duration
-	// Ahead leases the next block of a key over its limit in the
-	// background: the decision that finds the key's wait over is denied as
-	// the wait did, and the decisions after the lease admit from its block,
-	// so that no decision of such a key waits on the store (but the first
-	// of a fixed window's next window, see leaseAhead). For a store
-	// across a network; a store in memory answers at once.
+	// Ahead leases a key's next block in the background, so that its
+	// decisions do not wait on the store:
+	//   - under its limit, while its block runs low (a quarter of its
+	//     units or of its lease left), the block that takes over is leased
+	//     ahead; a decision that finds the block spent before that lease is
+	//     in waits for it, and does not ask again;
+	//   - over its limit, the decision that finds the key's wait over is
+	//     denied as the wait did, and the decisions after the lease admit
+	//     from its block.
+	// The decision that opens a fixed window's next window still asks the
+	// store (see leaseAhead). For a store across a network; a store in
+	// memory answers at once.
 	Ahead bool
 	// Sweep is how often the blocks of ended leases are returned, and
 	// idle keys forgotten; 0 means half the lease. Negative: never (tests
@@ -94,6 +100,7 @@ type ReserveStore struct {
 	n      atomic.Int64 // blocks held
 
 	local, denied, leases, takes, returns, returned, unspent atomic.Uint64
+	waits                                                    atomic.Uint64 // decisions that waited for a lease ahead
 
 	ahead   bool
 	aheadMu sync.RWMutex   // held to start a lease ahead, and by Close to stop them
@@ -137,6 +144,24 @@ type block struct {
 	epoch  uint64 // counts Deletes of the key: a lease ahead from before one gives its block back
 	edge   int64  // for a window algorithm, when the last lease's window ends (ns on ReserveConfig.Clock); 0 if not known
 	edgeAt int64  // when the last lease was asked, that told edge
+
+	// With ReserveConfig.Ahead, the block that takes over from this one
+	// is leased while this one runs low (prefetch): fetch is open while
+	// that lease is under way, and closed when it is in; next is its
+	// block until this one is spent or ends. size is what this block was
+	// granted.
+	next  *spare
+	fetch chan struct{}
+	size  int64
+}
+
+// spare is a block leased ahead (block.next): its units, under lim, and
+// its lease's token and life, as block's.
+type spare struct {
+	lim         Limit
+	left        int64
+	token       Token
+	from, until int64
 }
 
 // LeaseStore is a store that leases blocks of units: the memory and Redis
@@ -204,10 +229,23 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 			return d.result(int64(s.clock()), lim), nil
 		}
 		b.mu.Lock()
-		if !b.dead {
-			break
+		if b.dead {
+			b.mu.Unlock()
+			continue
 		}
-		b.mu.Unlock()
+		if c := b.fetch; c != nil && b.lim == lim && !(b.open(int64(s.clock())) && b.left >= n) {
+			// The block is spent or ended while the next one is being
+			// leased ahead: that lease answers sooner than another.
+			b.mu.Unlock()
+			s.waits.Add(1)
+			select {
+			case <-c:
+			case <-ctx.Done():
+				return Result{}, ctx.Err()
+			}
+			continue
+		}
+		break
 	}
 	defer b.mu.Unlock()
 	if s.closed.Load() { // closed meanwhile: no block outlives Close
@@ -220,7 +258,21 @@ func (s *ReserveStore) Take(ctx context.Context, key string, hash uint64, lim Li
 	if b.lim == lim && b.open(now) && b.left >= n {
 		b.left -= n
 		s.local.Add(1)
+		if s.low(b, now) {
+			s.fetchAhead(key, hash, b, lim, now)
+		}
 		return Result{Allowed: true, Limit: lim.Capacity(), Remaining: b.left}, nil
+	}
+	if sp := b.next; sp != nil {
+		// The block is spent or ended: the one leased ahead takes over.
+		b.next = nil
+		if sp.lim == lim && sp.open(now) && sp.left >= n {
+			s.giveBack(ctx, key, b)
+			b.lim, b.left, b.token, b.from, b.until, b.size = lim, sp.left-n, sp.token, sp.from, sp.until, sp.left
+			s.local.Add(1)
+			return Result{Allowed: true, Limit: lim.Capacity(), Remaining: b.left}, nil
+		}
+		s.returnUnits(ctx, key, b.hash, sp.lim, sp.left, sp.token)
 	}
 	if d := b.wait; d != nil && d.lim == lim && now < d.until && now >= d.at {
 		// The store lacked a block's worth when last asked, and will
@@ -285,7 +337,84 @@ func (s *ReserveStore) noteLease(b *block, now int64, lim Limit, l Lease, size i
 // of its units not admitted yet: it lasts a lease, or to the end of the
 // window that counted it if sooner. The caller holds b.mu.
 func (s *ReserveStore) hold(b *block, lim Limit, l Lease, left, now int64) {
-	b.lim, b.left, b.token, b.from, b.until = lim, left, l.Token, now, now+min(s.lease, int64(windowLeft(lim, l.Result)))
+	b.lim, b.left, b.token, b.from, b.until, b.size = lim, left, l.Token, now, now+min(s.lease, int64(windowLeft(lim, l.Result))), l.Granted
+}
+
+// low reports whether b, admitted from at now, runs low enough for its
+// next block to be leased ahead: an eighth of its units or of its lease
+// left (reserveLow). Not while the key is short (its leases follow its waits), nor
+// while a block is leased ahead or held; nor for a block that ends with
+// its window, by time: a block leased ahead would end with it. The
+// caller holds b.mu.
+func (s *ReserveStore) low(b *block, now int64) bool {
+	if !s.ahead || b.wait != nil || b.next != nil || b.fetch != nil {
+		return false
+	}
+	if reserveLow*b.left < b.size {
+		return true
+	}
+	return reserveLow*(b.until-now) < s.lease && !(b.edge > 0 && b.until >= b.edge)
+}
+
+// reserveLow: a block runs low with 1/reserveLow of its units or of its
+// lease left. Long enough for a lease to come back (a store's round trip
+// is a fraction of a millisecond to a few; the default lease's eighth,
+// 12.5 ms), and short, since the block leased ahead is taken up that
+// much into its lease.
+const reserveLow = 8
+
+// fetchAhead starts leasing, in the background, the block that takes
+// over from b when it is spent or ends (b.next), so that a key under its
+// limit does not wait on the store either: b runs low at now (low). The
+// decisions that find b spent before the lease is in wait for it (Take).
+// The caller holds b.mu.
+func (s *ReserveStore) fetchAhead(key string, hash uint64, b *block, lim Limit, now int64) {
+	size := s.size(b, now, lim, 1)
+	if b.perLease > 0 {
+		// The block leased now is taken up when b is spent or ends (lead,
+		// at the estimated rate), and lasts a lease, or to its window's
+		// end, from now: what the key uses from then to its end.
+		lead := b.until - now
+		if spend := float64(b.left) * float64(s.lease) / b.perLease; spend < float64(lead) {
+			lead = int64(spend)
+		}
+		life := min(s.lease, b.windowLeft(now, lim))
+		size = min(size, int64(math.Ceil(b.perLease*float64(max(0, life-lead))/float64(s.lease))))
+	}
+	if size < 2 {
+		return
+	}
+	s.aheadMu.RLock()
+	defer s.aheadMu.RUnlock()
+	if s.closed.Load() {
+		return
+	}
+	s.aheads.Add(1)
+	c := make(chan struct{})
+	b.fetch = c
+	epoch := b.epoch
+	go func() {
+		defer s.aheads.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), reserveAheadTimeout)
+		defer cancel()
+		l, err := s.base.Lease(ctx, key, hash, lim, size)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		b.fetch = nil
+		defer close(c)
+		if err != nil {
+			return // the next decision that finds b spent leases itself, and meets the error
+		}
+		s.noteLease(b, now, lim, l, size)
+		if l.Granted == 0 {
+			return
+		}
+		if b.dead || b.epoch != epoch || s.closed.Load() || b.next != nil {
+			s.returnUnits(ctx, key, hash, lim, l.Granted, l.Token) // forgotten, deleted or closed meanwhile
+			return
+		}
+		b.next = &spare{lim: lim, left: l.Granted, token: l.Token, from: now, until: now + min(s.lease, int64(windowLeft(lim, l.Result)))}
+	}()
 }
 
 // leaseAhead starts leasing b's next block of size under lim in the
@@ -491,6 +620,9 @@ func (b *block) windowLeft(now int64, lim Limit) int64 {
 // outlive the window that counted it.
 func (b *block) open(now int64) bool { return b.from <= now && now < b.until }
 
+// open reports whether sp's lease holds at now, as block.open.
+func (sp *spare) open(now int64) bool { return sp.from <= now && now < sp.until }
+
 // giveBack returns b's unused units to the store. The caller holds b.mu.
 func (s *ReserveStore) giveBack(ctx context.Context, key string, b *block) {
 	if b.left <= 0 {
@@ -499,8 +631,17 @@ func (s *ReserveStore) giveBack(ctx context.Context, key string, b *block) {
 	}
 	left := b.left
 	b.left, b.until = 0, 0
+	s.returnUnits(ctx, key, b.hash, b.lim, left, b.token)
+}
+
+// returnUnits gives left unused units of a block of key under lim, leased
+// with token, back to the store.
+func (s *ReserveStore) returnUnits(ctx context.Context, key string, hash uint64, lim Limit, left int64, token Token) {
+	if left <= 0 {
+		return
+	}
 	s.returns.Add(1)
-	got, err := s.base.Return(ctx, key, b.hash, b.lim, left, b.token)
+	got, err := s.base.Return(ctx, key, hash, lim, left, token)
 	if err != nil {
 		got = 0
 	}
@@ -566,7 +707,7 @@ func (s *ReserveStore) sweepOnce(all bool) {
 				continue // a decision is leasing it
 			}
 			b.idle++
-			if all || !b.open(now) || b.idle > reserveIdleSweeps {
+			if all || !b.open(now) || b.idle > reserveIdleSweeps || b.next != nil && !b.next.open(now) {
 				ended = append(ended, k)
 			}
 			b.mu.Unlock()
@@ -580,10 +721,15 @@ func (s *ReserveStore) sweepOnce(all bool) {
 				continue
 			}
 			b.mu.Lock()
-			if all || !b.open(int64(s.clock())) {
+			at := int64(s.clock())
+			if all || !b.open(at) {
 				s.giveBack(ctx, k, b)
 			}
 			forget := all || b.idle > reserveIdleSweeps
+			if sp := b.next; sp != nil && (forget || !sp.open(at)) {
+				b.next = nil
+				s.returnUnits(ctx, k, b.hash, sp.lim, sp.left, sp.token)
+			}
 			if forget {
 				s.giveBack(ctx, k, b)
 				b.dead = true

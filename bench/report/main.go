@@ -18,6 +18,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -82,12 +83,25 @@ func main() {
 	plots := flag.String("plots", "plots", "directory for the plots")
 	only := flag.String("run", ".", "run the scenarios whose names match this regexp")
 	format := flag.String("format", "svg", "plot format: svg or png")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run to this file")
 	flag.Parse()
 	if *format != "svg" && *format != "png" {
 		fmt.Fprintln(os.Stderr, "report: -format: want svg or png")
 		os.Exit(2)
 	}
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "report: -cpuprofile:", err)
+			os.Exit(1)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := run(*quick, *md, *plots, *only, *format); err != nil {
+		pprof.StopCPUProfile()
 		fmt.Fprintln(os.Stderr, "report:", err)
 		os.Exit(1)
 	}
