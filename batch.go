@@ -94,7 +94,7 @@ func (e *Engine) allowMany(ctx context.Context, reqs []Request, out []Decision) 
 			continue
 		}
 		gen := e.table.Gen(hash) // before the lookup: see split.Table.Moved
-		if ent := e.entry(name, hash); ent != nil {
+		if ent := e.entry(name, hash); ent != nil && r.Policy.Regions == RegionsIndependent {
 			if after == nil {
 				after = make(map[string]chan struct{})
 				splitOut = make([]Decision, len(reqs))

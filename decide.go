@@ -78,6 +78,11 @@ func (e *Engine) allow(ctx context.Context, key string, p *Policy, n int64) (Res
 		r, err := e.decideReserve(ctx, name, hash, p.Limit, n)
 		return e.conclude(ctx, d, r, err)
 	}
+	if p.Regions != RegionsIndependent {
+		// The other regions' units are charged to the key's one counter.
+		r, err := e.decide(ctx, e.store, name, hash, p.Limit, n)
+		return e.conclude(ctx, d, r, err)
+	}
 	r, err := e.decideStore(ctx, e.store, name, hash, p.Limit, n)
 	return e.conclude(ctx, d, r, err)
 }
@@ -99,6 +104,9 @@ func (e *Engine) admit(key string, p *Policy, n int64) (string, uint64, error) {
 	name, hash, err := e.counterName(key, p, n)
 	if err == nil && p.Sync != SyncStore && p.Sync != SyncGossip && (p.Sync != SyncReserve || e.leaser == nil) {
 		err = fmt.Errorf("policy %q: sync %v on a store that cannot keep it: %w", p.Name, p.Sync, errors.ErrUnsupported)
+	}
+	if err == nil && p.Regions != RegionsIndependent {
+		err = e.checkRegions(p)
 	}
 	if err == nil {
 		if err = p.Sync.Keeps(p.Limit.Algorithm); err != nil {
@@ -148,6 +156,9 @@ func (e *Engine) counterName(key string, p *Policy, n int64) (string, uint64, er
 // policy's denial, by the store or the fallback, is answered allowed here.
 func (e *Engine) conclude(ctx context.Context, d degraded, r Result, err error) (Result, error) {
 	if err == nil {
+		if r.Allowed && d.p.Regions == RegionsExchange && e.xr != nil {
+			e.xr.admitted(d.p, d.key, d.hash, d.n)
+		}
 		r = d.p.shadowed(r)
 		e.metrics.decided(d.p, r, false)
 		return r, nil
@@ -159,7 +170,11 @@ func (e *Engine) conclude(ctx context.Context, d degraded, r Result, err error) 
 	if !errors.Is(err, ErrBreakerOpen) {
 		e.metrics.storeFailure()
 	}
-	return e.fallback(ctx, d, err)
+	r, err = e.fallback(ctx, d, err)
+	if err == nil && r.Allowed && !r.ShadowDenied && d.p.Regions == RegionsExchange && e.xr != nil {
+		e.xr.admitted(d.p, d.key, d.hash, d.n) // admitted without the store: the other regions count it all the same
+	}
+	return r, err
 }
 
 // degraded is a decision the store could not make: key, its counter name

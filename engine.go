@@ -56,6 +56,7 @@ type Engine struct {
 	gossipDone   chan struct{}
 	gossipID     string
 	gossipErrors atomic.Uint64      // rounds or messages not handed to the coordinator
+	xr           *exchange          // the exchange with other regions; nil if none
 	detect       *detector.Detector // nil: disabled
 	coord        coordinator.Coordinator
 	reshard      counter.Resharder // nil: no state transfer
@@ -140,11 +141,20 @@ func New(store counter.Store, opts ...Option) (*Engine, error) {
 	// A peer's gossip, handed over from Start on, may make the gossip
 	// store, whose goroutine stops with e.stop.
 	e.stop, e.done = make(chan struct{}), make(chan struct{})
+	// Other regions' rounds, handed over from Start on, are charged
+	// within the engine's life.
+	e.life, e.endLife = context.WithCancel(context.Background())
+	if pub, ok := e.coord.(coordinator.RegionPublisher); ok {
+		e.xr = newExchange(e, pub)
+	}
 	if err := e.coord.Start(handler{e}); err != nil {
+		e.endLife()
 		e.closeGossip()
 		return nil, fmt.Errorf("hotkey: coordinator: %w", err)
 	}
-	e.life, e.endLife = context.WithCancel(context.Background())
+	if e.xr != nil {
+		go e.xr.run(e.stop)
+	}
 	if e.detect != nil {
 		e.detect.Start()
 	}
@@ -390,6 +400,9 @@ func (e *Engine) Close() error {
 	}
 	e.endLife()
 	e.closeGossip()
+	if e.xr != nil {
+		<-e.xr.done // its last round is sent
+	}
 	<-e.done
 	e.reserveMu.Lock()
 	if rs := e.reserve.Load(); rs != nil {

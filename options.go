@@ -42,6 +42,7 @@ type options struct {
 	reserveLease                  time.Duration
 	reserveSweep                  time.Duration // see counter.ReserveConfig.Sweep
 	gossipInterval                time.Duration
+	regionInterval                time.Duration
 	gossipRounds                  bool   // keep SyncGossip's rounds without a Gossiper (see withGossipRounds)
 	region                        string // WithRegion's; empty: none
 }
@@ -74,6 +75,7 @@ func defaultOptions() options {
 		breakerMaxProbe: DefaultBreakerMaxProbe,
 		logger:          slog.New(slog.DiscardHandler),
 		gossipInterval:  DefaultGossipInterval,
+		regionInterval:  DefaultRegionInterval,
 	}
 }
 
@@ -183,6 +185,21 @@ func WithRegion(name string) Option {
 			return fmt.Errorf("region %q: want 1 to %d of A-Z a-z 0-9 - _ (one NATS subject token: no '.', spaces or wildcards)", name, maxRegionLen)
 		}
 		o.region = name
+		return nil
+	}
+}
+
+// WithRegionInterval sets how often an engine sends the other regions the
+// units it admitted under RegionsExchange policies (default
+// DefaultRegionInterval, 1 s), at least 10ms and at most 1 min. The
+// regions together admit up to (regions − 1) × rate × (interval + the
+// slowest delivery between them) over a key's limit.
+func WithRegionInterval(d time.Duration) Option {
+	return func(o *options) error {
+		if d < 10*time.Millisecond || d > time.Minute {
+			return fmt.Errorf("region interval %v: want at least 10ms, at most 1m", d)
+		}
+		o.regionInterval = d
 		return nil
 	}
 }

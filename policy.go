@@ -152,6 +152,11 @@ type Policy struct {
 	// Sync is how the policy's counters are kept across instances; the
 	// zero value is SyncStore.
 	Sync Sync
+	// Regions is what the limit means across regions (WithRegion); the
+	// zero value is RegionsIndependent. A policy with RegionsExchange
+	// needs a Name, by which the regions know it, and an engine that
+	// exchanges with other regions.
+	Regions RegionMode
 	// Shadow admits every request: decisions are made and charged as
 	// usual, but one the policy would deny is answered Allowed, with
 	// Result.ShadowDenied set, and counted as shadow_denied. A shadowed

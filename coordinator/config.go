@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 	"unicode/utf8"
 )
@@ -78,6 +79,10 @@ type Config struct {
 	// leases, membership and gossip stay within the region. 1 to 64 of A-Z
 	// a-z 0-9 - _; empty: no region.
 	Region string
+	// Regions, with Region, are the regions of the fleet (Region among
+	// them or not): the coordinator carries RegionHandler payloads to and
+	// from the others (regions.go). Each 1 to 64 of A-Z a-z 0-9 - _.
+	Regions []string
 	// ID names this instance in messages; unique per instance, 1 to 64
 	// bytes of UTF-8 (default 16 random hex digits).
 	ID string
@@ -177,6 +182,15 @@ func (c Config) withDefaults() (Config, error) {
 	if c.Region != "" && !validToken(c.Region) {
 		return c, fmt.Errorf("coordinator: Region %q: want 1 to %d of A-Z a-z 0-9 - _", c.Region, maxTokenLen)
 	}
+	for _, r := range c.Regions {
+		if !validToken(r) {
+			return c, fmt.Errorf("coordinator: Regions: %q: want 1 to %d of A-Z a-z 0-9 - _", r, maxTokenLen)
+		}
+	}
+	if len(c.Regions) > 0 && c.Region == "" {
+		return c, fmt.Errorf("coordinator: Regions %v without a Region of this instance's", c.Regions)
+	}
+	c.Regions = slices.Clone(c.Regions)
 	if c.ID == "" {
 		var b [8]byte
 		_, _ = rand.Read(b[:])

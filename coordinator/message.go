@@ -78,6 +78,8 @@ const (
 	reasonSignature // a MAC, but not the right one
 	reasonStale     // ts more than MaxClockSkew from the receiver's clock, or (not a sync reply) before its Start
 	reasonReplay    // ts not above the last one accepted from that origin
+
+	reasonRegion // a round between regions from this region, or from one not in Config.Regions
 	numReasons
 )
 
@@ -98,6 +100,7 @@ var reasonNames = [numReasons]string{
 	reasonSignature: "signature",
 	reasonStale:     "stale",
 	reasonReplay:    "replay",
+	reasonRegion:    "region",
 }
 
 func (r reason) String() string {

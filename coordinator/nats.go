@@ -76,6 +76,7 @@ type NATS struct {
 	ctlSubs   []*nats.Subscription // .lease, .hb and .sync, into ctl
 	ctl       chan *nats.Msg       // control messages, in the order received
 	gossipSub *nats.Subscription   // .gossip
+	rs        regionState          // rounds between regions (regions.go)
 	inboxSub  *nats.Subscription   // sync replies
 	inbox     string
 
@@ -159,6 +160,7 @@ func NewNATS(nc *nats.Conn, cfg Config) (*NATS, error) {
 		c.seenGossip = newReplayGuard(cfg.MaxClockSkew, cfg.MaxPeers)
 	}
 	c.table = c.newTable()
+	c.initRegions()
 	return c, nil
 }
 
@@ -245,6 +247,9 @@ func (c *NATS) connect(h Handler) (lastReconnects uint64, err error) {
 	}
 	if c.gossipSub, err = c.nc.Subscribe(c.subjGossip, c.onGossip); err != nil {
 		return 0, fmt.Errorf("coordinator: subscribe: %w", err)
+	}
+	if err = c.subscribeRegions(); err != nil {
+		return 0, err
 	}
 	c.inbox = c.nc.NewInbox()
 	if c.inboxSub, err = c.nc.Subscribe(c.inbox, c.onSyncReply); err != nil {
@@ -354,6 +359,7 @@ func (c *NATS) sweepLocked(now time.Time) time.Duration {
 		c.seenSync.sweep(now)
 		c.seenGossip.sweep(now)
 	}
+	c.sweepRegions(now)
 	return next
 }
 
@@ -403,7 +409,7 @@ func (c *NATS) receiver() {
 // subs returns the subscriptions made so far.
 func (c *NATS) subs() []*nats.Subscription {
 	var subs []*nats.Subscription
-	for _, s := range append(c.ctlSubs[:len(c.ctlSubs):len(c.ctlSubs)], c.gossipSub, c.inboxSub) {
+	for _, s := range append(c.ctlSubs[:len(c.ctlSubs):len(c.ctlSubs)], c.gossipSub, c.rs.sub, c.inboxSub) {
 		if s != nil {
 			subs = append(subs, s)
 		}
@@ -439,6 +445,9 @@ func (c *NATS) Close() error {
 	c.gossipMu.Lock()
 	c.gossipClosed = true
 	c.gossipMu.Unlock()
+	c.rs.mu.Lock()
+	c.rs.closed = true
+	c.rs.mu.Unlock()
 	c.pubGossipMu.Lock() // a PublishGossip under way is done
 	c.pubGossipMu.Unlock()
 	return nil

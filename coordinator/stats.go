@@ -40,6 +40,15 @@ type Stats struct {
 	GossipIgnored        uint64 // valid gossip payloads dropped because the Handler is no GossipHandler
 	GossipSyncSent       uint64 // gossip snapshot payloads sent in answer to peers' sync requests
 	GossipSyncApplied    uint64 // peers' gossip snapshot payloads handed to the Handler's GossipSync (late ones count in LateReplies)
+
+	// Rounds between regions (RegionPublisher). Their messages count in
+	// Received, Own, Invalid (a message from no other region of
+	// Config.Regions as "region") and Dropped too.
+	RegionPublished      uint64 // messages PublishRegion handed to NATS
+	RegionPublishErrors  uint64 // PublishRegion calls that returned an error
+	RegionBytesPublished uint64 // bytes of those messages, envelopes included
+	RegionReceived       uint64 // other regions' payloads the Handler's RegionRound has handled
+	RegionIgnored        uint64 // valid payloads dropped because the Handler is no RegionHandler
 }
 
 // counters are the atomic counters behind Stats.
@@ -80,6 +89,12 @@ func (c *NATS) Stats() Stats {
 		GossipIgnored:        c.st.gossipIgnored.Load(),
 		GossipSyncSent:       c.st.gossipSyncSent.Load(),
 		GossipSyncApplied:    c.st.gossipSyncApplied.Load(),
+
+		RegionPublished:      c.rs.st.published.Load(),
+		RegionPublishErrors:  c.rs.st.publishErrors.Load(),
+		RegionBytesPublished: c.rs.st.bytes.Load(),
+		RegionReceived:       c.rs.st.received.Load(),
+		RegionIgnored:        c.rs.st.ignored.Load(),
 	}
 	for r := reasonNone + 1; r < numReasons; r++ {
 		if n := c.st.invalid[r].Load(); n > 0 {

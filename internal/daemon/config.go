@@ -53,6 +53,9 @@ const (
 	// minGossipInterval and maxGossipInterval bound --gossip-interval
 	// (hotkey.WithGossipInterval).
 	minGossipInterval, maxGossipInterval = time.Millisecond, time.Minute
+	// minRegionInterval and maxRegionInterval bound --region-interval
+	// (hotkey.WithRegionInterval).
+	minRegionInterval, maxRegionInterval = 10 * time.Millisecond, time.Minute
 	// DefaultGRPCIdleTimeout is --grpc-idle-timeout's default: longer
 	// than any pause of a client that sends requests at all, short
 	// enough that connections left open cost nothing for long.
@@ -173,6 +176,13 @@ type Config struct {
 	// regions on one NATS supercluster are not counted or heard; empty:
 	// none.
 	Region string
+	// Regions are the fleet's regions (--regions), this one among them:
+	// a policy with regions: exchange sends the units this daemon admits
+	// to the others and charges theirs (hotkey.RegionsExchange). By
+	// default, with --nats-gateways, this region and the gateways'.
+	Regions []string
+	// RegionInterval is how often those units go to the other regions.
+	RegionInterval time.Duration
 
 	// Namespace names the NATS subjects of this fleet (namespace.AllowSubject, the
 	// coordinator's Namespace, the micro service's name, the inboxes):
@@ -281,6 +291,10 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	fs.StringVar(&cfg.NATSGatewayListen, "nats-gateway-listen", "", "")
 	fs.Var(&gateways, "nats-gateways", "")
 	fs.StringVar(&cfg.Region, "region", "", "")
+	var regions string
+	fs.StringVar(&regions, "regions", "", "")
+	cfg.RegionInterval = hotkey.DefaultRegionInterval
+	fs.Var((*durationFlag)(&cfg.RegionInterval), "region-interval", "")
 	fs.StringVar(&cfg.NATSUser, "nats-user", "", "")
 	fs.StringVar(&cfg.NATSClientUser, "nats-client-user", "", "")
 	fs.StringVar(&cfg.NATSClientPassword, "nats-client-password", "", "")
@@ -364,6 +378,13 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	}
 	if cfg.Region != "" && !cfg.set["nats-cluster-name"] {
 		cfg.NATSClusterName = cfg.Region
+	}
+	cfg.Regions = addrList(regions)
+	if !cfg.set["regions"] && cfg.Region != "" && len(cfg.NATSGateways) > 0 {
+		cfg.Regions = []string{cfg.Region}
+		for _, g := range cfg.NATSGateways {
+			cfg.Regions = append(cfg.Regions, g.Region)
+		}
 	}
 	if err := cfg.LogLevel.UnmarshalText([]byte(level)); err != nil {
 		return cfg, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)

@@ -72,6 +72,9 @@ func (c *Config) check() error {
 	if c.set["region"] && !namespace.Valid(c.Region) {
 		return fmt.Errorf("%s %q: want 1 to %d of A-Z a-z 0-9 - _ (one NATS subject token: no '.', spaces or wildcards)", flagName("region"), c.Region, namespace.Max)
 	}
+	if err := c.checkRegions(); err != nil {
+		return err
+	}
 	switch c.NATS {
 	case NATSNone:
 		for _, d := range flagDocs {
@@ -84,6 +87,11 @@ func (c *Config) check() error {
 		}
 		if c.set["gossip-interval"] {
 			return fmt.Errorf("%s times the rounds sync: gossip sends over NATS, which %s none turns off (a gossip policy then decides alone): give one or the other", flagName("gossip-interval"), flagName("nats"))
+		}
+		for _, f := range []string{"regions", "region-interval"} {
+			if c.set[f] {
+				return fmt.Errorf("%s is for the exchange between regions over NATS, which %s none turns off: give one or the other", flagName(f), flagName("nats"))
+			}
 		}
 	case "off", "false", "no", "0":
 		return fmt.Errorf("%s %q: want none to run with no NATS, or a URL such as nats://host:4222", flagName("nats"), c.NATS)
@@ -325,6 +333,42 @@ func checkListen(f, addr, example string) error {
 	}
 	if p, err := strconv.Atoi(port); err != nil || p < 0 || p > 65535 {
 		return fmt.Errorf("%s %q: bad port", flagName(f), addr)
+	}
+	return nil
+}
+
+// checkRegions refuses --regions and --region-interval that cannot hold:
+// a list without this daemon's --region, or with a name that is no NATS
+// subject token, given twice, or of one region alone; an interval out of
+// bounds.
+func (c *Config) checkRegions() error {
+	if c.RegionInterval < minRegionInterval || c.RegionInterval > maxRegionInterval {
+		return fmt.Errorf("%s %v: want a duration from %v to %v, e.g. 1s", flagName("region-interval"), c.RegionInterval, minRegionInterval, maxRegionInterval)
+	}
+	if len(c.Regions) == 0 {
+		if c.set["regions"] {
+			return fmt.Errorf("%s is empty: want this daemon's region and the others', e.g. eu,us,ap", flagName("regions"))
+		}
+		return nil
+	}
+	if c.Region == "" {
+		return fmt.Errorf("%s needs %s: the region of this daemon, among them", flagName("regions"), flagName("region"))
+	}
+	seen := make(map[string]bool, len(c.Regions))
+	for _, r := range c.Regions {
+		if !namespace.Valid(r) {
+			return fmt.Errorf("%s: region %q: want 1 to %d of A-Z a-z 0-9 - _ (one NATS subject token)", flagName("regions"), r, namespace.Max)
+		}
+		if seen[r] {
+			return fmt.Errorf("%s: region %s given twice", flagName("regions"), r)
+		}
+		seen[r] = true
+	}
+	if !seen[c.Region] {
+		return fmt.Errorf("%s %s lacks this daemon's %s %s", flagName("regions"), strings.Join(c.Regions, ","), flagName("region"), c.Region)
+	}
+	if len(c.Regions) < 2 {
+		return fmt.Errorf("%s %s: want this region and at least one other", flagName("regions"), strings.Join(c.Regions, ","))
 	}
 	return nil
 }

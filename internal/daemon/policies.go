@@ -72,6 +72,7 @@ func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
 //	    on_store_failure: local    # local (default), open, closed
 //	    allowlist: [health_check]  # keys a closed policy still admits
 //	    sync: store                # store (default), reserve, gossip
+//	    regions: independent       # independent (default: each region the whole limit), exchange (one limit for all: needs --regions)
 //	    shadow: false              # true: decide and count, but admit every request
 //
 // Unknown fields, duplicate names or fields, YAML aliases and merge keys,
@@ -291,6 +292,16 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 				return perr(v, field, "unknown value %s: want store, reserve or gossip", yamlerr.Quote(s))
 			}
 			p.Sync = m
+		case "regions":
+			s, err := scalarString(v, field)
+			if err != nil {
+				return err
+			}
+			var m hotkey.RegionMode
+			if err := m.UnmarshalText([]byte(s)); err != nil {
+				return perr(v, field, "unknown value %s: want independent or exchange", yamlerr.Quote(s))
+			}
+			p.Regions = m
 		case "shadow":
 			b, err := scalarBool(v, field)
 			if err != nil {
@@ -298,7 +309,7 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 			}
 			p.Shadow = b
 		default:
-			return perr(k, field, "unknown field: want algorithm, limit, period, burst, on_store_failure, allowlist, sync or shadow")
+			return perr(k, field, "unknown field: want algorithm, limit, period, burst, on_store_failure, allowlist, sync, regions or shadow")
 		}
 		return nil
 	})

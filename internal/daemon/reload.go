@@ -61,6 +61,15 @@ func loadRules(cfg Config) (*rules, error) {
 	if cfg.Shadow {
 		shadowAll(ps, envoy)
 	}
+	if len(cfg.Regions) == 0 {
+		for _, name := range ps.Names() {
+			if ps[name].Regions != hotkey.RegionsIndependent {
+				o := origins[name]
+				return nil, fmt.Errorf("policies, set by %s, refused: %w", flagName("policies"), &PolicyError{File: o.file, Line: o.line, Field: "policies." + name + ".regions",
+					Msg: fmt.Sprintf("regions %v needs the fleet's regions: set %s and %s (or %s)", ps[name].Regions, flagName("region"), flagName("regions"), flagName("nats-gateways"))})
+			}
+		}
+	}
 	r := &rules{policies: ps, origins: origins, known: strings.Join(quoteAll(ps.Names()), ", "), envoy: envoy, loadedAt: time.Now()}
 	r.gossip, r.apart = bySync(ps, envoy)
 	return r, nil
@@ -259,6 +268,7 @@ func (d *Daemon) Reload(cause string) error {
 	}
 	r.generation = old.generation + 1
 	d.rules.Store(r)
+	d.engine.KnowPolicies(r.policyList()...)
 	added, removed, changed := diffPolicies(old.policies, r.policies)
 	attrs := []any{"cause", cause, "policies", strings.Join(r.policies.Names(), ","),
 		"added", strings.Join(added, ","), "removed", strings.Join(removed, ","), "changed", strings.Join(changed, ",")}
@@ -418,4 +428,21 @@ func sourcesPrint(cfg Config) uint64 {
 		}
 	}
 	return h.Sum64()
+}
+
+// policyList returns r's policies, those of the file and of the Envoy
+// rules.
+func (r *rules) policyList() []*hotkey.Policy {
+	var ps []*hotkey.Policy
+	for _, name := range r.policies.Names() {
+		ps = append(ps, r.policies[name])
+	}
+	if r.envoy != nil {
+		for _, rule := range r.envoy.Rules() {
+			if rule.Policy != nil {
+				ps = append(ps, rule.Policy)
+			}
+		}
+	}
+	return ps
 }

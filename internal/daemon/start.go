@@ -107,6 +107,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		hotkey.WithLocalKeys(cfg.MaxKeys),
 		hotkey.WithReserveLease(cfg.ReserveLease),
 		hotkey.WithGossipInterval(cfg.GossipInterval),
+		hotkey.WithRegionInterval(cfg.RegionInterval),
 	}
 	if cfg.Region != "" {
 		opts = append(opts, hotkey.WithRegion(cfg.Region))
@@ -119,7 +120,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 		// (startNATS), which shutdown drains and closes.
 		// Hot keys are counter names, policy|key: room for the longest.
 		maxName := max(maxPolicyName, envoyconf.MaxPolicyName) + 1 + hotkey.DefaultMaxKeyLen
-		if d.coord, err = coordinator.NewNATS(d.nc, coordinator.Config{ID: d.id, Namespace: cfg.Namespace, Region: cfg.Region, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
+		if d.coord, err = coordinator.NewNATS(d.nc, coordinator.Config{ID: d.id, Namespace: cfg.Namespace, Region: cfg.Region, Regions: cfg.Regions, Logger: log, Secret: secret, MaxKeyLen: maxName}); err != nil {
 			return nil, fmt.Errorf("coordinator: %w", err)
 		}
 		opts = append(opts, hotkey.WithCoordinator(d.coord))
@@ -127,6 +128,7 @@ func Start(ctx context.Context, cfg Config, log *slog.Logger, version string) (_
 	if d.engine, err = hotkey.New(d.store, opts...); err != nil {
 		return nil, err
 	}
+	d.engine.KnowPolicies(r.policyList()...)
 
 	if d.nc != nil {
 		if err = d.addService(version); err != nil {

@@ -1,0 +1,270 @@
+package hotkey
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/hotkeyd/hotkey/coordinator"
+	"github.com/hotkeyd/hotkey/counter"
+	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/internal/testkit"
+)
+
+// regionNames are the regions of the exchange tests.
+var regionNames = []string{"eu", "us", "ap"}
+
+// regionFleet is one engine per region, each on a memory store of its own
+// whose clock stands still (so a window never rolls over and counts
+// compare), all on one NATS server: regions are subjects apart, which is
+// what the exchange sees of a supercluster.
+type regionFleet struct {
+	srv     *natsserver.Server
+	engines map[string]*Engine
+	stores  map[string]*counter.MemoryStore
+	cfg     coordinator.Config
+	clock   func() time.Time
+}
+
+// exchangeWindow is the exchange tests' policy: a fixed window of an hour.
+func exchangeWindow(limit int64) *Policy {
+	return &Policy{Name: "x", Limit: Limit{Algorithm: FixedWindow, Rate: limit, Period: time.Hour}, Regions: RegionsExchange}
+}
+
+func startRegions(t *testing.T, cfg coordinator.Config, opts ...Option) *regionFleet {
+	t.Helper()
+	srv, err := natsserver.Start(natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	at := time.Now()
+	f := &regionFleet{srv: srv, engines: map[string]*Engine{}, stores: map[string]*counter.MemoryStore{}, cfg: cfg, clock: func() time.Time { return at }}
+	for _, r := range regionNames {
+		f.start(t, r, opts...)
+	}
+	return f
+}
+
+// start starts region r's engine (again, after a restart: on the same
+// store).
+func (f *regionFleet) start(t *testing.T, r string, opts ...Option) *Engine {
+	t.Helper()
+	nc := natsConn(t, []string{f.srv.URL()})
+	cfg := f.cfg
+	cfg.Region, cfg.Regions = r, regionNames
+	co, err := coordinator.NewNATS(nc, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := f.stores[r]
+	if st == nil {
+		st = counter.NewMemoryStore(counter.MemoryConfig{Clock: f.clock})
+		f.stores[r] = st
+	}
+	e, err := New(st, append([]Option{WithoutDetector(), WithCoordinator(co), WithRegion(r), WithRegionInterval(20 * time.Millisecond)}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { e.Close() })
+	f.engines[r] = e
+	return e
+}
+
+// used is how many units region r's counter of key under p holds.
+func (f *regionFleet) used(t *testing.T, r, key string, p *Policy) int64 {
+	t.Helper()
+	res, err := f.engines[r].Peek(context.Background(), key, p)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p.Limit.Rate - res.Remaining - 1 + boolInt(!res.Allowed)
+}
+
+// take asks region r for n units of key under p, one at a time, and
+// returns how many it admitted.
+func (f *regionFleet) take(t *testing.T, r, key string, p *Policy, n int) int64 {
+	t.Helper()
+	var admitted int64
+	for range n {
+		res, err := f.engines[r].Allow(context.Background(), key, p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Allowed {
+			admitted++
+		}
+	}
+	return admitted
+}
+
+// TestRegionsExchange: units one region admits are charged to the
+// others' counters, each once: with every round delivered between the
+// regions' turns, the three admit the limit between them, not 3×. Under
+// RegionsIndependent, each admits the whole limit.
+func TestRegionsExchange(t *testing.T) {
+	f := startRegions(t, natsConfig())
+	p := exchangeWindow(300)
+	f.engines["us"].KnowPolicies(p)
+	f.engines["ap"].KnowPolicies(p)
+	total := f.take(t, "eu", "k", p, 100)
+	testkit.For(t, time.Minute, "eu's 100 charged in us and ap", func() bool {
+		return f.used(t, "us", "k", p) == 100 && f.used(t, "ap", "k", p) == 100
+	})
+	total += f.take(t, "us", "k", p, 150)
+	testkit.For(t, time.Minute, "eu's and us's 250 charged everywhere", func() bool {
+		return f.used(t, "eu", "k", p) == 250 && f.used(t, "ap", "k", p) == 250
+	})
+	total += f.take(t, "ap", "k", p, 400)
+	if total != 300 {
+		t.Fatalf("the regions admitted %d, want the limit, 300", total)
+	}
+	testkit.For(t, time.Minute, "the limit reached everywhere", func() bool {
+		return f.used(t, "eu", "k", p) == 300 && f.used(t, "us", "k", p) == 300
+	})
+	// Rounds keep coming, totals unchanged: nothing more is charged.
+	before, _ := f.engines["eu"].RegionStats()
+	time.Sleep(10 * 20 * time.Millisecond)
+	after, _ := f.engines["eu"].RegionStats()
+	if !after.LastRound["ap"].After(before.LastRound["ap"]) || after.Charged["ap"] != before.Charged["ap"] || f.used(t, "eu", "k", p) != 300 {
+		t.Fatalf("rounds resent: charged %v then %v, last rounds %v then %v", before.Charged, after.Charged, before.LastRound, after.LastRound)
+	}
+
+	ind := &Policy{Name: "i", Limit: p.Limit}
+	var admitted int64
+	for _, r := range regionNames {
+		admitted += f.take(t, r, "k", ind, 400)
+	}
+	if admitted != 900 {
+		t.Fatalf("independent regions admitted %d, want 3 × 300", admitted)
+	}
+}
+
+// TestRegionsRoundsOnce: rounds redelivered, duplicated and reordered
+// (without a Secret, which would drop the replays before they reach the
+// exchange) charge nothing more: each region's counter holds what the
+// others admitted, once.
+func TestRegionsRoundsOnce(t *testing.T) {
+	f := startRegions(t, natsConfig())
+	p := exchangeWindow(1000)
+	for _, r := range regionNames {
+		f.engines[r].KnowPolicies(p)
+	}
+	// Every round sent to us, as sent.
+	spy := natsConn(t, []string{f.srv.URL()})
+	var rounds []*nats.Msg
+	sub, err := spy.SubscribeSync("hotkey.default.regions.us.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	admitted := f.take(t, "eu", "k", p, 30)
+	admitted += f.take(t, "ap", "k", p, 20)
+	testkit.For(t, time.Minute, "eu's and ap's 50 charged in us", func() bool { return f.used(t, "us", "k", p) == admitted })
+	for {
+		m, err := sub.NextMsg(200 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		rounds = append(rounds, m)
+	}
+	if len(rounds) < 2 {
+		t.Fatalf("%d rounds seen, want some", len(rounds))
+	}
+	// Replayed twice each, newest first.
+	replay := slices.Clone(rounds)
+	slices.Reverse(replay)
+	for range 2 {
+		for _, m := range replay {
+			if err := spy.Publish(m.Subject, m.Data); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := spy.Flush(); err != nil { // the server has them: what eu sends next reaches us after them
+		t.Fatal(err)
+	}
+	admitted += f.take(t, "eu", "k", p, 1)
+	testkit.For(t, time.Minute, "eu's next unit charged in us", func() bool { return f.used(t, "us", "k", p) >= admitted })
+	if got := f.used(t, "us", "k", p); got != admitted {
+		t.Fatalf("us holds %d after %d rounds replayed twice, want the %d admitted", got, len(rounds), admitted)
+	}
+}
+
+// TestRegionsRestart: an engine restarted (a new life, on the same store)
+// sends totals the others charge apart from its previous life's: the
+// units of both are charged once each.
+func TestRegionsRestart(t *testing.T) {
+	f := startRegions(t, natsConfig())
+	p := exchangeWindow(1000)
+	for _, r := range regionNames {
+		f.engines[r].KnowPolicies(p)
+	}
+	admitted := f.take(t, "eu", "k", p, 40)
+	if err := f.engines["eu"].Close(); err != nil { // its last round goes out
+		t.Fatal(err)
+	}
+	testkit.For(t, time.Minute, "eu's 40 charged in us", func() bool { return f.used(t, "us", "k", p) == admitted })
+	f.start(t, "eu")
+	admitted += f.take(t, "eu", "k", p, 25)
+	testkit.For(t, time.Minute, "eu's 65 charged in us and ap", func() bool {
+		return f.used(t, "us", "k", p) == admitted && f.used(t, "ap", "k", p) == admitted
+	})
+	time.Sleep(5 * 20 * time.Millisecond) // more rounds: nothing more
+	if got := f.used(t, "us", "k", p); got != admitted {
+		t.Fatalf("us holds %d, want %d", got, admitted)
+	}
+}
+
+// TestRegionsUnknown: a round from a region not in the fleet's list is
+// dropped by the coordinator ("region"); an entry under a policy this
+// region does not know as an exchange one, by the engine ("policy").
+func TestRegionsUnknown(t *testing.T) {
+	f := startRegions(t, natsConfig())
+	p := exchangeWindow(1000)
+	f.engines["eu"].KnowPolicies(p) // us does not know it
+	f.take(t, "eu", "k", p, 10)
+	testkit.For(t, time.Minute, "eu's entries dropped in us", func() bool {
+		st, _ := f.engines["us"].RegionStats()
+		return st.Dropped["policy"] > 0
+	})
+	if got := f.used(t, "us", "k", p); got != 0 {
+		t.Fatalf("us charged %d under a policy it does not know", got)
+	}
+	spy := natsConn(t, []string{f.srv.URL()})
+	co := f.engines["us"].coord.(*coordinator.NATS)
+	before := co.Stats().InvalidBy["region"]
+	for _, subj := range []string{"hotkey.default.regions.us.mars", "hotkey.default.regions.us.us"} {
+		if err := spy.Publish(subj, []byte{1, 0, 1, 'x', 1}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	testkit.For(t, time.Minute, "the rounds of mars and of us itself dropped", func() bool {
+		return co.Stats().InvalidBy["region"] >= before+2
+	})
+}
+
+// TestRegionsRefused: a RegionsExchange policy needs a name and an engine
+// that exchanges with other regions.
+func TestRegionsRefused(t *testing.T) {
+	e, err := New(counter.NewMemoryStore(counter.MemoryConfig{}), WithoutDetector())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	for _, p := range []*Policy{
+		exchangeWindow(10),
+		{Limit: Limit{Algorithm: FixedWindow, Rate: 10, Period: time.Hour}, Regions: RegionsExchange},
+		{Name: "z", Limit: Limit{Algorithm: FixedWindow, Rate: 10, Period: time.Hour}, Regions: 9},
+	} {
+		if _, err := e.Allow(context.Background(), "k", p); !errors.Is(err, errors.ErrUnsupported) {
+			t.Errorf("%+v: %v, want ErrUnsupported", p, err)
+		}
+	}
+}
