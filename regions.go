@@ -265,11 +265,19 @@ func (x *exchange) flush(now time.Time) ([][]byte, int64) {
 		}
 		entries = append(entries, gossip.Entry{Limit: segLimit(tot.seg, k.policy), Key: k.key, Units: tot.total})
 	}
-	if len(entries) == 0 {
-		return nil, units
-	}
 	x.seq++
-	msgs, err := x.codec.Encode(gossip.Header{Sender: x.sender, Start: x.start, Round: x.seq}, entries)
+	h := gossip.Header{Sender: x.sender, Start: x.start, Round: x.seq}
+	if len(entries) == 0 {
+		// A round goes out every interval all the same: the other regions
+		// tell one that stopped sending from one with nothing to send.
+		m, err := x.codec.Empty(h)
+		if err != nil {
+			x.errors.Add(1)
+			return nil, units
+		}
+		return [][]byte{m}, units
+	}
+	msgs, err := x.codec.Encode(h, entries)
 	if err != nil {
 		x.errors.Add(1)
 	}

@@ -167,6 +167,16 @@ func (c *Codec) check(e Entry) error {
 	return nil
 }
 
+// Empty returns a message of h with no entries: a round that carries only
+// that it was sent, such as a heartbeat. It fails, as Encode does, for a
+// sender id out of bounds.
+func (c *Codec) Empty(h Header) ([]byte, error) {
+	if h.Sender == "" || len(h.Sender) > MaxSenderLen {
+		return nil, fmt.Errorf("%w: sender id of %d bytes, want 1 to %d", ErrInvalid, len(h.Sender), MaxSenderLen)
+	}
+	return appendHeader(nil, h), nil
+}
+
 func appendHeader(b []byte, h Header) []byte {
 	b = append(b, version)
 	b = appendString(b, h.Sender)

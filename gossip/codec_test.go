@@ -224,3 +224,20 @@ func FuzzDecode(f *testing.F) {
 		}
 	})
 }
+
+// TestEmpty: a message with no entries decodes to its header alone.
+func TestEmpty(t *testing.T) {
+	c := NewCodec(Config{})
+	h := Header{Sender: "s", Start: 7, Round: 3}
+	m, err := c.Empty(h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := c.Decode(m)
+	if err != nil || got.Header != h || len(got.Entries) != 0 {
+		t.Fatalf("%+v %v, want %+v and no entries", got, err, h)
+	}
+	if _, err := c.Empty(Header{}); err == nil {
+		t.Fatal("an empty sender id accepted")
+	}
+}
