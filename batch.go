@@ -83,6 +83,11 @@ func (e *Engine) allowMany(ctx context.Context, reqs []Request, out []Decision) 
 			continue
 		}
 		d := degraded{r.Key, name, hash, r.Cost, r.Policy}
+		if r.Policy.Regions == RegionsShares {
+			res, err := e.decideShares(ctx, r.Policy, r.Key, name, hash, r.Cost)
+			out[i].Result, out[i].Err = e.conclude(ctx, d, res, err)
+			continue
+		}
 		switch r.Policy.Sync {
 		case SyncReserve:
 			// Mostly from a block in memory: no round trip to share.

@@ -71,6 +71,10 @@ func (e *Engine) allow(ctx context.Context, key string, p *Policy, n int64) (Res
 		return Result{}, err
 	}
 	d := degraded{key, name, hash, n, p}
+	if p.Regions == RegionsShares {
+		r, err := e.decideShares(ctx, p, key, name, hash, n)
+		return e.conclude(ctx, d, r, err)
+	}
 	if p.Sync == SyncGossip {
 		return e.conclude(ctx, d, e.decideGossip(name, hash, p.Limit, n), nil)
 	}

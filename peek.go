@@ -41,6 +41,9 @@ func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error
 	if err != nil {
 		return Result{}, err
 	}
+	if p.Regions == RegionsShares && e.xr != nil {
+		return e.peekShare(ctx, p, name, hash, e.xr.shareLimit(p, key, e.opt.clock()))
+	}
 	if p.Sync == SyncGossip {
 		return e.peekGossip(name, hash, p.Limit), nil
 	}
@@ -48,7 +51,8 @@ func (e *Engine) Peek(ctx context.Context, key string, p *Policy) (Result, error
 	if !ok {
 		return Result{}, errNoPeek
 	}
-	r, err := e.peekStore(ctx, peeker, name, hash, p.Limit, p.Sync != SyncReserve)
+	// A SyncReserve key, or one shared with other regions, is never split.
+	r, err := e.peekStore(ctx, peeker, name, hash, p.Limit, p.Sync != SyncReserve && p.Regions == RegionsIndependent)
 	if err == nil {
 		return r, nil
 	}

@@ -34,12 +34,21 @@ const (
 	// policy is never split: the other regions' units go to its one
 	// counter.
 	RegionsExchange
+	// RegionsShares: the limit, a fixed window's, is split into one share
+	// a region, adding up to it exactly, each kept on the region's own
+	// store; a region never admits beyond its share, and shares move
+	// toward demand within a window, a region with units to spare giving
+	// them to one that runs out (regions_shares.go). All regions together
+	// never admit more than the limit in a window, cut off from each other
+	// too, at the price of denials where demand moved faster than the
+	// shares.
+	RegionsShares
 	numRegionModes
 )
 
-var regionModeNames = [numRegionModes]string{"independent", "exchange"}
+var regionModeNames = [numRegionModes]string{"independent", "exchange", "shares"}
 
-// String returns the mode's name: independent or exchange.
+// String returns the mode's name: independent, exchange or shares.
 func (m RegionMode) String() string {
 	if m < numRegionModes {
 		return regionModeNames[m]
@@ -65,7 +74,7 @@ func (m *RegionMode) UnmarshalText(text []byte) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("unknown regions mode: %q (want independent or exchange)", text)
+	return fmt.Errorf("unknown regions mode: %q (want independent, exchange or shares)", text)
 }
 
 // DefaultRegionInterval is WithRegionInterval's default.
@@ -115,6 +124,10 @@ type exchange struct {
 	seg    uint64 // segments begun
 	seq    uint64 // rounds sent
 
+	shareMu sync.Mutex // guards shares
+	shares  map[shareKey]*shareView
+	grants  uint64 // grants sent; the region subscription's goroutine's
+
 	sent    map[string]*atomic.Uint64 // units sent, by region to
 	charged map[string]*atomic.Uint64 // units charged, by region from
 	last    map[string]*atomic.Int64  // when the last round from a region was applied, Unix ns; 0: never
@@ -142,10 +155,11 @@ const (
 	xdropKey              // an entry whose key or limit this engine refuses
 	xdropStore            // an entry of a policy whose store keeps no totals, or whose charge failed
 	xdropFull             // units admitted on a new key past maxRegionKeys, not sent
+	xdropLate             // a need or grant of another window, or at a window's edge
 	numXDrops
 )
 
-var xdropNames = [numXDrops]string{"malformed", "policy", "key", "store", "full"}
+var xdropNames = [numXDrops]string{"malformed", "policy", "key", "store", "full", "late"}
 
 // newExchange returns the exchange of e with the other regions of pub,
 // or nil if there are none.
@@ -166,6 +180,7 @@ func newExchange(e *Engine, pub coordinator.RegionPublisher) *exchange {
 		round:    gossip.NewRound(cfg),
 		codec:    gossip.NewCodec(cfg),
 		totals:   make(map[xkey]*xtotal),
+		shares:   make(map[shareKey]*shareView),
 		sent:     make(map[string]*atomic.Uint64, len(to)),
 		charged:  make(map[string]*atomic.Uint64, len(to)),
 		last:     make(map[string]*atomic.Int64, len(to)),
@@ -295,8 +310,13 @@ func parseSegLimit(s string) (seg, policy string, ok bool) {
 	return seg, policy, ok && seg != "" && policy != ""
 }
 
-// apply charges the totals of a message from region from.
+// apply charges the totals of a message from region from, or handles its
+// need or grant.
 func (x *exchange) apply(from string, payload []byte) {
+	if len(payload) > 0 && payload[0] == shareMagic {
+		x.applyShare(from, payload)
+		return
+	}
 	msg, err := x.codec.Decode(payload)
 	if err != nil {
 		x.drops[xdropMalformed].Add(1)
@@ -366,6 +386,10 @@ func (e *Engine) checkRegions(p *Policy) error {
 		return fmt.Errorf("regions %v: the policy needs a name, by which the regions know it: %w", p.Regions, errors.ErrUnsupported)
 	case e.xr == nil:
 		return fmt.Errorf("policy %q: regions %v without an exchange between regions (a region, and a coordinator that carries rounds to other regions): %w", p.Name, p.Regions, errors.ErrUnsupported)
+	case p.Regions == RegionsShares:
+		if err := checkShares(p); err != nil {
+			return fmt.Errorf("%w: %w", err, errors.ErrUnsupported)
+		}
 	}
 	return nil
 }
@@ -391,7 +415,7 @@ func (e *Engine) KnowPolicies(ps ...*Policy) {
 		return
 	}
 	for _, p := range ps {
-		if p != nil && p.Regions == RegionsExchange && p.Name != "" {
+		if p != nil && p.Regions != RegionsIndependent && p.Name != "" {
 			e.xr.know(p)
 		}
 	}
@@ -404,7 +428,7 @@ type RegionStats struct {
 	// LastRound is when the last round from each region was applied
 	// (zero: never).
 	LastRound map[string]time.Time
-	Dropped   map[string]uint64 // entries or messages dropped, by reason: malformed, policy, key, store, full
+	Dropped   map[string]uint64 // entries or messages dropped, by reason: malformed, policy, key, store, full, late
 	Errors    uint64            // messages the coordinator did not take (not connected, closed, too large)
 }
 

@@ -72,7 +72,7 @@ func perr(n *yaml.Node, field, format string, args ...any) *PolicyError {
 //	    on_store_failure: local    # local (default), open, closed
 //	    allowlist: [health_check]  # keys a closed policy still admits
 //	    sync: store                # store (default), reserve, gossip
-//	    regions: independent       # independent (default: each region the whole limit), exchange (one limit for all: needs --regions)
+//	    regions: independent       # independent (default: each region the whole limit), exchange or shares (one limit for all: need --regions; shares a fixed_window only)
 //	    shadow: false              # true: decide and count, but admit every request
 //
 // Unknown fields, duplicate names or fields, YAML aliases and merge keys,
@@ -218,8 +218,8 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 	}
 	p := &hotkey.Policy{Name: name, OnStoreFailure: hotkey.FallbackLocal}
 	var (
-		limitNode, periodNode, burstNode, algNode, syncNode *yaml.Node
-		haveBurst                                           bool
+		limitNode, periodNode, burstNode, algNode, syncNode, regionsNode *yaml.Node
+		haveBurst                                                        bool
 	)
 	err := eachField(n, path, func(key string, k, v *yaml.Node) error {
 		field := path + "." + key
@@ -293,13 +293,14 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 			}
 			p.Sync = m
 		case "regions":
+			regionsNode = v
 			s, err := scalarString(v, field)
 			if err != nil {
 				return err
 			}
 			var m hotkey.RegionMode
 			if err := m.UnmarshalText([]byte(s)); err != nil {
-				return perr(v, field, "unknown value %s: want independent or exchange", yamlerr.Quote(s))
+				return perr(v, field, "unknown value %s: want independent, exchange or shares", yamlerr.Quote(s))
 			}
 			p.Regions = m
 		case "shadow":
@@ -327,6 +328,9 @@ func parsePolicy(name string, n *yaml.Node) (*hotkey.Policy, error) {
 	}
 	if err := p.Sync.Keeps(p.Limit.Algorithm); err != nil {
 		return nil, perr(syncNode, path+".sync", "%v", err)
+	}
+	if p.Regions == hotkey.RegionsShares && p.Limit.Algorithm != counter.FixedWindow {
+		return nil, perr(regionsNode, path+".regions", "regions shares splits a fixed window's limit into the regions' shares: use algorithm fixed_window, or regions exchange")
 	}
 	if err := p.Limit.Validate(); err != nil {
 		at, field := limitNode, path+".limit"
