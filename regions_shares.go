@@ -64,7 +64,7 @@ type shareView struct {
 	window  int64
 	granted int64
 	ids     map[string]struct{}
-	asked   int64 // when a need was last sent, Unix ns
+	asked   int64 // when a need was last sent, on monotonic(); 0: never
 }
 
 // maxShareViews bounds the keys a daemon keeps share views of; past it a
@@ -130,13 +130,14 @@ func (x *exchange) denied(p *Policy, key string, n int64, now time.Time) {
 	if !inside {
 		return
 	}
+	asked := int64(monotonic()) // how often it asks is the network's matter, not the clock's
 	x.shareMu.Lock()
 	v := x.view(shareKey{p.Name, key}, w)
-	if v == nil || t-v.asked < int64(x.interval) {
+	if v == nil || v.asked != 0 && asked-v.asked < int64(x.interval) {
 		x.shareMu.Unlock()
 		return
 	}
-	v.asked = t
+	v.asked = asked
 	x.shareMu.Unlock()
 	want := max(n, int64(math.Ceil(float64(p.Limit.Rate)/float64(len(x.to)+1)/4)))
 	x.publishShare(x.to, shareMsg{Kind: "need", Policy: p.Name, Key: key, Window: w, Units: want})

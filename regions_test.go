@@ -42,7 +42,9 @@ func startRegions(t *testing.T, cfg coordinator.Config, opts ...Option) *regionF
 		t.Fatal(err)
 	}
 	t.Cleanup(srv.Shutdown)
-	at := time.Now()
+	// Half way into an hour: a window of an hour holds it, away from its
+	// edges, whatever the hour.
+	at := time.Now().Truncate(time.Hour).Add(30 * time.Minute)
 	f := &regionFleet{srv: srv, engines: map[string]*Engine{}, stores: map[string]*counter.MemoryStore{}, cfg: cfg, clock: func() time.Time { return at }}
 	for _, r := range regionNames {
 		f.start(t, r, opts...)
@@ -66,7 +68,7 @@ func (f *regionFleet) start(t *testing.T, r string, opts ...Option) *Engine {
 		st = counter.NewMemoryStore(counter.MemoryConfig{Clock: f.clock})
 		f.stores[r] = st
 	}
-	e, err := New(st, append([]Option{WithoutDetector(), WithCoordinator(co), WithRegion(r), WithRegionInterval(20 * time.Millisecond)}, opts...)...)
+	e, err := New(st, append([]Option{withClock(f.clock), WithoutDetector(), WithCoordinator(co), WithRegion(r), WithRegionInterval(20 * time.Millisecond)}, opts...)...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -265,6 +267,90 @@ func TestRegionsRefused(t *testing.T) {
 	} {
 		if _, err := e.Allow(context.Background(), "k", p); !errors.Is(err, errors.ErrUnsupported) {
 			t.Errorf("%+v: %v, want ErrUnsupported", p, err)
+		}
+	}
+}
+
+// sharesWindow is the shares tests' policy: a fixed window of an hour.
+func sharesWindow(limit int64) *Policy {
+	return &Policy{Name: "s", Limit: Limit{Algorithm: FixedWindow, Rate: limit, Period: time.Hour}, Regions: RegionsShares}
+}
+
+// TestRegionsShares: each region starts with a third of the limit; one
+// that runs out is granted the others' spare units, so it admits more
+// than its third; and all regions together, asked far more than the
+// limit, never admit more than it.
+func TestRegionsShares(t *testing.T) {
+	f := startRegions(t, natsConfig())
+	p := sharesWindow(300)
+	for _, r := range regionNames {
+		f.engines[r].KnowPolicies(p)
+	}
+	var eu int64
+	testkit.For(t, time.Minute, "eu granted the others' spare units", func() bool {
+		eu += f.take(t, "eu", "k", p, 50)
+		return eu >= 250
+	})
+	var all int64 = eu
+	for range 5 {
+		for _, r := range regionNames {
+			all += f.take(t, r, "k", p, 100)
+		}
+		time.Sleep(50 * time.Millisecond) // needs and grants between the turns
+	}
+	if all > 300 {
+		t.Fatalf("the regions admitted %d, over the limit of 300 (eu %d before the others asked)", all, eu)
+	}
+	st, _ := f.engines["eu"].RegionStats()
+	t.Logf("eu admitted %d alone, all %d; eu was granted %v", eu, all, st.Charged)
+}
+
+// TestRegionsSharesGrantsOnce: grants redelivered and duplicated add to
+// the share once each.
+func TestRegionsSharesGrantsOnce(t *testing.T) {
+	f := startRegions(t, natsConfig())
+	p := sharesWindow(300)
+	for _, r := range regionNames {
+		f.engines[r].KnowPolicies(p)
+	}
+	spy := natsConn(t, []string{f.srv.URL()})
+	sub, err := spy.SubscribeSync("hotkey.default.regions.eu.*")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	var eu int64
+	testkit.For(t, time.Minute, "eu granted units", func() bool {
+		eu += f.take(t, "eu", "k", p, 30)
+		return eu > 100
+	})
+	var grants []*nats.Msg
+	for {
+		m, err := sub.NextMsg(200 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		grants = append(grants, m) // and the empty rounds, which change nothing either
+
+	}
+	before, _ := f.engines["eu"].RegionStats()
+	for range 3 {
+		for _, m := range grants {
+			if err := spy.Publish(m.Subject, m.Data); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := spy.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	after, _ := f.engines["eu"].RegionStats()
+	for _, r := range []string{"us", "ap"} {
+		if after.Charged[r] != before.Charged[r] {
+			t.Errorf("granted by %s: %d, then %d after %d grants replayed 3 times", r, before.Charged[r], after.Charged[r], len(grants))
 		}
 	}
 }
