@@ -62,7 +62,8 @@ type shareKey struct{ policy, key string }
 // window: what it was granted, by grant id, and when it last asked.
 type shareView struct {
 	window  int64
-	granted int64
+	granted int64 // units other regions granted this one
+	gave    int64 // units this daemon granted other regions
 	ids     map[string]struct{}
 	asked   int64 // when a need was last sent, on monotonic(); 0: never
 }
@@ -251,11 +252,20 @@ func (x *exchange) give(from string, p *Policy, m shareMsg, now time.Time) {
 	if !peek.Allowed {
 		used = lim.Rate
 	}
+	x.shareMu.Lock()
+	sv := x.view(shareKey{p.Name, m.Key}, m.Window)
+	var gave int64
+	if sv != nil {
+		gave = sv.gave
+	}
+	x.shareMu.Unlock()
 	period := int64(p.Limit.Period)
 	into := now.UnixNano() - m.Window*period
 	left := period - into
-	// What the region will use before the window ends, at its pace so far.
-	expect := int64(math.Ceil(float64(used) * float64(left) / float64(max(into, 1))))
+	// What the region will use before the window ends, at its pace so
+	// far: its counter's count but for the units given away (this
+	// daemon's; the other daemons' count as use, which gives less).
+	expect := int64(math.Ceil(float64(max(0, used-gave)) * float64(left) / float64(max(into, 1))))
 	spare := (lim.Rate - used - expect) / int64(max(1, x.e.liveInstances()))
 	g := min(m.Units, spare)
 	if g <= 0 {
@@ -265,6 +275,11 @@ func (x *exchange) give(from string, p *Policy, m shareMsg, now time.Time) {
 	if err != nil || !r.Allowed {
 		return
 	}
+	x.shareMu.Lock()
+	if sv := x.view(shareKey{p.Name, m.Key}, m.Window); sv != nil {
+		sv.gave += g
+	}
+	x.shareMu.Unlock()
 	x.grants++
 	id := x.sender + "." + strconv.FormatInt(x.start, 36) + "." + strconv.FormatUint(x.grants, 36)
 	x.sent[from].Add(uint64(g))

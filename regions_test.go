@@ -158,7 +158,6 @@ func TestRegionsRoundsOnce(t *testing.T) {
 	}
 	// Every round sent to us, as sent.
 	spy := natsConn(t, []string{f.srv.URL()})
-	var rounds []*nats.Msg
 	sub, err := spy.SubscribeSync("hotkey.default.regions.us.*")
 	if err != nil {
 		t.Fatal(err)
@@ -166,16 +165,11 @@ func TestRegionsRoundsOnce(t *testing.T) {
 	if err := spy.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	var rounds []*nats.Msg
 	admitted := f.take(t, "eu", "k", p, 30)
 	admitted += f.take(t, "ap", "k", p, 20)
 	testkit.For(t, time.Minute, "eu's and ap's 50 charged in us", func() bool { return f.used(t, "us", "k", p) == admitted })
-	for {
-		m, err := sub.NextMsg(200 * time.Millisecond)
-		if err != nil {
-			break
-		}
-		rounds = append(rounds, m)
-	}
+	rounds = drain(t, sub)
 	if len(rounds) < 2 {
 		t.Fatalf("%d rounds seen, want some", len(rounds))
 	}
@@ -326,15 +320,7 @@ func TestRegionsSharesGrantsOnce(t *testing.T) {
 		eu += f.take(t, "eu", "k", p, 30)
 		return eu > 100
 	})
-	var grants []*nats.Msg
-	for {
-		m, err := sub.NextMsg(200 * time.Millisecond)
-		if err != nil {
-			break
-		}
-		grants = append(grants, m) // and the empty rounds, which change nothing either
-
-	}
+	grants := drain(t, sub) // and the empty rounds, which change nothing either
 	before, _ := f.engines["eu"].RegionStats()
 	for range 3 {
 		for _, m := range grants {
@@ -353,4 +339,23 @@ func TestRegionsSharesGrantsOnce(t *testing.T) {
 			t.Errorf("granted by %s: %d, then %d after %d grants replayed 3 times", r, before.Charged[r], after.Charged[r], len(grants))
 		}
 	}
+}
+
+// drain returns the messages sub holds now: rounds keep coming every
+// interval, so it does not wait for a pause.
+func drain(t *testing.T, sub *nats.Subscription) []*nats.Msg {
+	t.Helper()
+	n, _, err := sub.Pending()
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := make([]*nats.Msg, 0, n)
+	for range n {
+		m, err := sub.NextMsg(time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, m)
+	}
+	return msgs
 }
