@@ -23,18 +23,41 @@ var chargeScripts = newScripts(chargeSources)
 
 // chargeSources are the sources of chargeScripts.
 var chargeSources = [numAlgorithms]string{
-	TokenBucket:   chargeSource(gcraChargeScript),
-	SlidingWindow: chargeSource(windowCounts + slidingWindowChargeScript),
-	FixedWindow:   chargeSource(windowCounts + fixedWindowChargeScript),
-	SlidingLog:    chargeSource(intArg + slidingLogChargeScript),
+	TokenBucket:   chargeSource(chargeBodies[TokenBucket]),
+	SlidingWindow: chargeSource(chargeBodies[SlidingWindow]),
+	FixedWindow:   chargeSource(chargeBodies[FixedWindow]),
+	SlidingLog:    chargeSource(chargeBodies[SlidingLog]),
 }
 
-// chargeSource returns the script that runs body, which defines
-// charge(key, gen, A1, A2, n) (A1 and A2 the limit's arguments as given,
-// strings; gen the generation's key or nil), on each counter of KEYS and
-// ARGV, at one instant now.
+// chargeBodies define, each for its algorithm, charge(key, gen, A1, A2, n)
+// (A1 and A2 the limit's arguments as given, strings; gen the generation's
+// key or nil), which charges n units to key at the instant now, calling
+// keepGen (chargePrelude defines both).
+var chargeBodies = [numAlgorithms]string{
+	TokenBucket:   gcraChargeScript,
+	SlidingWindow: windowCounts + slidingWindowChargeScript,
+	FixedWindow:   windowCounts + fixedWindowChargeScript,
+	SlidingLog:    intArg + slidingLogChargeScript,
+}
+
+// chargeSource returns the script that runs body (see chargeBodies) on
+// each counter of KEYS and ARGV, at one instant now.
 func chargeSource(body string) string {
-	return `
+	return chargePrelude + body + `
+local j = 1
+for i = 1, #ARGV - 3, 4 do
+	local key, gen = KEYS[j], nil
+	j = j + 1
+	if ARGV[i + 3] == '1' then gen, j = KEYS[j], j + 1 end
+	charge(key, gen, ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]))
+end
+return 1
+`
+}
+
+// chargePrelude opens a charge script: it reads the instant now, once, and
+// defines keepGen.
+const chargePrelude = `
 local t = redis.call('TIME')
 local now = t[1] * 1000000 + t[2]
 -- keepGen pushes the expiry of gen, the generation's key, if it exists,
@@ -46,17 +69,7 @@ local function keepGen(key, gen)
 	local c = redis.call('PTTL', key)
 	if c > g then redis.call('PEXPIRE', gen, string.format('%.0f', c)) end
 end
-` + body + `
-local j = 1
-for i = 1, #ARGV - 3, 4 do
-	local key, gen = KEYS[j], nil
-	j = j + 1
-	if ARGV[i + 3] == '1' then gen, j = KEYS[j], j + 1 end
-	charge(key, gen, ARGV[i], ARGV[i + 1], tonumber(ARGV[i + 2]))
-end
-return 1
 `
-}
 
 // gcraChargeScript charges a token bucket, in the grid units of its
 // limit's level k (see gcraGrid). Its arguments: I, the limit's interval

@@ -47,7 +47,9 @@
 //
 // Charges: the memory store also adds usage to a counter without a decision
 // (MemoryStore.ChargeAt), the units another instance admitted on the key,
-// saturating at the algorithm's bounds (see charge.go).
+// saturating at the algorithm's bounds (see charge.go). A TotalCharger
+// charges a sender's running total of such units once, keeping per counter
+// and sender the highest total charged (see total.go).
 //
 // Leases (lease.go): a store that is a Leaser charges a block of up to n
 // units in one call (Lease) and takes unused ones back (Return) by each

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/maphash"
+	"math"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -38,19 +39,25 @@ type MemoryConfig struct {
 	// stripe always holds an untallied counter whose expiry bounds a
 	// refusal's wait). 0, the default, keeps no tally.
 	TallyKeys int
+	// MaxWatermarks bounds the watermarks of ChargeTotals held (default
+	// 1<<18), store-wide: each holds its sender's name (at most
+	// MaxFromLen bytes) and takes about 200 bytes at most, 50 MiB at the
+	// default. Past it a new watermark is refused until an expired one
+	// can be swept; a live one is never dropped.
+	MaxWatermarks int
 }
 
 // DefaultMemoryConfig returns the defaults documented on MemoryConfig.
 func DefaultMemoryConfig() MemoryConfig {
-	return MemoryConfig{MaxKeys: 1 << 20, Stripes: 512}
+	return MemoryConfig{MaxKeys: 1 << 20, Stripes: 512, MaxWatermarks: 1 << 18}
 }
 
 // MemoryStore keeps counters in process memory: a table per stripe (see
 // memtable.go), each under its own mutex, picked by a hash of the key. It is
 // safe for concurrent use and never blocks on I/O. It allocates when a
-// stripe's table grows and for sliding logs' entries, never to decide on a
-// present key; its tables hold no pointers for the garbage collector to
-// scan.
+// stripe's table grows, for sliding logs' entries and for watermarks
+// (ChargeTotals), never to decide on a present key; its tables' cells hold
+// no pointers for the garbage collector to scan.
 type MemoryStore struct {
 	stripes []stripe
 	spans   []cellSpan // per stripe, read without its lock by Prefetch
@@ -65,10 +72,12 @@ type MemoryStore struct {
 	epochNano int64
 
 	users atomic.Int32 // engines attached (see Attach)
+
+	marks marks // of ChargeTotals, held by the stripes' tables
 }
 
 type stripe struct {
-	mu sync.Mutex // guards t
+	mu sync.Mutex // guards t, its watermarks too
 	t  table      // its hot fields (cells, n, limit) share mu's cache line
 	_  [stripePad]byte
 }
@@ -89,6 +98,9 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 	}
 	if cfg.Stripes <= 0 {
 		cfg.Stripes = def.Stripes
+	}
+	if cfg.MaxWatermarks <= 0 {
+		cfg.MaxWatermarks = def.MaxWatermarks
 	}
 	system := cfg.Clock == nil
 	if system {
@@ -115,6 +127,8 @@ func NewMemoryStore(cfg MemoryConfig) *MemoryStore {
 		mix:     rand.Uint64(),
 		keySeed: maphash.MakeSeed(),
 	}
+	s.marks.max = int64(cfg.MaxWatermarks)
+	s.marks.soonest.Store(math.MaxInt64)
 	s.epoch = time.Now() // a monotonic reading, whatever the clock
 	s.epochNano = s.epoch.UnixNano()
 	for i := range s.stripes {

@@ -66,6 +66,9 @@ type table struct {
 	// the order they were first tallied; it holds at most maxTallies.
 	tallies    []tallyEntry
 	maxTallies int
+	// marks are the watermarks of ChargeTotals on the table's counters,
+	// counted and capped by the store (see total.go); nil until the first.
+	marks map[markID]mark
 }
 
 // cellSpan says where a table's cells are, for a reader that does not hold the

@@ -296,12 +296,13 @@ func (s *RedisStore) loadScripts(ctx context.Context) error {
 	return nil
 }
 
-// loadOn loads every script, Take's, Peek's and Charge's, on the node c talks to, in
+// loadOn loads every script, Take's, Peek's, Charge's and ChargeTotals', on the node c talks to, in
 // one round trip.
 func (s *RedisStore) loadOn(ctx context.Context, c redis.Cmdable) error {
 	cmds := make([]*redis.StringCmd, len(scripts))
 	peeks := make([]*redis.StringCmd, len(peekSources))
 	charges := make([]*redis.StringCmd, len(chargeSources))
+	var total *redis.StringCmd
 	_, _ = c.Pipelined(ctx, func(p redis.Pipeliner) error {
 		for i, src := range scripts {
 			cmds[i] = p.ScriptLoad(ctx, src)
@@ -312,6 +313,7 @@ func (s *RedisStore) loadOn(ctx context.Context, c redis.Cmdable) error {
 		for i, src := range chargeSources {
 			charges[i] = p.ScriptLoad(ctx, src)
 		}
+		total = p.ScriptLoad(ctx, totalSource)
 		return nil
 	}) // every command carries its own error
 	for i, cmd := range cmds {
@@ -328,6 +330,9 @@ func (s *RedisStore) loadOn(ctx context.Context, c redis.Cmdable) error {
 		if err := checkLoad(cmd, chargeScripts[i].Hash()); err != nil {
 			return fmt.Errorf("load %v charge script: %w", Algorithm(i), err)
 		}
+	}
+	if err := checkLoad(total, totalScript.Hash()); err != nil {
+		return fmt.Errorf("load total script: %w", err)
 	}
 	return nil
 }

@@ -89,8 +89,9 @@ type Store struct {
 }
 
 var (
-	_ counter.Store  = (*Store)(nil)
-	_ counter.Peeker = (*Store)(nil)
+	_ counter.Store        = (*Store)(nil)
+	_ counter.Peeker       = (*Store)(nil)
+	_ counter.TotalCharger = (*Store)(nil)
 )
 
 // limitCache is the number of limits whose encoding a Store keeps, direct
@@ -171,6 +172,13 @@ func (s *Store) TakeAt(now time.Time, key string, hash uint64, lim counter.Limit
 // Peek implements counter.Peeker on the store's own view.
 func (s *Store) Peek(ctx context.Context, key string, hash uint64, lim counter.Limit) (counter.Result, error) {
 	return s.mem.Peek(ctx, key, hash, lim)
+}
+
+// ChargeTotals implements counter.TotalCharger on the store's own view:
+// the memory store's ChargeTotals. What it charges is not tallied: it
+// goes to no peer.
+func (s *Store) ChargeTotals(ctx context.Context, ops []counter.TotalOp) {
+	s.mem.ChargeTotals(ctx, ops)
 }
 
 // Prefetch is the memory store's Prefetch.

@@ -552,3 +552,28 @@ func TestStoreSnapshotParts(t *testing.T) {
 		t.Errorf("%d keys remembered, want %d: the one with nothing used forgotten", n, keys-1)
 	}
 }
+
+// TestStoreChargeTotals: totals charge the store's view once per (key,
+// sender) total, and go to no peer: a Flush after them sends nothing.
+func TestStoreChargeTotals(t *testing.T) {
+	clock := testkit.NewClock()
+	s := newTestStore(t, "a", clock, StoreConfig{})
+	lim := counter.Limit{Algorithm: counter.FixedWindow, Rate: 10, Period: time.Hour}
+	ops := []counter.TotalOp{
+		{Key: "k", Limit: lim, From: "r2:1", Total: 4, Keep: time.Minute},
+		{Key: "k", Limit: lim, From: "r2:1", Total: 4, Keep: time.Minute},
+		{Key: "k", Limit: lim, From: "r2:1", Total: 6, Keep: time.Minute},
+	}
+	s.ChargeTotals(context.Background(), ops)
+	for i, want := range []int64{4, 0, 2} {
+		if ops[i].Err != nil || ops[i].Charged != want {
+			t.Errorf("op %d: charged %d, %v; want %d", i, ops[i].Charged, ops[i].Err, want)
+		}
+	}
+	if got := remaining(s, "k", lim); got != 4 {
+		t.Errorf("%d left after 6 of 10 charged, want 4", got)
+	}
+	if msgs := deliver(t, clock.Now(), s); len(msgs) != 0 {
+		t.Errorf("a flush after totals sent %d messages, want none", len(msgs))
+	}
+}
