@@ -129,11 +129,13 @@ func TestRegionsExchange(t *testing.T) {
 		return f.used(t, "eu", "k", p) == 300 && f.used(t, "us", "k", p) == 300
 	})
 	// Rounds keep coming, totals unchanged: nothing more is charged.
-	before, _ := f.engines["eu"].RegionStats()
-	time.Sleep(10 * 20 * time.Millisecond)
+	co := f.engines["eu"].coord.(*coordinator.NATS)
+	before, rounds := f.engines["eu"].RegionStats()
+	received := co.Stats().RegionReceived
+	testkit.For(t, time.Minute, "10 more rounds in eu", func() bool { return co.Stats().RegionReceived >= received+10 })
 	after, _ := f.engines["eu"].RegionStats()
-	if !after.LastRound["ap"].After(before.LastRound["ap"]) || after.Charged["ap"] != before.Charged["ap"] || f.used(t, "eu", "k", p) != 300 {
-		t.Fatalf("rounds resent: charged %v then %v, last rounds %v then %v", before.Charged, after.Charged, before.LastRound, after.LastRound)
+	if !rounds || after.Charged["ap"] != before.Charged["ap"] || after.Charged["us"] != before.Charged["us"] || f.used(t, "eu", "k", p) != 300 {
+		t.Fatalf("rounds resent: charged %v then %v; eu holds %d", before.Charged, after.Charged, f.used(t, "eu", "k", p))
 	}
 
 	ind := &Policy{Name: "i", Limit: p.Limit}
