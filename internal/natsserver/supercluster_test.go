@@ -147,6 +147,7 @@ func TestSuperclusterCut(t *testing.T) {
 	a1, b1, c1 := connect(t, sc, "a", 1), connect(t, sc, "b", 1), connect(t, sc, "c", 1)
 	abIn, acIn := subscribe(t, b1, "ab"), subscribe(t, c1, "ab")
 	baIn, bcIn, cbIn := subscribe(t, a1, "ba"), subscribe(t, c1, "bc"), subscribe(t, b1, "cb")
+	aaIn := subscribe(t, a1, "aa")
 	flows := func() {
 		await(t, a, "ab", abIn)
 		await(t, a, "ab", acIn)
@@ -201,9 +202,11 @@ func TestSuperclusterCut(t *testing.T) {
 		leaked()
 		time.Sleep(10 * time.Millisecond)
 	}
-	// b and c still talk.
+	// b and c still talk, and a's servers to each other (routes are not
+	// proxied).
 	await(t, b, "bc", bcIn)
 	await(t, c, "cb", cbIn)
+	await(t, a, "aa", aaIn)
 	for _, nc := range []*nats.Conn{a, b, a1, b1, c1} {
 		if err := nc.Flush(); err != nil {
 			t.Fatal(err)
@@ -240,4 +243,27 @@ func TestStartSuperclusterRefuses(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestSuperclusterRestart: a node restarted keeps its gateway port, so the
+// proxies of the links into its region reach it again and it rejoins.
+func TestSuperclusterRestart(t *testing.T) {
+	t.Parallel()
+	sc := startSupercluster(t, []string{"a", "b"}, 2)
+	gw := sc.Cluster("b").Server(1).Server().GatewayAddr().String()
+	if err := sc.Cluster("b").Restart(1); err != nil {
+		t.Fatal(err)
+	}
+	if got := sc.Cluster("b").Server(1).Server().GatewayAddr().String(); got != gw {
+		t.Fatalf("gateway address %s after Restart, was %s", got, gw)
+	}
+	start := time.Now()
+	if err := sc.WaitJoined(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("b-n1 restarted, rejoined in %v", time.Since(start))
+	a, b1 := connect(t, sc, "a", 0), connect(t, sc, "b", 1)
+	await(t, a, "x", subscribe(t, b1, "x"))
+	inA := subscribe(t, a, "y")
+	await(t, b1, "y", inA)
 }
