@@ -7,7 +7,9 @@
 // copied both ways in chunks (whatever one read returns). SetDelay holds
 // every chunk read from now on for a while before it is written, in each
 // direction, without limiting throughput: it adds latency, as a slow network
-// or server would. Cut closes every connection and answers new ones by
+// or server would; SetDelayRange draws each chunk's delay from a range, as a
+// network with jitter would, and still writes a direction's chunks in the
+// order they were read. Cut closes every connection and answers new ones by
 // closing them at once (the client sees the connection end, not a timeout),
 // until Restore. Close stops the proxy and waits for all its goroutines.
 package faultproxy
@@ -16,6 +18,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -33,10 +36,10 @@ const chunkSize = 32 << 10
 // concurrent use.
 type Proxy struct {
 	ln     net.Listener
-	target string
+	target atomic.Pointer[string]
 
-	delay atomic.Int64 // ns added to every chunk read from now on
-	cut   atomic.Bool  // refuse new connections
+	delay atomic.Pointer[delayRange] // added to every chunk read from now on
+	cut   atomic.Bool                // refuse new connections
 
 	mu     sync.Mutex
 	conns  map[*pair]struct{}
@@ -46,14 +49,17 @@ type Proxy struct {
 	accepted, refused atomic.Int64
 }
 
-// New starts a proxy on 127.0.0.1:0 forwarding to target (host:port). The
-// caller must call Close.
+// New starts a proxy on 127.0.0.1:0 forwarding to target (host:port). An
+// empty target refuses connections until SetTarget. The caller must call
+// Close.
 func New(target string) (*Proxy, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("faultproxy: listen: %w", err)
 	}
-	p := &Proxy{ln: ln, target: target, conns: make(map[*pair]struct{})}
+	p := &Proxy{ln: ln, conns: make(map[*pair]struct{})}
+	p.target.Store(&target)
+	p.delay.Store(&delayRange{})
 	p.wg.Add(1)
 	go p.accept()
 	return p, nil
@@ -63,12 +69,36 @@ func New(target string) (*Proxy, error) {
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
 
 // Target returns the address the proxy forwards to.
-func (p *Proxy) Target() string { return p.target }
+func (p *Proxy) Target() string { return *p.target.Load() }
+
+// SetTarget makes the proxy forward connections accepted from now on to
+// target; open connections keep theirs.
+func (p *Proxy) SetTarget(target string) { p.target.Store(&target) }
 
 // SetDelay makes every chunk read from now on, in either direction, wait d
 // before it is written (0: none). Chunks already waiting keep their time.
 // Order is kept: a chunk is never written before one read earlier.
-func (p *Proxy) SetDelay(d time.Duration) { p.delay.Store(int64(max(d, 0))) }
+func (p *Proxy) SetDelay(d time.Duration) { p.SetDelayRange(d, d) }
+
+// SetDelayRange makes every chunk read from now on wait a delay drawn
+// uniformly from [lo, hi] (negative bounds count as 0, hi below lo as lo).
+// Order is kept: a direction's chunk is written at its own read time plus
+// its delay, or right after the chunk read before it, whichever is later.
+func (p *Proxy) SetDelayRange(lo, hi time.Duration) {
+	lo = max(lo, 0)
+	p.delay.Store(&delayRange{lo: lo, hi: max(hi, lo)})
+}
+
+// delayRange is the range a chunk's delay is drawn from.
+type delayRange struct{ lo, hi time.Duration }
+
+// draw returns a delay drawn uniformly from [lo, hi].
+func (r *delayRange) draw() time.Duration {
+	if r.hi <= r.lo {
+		return r.lo
+	}
+	return r.lo + rand.N(r.hi-r.lo+1)
+}
 
 // Cut closes every open connection, both sides, and closes new ones as soon
 // as they are accepted, without dialing the target, until Restore.
@@ -154,7 +184,7 @@ func (p *Proxy) accept() {
 // directions end, an error, Cut or Close.
 func (p *Proxy) forward(client net.Conn) {
 	defer p.wg.Done()
-	server, err := net.DialTimeout("tcp", p.target, 5*time.Second)
+	server, err := net.DialTimeout("tcp", p.Target(), 5*time.Second)
 	if err != nil {
 		p.refused.Add(1)
 		client.Close()
@@ -206,7 +236,7 @@ func (p *Proxy) read(c *pair, src net.Conn, q chan<- chunk) {
 		buf := make([]byte, chunkSize)
 		n, err := src.Read(buf)
 		if n > 0 {
-			ch := chunk{data: buf[:n], due: time.Now().Add(time.Duration(p.delay.Load()))}
+			ch := chunk{data: buf[:n], due: time.Now().Add(p.delay.Load().draw())}
 			select {
 			case q <- ch:
 			case <-c.done:
@@ -222,8 +252,8 @@ func (p *Proxy) read(c *pair, src net.Conn, q chan<- chunk) {
 	}
 }
 
-// write writes q's chunks to dst, each at its due time, then half-closes
-// dst.
+// write writes q's chunks to dst in order, each at its due time or right
+// after the chunk before it, whichever is later, then half-closes dst.
 func (p *Proxy) write(c *pair, dst net.Conn, q <-chan chunk) {
 	var timer *time.Timer
 	defer func() {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -235,5 +236,113 @@ func TestCloseWithDelayedData(t *testing.T) {
 	}
 	if _, err := net.DialTimeout("tcp", p.Addr(), time.Second); err == nil {
 		t.Fatal("dial after Close succeeded")
+	}
+}
+
+func TestDelayRangeDraw(t *testing.T) {
+	for _, tt := range []struct {
+		name           string
+		giveLo, giveHi time.Duration
+		wantLo, wantHi time.Duration
+	}{
+		{"range", 50 * time.Millisecond, 200 * time.Millisecond, 50 * time.Millisecond, 200 * time.Millisecond},
+		{"fixed", 30 * time.Millisecond, 30 * time.Millisecond, 30 * time.Millisecond, 30 * time.Millisecond},
+		{"hi below lo", 30 * time.Millisecond, 10 * time.Millisecond, 30 * time.Millisecond, 30 * time.Millisecond},
+		{"negative", -time.Second, -time.Millisecond, 0, 0},
+		{"none", 0, 0, 0, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			p := newProxy(t, "")
+			p.SetDelayRange(tt.giveLo, tt.giveHi)
+			r := p.delay.Load()
+			if r.lo != tt.wantLo || r.hi != tt.wantHi {
+				t.Fatalf("range [%v, %v], want [%v, %v]", r.lo, r.hi, tt.wantLo, tt.wantHi)
+			}
+			mid := tt.wantLo + (tt.wantHi-tt.wantLo)/2
+			var below, above int
+			for range 2000 {
+				d := r.draw()
+				if d < tt.wantLo || d > tt.wantHi {
+					t.Fatalf("drew %v, outside [%v, %v]", d, tt.wantLo, tt.wantHi)
+				}
+				if d < mid {
+					below++
+				} else {
+					above++
+				}
+			}
+			// Uniform: each half of a real range gets about 1000 of 2000
+			// draws; fewer than 500 in one would take a broken draw.
+			if tt.wantHi > tt.wantLo && (below < 500 || above < 500) {
+				t.Fatalf("%d draws below %v and %d above: not spread over [%v, %v]", below, mid, above, tt.wantLo, tt.wantHi)
+			}
+		})
+	}
+}
+
+// TestDelayRangeOrder: with each chunk held for a delay drawn from a range
+// far wider than the gap between writes, lines written one at a time still
+// come back in order, none sooner than the least delay each way.
+func TestDelayRangeOrder(t *testing.T) {
+	echo := startEcho(t)
+	p := newProxy(t, echo.ln.Addr().String())
+	c := dial(t, p.Addr())
+	r := bufio.NewReader(c)
+	roundTrip(t, c, r, "warm")
+	const lo, hi, lines = 100 * time.Millisecond, 300 * time.Millisecond, 50
+	p.SetDelayRange(lo, hi)
+	c.SetDeadline(time.Now().Add(time.Minute))
+	sent := make(chan time.Time, lines)
+	errc := make(chan error, 1)
+	go func() {
+		for i := range lines {
+			sent <- time.Now()
+			if _, err := fmt.Fprintf(c, "line %d\n", i); err != nil {
+				errc <- err
+				return
+			}
+			time.Sleep(2 * time.Millisecond) // a chunk of its own, most likely
+		}
+		errc <- nil
+	}()
+	var least time.Duration
+	for i := range lines {
+		got, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := fmt.Sprintf("line %d\n", i); got != want {
+			t.Fatalf("read %q, want %q: chunks reordered", got, want)
+		}
+		took := time.Since(<-sent)
+		if i == 0 || took < least {
+			least = took
+		}
+		if took < 2*lo {
+			t.Fatalf("line %d came back after %v, want at least %v (%v each way)", i, took, 2*lo, lo)
+		}
+	}
+	if err := <-errc; err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("%d lines in order; shortest round trip %v with [%v, %v] each way", lines, least, lo, hi)
+}
+
+func TestSetTarget(t *testing.T) {
+	p := newProxy(t, "")
+	n := dial(t, p.Addr())
+	n.SetDeadline(time.Now().Add(time.Minute))
+	if _, err := n.Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("read through a proxy with no target: %v, want the connection closed", err)
+	}
+	echo := startEcho(t)
+	p.SetTarget(echo.ln.Addr().String())
+	if p.Target() != echo.ln.Addr().String() {
+		t.Fatalf("target %q after SetTarget(%q)", p.Target(), echo.ln.Addr())
+	}
+	c := dial(t, p.Addr())
+	roundTrip(t, c, bufio.NewReader(c), "after")
+	if p.Refused() != 1 || p.Accepted() != 1 {
+		t.Fatalf("%d refused, %d accepted; want 1, 1", p.Refused(), p.Accepted())
 	}
 }

@@ -39,7 +39,7 @@ type Options struct {
 	// authentication, TLS or anything else. A standalone server may be
 	// given another Host or Port here (a daemon's listen address). For a
 	// cluster it is called once per server and must leave Host, Port,
-	// Cluster and Routes alone.
+	// Cluster and Routes alone; for a supercluster, Gateway too.
 	Configure func(o *server.Options)
 	// ReadyTimeout bounds how long Start waits for the server to accept
 	// clients (default DefaultReadyTimeout); for a cluster it also bounds
@@ -137,28 +137,38 @@ func (s *Server) Running() bool { return s.srv.Running() }
 //
 // Its methods are safe for concurrent use.
 type Cluster struct {
-	name  string
-	opts  Options
-	mu    sync.Mutex
-	nodes []*Server // nil while a node is shut down
-	ports []int     // client port of each node (0 with DontListen)
-	cport []int     // cluster port of each node
-	urls  []string
+	name   string
+	prefix string                         // of node names
+	node   func(i int, o *server.Options) // more options of node i, or nil
+	opts   Options
+	mu     sync.Mutex
+	nodes  []*Server // nil while a node is shut down
+	ports  []int     // client port of each node (0 with DontListen)
+	cport  []int     // cluster port of each node
+	urls   []string
 }
 
 // StartCluster starts n ≥ 1 routed servers and waits until each has a route
 // to each of the others. The caller must call Close.
 func StartCluster(n int, opts Options) (*Cluster, error) {
+	return startCluster("hotkey", "", n, opts, nil)
+}
+
+// startCluster starts a cluster named name of n servers named prefix+"n0"
+// and on, node(i, o) setting more options of node i at each start.
+func startCluster(name, prefix string, n int, opts Options, node func(i int, o *server.Options)) (*Cluster, error) {
 	if n < 1 {
 		return nil, fmt.Errorf("natsserver: cluster of %d servers", n)
 	}
 	c := &Cluster{
-		name:  "hotkey",
-		opts:  opts,
-		nodes: make([]*Server, n),
-		ports: make([]int, n),
-		cport: make([]int, n),
-		urls:  make([]string, n),
+		name:   name,
+		prefix: prefix,
+		node:   node,
+		opts:   opts,
+		nodes:  make([]*Server, n),
+		ports:  make([]int, n),
+		cport:  make([]int, n),
+		urls:   make([]string, n),
 	}
 	for i := range n {
 		if err := c.startNode(i, server.RANDOM_PORT, server.RANDOM_PORT); err != nil {
@@ -173,16 +183,19 @@ func StartCluster(n int, opts Options) (*Cluster, error) {
 	return c, nil
 }
 
-func nodeName(i int) string { return "n" + strconv.Itoa(i) }
+func (c *Cluster) nodeName(i int) string { return c.prefix + "n" + strconv.Itoa(i) }
 
 // startNode starts node i on the given client and cluster ports. It is
 // called with c.mu held, or before c is shared.
 func (c *Cluster) startNode(i, port, clusterPort int) error {
-	o := baseOptions(c.opts, nodeName(i))
+	o := baseOptions(c.opts, c.nodeName(i))
 	o.Port = port
 	o.Cluster = server.ClusterOpts{Name: c.name, Host: loopback, Port: clusterPort}
 	if i > 0 {
 		o.Routes = server.RoutesFromStr("nats://" + net.JoinHostPort(loopback, strconv.Itoa(c.cport[0])))
+	}
+	if c.node != nil {
+		c.node(i, o)
 	}
 	s, err := start(c.opts, o)
 	if err != nil {
@@ -271,7 +284,7 @@ func (c *Cluster) unmeshed() error {
 	running := make(map[string]*Server)
 	for i, s := range c.nodes {
 		if s != nil {
-			running[nodeName(i)] = s
+			running[c.nodeName(i)] = s
 		}
 	}
 	c.mu.Unlock()
