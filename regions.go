@@ -130,6 +130,8 @@ type exchange struct {
 
 	sent    map[string]*atomic.Uint64 // units sent, by region to
 	charged map[string]*atomic.Uint64 // units charged, by region from
+	gave    map[string]*atomic.Uint64 // units granted (shares), by region to
+	granted map[string]*atomic.Uint64 // units granted this region (shares), by region from
 	last    map[string]*atomic.Int64  // when the last round from a region was applied, Unix ns; 0: never
 	drops   [numXDrops]atomic.Uint64
 	errors  atomic.Uint64 // messages the coordinator did not take
@@ -183,11 +185,14 @@ func newExchange(e *Engine, pub coordinator.RegionPublisher) *exchange {
 		shares:   make(map[shareKey]*shareView),
 		sent:     make(map[string]*atomic.Uint64, len(to)),
 		charged:  make(map[string]*atomic.Uint64, len(to)),
+		gave:     make(map[string]*atomic.Uint64, len(to)),
+		granted:  make(map[string]*atomic.Uint64, len(to)),
 		last:     make(map[string]*atomic.Int64, len(to)),
 		done:     make(chan struct{}),
 	}
 	for _, r := range to {
 		x.sent[r], x.charged[r], x.last[r] = new(atomic.Uint64), new(atomic.Uint64), new(atomic.Int64)
+		x.gave[r], x.granted[r] = new(atomic.Uint64), new(atomic.Uint64)
 	}
 	return x
 }
@@ -423,8 +428,10 @@ func (e *Engine) KnowPolicies(ps ...*Policy) {
 
 // RegionStats is what an engine's exchange between regions did.
 type RegionStats struct {
-	Sent    map[string]uint64 // units admitted here and sent, by region
-	Charged map[string]uint64 // units of other regions charged here, by region
+	Sent    map[string]uint64 // exchange: units admitted here and sent, by region
+	Charged map[string]uint64 // exchange: units of other regions charged here, by region
+	Gave    map[string]uint64 // shares: units of this region's shares granted to other regions, by region
+	Granted map[string]uint64 // shares: units other regions granted this one, by region
 	// LastRound is when the last round from each region was applied
 	// (zero: never).
 	LastRound map[string]time.Time
@@ -439,9 +446,10 @@ func (e *Engine) RegionStats() (RegionStats, bool) {
 	if x == nil {
 		return RegionStats{}, false
 	}
-	s := RegionStats{Sent: map[string]uint64{}, Charged: map[string]uint64{}, LastRound: map[string]time.Time{}, Dropped: map[string]uint64{}, Errors: x.errors.Load()}
+	s := RegionStats{Sent: map[string]uint64{}, Charged: map[string]uint64{}, Gave: map[string]uint64{}, Granted: map[string]uint64{}, LastRound: map[string]time.Time{}, Dropped: map[string]uint64{}, Errors: x.errors.Load()}
 	for _, r := range x.to {
 		s.Sent[r], s.Charged[r] = x.sent[r].Load(), x.charged[r].Load()
+		s.Gave[r], s.Granted[r] = x.gave[r].Load(), x.granted[r].Load()
 		if t := x.last[r].Load(); t != 0 {
 			s.LastRound[r] = time.Unix(0, t)
 		}

@@ -224,7 +224,7 @@ func (x *exchange) applyShare(from string, payload []byte) {
 				}
 				sv.ids[m.ID] = struct{}{}
 				sv.granted = min(sv.granted+m.Units, p.Limit.Rate)
-				x.charged[from].Add(uint64(m.Units))
+				x.granted[from].Add(uint64(m.Units))
 			}
 		}
 		x.shareMu.Unlock()
@@ -282,7 +282,7 @@ func (x *exchange) give(from string, p *Policy, m shareMsg, now time.Time) {
 	x.shareMu.Unlock()
 	x.grants++
 	id := x.sender + "." + strconv.FormatInt(x.start, 36) + "." + strconv.FormatUint(x.grants, 36)
-	x.sent[from].Add(uint64(g))
+	x.gave[from].Add(uint64(g))
 	x.publishShare([]string{from}, shareMsg{Kind: "grant", Policy: p.Name, Key: m.Key, Window: m.Window, Units: g, ID: id})
 }
 

@@ -23,7 +23,8 @@ var regionNames = []string{"eu", "us", "ap"}
 // compare), all on one NATS server: regions are subjects apart, which is
 // what the exchange sees of a supercluster.
 type regionFleet struct {
-	srv     *natsserver.Server
+	srv     *natsserver.Server // one server for all regions; nil on a supercluster
+	urls    func(region string) []string
 	engines map[string]*Engine
 	stores  map[string]*counter.MemoryStore
 	cfg     coordinator.Config
@@ -45,18 +46,35 @@ func startRegions(t *testing.T, cfg coordinator.Config, opts ...Option) *regionF
 	// Half way into an hour: a window of an hour holds it, away from its
 	// edges, whatever the hour.
 	at := time.Now().Truncate(time.Hour).Add(30 * time.Minute)
-	f := &regionFleet{srv: srv, engines: map[string]*Engine{}, stores: map[string]*counter.MemoryStore{}, cfg: cfg, clock: func() time.Time { return at }}
+	f := &regionFleet{srv: srv, urls: func(string) []string { return []string{srv.URL()} }, engines: map[string]*Engine{}, stores: map[string]*counter.MemoryStore{}, cfg: cfg, clock: func() time.Time { return at }}
 	for _, r := range regionNames {
 		f.start(t, r, opts...)
 	}
 	return f
 }
 
+// startSupercluster is startRegions on a NATS supercluster: a server a
+// region, joined by gateways through fault proxies.
+func startSupercluster(t *testing.T, cfg coordinator.Config, opts ...Option) (*regionFleet, *natsserver.Supercluster) {
+	t.Helper()
+	sc, err := natsserver.StartSupercluster(regionNames, 1, natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sc.Close)
+	at := time.Now().Truncate(time.Hour).Add(30 * time.Minute)
+	f := &regionFleet{urls: func(r string) []string { return sc.Cluster(r).URLs() }, engines: map[string]*Engine{}, stores: map[string]*counter.MemoryStore{}, cfg: cfg, clock: func() time.Time { return at }}
+	for _, r := range regionNames {
+		f.start(t, r, opts...)
+	}
+	return f, sc
+}
+
 // start starts region r's engine (again, after a restart: on the same
 // store).
 func (f *regionFleet) start(t *testing.T, r string, opts ...Option) *Engine {
 	t.Helper()
-	nc := natsConn(t, []string{f.srv.URL()})
+	nc := natsConn(t, f.urls(r))
 	cfg := f.cfg
 	cfg.Region, cfg.Regions = r, regionNames
 	co, err := coordinator.NewNATS(nc, cfg)
@@ -298,7 +316,7 @@ func TestRegionsShares(t *testing.T) {
 		t.Fatalf("the regions admitted %d, over the limit of 300 (eu %d before the others asked)", all, eu)
 	}
 	st, _ := f.engines["eu"].RegionStats()
-	t.Logf("eu admitted %d alone, all %d; eu was granted %v", eu, all, st.Charged)
+	t.Logf("eu admitted %d alone, all %d; eu was granted %v", eu, all, st.Granted)
 }
 
 // TestRegionsSharesGrantsOnce: grants redelivered and duplicated add to
@@ -337,8 +355,8 @@ func TestRegionsSharesGrantsOnce(t *testing.T) {
 	time.Sleep(200 * time.Millisecond)
 	after, _ := f.engines["eu"].RegionStats()
 	for _, r := range []string{"us", "ap"} {
-		if after.Charged[r] != before.Charged[r] {
-			t.Errorf("granted by %s: %d, then %d after %d grants replayed 3 times", r, before.Charged[r], after.Charged[r], len(grants))
+		if after.Granted[r] != before.Granted[r] {
+			t.Errorf("granted by %s: %d, then %d after %d grants replayed 3 times", r, before.Granted[r], after.Granted[r], len(grants))
 		}
 	}
 }
@@ -360,4 +378,96 @@ func drain(t *testing.T, sub *nats.Subscription) []*nats.Msg {
 		msgs = append(msgs, m)
 	}
 	return msgs
+}
+
+// TestRegionsPartition: three regions on a NATS supercluster, 50 to 200
+// ms apart with jitter, one of them cut off. While cut, under exchange each side admits at most the limit
+// (2 sides: at most twice it), and under shares all of them together at
+// most the limit. Healed, each region is charged every unit the others
+// admitted, once, the cut-off ones included.
+func TestRegionsPartition(t *testing.T) {
+	f, sc := startSupercluster(t, natsConfig())
+	sc.SetDelay(50*time.Millisecond, 200*time.Millisecond)
+	x, s := exchangeWindow(300), sharesWindow(300)
+	for _, r := range regionNames {
+		f.engines[r].KnowPolicies(x, s)
+	}
+	admitted := map[string]int64{}
+	// Before the cut, eu admits a little under each policy, and the
+	// others are charged it.
+	admitted["eu"] += f.take(t, "eu", "k", x, 40)
+	shared := f.take(t, "eu", "k", s, 40)
+	testkit.For(t, time.Minute, "eu's 40 charged in us and ap", func() bool {
+		return f.used(t, "us", "k", x) == 40 && f.used(t, "ap", "k", x) == 40
+	})
+	sc.Cut("ap")
+	// Each side asks for far more than the limit, its regions in turns,
+	// the rounds within the side delivered between the turns.
+	for range 3 {
+		for _, r := range regionNames {
+			admitted[r] += f.take(t, r, "k", x, 100)
+		}
+		for _, r := range regionNames {
+			shared += f.take(t, r, "k", s, 100)
+		}
+		time.Sleep(500 * time.Millisecond) // a round and a delivery
+	}
+	connected, cut := admitted["eu"]+admitted["us"], admitted["ap"]
+	if connected > 300+100 || cut > 300 {
+		// The connected side's regions took turns a round apart: at most
+		// one turn's worth over the limit.
+		t.Fatalf("exchange while cut: eu and us admitted %d, ap %d; want about the limit each side", connected, cut)
+	}
+	t.Logf("cut: exchange eu+us %d, ap %d; shares %d in all", connected, cut, shared)
+	if shared > 300 {
+		t.Fatalf("shares while cut: the regions admitted %d in all, over the limit of 300", shared)
+	}
+	sc.Heal("ap")
+	if err := sc.WaitJoined(time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	// Healed: every region is charged what each other admitted, once.
+	testkit.For(t, time.Minute, "every region charged the others' units", func() bool {
+		for _, r := range regionNames {
+			st, _ := f.engines[r].RegionStats()
+			for from, n := range admitted {
+				if from != r && st.Charged[from] != uint64(n) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	time.Sleep(200 * time.Millisecond) // more rounds: nothing more
+	for _, r := range regionNames {
+		st, _ := f.engines[r].RegionStats()
+		for from, n := range admitted {
+			if from != r && st.Charged[from] != uint64(n) {
+				t.Errorf("%s charged %d of %s's %d", r, st.Charged[from], from, n)
+			}
+		}
+	}
+}
+
+// TestRegionsStoreLost: a region whose store lost its counters and
+// watermarks (a redis-server restarted without persistence) is charged
+// the others' totals again, each once, on the counters re-created.
+func TestRegionsStoreLost(t *testing.T) {
+	f := startRegions(t, natsConfig())
+	p := exchangeWindow(1000)
+	for _, r := range regionNames {
+		f.engines[r].KnowPolicies(p)
+	}
+	others := f.take(t, "eu", "k", p, 30) + f.take(t, "ap", "k", p, 20)
+	testkit.For(t, time.Minute, "eu's and ap's 50 charged in us", func() bool { return f.used(t, "us", "k", p) == others })
+	if err := f.engines["us"].Close(); err != nil {
+		t.Fatal(err)
+	}
+	f.stores["us"] = nil // a new, empty store
+	f.start(t, "us").KnowPolicies(p)
+	testkit.For(t, time.Minute, "eu's and ap's 50 charged in us again", func() bool { return f.used(t, "us", "k", p) >= others })
+	time.Sleep(5 * 20 * time.Millisecond) // more rounds: nothing more
+	if got := f.used(t, "us", "k", p); got != others {
+		t.Fatalf("us holds %d after its store was lost, want the others' %d", got, others)
+	}
 }
