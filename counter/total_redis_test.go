@@ -118,3 +118,38 @@ func TestRedisChargeTotalsNoScript(t *testing.T) {
 		t.Errorf("take after 2 of 3 charged: %+v", r)
 	}
 }
+
+// TestRedisChargeTotalsPrune: a new sender's watermark drops the expired
+// fields of the counter's watermarks' key, and keeps the live ones, so
+// that the senders of past lives do not pile up on a counter charged all
+// along.
+func TestRedisChargeTotalsPrune(t *testing.T) {
+	checkLeaks(t)
+	const keep = time.Minute
+	client := newTestClient(t, testRedisAddr)
+	run := scriptTotalRunner(client)
+	key := testKey(t)
+	lim := Limit{Rate: 10, Period: time.Second}
+	at := t0
+	for _, tt := range []struct {
+		wait time.Duration
+		from string
+		want int64 // fields after the op
+	}{
+		{0, "a:1", 1},
+		{keep / 2, "b:1", 2},
+		{keep / 2, "c:1", 2}, // a:1's has expired
+		{keep / 2, "c:1", 2}, // not new: drops nothing
+		{keep, "d:1", 1},     // b:1's and c:1's have expired
+	} {
+		at = at.Add(tt.wait)
+		ops := []TotalOp{{Key: key, Limit: lim, From: tt.from, Total: 1 + int64(at.Sub(t0)/time.Second), Keep: keep}}
+		run.charge(t, at, ops)
+		if ops[0].Err != nil || ops[0].Charged == 0 {
+			t.Fatalf("%s after %v: charged %d, %v", tt.from, tt.wait, ops[0].Charged, ops[0].Err)
+		}
+		if n, err := client.HLen(context.Background(), markKey(key)).Result(); err != nil || n != tt.want {
+			t.Errorf("%s after %v: %d fields, %v; want %d", tt.from, tt.wait, n, err, tt.want)
+		}
+	}
+}
