@@ -351,7 +351,10 @@ func (x *exchange) apply(from string, payload []byte) {
 		if byStore == nil {
 			byStore = make(map[counter.TotalCharger][]counter.TotalOp, 1)
 		}
-		byStore[tc] = append(byStore[tc], counter.TotalOp{Key: stored, Hash: sh, Limit: p.Limit, From: sender + seg, Total: en.Units, Keep: p.Limit.Period + regionKeep})
+		// A total charges at most the limit's capacity at once: a backlog
+		// beyond it (a long partition's, delivered when it heals) would
+		// deny the key for longer than the period its units belonged to.
+		byStore[tc] = append(byStore[tc], counter.TotalOp{Key: stored, Hash: sh, Limit: p.Limit, From: sender + seg, Total: en.Units, Keep: p.Limit.Period + regionKeep, Most: p.Limit.Capacity()})
 	}
 	ctx, cancel := context.WithTimeout(x.e.life, 5*time.Second)
 	defer cancel()
