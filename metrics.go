@@ -262,7 +262,7 @@ var (
 	descGossipDrop   = prometheus.NewDesc("hotkey_gossip_dropped_total", "sync: gossip: keys dropped, by reason: round_full (admitted but not sent: the round's key cap), memory_full (a peer's units not charged: the memory store had no room), invalid_limit (a peer's entry under a limit that does not validate), snapshot_full (left out of join snapshots: their key cap), late (a peer's units not charged: their message came too late, see hotkey_gossip_refused_messages_total).", []string{"reason"}, nil)
 	descGossipAlone  = prometheus.NewDesc("hotkey_gossip_alone", "1 while sync: gossip policies decide, or would decide, on this instance's counts alone: the coordinator carries no gossip or does not reach NATS. Present from the start with a coordinator that carries gossip (NATS), else from the first sync: gossip decision.", nil, nil)
 	descRegionUnits  = prometheus.NewDesc("hotkey_region_units_total", "Units between regions, by direction and the other region. regions: exchange: sent (admitted here and sent to that region's daemons, counted once the coordinator took every message of the round), charged (admitted there and charged to this region's counters, each once). regions: shares: gave (this region's share granted to that region, taken from its counter first), granted (that region's share granted to this one, counted once).", []string{"direction", "region"}, nil)
-	descRegionAge    = prometheus.NewDesc("hotkey_region_round_age_seconds", "regions: exchange: seconds since this daemon last applied a round from the other region (absent until the first): rounds come every --region-interval while that region admits under an exchange policy, and are resent while its totals matter, so an age far above the interval while it serves means its rounds do not arrive.", []string{"region"}, nil)
+	descRegionAge    = prometheus.NewDesc("hotkey_region_round_age_seconds", "Regions: seconds since this daemon last applied a round from the other region (or, before the first, since it started): every daemon of a region sends one every --region-interval, so an age far above the interval means that region's rounds do not arrive (cut off, down, or refused: hotkey_region_dropped_total).", []string{"region"}, nil)
 	descRegionDrop   = prometheus.NewDesc("hotkey_region_dropped_total", "regions: exchange: what was not applied or not sent, by reason: region (a message from a region not in --regions, or from this one), malformed (a message that did not decode), policy (an entry under a policy not known here with regions: exchange), key (an entry whose key or limit this daemon refuses), store (an entry whose store keeps no totals, or whose charge failed), full (units admitted on a new key past the key cap, not sent), send_error (a message the coordinator did not take: not connected, closed, too large).", []string{"reason"}, nil)
 	descMemFull      = prometheus.NewDesc("hotkey_memory_store_full_total", "Counters an in-process memory store refused to create, its stripe being full of live counters: takes of new keys (denied) and hot-key moves (left on the counters that hold the usage). By store: store (the engine's own, as hotkeyd's without Redis), local (the local fallback's).", []string{"store"}, nil)
 )
@@ -365,7 +365,11 @@ func (c engineCollector) collectRegions(ch chan<- prometheus.Metric, rs RegionSt
 		ch <- prometheus.MustNewConstMetric(descRegionUnits, prometheus.CounterValue, float64(v), "granted", r)
 	}
 	now := c.e.opt.clock()
-	for r, t := range rs.LastRound {
+	for r := range rs.Sent {
+		t, ok := rs.LastRound[r]
+		if !ok {
+			t = rs.Started // none yet: as old as the exchange
+		}
 		ch <- prometheus.MustNewConstMetric(descRegionAge, prometheus.GaugeValue, max(0, now.Sub(t).Seconds()), r)
 	}
 	for reason, v := range rs.Dropped {

@@ -436,8 +436,9 @@ type RegionStats struct {
 	Gave    map[string]uint64 // shares: units of this region's shares granted to other regions, by region
 	Granted map[string]uint64 // shares: units other regions granted this one, by region
 	// LastRound is when the last round from each region was applied
-	// (zero: never).
+	// (absent: never); Started, when the exchange began.
 	LastRound map[string]time.Time
+	Started   time.Time
 	Dropped   map[string]uint64 // entries or messages dropped, by reason: malformed, policy, key, store, full, late
 	Errors    uint64            // messages the coordinator did not take (not connected, closed, too large)
 }
@@ -457,6 +458,7 @@ func (e *Engine) RegionStats() (RegionStats, bool) {
 			s.LastRound[r] = time.Unix(0, t)
 		}
 	}
+	s.Started = time.Unix(0, x.start)
 	for i, n := range xdropNames {
 		s.Dropped[n] = x.drops[i].Load()
 	}

@@ -381,9 +381,14 @@ func ParseArgs(args []string, lookup func(string) (string, bool), out io.Writer)
 	}
 	cfg.Regions = addrList(regions)
 	if !cfg.set["regions"] && cfg.Region != "" && len(cfg.NATSGateways) > 0 {
-		cfg.Regions = []string{cfg.Region}
+		regions := []string{cfg.Region}
 		for _, g := range cfg.NATSGateways {
-			cfg.Regions = append(cfg.Regions, g.Region)
+			if g.Region != cfg.Region { // refused below, named
+				regions = append(regions, g.Region)
+			}
+		}
+		if len(regions) > 1 {
+			cfg.Regions = regions
 		}
 	}
 	if err := cfg.LogLevel.UnmarshalText([]byte(level)); err != nil {

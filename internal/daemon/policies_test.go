@@ -2,6 +2,8 @@ package daemon
 
 import (
 	"errors"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -98,6 +100,8 @@ func TestParsePoliciesRefused(t *testing.T) {
 		{"burst on window", "policies:\n  a:\n    algorithm: sliding_window\n    limit: 5\n    period: 1s\n    burst: 9\n", 6, "policies.a.burst", "token_bucket only"},
 		{"zero burst", "policies:\n  a:\n    limit: 5\n    period: 1s\n    burst: 0\n", 5, "policies.a.burst", "positive"},
 		{"reserve sliding log", "policies:\n  a:\n    algorithm: sliding_log\n    limit: 5\n    period: 1s\n    sync: reserve\n", 6, "policies.a.sync", `sync reserve cannot keep a sliding_log`},
+		{"bad regions", "policies:\n  a:\n    limit: 5\n    period: 1s\n    regions: global\n", 5, "policies.a.regions", `unknown value "global": want independent, exchange or shares`},
+		{"shares token bucket", "policies:\n  a:\n    limit: 5\n    period: 1s\n    regions: shares\n", 5, "policies.a.regions", "regions shares splits a fixed window's limit"},
 		{"bad sync", "policies:\n  a:\n    limit: 5\n    period: 1s\n    sync: gossipy\n", 5, "policies.a.sync", `unknown value "gossipy": want store, reserve or gossip`},
 		{"sync not a value", "policies:\n  a:\n    limit: 5\n    period: 1s\n    sync: [reserve]\n", 5, "policies.a.sync", "single value"},
 		{"bad fallback", "policies:\n  a:\n    limit: 5\n    period: 1s\n    on_store_failure: error\n", 5, "policies.a.on_store_failure", "want local, open or closed"},
@@ -199,4 +203,36 @@ func FuzzParsePolicies(f *testing.F) {
 			}
 		}
 	})
+}
+
+// TestParsePoliciesRegions: regions reads independent (the default),
+// exchange and shares; a daemon without --regions refuses the last two at
+// load, naming the policy.
+func TestParsePoliciesRegions(t *testing.T) {
+	file := "policies:\n  a:\n    limit: 5\n    period: 1s\n  b:\n    limit: 5\n    period: 1s\n    regions: exchange\n  c:\n    algorithm: fixed_window\n    limit: 5\n    period: 1s\n    regions: shares\n"
+	ps, err := ParsePolicies([]byte(file))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a, b, c := ps["a"].Regions, ps["b"].Regions, ps["c"].Regions; a != hotkey.RegionsIndependent || b != hotkey.RegionsExchange || c != hotkey.RegionsShares {
+		t.Errorf("regions: a %v, b %v, c %v; want independent, exchange, shares", a, b, c)
+	}
+	path := filepath.Join(t.TempDir(), "p.yaml")
+	if err := os.WriteFile(path, []byte(file), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := ParseArgs([]string{"--policies", path}, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadRules(cfg); err == nil || !strings.Contains(err.Error(), "policies.b.regions") || !strings.Contains(err.Error(), "needs the fleet's regions") {
+		t.Errorf("loaded without --regions: %v, want policies.b.regions refused", err)
+	}
+	cfg, err = ParseArgs([]string{"--policies", path, "--region", "eu", "--regions", "eu,us"}, env(nil), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := loadRules(cfg); err != nil {
+		t.Errorf("with --regions: %v", err)
+	}
 }

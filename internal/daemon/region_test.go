@@ -54,6 +54,15 @@ func TestRegionFlags(t *testing.T) {
 		{give: []string{"--region", "eu", "--nats-gateway-listen", gw, "--nats-gateways", "us=h"}, want: "want nats://host:port or host:port"},
 		{give: []string{"--region", "eu", "--nats-gateway-listen", gw, "--nats-gateways", "us=nats://u:s3cret@h:7222"}, want: "nats://u:xxxxx@h:7222\": no credentials in a gateway URL"},
 		{give: []string{"--region", "eu", "--nats-gateway-listen", gw, "--nats-gateways", "us=h:7222;us=h:7223"}, want: "region us given twice"},
+		{give: []string{"--region", "eu", "--regions", "eu,us,ap", "--region-interval", "250ms"}},
+		{give: []string{"--regions", "eu,us"}, want: "--regions (HOTKEYD_REGIONS) needs --region (HOTKEYD_REGION)"},
+		{give: []string{"--region", "eu", "--regions", "us,ap"}, want: "--regions (HOTKEYD_REGIONS) us,ap lacks this daemon's --region (HOTKEYD_REGION) eu"},
+		{give: []string{"--region", "eu", "--regions", "eu"}, want: "want this region and at least one other"},
+		{give: []string{"--region", "eu", "--regions", "eu,us,eu"}, want: "region eu given twice"},
+		{give: []string{"--region", "eu", "--regions", "eu,u.s"}, want: `region "u.s": want 1 to 64`},
+		{give: []string{"--region", "eu", "--regions", ","}, want: "--regions (HOTKEYD_REGIONS) is empty"},
+		{give: []string{"--region-interval", "5ms"}, want: "--region-interval (HOTKEYD_REGION_INTERVAL) 5ms: want a duration from 10ms to 1m0s"},
+		{give: []string{"--nats", "none", "--region", "eu", "--regions", "eu,us"}, want: "--regions (HOTKEYD_REGIONS) is for the exchange between regions over NATS, which --nats (HOTKEYD_NATS) none turns off"},
 	} {
 		cfg, err := ParseArgs(c.give, env(c.env), nil)
 		switch {
@@ -87,6 +96,9 @@ func TestRegionFlags(t *testing.T) {
 		}
 		if !slices.EqualFunc(cfg.NATSGateways, want, func(a, b NATSGateway) bool { return a.Region == b.Region && slices.Equal(a.URLs, b.URLs) }) {
 			t.Errorf("%v %v: gateways %+v, want %+v", c.give, c.env, cfg.NATSGateways, want)
+		}
+		if regions := []string{"eu", "us", "ap", "sa"}; !slices.Equal(cfg.Regions, regions) {
+			t.Errorf("%v %v: --regions by default %v, want this region and the gateways' %v", c.give, c.env, cfg.Regions, regions)
 		}
 	}
 }
