@@ -34,9 +34,10 @@ import (
 // granted, less what it gave away (taken from its counter before they were
 // sent): all regions together never more than the limit, while a grant is
 // in flight, lost, applied twice or late. A partition keeps each side to
-// the shares it holds. Grants and needs are taken only away from a
-// window's edges (shareGuard), so that a grant of one window is never
-// counted in the next by a daemon whose clock is a little off its store's.
+// the shares it holds. A grant counts until shareGuard before its
+// window's end, and is given only that far from both edges (see window),
+// so that a daemon whose clock is a little off its store's never counts
+// a grant, or takes what it grants, in another window.
 // The price: a region whose demand outgrows its share denies until a grant
 // arrives (an interval and a delivery), and units granted but not used
 // are lost to the window.
@@ -72,8 +73,8 @@ type shareView struct {
 // new key's grants are not taken (its share stays the base).
 const maxShareViews = 1 << 16
 
-// shareGuard is how far from a window's edges grants and needs are taken:
-// a twentieth of the period, at most a second.
+// shareGuard is how far from a window's edges grants are counted and
+// given (see window): a twentieth of the period, at most a second.
 func shareGuard(period time.Duration) int64 {
 	return int64(min(period/20, time.Second))
 }
@@ -97,13 +98,18 @@ func (x *exchange) baseShare(lim Limit) int64 {
 }
 
 // window returns the index of the window of period that holds t (Unix
-// ns), and whether t is away from its edges (shareGuard).
-func window(t int64, period time.Duration) (int64, bool) {
+// ns), and whether t is short of its end by shareGuard (early) and past
+// its start by it too (inside). A daemon's clock may be off its store's
+// by a little: a grant counts toward a decision only while early, so that
+// a store already in the next window never counts it there; a daemon
+// gives only while inside, so that the units it takes leave the window it
+// grants them in, whichever side of the edge the store is.
+func window(t int64, period time.Duration) (w int64, early, inside bool) {
 	p := int64(period)
-	w := t / p
+	w = t / p
 	g := shareGuard(period)
 	off := t - w*p
-	return w, off >= g && off < p-g
+	return w, off < p-g, off >= g && off < p-g
 }
 
 // shareLimit returns the limit a decision of key under p, a RegionsShares
@@ -111,8 +117,8 @@ func window(t int64, period time.Duration) (int64, bool) {
 func (x *exchange) shareLimit(p *Policy, key string, now time.Time) Limit {
 	lim := p.Limit
 	lim.Rate = x.baseShare(p.Limit)
-	w, inside := window(now.UnixNano(), lim.Period)
-	if !inside {
+	w, early, _ := window(now.UnixNano(), lim.Period)
+	if !early {
 		return lim
 	}
 	x.shareMu.Lock()
@@ -127,10 +133,7 @@ func (x *exchange) shareLimit(p *Policy, key string, now time.Time) Limit {
 // and asks the other regions for units, at most once an interval.
 func (x *exchange) denied(p *Policy, key string, n int64, now time.Time) {
 	t := now.UnixNano()
-	w, inside := window(t, p.Limit.Period)
-	if !inside {
-		return
-	}
+	w, _, _ := window(t, p.Limit.Period)
 	asked := int64(monotonic()) // how often it asks is the network's matter, not the clock's
 	x.shareMu.Lock()
 	v := x.view(shareKey{p.Name, key}, w)
@@ -207,8 +210,8 @@ func (x *exchange) applyShare(from string, payload []byte) {
 		return
 	}
 	now := x.e.opt.clock()
-	w, inside := window(now.UnixNano(), p.Limit.Period)
-	if m.Window != w || !inside {
+	w, early, inside := window(now.UnixNano(), p.Limit.Period)
+	if m.Window != w || !early || m.Kind == "need" && !inside {
 		x.drops[xdropLate].Add(1) // of another window, or at its edge
 		return
 	}
