@@ -8,10 +8,12 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/hotkeyd/hotkey/coordinator"
 	"github.com/hotkeyd/hotkey/counter"
 	"github.com/hotkeyd/hotkey/internal/natsserver"
+	"github.com/hotkeyd/hotkey/internal/redistest"
 	"github.com/hotkeyd/hotkey/internal/testkit"
 )
 
@@ -469,5 +471,81 @@ func TestRegionsStoreLost(t *testing.T) {
 	time.Sleep(5 * 20 * time.Millisecond) // more rounds: nothing more
 	if got := f.used(t, "us", "k", p); got != others {
 		t.Fatalf("us holds %d after its store was lost, want the others' %d", got, others)
+	}
+}
+
+// TestRegionsRedisRestarted: a region's redis-server killed and restarted
+// without persistence loses its counters and the watermarks beside them:
+// the other regions' totals, still sent, are charged again to the
+// counters re-created, each once. Meanwhile the region's decisions fall
+// back, and the rounds it cannot charge are dropped, counted.
+func TestRegionsRedisRestarted(t *testing.T) {
+	srv, err := natsserver.Start(natsserver.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(srv.Shutdown)
+	redisSrv := redistest.ForTest(t)
+	client := redis.NewClient(&redis.Options{Addr: redisSrv.Addr, MaxRetries: -1})
+	t.Cleanup(func() { client.Close() })
+	rs, err := counter.NewRedisStore(context.Background(), client, counter.RedisConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rs.Close() })
+	// A day's window: the test is over long before the server's day ends
+	// but at midnight UTC.
+	p := &Policy{Name: "x", Limit: Limit{Algorithm: FixedWindow, Rate: 1000, Period: 24 * time.Hour}, Regions: RegionsExchange}
+	engines := map[string]*Engine{}
+	for _, r := range regionNames {
+		cfg := natsConfig()
+		cfg.Region, cfg.Regions = r, regionNames
+		co, err := coordinator.NewNATS(natsConn(t, []string{srv.URL()}), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st counter.Store = counter.NewMemoryStore(counter.MemoryConfig{})
+		if r == "us" {
+			st = rs
+		}
+		e, err := New(st, WithoutDetector(), WithCoordinator(co), WithRegion(r), WithRegionInterval(20*time.Millisecond))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { e.Close() })
+		e.KnowPolicies(p)
+		engines[r] = e
+	}
+	used := func() int64 {
+		r, err := engines["us"].Peek(context.Background(), "k", p)
+		if err != nil {
+			return -1 // the server is down
+		}
+		return p.Limit.Rate - r.Remaining - 1
+	}
+	var others int64
+	for _, r := range []string{"eu", "ap"} {
+		for range 25 {
+			if res, err := engines[r].Allow(context.Background(), "k", p); err != nil || !res.Allowed {
+				t.Fatalf("%s: %+v %v", r, res, err)
+			}
+			others++
+		}
+	}
+	testkit.For(t, time.Minute, "eu's and ap's 50 charged on us's redis-server", func() bool { return used() == others })
+	if err := redisSrv.Kill(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.For(t, time.Minute, "rounds dropped while us's redis-server is down", func() bool {
+		st, _ := engines["us"].RegionStats()
+		return st.Dropped["store"] > 0
+	})
+	if err := redisSrv.Restart(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.For(t, time.Minute, "eu's and ap's 50 charged again on the empty server", func() bool { return used() >= others })
+	time.Sleep(5 * 20 * time.Millisecond) // more rounds: nothing more
+	if got := used(); got != others {
+		t.Fatalf("us's restarted redis-server holds %d, want the others' %d, once", got, others)
 	}
 }
