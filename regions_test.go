@@ -29,6 +29,7 @@ type regionFleet struct {
 	urls    func(region string) []string
 	engines map[string]*Engine
 	stores  map[string]*counter.MemoryStore
+	conns   map[string]*nats.Conn // each region's engine's, the last started
 	cfg     coordinator.Config
 	clock   func() time.Time
 }
@@ -77,6 +78,10 @@ func startSupercluster(t *testing.T, cfg coordinator.Config, opts ...Option) (*r
 func (f *regionFleet) start(t *testing.T, r string, opts ...Option) *Engine {
 	t.Helper()
 	nc := natsConn(t, f.urls(r))
+	if f.conns == nil {
+		f.conns = map[string]*nats.Conn{}
+	}
+	f.conns[r] = nc
 	cfg := f.cfg
 	cfg.Region, cfg.Regions = r, regionNames
 	co, err := coordinator.NewNATS(nc, cfg)
@@ -547,5 +552,38 @@ func TestRegionsRedisRestarted(t *testing.T) {
 	time.Sleep(5 * 20 * time.Millisecond) // more rounds: nothing more
 	if got := used(); got != others {
 		t.Fatalf("us's restarted redis-server holds %d, want the others' %d, once", got, others)
+	}
+}
+
+// TestRegionsStopsSending: a region whose daemons stop (or are cut off)
+// stops sending rounds; the others see its rounds age while another
+// region's keep coming, every interval, though nobody admits anything.
+func TestRegionsStopsSending(t *testing.T) {
+	f := startRegions(t, natsConfig(), withClock(time.Now))
+	testkit.For(t, time.Minute, "rounds from ap and us in eu", func() bool {
+		st, _ := f.engines["eu"].RegionStats()
+		return !st.LastRound["ap"].IsZero() && !st.LastRound["us"].IsZero()
+	})
+	if err := f.engines["ap"].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := f.conns["ap"].Flush(); err != nil { // the server has ap's last round
+		t.Fatal(err)
+	}
+	closed, _ := f.engines["eu"].RegionStats()
+	// ap's last round, on the server before us's next, is applied in eu
+	// before it.
+	testkit.For(t, time.Minute, "a later round from us", func() bool {
+		st, _ := f.engines["eu"].RegionStats()
+		return st.LastRound["us"].Sub(closed.LastRound["us"]) >= 2*20*time.Millisecond
+	})
+	before, _ := f.engines["eu"].RegionStats()
+	testkit.For(t, time.Minute, "10 more rounds from us", func() bool {
+		st, _ := f.engines["eu"].RegionStats()
+		return st.LastRound["us"].Sub(before.LastRound["us"]) >= 10*20*time.Millisecond
+	})
+	after, _ := f.engines["eu"].RegionStats()
+	if !after.LastRound["ap"].Equal(before.LastRound["ap"]) {
+		t.Errorf("a round from ap, closed, at %v after %v", after.LastRound["ap"], before.LastRound["ap"])
 	}
 }
