@@ -264,13 +264,14 @@ var (
 	descRegionUnits  = prometheus.NewDesc("hotkey_region_units_total", "Units between regions, by direction and the other region. regions: exchange: sent (admitted here and sent to that region's daemons, counted once the coordinator took every message of the round), charged (admitted there and charged to this region's counters, each once). regions: shares: gave (this region's share granted to that region, taken from its counter first), granted (that region's share granted to this one, counted once).", []string{"direction", "region"}, nil)
 	descRegionAge    = prometheus.NewDesc("hotkey_region_round_age_seconds", "Regions: seconds since this daemon last applied a round from the other region (or, before the first, since it started): every daemon of a region sends one every --region-interval, so an age far above the interval means that region's rounds do not arrive (cut off, down, or refused: hotkey_region_dropped_total).", []string{"region"}, nil)
 	descRegionDrop   = prometheus.NewDesc("hotkey_region_dropped_total", "regions: exchange: what was not applied or not sent, by reason: region (a message from a region not in --regions, or from this one), malformed (a message that did not decode), policy (an entry under a policy not known here with regions: exchange), key (an entry whose key or limit this daemon refuses), store (an entry whose store keeps no totals, or whose charge failed), full (units admitted on a new key past the key cap, not sent), send_error (a message the coordinator did not take: not connected, closed, too large).", []string{"reason"}, nil)
+	descRegionShare  = prometheus.NewDesc("hotkey_region_share_units", "regions: shares, per policy, in this region's current window: base (the region's share of each key before grants: the limit divided by the regions), granted (units other regions granted this one, all keys), gave (units this daemon granted other regions, all keys).", []string{"policy", "kind"}, nil)
 	descMemFull      = prometheus.NewDesc("hotkey_memory_store_full_total", "Counters an in-process memory store refused to create, its stripe being full of live counters: takes of new keys (denied) and hot-key moves (left on the counters that hold the usage). By store: store (the engine's own, as hotkeyd's without Redis), local (the local fallback's).", []string{"store"}, nil)
 )
 
 func (c engineCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descHotKeys, descBreaker, descPeers, descSkew, descCoord, descMemFull, descReserve, descReserveUnits,
 		descGossipMsgs, descGossipBytes, descGossipErrs, descGossipEnt, descGossipRecv, descGossipDrop, descGossipAlone,
-		descRegionUnits, descRegionAge, descRegionDrop} {
+		descRegionUnits, descRegionAge, descRegionDrop, descRegionShare} {
 		ch <- d
 	}
 }
@@ -315,6 +316,11 @@ func (c engineCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 	if rs, ok := e.RegionStats(); ok {
 		c.collectRegions(ch, rs, st.Coordinator)
+	}
+	for name, sh := range e.RegionShares() {
+		for kind, v := range map[string]int64{"base": sh.Base, "granted": sh.Granted, "gave": sh.Gave} {
+			ch <- prometheus.MustNewConstMetric(descRegionShare, prometheus.GaugeValue, float64(v), name, kind)
+		}
 	}
 	if cs := st.Coordinator; cs != nil {
 		for kind, v := range map[string]uint64{

@@ -335,3 +335,46 @@ func (e *Engine) peekShare(ctx context.Context, p *Policy, name string, hash uin
 	}
 	return e.peekStore(ctx, peeker, name, hash, lim, false)
 }
+
+// ShareStats is a RegionsShares policy's shares in this region's current
+// window, as one instance sees them (Engine.RegionShares).
+type ShareStats struct {
+	Base    int64 // the region's base share of a key
+	Keys    int   // keys with a grant given or taken in the window
+	Granted int64 // units other regions granted this one, all keys
+	Gave    int64 // units this instance granted other regions, all keys
+}
+
+// RegionShares returns, per RegionsShares policy known, its shares in the
+// current window; nil without an exchange between regions.
+func (e *Engine) RegionShares() map[string]ShareStats {
+	x := e.xr
+	if x == nil {
+		return nil
+	}
+	out := map[string]ShareStats{}
+	now := e.opt.clock().UnixNano()
+	x.policies.Range(func(_, v any) bool {
+		if p := v.(*Policy); p.Regions == RegionsShares {
+			out[p.Name] = ShareStats{Base: x.baseShare(p.Limit)}
+		}
+		return true
+	})
+	x.shareMu.Lock()
+	defer x.shareMu.Unlock()
+	for k, v := range x.shares {
+		st, ok := out[k.policy]
+		if !ok {
+			continue
+		}
+		pv, _ := x.policies.Load(k.policy)
+		if w, _, _ := window(now, pv.(*Policy).Limit.Period); v.window != w {
+			continue
+		}
+		st.Keys++
+		st.Granted += v.granted
+		st.Gave += v.gave
+		out[k.policy] = st
+	}
+	return out
+}

@@ -324,6 +324,10 @@ func TestRegionsShares(t *testing.T) {
 	}
 	st, _ := f.engines["eu"].RegionStats()
 	t.Logf("eu admitted %d alone, all %d; eu was granted %v", eu, all, st.Granted)
+	sh := f.engines["eu"].RegionShares()["s"]
+	if sh.Base != 100 || sh.Keys != 1 || sh.Granted != int64(st.Granted["us"]+st.Granted["ap"]) || sh.Granted < eu-100 {
+		t.Errorf("eu's shares %+v; its stats %+v; admitted %d alone", sh, st, eu)
+	}
 }
 
 // TestRegionsSharesGrantsOnce: grants redelivered and duplicated add to
