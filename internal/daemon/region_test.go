@@ -2,6 +2,9 @@ package daemon
 
 import (
 	"net"
+	"net/http"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -108,12 +111,17 @@ func TestRegionFlags(t *testing.T) {
 // gateways logging in with the token): a request made in one region is
 // answered by a subscriber in the other. The daemons of the two regions,
 // in one namespace, do not count each other; each reports its region; a
-// gateway listed but down is named in /readyz's warnings.
+// gateway listed but down is named in /readyz's warnings. Under a policy
+// with regions: exchange, what one region admits is charged in the other.
 func TestSupercluster(t *testing.T) {
 	const token = "s3cret-gateway-token"
-	base := []string{"--nats-listen", "127.0.0.1:0", "--nats-gateway-listen", "127.0.0.1:0", "--nats-token", token}
+	policies := filepath.Join(t.TempDir(), "policies.yaml")
+	if err := os.WriteFile(policies, []byte("policies:\n  x:\n    algorithm: fixed_window\n    limit: 10\n    period: 24h\n    regions: exchange\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	base := []string{"--nats-listen", "127.0.0.1:0", "--nats-gateway-listen", "127.0.0.1:0", "--nats-token", token, "--policies", policies, "--region-interval", "50ms"}
 	var euLogs, usLogs testkit.Buffer
-	eu, err := startLogged(t, &euLogs, nil, append(base, "--region", "eu")...)
+	eu, err := startLogged(t, &euLogs, nil, append(base, "--region", "eu", "--regions", "eu,us,ap")...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,6 +201,27 @@ func TestSupercluster(t *testing.T) {
 	}
 	if w := eu.warnings(); len(w) != 0 {
 		t.Errorf("eu's /readyz warnings: %q, want none (it lists no gateway)", w)
+	}
+
+	// regions: exchange: eu admits 6 of 10 in a day; us, charged them,
+	// admits the 4 left.
+	for i := range 6 {
+		if code := allow(t, eu, `{"key":"k","policy":"x"}`); code != http.StatusOK {
+			t.Fatalf("eu's decision %d: %d", i, code)
+		}
+	}
+	testkit.For(t, time.Minute, "eu's 6 charged in us", func() bool {
+		st, _ := us.engine.RegionStats()
+		return st.Charged["eu"] == 6
+	})
+	admitted := 0
+	for range 10 {
+		if allow(t, us, `{"key":"k","policy":"x"}`) == http.StatusOK {
+			admitted++
+		}
+	}
+	if admitted != 4 {
+		t.Errorf("us admitted %d after eu's 6 of 10, want 4", admitted)
 	}
 }
 
