@@ -469,6 +469,12 @@ func (g *rgRun) section(s *setup, rec *rgRecorder, before, after rgStats) (*scen
 	}
 	sec.Printf("\n")
 
+	n := len(rgRegions)
+	sec.Printf("What the run shows. Independent: each region enforces the whole limit on its own store, so at 1.5× everywhere the regions together admitted %.3f × the limit a window (phase 1). Exchange: a region admits at its own pace until the others' rounds reach it, an interval and a delivery later, so a window admits over the limit what the other regions admitted meanwhile: %.3f × at worst outside the cut, against the stated bound of %.3f. Cut off, %s and the other regions each admit up to the limit on their own (at most 2 × between the 2 sides): %.3f × in the cut's window(s). Shares: at most %.3f × in any window of the run, the cut included; in phase 2, %s, offered %.2f × the limit against a base share of 1/%d, admitted %.3f × a window, the others' unused shares granted to it. At 0.9×, a region whose demand is over its base share is denied until a grant arrives: %.2f%% of the requests (shares) against %.2f%% (exchange) were denied in windows that ended under the limit. Exchange charges what another region admitted when its round arrives, to the window current then: units admitted in the last %s and %d ms of a window count in the next one too.\n\n",
+		in.phase[0], ex.worstOutside, g.bound(hotkey.RegionsExchange), rgRegions[rgCut], ex.worstPart,
+		float64(worstWindow(sh.windows))/float64(g.limit), rgRegions[0], rgPhases[1].load[0], n, sh.phase2[0],
+		pct(sh.falseDenied, sh.p4Offered), pct(ex.falseDenied, ex.p4Offered), seconds(rgInterval), rgDelayHi.Milliseconds())
+
 	var decisions, denied int64
 	for _, d := range rec.recs {
 		decisions++
