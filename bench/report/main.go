@@ -48,6 +48,7 @@ var scenarios = []named{
 	{"gossip", "sync: gossip: 10 engines on a 3-node NATS cluster", runGossip},
 	{"overlimit", "One key over its limit: sync: reserve against sync: store, every algorithm", runOverlimit},
 	{"ratelimit", "hotkeyd against envoyproxy/ratelimit: the same rules, the same load", runRatelimit},
+	{"regions", "A limit across 3 regions: independent, exchange and shares", runRegions},
 	{"rlscap", "hotkeyd against envoyproxy/ratelimit at capacity: calls/s from one client", runRatelimitCapacity},
 }
 
