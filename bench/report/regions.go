@@ -328,6 +328,7 @@ func runRegions(ctx context.Context, s *setup) (*scenario.Section, error) {
 // rgStats is the engines' RegionStats, summed.
 type rgStats struct {
 	sent, charged uint64
+	gave, granted uint64
 	dropped       map[string]uint64
 	errors        uint64
 }
@@ -341,6 +342,12 @@ func (f *rgFleet) regionStats() rgStats {
 		}
 		for _, n := range rs.Charged {
 			st.charged += n
+		}
+		for _, n := range rs.Gave {
+			st.gave += n
+		}
+		for _, n := range rs.Granted {
+			st.granted += n
 		}
 		for k, n := range rs.Dropped {
 			st.dropped[k] += n
@@ -484,8 +491,8 @@ func (g *rgRun) section(s *setup, rec *rgRecorder, before, after rgStats) (*scen
 	}
 	sec.Printf("A window is a fixed window of the wall clock, the stores' (the redis-servers run on the same clock). A window's admissions are those of all regions together whose decision ended in it; an admission that began in the window before counts in the one it ended in (%d, %d and %d such across the run, by mode); denials and requests offered count in the window they began in. Only windows wholly inside a phase count toward it. Worst window: the most one window admitted, ÷ the limit. The partition's windows are those that overlap the cut. A false denial is a denial in a window of phase 4 that ended with fewer admitted than the limit, all regions together; the rate is those denials ÷ every decision of the mode offered in phase 4. %d decisions in all (%d denied, %d by a fallback).",
 		in.edge, ex.edge, sh.edge, decisions, denied, rec.degraded.Load())
-	sec.Printf(" Across regions, the engines sent %d units in rounds and charged %d units of other regions' rounds (exchange); messages or entries dropped: %s; messages not taken by the coordinator: %d.\n\n",
-		after.sent-before.sent, after.charged-before.charged, dropped(before, after), after.errors-before.errors)
+	sec.Printf(" Across regions, the engines sent %d units in rounds (counted once per region sent to) and charged %d units of other regions' rounds (exchange), and gave %d units of their shares to other regions, which counted %d granted (shares; every engine of a region counts the grants it receives); messages or entries dropped: %s; messages not taken by the coordinator: %d.\n\n",
+		after.sent-before.sent, after.charged-before.charged, after.gave-before.gave, after.granted-before.granted, dropped(before, after), after.errors-before.errors)
 
 	for m, mode := range rgModes {
 		img, err := g.plot(s, rec.recs, m, mode)

@@ -168,6 +168,9 @@ type PolicyDump struct {
 	OnStoreFailure string   `json:"on_store_failure"`
 	Allowlist      []string `json:"allowlist,omitempty"`
 	Sync           string   `json:"sync"`
+	// Regions is what the limit means across regions, when it is not
+	// independent: exchange or shares.
+	Regions string `json:"regions,omitempty"`
 	// Shadow says the policy admits every request (shadow: true, or
 	// --shadow).
 	Shadow bool `json:"shadow,omitempty"`
@@ -207,7 +210,7 @@ func (r *rules) dump(cfg Config) ConfigDump {
 		p := r.policies[name]
 		o := r.origins[name]
 		out.Policies = append(out.Policies, PolicyDump{Name: name, Algorithm: p.Limit.Algorithm.String(), Rate: p.Limit.Rate, Period: p.Limit.Period.String(),
-			Burst: p.Limit.Burst, OnStoreFailure: p.OnStoreFailure.String(), Allowlist: p.Allowlist, Sync: p.Sync.String(), Shadow: p.Shadow, File: o.file, Line: o.line})
+			Burst: p.Limit.Burst, OnStoreFailure: p.OnStoreFailure.String(), Allowlist: p.Allowlist, Sync: p.Sync.String(), Regions: regionsDump(p.Regions), Shadow: p.Shadow, File: o.file, Line: o.line})
 	}
 	if r.envoy != nil {
 		for _, rule := range r.envoy.Rules() {
@@ -283,4 +286,12 @@ func (d *Daemon) AdminAddr() string {
 		return ""
 	}
 	return d.adminLn.Addr().String()
+}
+
+// regionsDump is m's name in a PolicyDump: empty for independent.
+func regionsDump(m hotkey.RegionMode) string {
+	if m == hotkey.RegionsIndependent {
+		return ""
+	}
+	return m.String()
 }

@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -222,6 +223,18 @@ func TestSupercluster(t *testing.T) {
 	}
 	if admitted != 4 {
 		t.Errorf("us admitted %d after eu's 6 of 10, want 4", admitted)
+	}
+	if m := scrapeMetrics(t, us); !strings.Contains(m, `hotkey_region_units_total{direction="charged",region="eu"} 6`) {
+		t.Errorf("us's /metrics lacks eu's 6 units charged")
+	}
+	resp, err := http.Get("http://" + eu.AdminAddr() + "/v1/config")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if !strings.Contains(string(body), `"name":"x"`) || !strings.Contains(string(body), `"regions":"exchange"`) {
+		t.Errorf("/v1/config does not say x's regions: %s", body)
 	}
 }
 
