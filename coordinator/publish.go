@@ -61,16 +61,9 @@ func (c *NATS) PublishGossip(payload []byte) error {
 	}
 	c.pubGossipMu.Lock()
 	defer c.pubGossipMu.Unlock()
-	c.mu.Lock()
-	live := c.started && !c.closed
-	c.mu.Unlock()
-	switch {
-	case !live:
+	if err := c.canPublish(); err != nil {
 		c.st.gossipPublishErrors.Add(1)
-		return fmt.Errorf("coordinator: publish gossip: %w", ErrClosed)
-	case !c.nc.IsConnected():
-		c.st.gossipPublishErrors.Add(1)
-		return fmt.Errorf("coordinator: publish gossip: %w", ErrNotConnected)
+		return fmt.Errorf("coordinator: publish gossip: %w", err)
 	}
 	data := c.envelope(c.subjGossip, payload)
 	if err := c.nc.Publish(c.subjGossip, data); err != nil {
@@ -79,6 +72,21 @@ func (c *NATS) PublishGossip(payload []byte) error {
 	}
 	c.st.gossipPublished.Add(1)
 	c.st.gossipBytes.Add(uint64(len(data)))
+	return nil
+}
+
+// canPublish returns ErrClosed before Start or after Close, and
+// ErrNotConnected while the connection is down; nil if a payload may go.
+func (c *NATS) canPublish() error {
+	c.mu.Lock()
+	live := c.started && !c.closed
+	c.mu.Unlock()
+	switch {
+	case !live:
+		return ErrClosed
+	case !c.nc.IsConnected():
+		return ErrNotConnected
+	}
 	return nil
 }
 

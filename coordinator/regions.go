@@ -140,16 +140,9 @@ func (c *NATS) PublishRegion(to string, payload []byte) error {
 	}
 	c.pubGossipMu.Lock()
 	defer c.pubGossipMu.Unlock()
-	c.mu.Lock()
-	live := c.started && !c.closed
-	c.mu.Unlock()
-	switch {
-	case !live:
+	if err := c.canPublish(); err != nil {
 		c.rs.st.publishErrors.Add(1)
-		return fmt.Errorf("coordinator: publish to region %s: %w", to, ErrClosed)
-	case !c.nc.IsConnected():
-		c.rs.st.publishErrors.Add(1)
-		return fmt.Errorf("coordinator: publish to region %s: %w", to, ErrNotConnected)
+		return fmt.Errorf("coordinator: publish to region %s: %w", to, err)
 	}
 	subject := c.rs.prefix + to + "." + c.cfg.Region
 	b := make([]byte, 0, len(payload)+GossipOverhead)
