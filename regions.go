@@ -117,7 +117,7 @@ type exchange struct {
 	round    *gossip.Round
 	codec    *gossip.Codec
 
-	policies sync.Map // name → *Policy: RegionsExchange policies decided or known (KnowPolicies)
+	policies sync.Map // name → *Policy: policies shared with other regions, decided or known (KnowPolicies)
 
 	mu     sync.Mutex // guards totals, seg, seq
 	totals map[xkey]*xtotal
@@ -197,8 +197,9 @@ func newExchange(e *Engine, pub coordinator.RegionPublisher) *exchange {
 	return x
 }
 
-// know makes p's name known as a RegionsExchange policy, whose entries
-// from other regions are charged here.
+// know makes p, a policy shared with other regions, known by its name:
+// the other regions' totals (exchange), needs and grants (shares) under
+// it are taken here.
 func (x *exchange) know(p *Policy) {
 	if v, ok := x.policies.Load(p.Name); !ok || v.(*Policy) != p {
 		x.policies.Store(p.Name, p)
