@@ -319,19 +319,24 @@ func (s *RedisStore) ChargeBatch(ctx context.Context, ops []ChargeOp) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	lost := s.chargePipeline(ctx, ops, groups, true)
-	if len(lost) == 0 {
-		return
+	calls := make([]scriptCall, len(groups))
+	for j, g := range groups {
+		calls[j] = scriptCall{chargeScripts[g.alg], g.keys, g.args}
 	}
-	if err := s.loadScripts(ctx); err != nil {
-		for _, g := range lost {
-			for _, i := range g.ops {
+	cmds, errs := s.evalAll(ctx, calls)
+	for j, g := range groups {
+		err := errs[j]
+		if err == nil {
+			err = cmds[j].Err()
+		}
+		for _, i := range g.ops {
+			if err != nil {
 				ops[i].Err = fmt.Errorf("redis charge: %w", err)
+			} else {
+				ops[i].Charged = true
 			}
 		}
-		return
 	}
-	s.chargePipeline(ctx, ops, lost, false)
 }
 
 // chargeGroup is one charge script call: the indexes of its ops, and its
@@ -343,30 +348,49 @@ type chargeGroup struct {
 	args []any
 }
 
-// chargePipeline sends groups in one pipeline and sets their ops'
-// outcomes. With keepLost, it leaves the ops of the groups that failed
-// with NOSCRIPT unset and returns those groups.
-func (s *RedisStore) chargePipeline(ctx context.Context, ops []ChargeOp, groups []chargeGroup, keepLost bool) []chargeGroup {
-	cmds := make([]*redis.Cmd, len(groups))
-	pipe := s.client.Pipeline()
-	for j, g := range groups {
-		cmds[j] = pipe.EvalSha(ctx, chargeScripts[g.alg].Hash(), g.keys, g.args...)
-	}
-	_, _ = pipe.Exec(ctx) // every command carries its own error
-	lost := groups[:0]
-	for j, g := range groups {
-		err := cmds[j].Err()
-		if keepLost && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			lost = append(lost, g)
-			continue
+// scriptCall is one script call of a pipeline: the script, its KEYS
+// and ARGV.
+type scriptCall struct {
+	script *redis.Script
+	keys   []string
+	args   []any
+}
+
+// evalAll runs calls in one pipeline, and once more, after loading the
+// scripts, those the server did not know (NOSCRIPT). It returns each
+// call's command, or for a call that went unrun because the scripts could
+// not be loaded, the error that kept them (its command is then nil).
+func (s *RedisStore) evalAll(ctx context.Context, calls []scriptCall) ([]*redis.Cmd, []error) {
+	cmds := make([]*redis.Cmd, len(calls))
+	errs := make([]error, len(calls))
+	run := func(idx []int) {
+		pipe := s.client.Pipeline()
+		for _, j := range idx {
+			c := calls[j]
+			cmds[j] = pipe.EvalSha(ctx, c.script.Hash(), c.keys, c.args...)
 		}
-		for _, i := range g.ops {
-			if err != nil {
-				ops[i].Err = fmt.Errorf("redis charge: %w", err)
-			} else {
-				ops[i].Charged = true
-			}
+		_, _ = pipe.Exec(ctx) // every command carries its own error
+	}
+	all := make([]int, len(calls))
+	for j := range all {
+		all[j] = j
+	}
+	run(all)
+	var lost []int
+	for j, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			lost = append(lost, j)
 		}
 	}
-	return lost
+	if len(lost) == 0 {
+		return cmds, errs
+	}
+	if err := s.loadScripts(ctx); err != nil {
+		for _, j := range lost {
+			cmds[j], errs[j] = nil, err
+		}
+		return cmds, errs
+	}
+	run(lost)
+	return cmds, errs
 }

@@ -193,37 +193,16 @@ func (s *RedisStore) ChargeTotals(ctx context.Context, ops []TotalOp) {
 	}
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
-	lost := s.totalPipeline(ctx, ops, groups, true)
-	if len(lost) == 0 {
-		return
-	}
-	if err := s.loadScripts(ctx); err != nil {
-		for _, g := range lost {
-			for _, i := range g.ops {
-				ops[i].Err = fmt.Errorf("redis charge total: %w", err)
-			}
-		}
-		return
-	}
-	s.totalPipeline(ctx, ops, lost, false)
-}
-
-// totalPipeline sends groups in one pipeline and sets their ops'
-// outcomes. With keepLost, it leaves the ops of the groups that failed
-// with NOSCRIPT unset and returns those groups.
-func (s *RedisStore) totalPipeline(ctx context.Context, ops []TotalOp, groups []totalGroup, keepLost bool) []totalGroup {
-	cmds := make([]*redis.Cmd, len(groups))
-	pipe := s.client.Pipeline()
+	calls := make([]scriptCall, len(groups))
 	for j, g := range groups {
-		cmds[j] = pipe.EvalSha(ctx, totalScript.Hash(), g.keys, g.args...)
+		calls[j] = scriptCall{totalScript, g.keys, g.args}
 	}
-	_, _ = pipe.Exec(ctx) // every command carries its own error
-	lost := groups[:0]
+	cmds, errs := s.evalAll(ctx, calls)
 	for j, g := range groups {
-		v, err := cmds[j].Int64Slice()
-		if keepLost && redis.HasErrorPrefix(err, "NOSCRIPT") {
-			lost = append(lost, g)
-			continue
+		var v []int64
+		err := errs[j]
+		if err == nil {
+			v, err = cmds[j].Int64Slice()
 		}
 		if err == nil && len(v) != len(g.ops) {
 			err = fmt.Errorf("%w: %d integers for %d ops", errBadReply, len(v), len(g.ops))
@@ -236,5 +215,4 @@ func (s *RedisStore) totalPipeline(ctx context.Context, ops []TotalOp, groups []
 			}
 		}
 	}
-	return lost
 }
