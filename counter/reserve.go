@@ -337,7 +337,13 @@ func (s *ReserveStore) noteLease(b *block, now int64, lim Limit, l Lease, size i
 // of its units not admitted yet: it lasts a lease, or to the end of the
 // window that counted it if sooner. The caller holds b.mu.
 func (s *ReserveStore) hold(b *block, lim Limit, l Lease, left, now int64) {
-	b.lim, b.left, b.token, b.from, b.until, b.size = lim, left, l.Token, now, now+min(s.lease, int64(windowLeft(lim, l.Result))), l.Granted
+	b.lim, b.left, b.token, b.from, b.until, b.size = lim, left, l.Token, now, s.until(lim, l, now), l.Granted
+}
+
+// until is when a block of l, leased under lim asked at now, ends: a
+// lease later, or at the end of the window that counted it if sooner.
+func (s *ReserveStore) until(lim Limit, l Lease, now int64) int64 {
+	return now + min(s.lease, int64(windowLeft(lim, l.Result)))
 }
 
 // low reports whether b, admitted from at now, runs low enough for its
@@ -384,22 +390,9 @@ func (s *ReserveStore) fetchAhead(key string, hash uint64, b *block, lim Limit, 
 	if size < 2 {
 		return
 	}
-	s.aheadMu.RLock()
-	defer s.aheadMu.RUnlock()
-	if s.closed.Load() {
-		return
-	}
-	s.aheads.Add(1)
 	c := make(chan struct{})
-	b.fetch = c
 	epoch := b.epoch
-	go func() {
-		defer s.aheads.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), reserveAheadTimeout)
-		defer cancel()
-		l, err := s.base.Lease(ctx, key, hash, lim, size)
-		b.mu.Lock()
-		defer b.mu.Unlock()
+	started := s.background(key, hash, b, lim, size, func(ctx context.Context, l Lease, err error) {
 		b.fetch = nil
 		defer close(c)
 		if err != nil {
@@ -413,8 +406,34 @@ func (s *ReserveStore) fetchAhead(key string, hash uint64, b *block, lim Limit, 
 			s.returnUnits(ctx, key, hash, lim, l.Granted, l.Token) // forgotten, deleted or closed meanwhile
 			return
 		}
-		b.next = &spare{lim: lim, left: l.Granted, token: l.Token, from: now, until: now + min(s.lease, int64(windowLeft(lim, l.Result)))}
+		b.next = &spare{lim: lim, left: l.Granted, token: l.Token, from: now, until: s.until(lim, l, now)}
+	})
+	if started {
+		b.fetch = c // before the lease's end, which waits for b.mu
+	}
+}
+
+// background leases size units of key under lim for b in a goroutine
+// that Close waits for, and calls done with the lease under b.mu; ctx
+// bounds done's store calls too. It reports false, starting nothing, once
+// the store is closed. The caller holds b.mu.
+func (s *ReserveStore) background(key string, hash uint64, b *block, lim Limit, size int64, done func(ctx context.Context, l Lease, err error)) bool {
+	s.aheadMu.RLock()
+	defer s.aheadMu.RUnlock()
+	if s.closed.Load() {
+		return false
+	}
+	s.aheads.Add(1)
+	go func() {
+		defer s.aheads.Done()
+		ctx, cancel := context.WithTimeout(context.Background(), reserveAheadTimeout)
+		defer cancel()
+		l, err := s.base.Lease(ctx, key, hash, lim, size)
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		done(ctx, l, err)
 	}()
+	return true
 }
 
 // leaseAhead starts leasing b's next block of size under lim in the
@@ -432,20 +451,8 @@ func (s *ReserveStore) leaseAhead(key string, hash uint64, b *block, lim Limit, 
 	if !s.ahead || lim.Algorithm == FixedWindow && !(b.edgeAt <= now && now < b.edge) {
 		return false
 	}
-	s.aheadMu.RLock()
-	defer s.aheadMu.RUnlock()
-	if s.closed.Load() {
-		return false
-	}
-	s.aheads.Add(1)
 	epoch := b.epoch
-	go func() {
-		defer s.aheads.Done()
-		ctx, cancel := context.WithTimeout(context.Background(), reserveAheadTimeout)
-		defer cancel()
-		l, err := s.base.Lease(ctx, key, hash, lim, size)
-		b.mu.Lock()
-		defer b.mu.Unlock()
+	return s.background(key, hash, b, lim, size, func(ctx context.Context, l Lease, err error) {
 		b.short.Store(nil)
 		if err != nil {
 			b.wait = nil
@@ -460,8 +467,7 @@ func (s *ReserveStore) leaseAhead(key string, hash uint64, b *block, lim Limit, 
 		if b.dead || b.epoch != epoch || s.closed.Load() {
 			s.giveBack(ctx, key, b) // forgotten, deleted or closed meanwhile
 		}
-	}()
-	return true
+	})
 }
 
 // reserveAheadTimeout bounds a lease in the background.
